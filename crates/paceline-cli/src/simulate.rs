@@ -1,0 +1,425 @@
+//! `paceline simulate`: deterministic replay of a traffic script through a policy.
+//!
+//! The script is JSON Lines; the clock is a [`ManualClock`] starting at the Unix epoch; the
+//! store is the in-memory store on that clock. Every line is validated strictly: an unknown
+//! field, a wrong type or an impossible value stops the run with an error naming the line and
+//! the field, and no decision is printed.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use paceline::{Clock, Decision, Limiter, ManualClock, MemoryStore, Policy};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// An invalid script line.
+#[derive(Debug, PartialEq)]
+pub struct ScriptError {
+    pub line: usize,
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ScriptError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "line {}: invalid `{}`: {}",
+            self.line, self.field, self.message
+        )
+    }
+}
+
+impl std::error::Error for ScriptError {}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SimOp {
+    Pace,
+    Limit,
+    Acquire,
+    Peek,
+    Reset,
+}
+
+impl SimOp {
+    fn name(self) -> &'static str {
+        match self {
+            SimOp::Pace => "pace",
+            SimOp::Limit => "limit",
+            SimOp::Acquire => "acquire",
+            SimOp::Peek => "peek",
+            SimOp::Reset => "reset",
+        }
+    }
+}
+
+/// One line of output.
+#[derive(Serialize)]
+struct Record<'a> {
+    line: usize,
+    t_ms: f64,
+    key: &'a str,
+    op: &'static str,
+    #[serde(flatten)]
+    decision: Option<DecisionRecord>,
+}
+
+#[derive(Serialize)]
+struct DecisionRecord {
+    allowed: bool,
+    delay_ms: f64,
+    remaining: u64,
+    reset_after_ms: f64,
+    limit: u64,
+}
+
+impl From<&Decision> for DecisionRecord {
+    fn from(d: &Decision) -> Self {
+        DecisionRecord {
+            allowed: d.allowed,
+            delay_ms: duration_ms(d.delay),
+            remaining: d.remaining,
+            reset_after_ms: duration_ms(d.reset_after),
+            limit: d.limit,
+        }
+    }
+}
+
+/// Milliseconds with microsecond precision.
+fn duration_ms(d: std::time::Duration) -> f64 {
+    let us = d.as_nanos().saturating_add(500) / 1_000;
+    us as f64 / 1_000.0
+}
+
+fn micros_ms(us: u64) -> f64 {
+    us as f64 / 1_000.0
+}
+
+struct Request {
+    key: String,
+    op: SimOp,
+    cost: u64,
+    max_wait_us: Option<u64>,
+    policy: Option<String>,
+}
+
+enum Line {
+    Sleep(u64),
+    At(u64),
+    Request(Request),
+}
+
+/// Runs `script` through `default_policy`, returning the output (one JSON object per line).
+pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> {
+    let clock = ManualClock::new(0);
+    let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    let default = Limiter::with_store(default_policy, Arc::clone(&store));
+    let mut limiters: HashMap<String, Limiter> = HashMap::new();
+    let mut out = String::new();
+    for (index, text) in script.lines().enumerate() {
+        let number = index + 1;
+        let trimmed = text.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        let fail = |field: &str, message: String| ScriptError {
+            line: number,
+            field: field.to_string(),
+            message,
+        };
+        match parse_line(trimmed).map_err(|(field, message)| fail(&field, message))? {
+            Line::Sleep(us) => clock.set_micros(clock.now_micros().saturating_add(us)),
+            Line::At(us) => {
+                let now = clock.now_micros();
+                if us < now {
+                    return Err(fail(
+                        "at_ms",
+                        format!(
+                            "{} is before the current time {} ms; the clock cannot go backwards",
+                            micros_ms(us),
+                            micros_ms(now)
+                        ),
+                    ));
+                }
+                clock.set_micros(us);
+            }
+            Line::Request(req) => {
+                let limiter = match &req.policy {
+                    None => &default,
+                    Some(spec) => {
+                        if !limiters.contains_key(spec) {
+                            let policy: Policy = spec
+                                .parse()
+                                .map_err(|e: paceline::InputError| fail("policy", e.to_string()))?;
+                            limiters.insert(
+                                spec.clone(),
+                                Limiter::with_store(policy, Arc::clone(&store)),
+                            );
+                        }
+                        &limiters[spec]
+                    }
+                };
+                let t_ms = micros_ms(clock.now_micros());
+                let key = req.key.as_str();
+                let max_wait = req.max_wait_us.map(std::time::Duration::from_micros);
+                let result = match (req.op, max_wait) {
+                    (SimOp::Reset, _) => limiter.reset_sync(key).map(|()| None),
+                    (SimOp::Limit, _) => limiter.limit_sync(key, req.cost).map(Some),
+                    (SimOp::Peek, _) => limiter.peek_sync(key, req.cost).map(Some),
+                    (SimOp::Pace | SimOp::Acquire, None) => {
+                        limiter.pace_sync(key, req.cost).map(Some)
+                    }
+                    (SimOp::Pace | SimOp::Acquire, Some(w)) => {
+                        limiter.try_pace_sync(key, req.cost, w).map(Some)
+                    }
+                };
+                let decision = result.map_err(|e| match e {
+                    paceline::Error::Input(input) => {
+                        fail(input.field(), input.message().to_string())
+                    }
+                    other => fail("store", other.to_string()),
+                })?;
+                if let (SimOp::Acquire, Some(d)) = (req.op, &decision) {
+                    if d.allowed {
+                        clock.advance(d.delay);
+                    }
+                }
+                let record = Record {
+                    line: number,
+                    t_ms,
+                    key,
+                    op: req.op.name(),
+                    decision: decision.as_ref().map(DecisionRecord::from),
+                };
+                let json = serde_json::to_string(&record)
+                    .map_err(|e| fail("output", format!("cannot encode the decision: {e}")))?;
+                out.push_str(&json);
+                out.push('\n');
+            }
+        }
+    }
+    Ok(out)
+}
+
+type FieldError = (String, String);
+
+fn field_err(field: &str, message: impl Into<String>) -> FieldError {
+    (field.to_string(), message.into())
+}
+
+fn parse_line(text: &str) -> Result<Line, FieldError> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| field_err("json", format!("not valid JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(field_err("json", "each line must be a JSON object"));
+    };
+    for (field, kind) in [("sleep_ms", "sleep_ms"), ("at_ms", "at_ms")] {
+        if map.contains_key(field) {
+            if let Some(other) = map.keys().find(|k| k.as_str() != field) {
+                return Err(field_err(
+                    other,
+                    format!("a `{kind}` line takes no other field"),
+                ));
+            }
+            let us = millis_to_micros(field, &map[field])?;
+            return Ok(if field == "sleep_ms" {
+                Line::Sleep(us)
+            } else {
+                Line::At(us)
+            });
+        }
+    }
+    parse_request(&map).map(Line::Request)
+}
+
+/// A non-negative number of milliseconds, rounded to the microsecond.
+fn millis_to_micros(field: &str, value: &Value) -> Result<u64, FieldError> {
+    let ms = value.as_f64().ok_or_else(|| {
+        field_err(
+            field,
+            format!("must be a number of milliseconds, not {value}"),
+        )
+    })?;
+    if !ms.is_finite() || ms < 0.0 {
+        return Err(field_err(
+            field,
+            format!("must be a non-negative number, not {value}"),
+        ));
+    }
+    let us = (ms * 1000.0).round();
+    if us >= 2f64.powi(53) {
+        return Err(field_err(field, format!("{value} is too large")));
+    }
+    Ok(us as u64)
+}
+
+fn parse_request(map: &Map<String, Value>) -> Result<Request, FieldError> {
+    const FIELDS: [&str; 5] = ["key", "op", "cost", "max_wait_ms", "policy"];
+    if let Some(unknown) = map.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(field_err(
+            unknown,
+            "unknown field; a request takes key, op, cost, max_wait_ms and policy \
+             (other lines: sleep_ms or at_ms)",
+        ));
+    }
+    let key = match map.get("key") {
+        None => "default".to_string(),
+        Some(Value::String(s)) if !s.is_empty() => s.clone(),
+        Some(Value::String(_)) => return Err(field_err("key", "must not be empty")),
+        Some(other) => return Err(field_err("key", format!("must be a string, not {other}"))),
+    };
+    let op = match map.get("op") {
+        None => SimOp::Pace,
+        Some(Value::String(s)) => match s.as_str() {
+            "pace" => SimOp::Pace,
+            "limit" => SimOp::Limit,
+            "acquire" => SimOp::Acquire,
+            "peek" => SimOp::Peek,
+            "reset" => SimOp::Reset,
+            other => {
+                return Err(field_err(
+                    "op",
+                    format!("`{other}` is not an op; use pace, limit, acquire, peek or reset"),
+                ))
+            }
+        },
+        Some(other) => return Err(field_err("op", format!("must be a string, not {other}"))),
+    };
+    let cost = match map.get("cost") {
+        None => 1,
+        Some(_) if op == SimOp::Reset => return Err(field_err("cost", "`reset` takes no cost")),
+        Some(v) => match v.as_u64() {
+            Some(c) if c >= 1 => c,
+            _ => {
+                return Err(field_err(
+                    "cost",
+                    format!("must be a whole number >= 1, not {v}"),
+                ))
+            }
+        },
+    };
+    let max_wait_us = match map.get("max_wait_ms") {
+        None => None,
+        Some(_) if !matches!(op, SimOp::Pace | SimOp::Acquire) => {
+            return Err(field_err(
+                "max_wait_ms",
+                format!("applies to pace and acquire only, not {}", op.name()),
+            ))
+        }
+        Some(v) => Some(millis_to_micros("max_wait_ms", v)?),
+    };
+    let policy = match map.get("policy") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => {
+            return Err(field_err(
+                "policy",
+                format!("must be a spec string, not {other}"),
+            ))
+        }
+    };
+    Ok(Request {
+        key,
+        op,
+        cost,
+        max_wait_us,
+        policy,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sim(policy: &str, script: &str) -> Result<Vec<Value>, ScriptError> {
+        let out = run(policy.parse().unwrap(), script)?;
+        Ok(out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect())
+    }
+
+    #[test]
+    fn the_contract_example_shape() {
+        let out = sim(
+            "gcra:rate=5/s",
+            "# a comment\n\n{\"at_ms\": 20}\n{\"key\": \"k\"}\n{\"key\": \"k\", \"op\": \"pace\"}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            out[1],
+            serde_json::json!({"line": 5, "t_ms": 20.0, "key": "k", "op": "pace", "allowed": true,
+                "delay_ms": 200.0, "remaining": 0, "reset_after_ms": 400.0, "limit": 1})
+        );
+    }
+
+    #[test]
+    fn acquire_advances_the_virtual_clock_and_reset_has_no_decision() {
+        let out = sim(
+            "gcra:rate=10/s",
+            "{\"op\": \"acquire\"}\n{\"op\": \"acquire\"}\n{\"op\": \"limit\"}\n{\"op\": \"reset\"}\n{\"op\": \"limit\"}",
+        )
+        .unwrap();
+        assert_eq!(out[1]["delay_ms"], 100.0);
+        assert_eq!(out[2]["t_ms"], 100.0);
+        assert_eq!(out[2]["allowed"], false);
+        assert_eq!(
+            out[3],
+            serde_json::json!({"line": 4, "t_ms": 100.0, "key": "default", "op": "reset"})
+        );
+        assert_eq!(out[4]["allowed"], true);
+    }
+
+    #[test]
+    fn per_line_policy_is_a_live_change_on_the_same_key() {
+        let out = sim(
+            "gcra:rate=1/s",
+            "{\"op\": \"limit\"}\n{\"op\": \"limit\", \"policy\": \"gcra:rate=1/s,burst=2\"}",
+        )
+        .unwrap();
+        assert_eq!(out[1]["allowed"], true);
+        assert_eq!(out[1]["limit"], 2);
+    }
+
+    #[test]
+    fn max_wait_and_fractional_times() {
+        let out = sim(
+            "gcra:rate=10/s",
+            "{}\n{\"sleep_ms\": 0.5}\n{\"max_wait_ms\": 50}\n{\"max_wait_ms\": 99.5}",
+        )
+        .unwrap();
+        assert_eq!(out[1]["allowed"], false);
+        assert_eq!(out[1]["delay_ms"], 49.5);
+        assert_eq!(out[1]["t_ms"], 0.5);
+        assert_eq!(out[2]["allowed"], true);
+        assert_eq!(out[2]["delay_ms"], 99.5);
+    }
+
+    #[test]
+    fn invalid_lines_name_the_line_and_the_field() {
+        let cases = [
+            ("{\"cost\": 0}", 1, "cost"),
+            ("{\"cost\": 1.5}", 1, "cost"),
+            ("{\"cost\": \"1\"}", 1, "cost"),
+            ("{\"op\": \"jump\"}", 1, "op"),
+            ("{\"key\": 3}", 1, "key"),
+            ("{\"key\": \"\"}", 1, "key"),
+            ("{\"colour\": \"red\"}", 1, "colour"),
+            ("# c\n{\"sleep_ms\": -1}", 2, "sleep_ms"),
+            ("{\"sleep_ms\": 1, \"key\": \"k\"}", 1, "key"),
+            ("{\"at_ms\": 10}\n{\"at_ms\": 5}", 2, "at_ms"),
+            ("{\"op\": \"limit\", \"max_wait_ms\": 5}", 1, "max_wait_ms"),
+            ("{\"op\": \"reset\", \"cost\": 2}", 1, "cost"),
+            ("{\"policy\": \"gcra:rate=0\"}", 1, "policy"),
+            ("{\"policy\": 5}", 1, "policy"),
+            ("[1, 2]", 1, "json"),
+            ("{not json", 1, "json"),
+            ("{\"op\": \"limit\", \"cost\": 2}", 1, "cost"),
+        ];
+        for (script, line, field) in cases {
+            let e = sim("gcra:rate=1/s", script).unwrap_err();
+            assert_eq!((e.line, e.field.as_str()), (line, field), "{script}: {e}");
+        }
+    }
+}

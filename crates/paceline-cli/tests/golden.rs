@@ -1,0 +1,160 @@
+//! Golden traffic scripts: `tests/golden/NAME.jsonl` replayed by the real `paceline simulate`
+//! must print exactly `tests/golden/NAME.out.jsonl`.
+//!
+//! A script's first line is `# args: --policy SPEC` (the command-line arguments). After a
+//! deliberate change of behaviour, re-create the expected files with
+//! `PACELINE_BLESS=1 cargo test -p paceline-cli --test golden` and review the diff line by line.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn scripts() -> Vec<PathBuf> {
+    let mut found: Vec<PathBuf> = std::fs::read_dir(golden_dir())
+        .expect("tests/golden exists")
+        .map(|e| e.expect("readable entry").path())
+        .filter(|p| {
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            name.ends_with(".jsonl") && !name.ends_with(".out.jsonl")
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+fn args_of(script: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(script).expect("readable script");
+    let first = text.lines().next().unwrap_or_default();
+    let args = first
+        .strip_prefix("# args:")
+        .unwrap_or_else(|| panic!("{}: first line must be `# args: ...`", script.display()));
+    args.split_whitespace().map(str::to_string).collect()
+}
+
+fn simulate(args: &[String], input: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .arg("simulate")
+        .args(args)
+        .arg("--input")
+        .arg(input)
+        .output()
+        .expect("the paceline binary runs")
+}
+
+#[test]
+fn every_golden_script_reproduces_its_expected_output() {
+    let scripts = scripts();
+    let algorithms: Vec<&str> = paceline::ALGORITHMS.to_vec();
+    for algorithm in &algorithms {
+        assert!(
+            scripts.iter().any(|s| args_of(s)
+                .iter()
+                .any(|a| a.starts_with(&format!("{algorithm}:")))),
+            "no golden script exercises `{algorithm}`"
+        );
+    }
+    let bless = std::env::var_os("PACELINE_BLESS").is_some();
+    let mut failures = Vec::new();
+    for script in scripts {
+        let out = simulate(&args_of(&script), &script);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{}: {stderr}", script.display());
+        let actual = String::from_utf8(out.stdout).expect("UTF-8 output");
+        let expected_path = script.with_extension("out.jsonl");
+        if bless {
+            std::fs::write(&expected_path, &actual).expect("writable golden file");
+            continue;
+        }
+        let expected = std::fs::read_to_string(&expected_path).unwrap_or_else(|_| {
+            panic!(
+                "missing {}; run with PACELINE_BLESS=1",
+                expected_path.display()
+            )
+        });
+        if actual != expected {
+            let first_diff = actual
+                .lines()
+                .zip(expected.lines())
+                .find(|(a, e)| a != e)
+                .map_or("(different number of lines)".to_string(), |(a, e)| {
+                    format!("\n  got:      {a}\n  expected: {e}")
+                });
+            failures.push(format!("{}: {first_diff}", script.display()));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "golden mismatches:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn an_invalid_line_exits_2_names_line_and_field_and_prints_no_decision() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("bad.jsonl");
+    std::fs::write(
+        &script,
+        "{\"key\": \"a\"}\n# fine so far\n{\"key\": \"a\", \"cost\": -1}\n",
+    )
+    .expect("write");
+    let out = simulate(&["--policy".into(), "gcra:rate=1/s".into()], &script);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "no partial output");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("line 3") && stderr.contains("`cost`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_policy_or_store_exits_2() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("ok.jsonl");
+    std::fs::write(&script, "{}\n").expect("write");
+    let out = simulate(
+        &["--policy".into(), "gcra:rate=10/s,burst=0".into()],
+        &script,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`burst`"));
+    let out = simulate(
+        &[
+            "--policy".into(),
+            "gcra:rate=1/s".into(),
+            "--store".into(),
+            "mongodb://x".into(),
+        ],
+        &script,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--store"));
+}
+
+#[test]
+fn output_file_and_stdin_work() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out_path = dir.path().join("out.jsonl");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["simulate", "--policy", "gcra:rate=10/s", "--output"])
+        .arg(&out_path)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(b"{\"op\": \"limit\"}\n{\"op\": \"limit\"}\n")
+            .expect("write");
+    }
+    assert!(child.wait().expect("wait").success());
+    let written = std::fs::read_to_string(&out_path).expect("output written");
+    let lines: Vec<&str> = written.lines().collect();
+    assert_eq!(lines.len(), 2);
+    assert!(lines[0].contains("\"allowed\":true") && lines[1].contains("\"allowed\":false"));
+}

@@ -1,0 +1,168 @@
+//! The question ([`Op`]) and the answer ([`Decision`]).
+
+use std::time::Duration;
+
+/// What a caller asks of a policy for one key.
+///
+/// * [`Op::Pace`]: admit into the future. The policy reserves the earliest slot it allows and
+///   the decision's `delay` says how long to sleep before acting. With `max_wait`, the slot is
+///   reserved only if `delay <= max_wait`; otherwise the request is rejected and nothing
+///   changes (Guava's `tryAcquire(permits, timeout)`).
+/// * [`Op::Limit`]: admit only if the policy admits it right now; otherwise reject with a
+///   `retry_after` and (unless the policy says otherwise) no change of state.
+/// * [`Op::Peek`]: report what `Limit` would answer, changing nothing.
+///
+/// ```
+/// use paceline_core::Op;
+/// use std::time::Duration;
+/// assert_eq!(Op::pace(), Op::Pace { max_wait: None });
+/// assert_eq!(Op::pace_within(Duration::from_millis(200)).name(), "pace");
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Reserve the earliest slot; reject only if it is further away than `max_wait`.
+    Pace {
+        /// The longest delay the caller accepts; `None` accepts any delay.
+        max_wait: Option<Duration>,
+    },
+    /// Admit now or reject.
+    Limit,
+    /// Report without changing anything.
+    Peek,
+}
+
+impl Op {
+    /// `pace` with no limit on the delay.
+    pub const fn pace() -> Op {
+        Op::Pace { max_wait: None }
+    }
+
+    /// `pace` that rejects (without side effects) when the delay would exceed `max_wait`.
+    pub const fn pace_within(max_wait: Duration) -> Op {
+        Op::Pace {
+            max_wait: Some(max_wait),
+        }
+    }
+
+    /// The op's name as used by specs, the CLI and the server: `pace`, `limit` or `peek`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Op::Pace { .. } => "pace",
+            Op::Limit => "limit",
+            Op::Peek => "peek",
+        }
+    }
+}
+
+/// The answer to "may I act now, and if not, when?".
+///
+/// * `allowed`: admitted (possibly after `delay`).
+/// * `delay`: admitted: how long to wait before acting (zero = go now). Rejected: the
+///   `retry_after`, the earliest time a retry of the same cost could be admitted if nothing
+///   else happens.
+/// * `remaining`: how many cost-1 requests would be admitted with zero delay right now, after
+///   this decision.
+/// * `reset_after`: time until the key is idle again (fully replenished; its state may then be
+///   dropped).
+/// * `limit`: the policy's burst capacity in cost units.
+///
+/// ```
+/// use paceline_core::{Decision, Policy, Op};
+/// let policy: Policy = "gcra:rate=10/s,burst=2".parse().unwrap();
+/// let mut state = None;
+/// let d = policy.apply(&mut state, 0, Op::Limit, 1).unwrap();
+/// assert!(d.allowed);
+/// assert_eq!(d.remaining, 1);
+/// assert_eq!(d.limit, 2);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Decision {
+    /// True if the request was admitted (possibly with a delay).
+    pub allowed: bool,
+    /// Admitted: the wait before acting. Rejected: the retry-after.
+    pub delay: Duration,
+    /// Cost-1 requests that would be admitted with zero delay right now.
+    pub remaining: u64,
+    /// Time until the key is idle again.
+    pub reset_after: Duration,
+    /// The policy's burst capacity in cost units.
+    pub limit: u64,
+}
+
+impl Decision {
+    /// Builds a decision from times in (possibly fractional) microseconds, the unit the
+    /// policy engine and the store scripts compute in. Negative or NaN times count as zero;
+    /// times too large for a [`Duration`] saturate.
+    pub fn from_micros(
+        allowed: bool,
+        delay_us: f64,
+        remaining: u64,
+        reset_after_us: f64,
+        limit: u64,
+    ) -> Decision {
+        Decision {
+            allowed,
+            delay: micros_to_duration(delay_us),
+            remaining,
+            reset_after: micros_to_duration(reset_after_us),
+            limit,
+        }
+    }
+
+    /// Admitted with zero delay: act now.
+    pub fn is_immediate(&self) -> bool {
+        self.allowed && self.delay.is_zero()
+    }
+
+    /// The retry-after of a rejection; `None` if the request was admitted.
+    pub fn retry_after(&self) -> Option<Duration> {
+        (!self.allowed).then_some(self.delay)
+    }
+}
+
+/// Converts fractional microseconds to a [`Duration`], rounding to the nearest nanosecond,
+/// treating negative and NaN values as zero and saturating at [`Duration::MAX`].
+pub fn micros_to_duration(us: f64) -> Duration {
+    if us.is_nan() || us <= 0.0 {
+        return Duration::ZERO;
+    }
+    // Round half up; `as` truncates, and a float-to-int cast is one instruction where
+    // `f64::round` may be a library call.
+    let nanos = us * 1000.0 + 0.5;
+    if nanos >= u64::MAX as f64 {
+        // Beyond what u64 nanoseconds hold (584 years): saturate.
+        return Duration::MAX;
+    }
+    Duration::from_nanos(nanos as u64)
+}
+
+/// Converts a [`Duration`] to fractional microseconds.
+pub fn duration_to_micros(d: Duration) -> f64 {
+    d.as_secs() as f64 * 1e6 + f64::from(d.subsec_nanos()) / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn micros_conversion_rounds_saturates_and_clamps() {
+        assert_eq!(micros_to_duration(1.5), Duration::from_nanos(1500));
+        assert_eq!(micros_to_duration(-3.0), Duration::ZERO);
+        assert_eq!(micros_to_duration(f64::NAN), Duration::ZERO);
+        assert_eq!(micros_to_duration(f64::INFINITY), Duration::MAX);
+        assert_eq!(micros_to_duration(1e30), Duration::MAX);
+        assert_eq!(duration_to_micros(Duration::from_millis(250)), 250_000.0);
+    }
+
+    #[test]
+    fn retry_after_only_for_rejections() {
+        let ok = Decision::from_micros(true, 5.0, 0, 10.0, 1);
+        let no = Decision::from_micros(false, 5.0, 0, 10.0, 1);
+        assert_eq!(ok.retry_after(), None);
+        assert_eq!(no.retry_after(), Some(Duration::from_micros(5)));
+        assert!(!ok.is_immediate());
+        assert!(Decision::from_micros(true, 0.0, 0, 0.0, 1).is_immediate());
+    }
+}

@@ -1,0 +1,118 @@
+//! Errors: bad input (which names the field and what is allowed) and store failures.
+//!
+//! A rejection by a limit is never an error: it is a [`Decision`](crate::Decision) with
+//! `allowed == false`. Errors mean "the question was wrong" ([`InputError`]) or "the
+//! answer could not be had" ([`StoreError`]), so "limited" and "Redis is down" can never be
+//! confused.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// A request or a policy that paceline cannot act on, naming the field at fault.
+///
+/// ```
+/// use paceline_core::Policy;
+/// let err = "gcra:rate=0/s".parse::<Policy>().unwrap_err();
+/// assert_eq!(err.field(), "rate");
+/// assert!(err.to_string().contains("greater than zero"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InputError {
+    field: Cow<'static, str>,
+    message: String,
+}
+
+impl InputError {
+    /// An error about `field`; `message` says what is wrong and what is allowed.
+    pub fn new(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        InputError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The field at fault (`"cost"`, `"rate"`, `"window"`, `"spec"`, ...).
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// What is wrong, and what would be accepted instead.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for InputError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid `{}`: {}", self.field, self.message)
+    }
+}
+
+impl std::error::Error for InputError {}
+
+/// What kind of store failure happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The store refused a new key because it holds its configured maximum number of keys.
+    Capacity,
+    /// The store could not be reached (connection refused, reset, DNS failure).
+    Unavailable,
+    /// The store did not answer within the configured timeout.
+    Timeout,
+    /// The store answered something paceline could not understand.
+    Protocol,
+}
+
+/// The store could not give an answer. Never a rate-limit rejection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: String,
+}
+
+impl StoreError {
+    /// A store failure of `kind`; `message` says what happened and what to do next.
+    pub fn new(kind: StoreErrorKind, message: impl Into<String>) -> Self {
+        StoreError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// What kind of failure this is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// A description of the failure.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let kind = match self.kind {
+            StoreErrorKind::Capacity => "store full",
+            StoreErrorKind::Unavailable => "store unavailable",
+            StoreErrorKind::Timeout => "store timeout",
+            StoreErrorKind::Protocol => "store protocol error",
+        };
+        write!(f, "{kind}: {}", self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// Everything a limiter call can fail with.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request or policy is invalid; fix the input.
+    #[error(transparent)]
+    Input(#[from] InputError),
+    /// The store failed; the request was neither admitted nor rejected.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}

@@ -1,0 +1,337 @@
+//! `gcra`: the generic cell rate algorithm (a token bucket, or a leaky bucket as a meter).
+//!
+//! Parameters: `rate` (alias `qps`) and `burst` (an integer >= 1, default 1). The emission
+//! interval is `T = 1/rate`; the bucket holds `burst` cells, i.e. `burst * T` of time. The
+//! only state is the theoretical arrival time `TAT`. For a request of cost `n` at `now`:
+//!
+//! ```text
+//! tat     = max(TAT, now)
+//! new_tat = tat + n*T
+//! delay   = max(0, new_tat - burst*T - now)
+//! ```
+//!
+//! `limit` admits iff `delay == 0` and then stores `new_tat`; `pace` always stores `new_tat`
+//! and returns `delay`. `remaining = floor((burst*T - (new_tat - now)) / T)` and
+//! `reset_after = new_tat - now`, with the same results as redis-cell's
+//! `CL.THROTTLE key (burst-1) count period n`. A cost above `burst` can never pass `limit`
+//! (an input error); `pace` delays it.
+//!
+//! ```
+//! use paceline_core::{Op, Policy};
+//! let p: Policy = "gcra:rate=10/s,burst=3".parse().unwrap();
+//! let mut s = None;
+//! for remaining in [2, 1, 0] {
+//!     assert_eq!(p.apply(&mut s, 0, Op::Limit, 1).unwrap().remaining, remaining);
+//! }
+//! let rejected = p.apply(&mut s, 0, Op::Limit, 1).unwrap();
+//! assert!(!rejected.allowed);
+//! assert_eq!(rejected.delay.as_millis(), 100); // one emission interval
+//! ```
+
+use super::util::{floor_count, retry_after_max_wait};
+use super::Algorithm;
+use crate::decision::duration_to_micros;
+use crate::spec::{parse_count, parse_rate, Params};
+use crate::{Decision, InputError, Op, Rate};
+
+/// Tolerance for float rounding when counting whole cells, far below one cell.
+const CELL_EPSILON: f64 = 1e-9;
+
+/// The `gcra` policy: `rate` and `burst`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gcra {
+    rate: Rate,
+    burst: u64,
+}
+
+/// `gcra` state: the theoretical arrival time, microseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct State {
+    /// When the bucket will be empty again if nothing else arrives.
+    pub tat: f64,
+}
+
+impl Gcra {
+    /// A GCRA of `rate` with room for `burst` cells (`burst >= 1`).
+    pub fn new(rate: Rate, burst: u64) -> Result<Gcra, InputError> {
+        if burst == 0 || burst > crate::spec::MAX_COUNT {
+            return Err(InputError::new(
+                "burst",
+                format!(
+                    "{burst} is out of range; use an integer from 1 to {}",
+                    crate::spec::MAX_COUNT
+                ),
+            ));
+        }
+        Ok(Gcra { rate, burst })
+    }
+
+    /// The rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The burst, in cells.
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    fn remaining(&self, ttl: f64, interval: f64) -> u64 {
+        floor_count((self.burst as f64 * interval - ttl) / interval + CELL_EPSILON)
+    }
+}
+
+impl Algorithm for Gcra {
+    type State = State;
+    const NAME: &'static str = "gcra";
+    const PARAMS: &'static [&'static str] = &["rate", "burst"];
+
+    fn from_params(params: &mut Params) -> Result<Self, InputError> {
+        let rate = parse_rate("rate", &params.required("rate")?)?;
+        let burst = match params.optional("burst") {
+            Some(b) => parse_count("burst", &b, 1)?,
+            None => 1,
+        };
+        Gcra::new(rate, burst)
+    }
+
+    fn to_params(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("rate", self.rate.to_string()),
+            ("burst", self.burst.to_string()),
+        ]
+    }
+
+    fn max_cost(&self, op: Op) -> Option<u64> {
+        match op {
+            Op::Limit | Op::Peek => Some(self.burst),
+            // Even on an idle key a cost of n waits (n - burst) * T: beyond `max_wait` it
+            // could never be admitted.
+            Op::Pace {
+                max_wait: Some(max),
+            } => {
+                let extra = floor_count(
+                    duration_to_micros(max) / self.rate.interval_micros() + CELL_EPSILON,
+                );
+                Some(self.burst.saturating_add(extra))
+            }
+            Op::Pace { max_wait: None } => None,
+        }
+    }
+
+    fn limit(&self) -> u64 {
+        self.burst
+    }
+
+    fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
+        let now = now as f64;
+        let interval = self.rate.interval_micros();
+        let capacity = self.burst as f64 * interval;
+        let tat = state.map_or(now, |s| s.tat.max(now));
+        let new_tat = tat + cost as f64 * interval;
+        let delay = (new_tat - capacity - now).max(0.0);
+        // What the key looks like if this request changes nothing.
+        let unchanged = |allowed: bool, delay: f64| {
+            Decision::from_micros(
+                allowed,
+                delay,
+                self.remaining(tat - now, interval),
+                tat - now,
+                self.burst,
+            )
+        };
+        let admit = |state: &mut Option<State>| {
+            *state = Some(State { tat: new_tat });
+            Decision::from_micros(
+                true,
+                delay,
+                self.remaining(new_tat - now, interval),
+                new_tat - now,
+                self.burst,
+            )
+        };
+        match op {
+            Op::Peek => unchanged(delay == 0.0, delay),
+            Op::Limit if delay == 0.0 => admit(state),
+            Op::Limit => unchanged(false, delay),
+            Op::Pace {
+                max_wait: Some(max),
+            } if delay > duration_to_micros(max) => {
+                unchanged(false, retry_after_max_wait(delay, duration_to_micros(max)))
+            }
+            Op::Pace { .. } => admit(state),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Policy;
+    use std::time::Duration;
+
+    const MS: u64 = 1_000;
+
+    fn policy(spec: &str) -> Policy {
+        spec.parse().unwrap()
+    }
+
+    #[test]
+    fn limit_admits_a_burst_then_one_per_interval() {
+        let p = policy("gcra:rate=10/s,burst=3");
+        let mut s = None;
+        for _ in 0..3 {
+            assert!(p.apply(&mut s, 0, Op::Limit, 1).unwrap().allowed);
+        }
+        let before = s.clone();
+        let r = p.apply(&mut s, 50 * MS, Op::Limit, 1).unwrap();
+        assert!(!r.allowed);
+        assert_eq!(r.delay, Duration::from_millis(50));
+        assert_eq!(r.remaining, 0);
+        assert_eq!(r.reset_after, Duration::from_millis(250));
+        assert_eq!(s, before, "a rejection changes nothing");
+        let ok = p.apply(&mut s, 100 * MS, Op::Limit, 1).unwrap();
+        assert!(ok.allowed);
+        assert_eq!(ok.remaining, 0);
+        assert_eq!(ok.reset_after, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn matches_redis_cell_throttle_example() {
+        // CL.THROTTLE user123 15 30 60 1: max_burst 15 => burst 16, 30 per 60 s.
+        let p = policy("gcra:rate=30/60s,burst=16");
+        let mut s = None;
+        let d = p.apply(&mut s, 0, Op::Limit, 1).unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.limit, 16);
+        assert_eq!(d.remaining, 15);
+        assert_eq!(d.reset_after, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn pace_reserves_future_slots_one_interval_apart() {
+        let p = policy("gcra:rate=5/s");
+        let mut s = None;
+        let delays: Vec<u128> = (0..4)
+            .map(|_| p.apply(&mut s, 0, Op::pace(), 1).unwrap().delay.as_millis())
+            .collect();
+        assert_eq!(delays, [0, 200, 400, 600]);
+    }
+
+    #[test]
+    fn pace_with_max_wait_rejects_without_side_effects() {
+        let p = policy("gcra:rate=5/s");
+        let mut s = None;
+        p.apply(&mut s, 0, Op::pace(), 1).unwrap();
+        p.apply(&mut s, 0, Op::pace(), 1).unwrap(); // reserved at 200 ms
+        let before = s.clone();
+        let r = p
+            .apply(&mut s, 0, Op::pace_within(Duration::from_millis(300)), 1)
+            .unwrap();
+        assert!(!r.allowed);
+        assert_eq!(
+            r.delay,
+            Duration::from_millis(100),
+            "400 ms delay - 300 ms max wait"
+        );
+        assert_eq!(s, before);
+        let ok = p
+            .apply(
+                &mut s,
+                100 * MS,
+                Op::pace_within(Duration::from_millis(300)),
+                1,
+            )
+            .unwrap();
+        assert!(ok.allowed);
+        assert_eq!(ok.delay, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn big_costs_pace_but_never_limit() {
+        let p = policy("gcra:rate=10/s,burst=2");
+        let mut s = None;
+        assert_eq!(
+            p.apply(&mut s, 0, Op::Limit, 3).unwrap_err().field(),
+            "cost"
+        );
+        let d = p.apply(&mut s, 0, Op::pace(), 5).unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.delay, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn pace_within_a_wait_no_idle_key_could_meet_is_an_input_error() {
+        let p = policy("gcra:rate=10/s,burst=1");
+        let mut s = None;
+        // Cost 3 always waits at least 200 ms.
+        let e = p
+            .apply(&mut s, 0, Op::pace_within(Duration::from_millis(150)), 3)
+            .unwrap_err();
+        assert_eq!(e.field(), "cost");
+        let ok = p
+            .apply(&mut s, 0, Op::pace_within(Duration::from_millis(200)), 3)
+            .unwrap();
+        assert!(ok.allowed);
+        assert_eq!(ok.delay, Duration::from_millis(200));
+    }
+
+    #[test]
+    fn peek_reports_without_changing() {
+        let p = policy("gcra:rate=10/s,burst=2");
+        let mut s = None;
+        let idle = p.apply(&mut s, 0, Op::Peek, 1).unwrap();
+        assert!(idle.allowed);
+        assert_eq!((idle.remaining, idle.reset_after), (2, Duration::ZERO));
+        assert_eq!(s, None);
+        p.apply(&mut s, 0, Op::Limit, 2).unwrap();
+        let before = s.clone();
+        let full = p.apply(&mut s, 0, Op::Peek, 1).unwrap();
+        assert!(!full.allowed);
+        assert_eq!(full.delay, Duration::from_millis(100));
+        assert_eq!(full.remaining, 0);
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn live_parameter_change_keeps_the_arrival_time() {
+        let slow = policy("gcra:rate=1/s,burst=1");
+        let fast = policy("gcra:rate=10/s,burst=1");
+        let mut s = None;
+        slow.apply(&mut s, 0, Op::Limit, 1).unwrap(); // TAT = 1 s
+        let r = fast.apply(&mut s, 0, Op::Limit, 1).unwrap();
+        assert!(!r.allowed);
+        assert_eq!(
+            r.delay,
+            Duration::from_millis(1000),
+            "TAT 1 s + 0.1 s - burst 0.1 s"
+        );
+    }
+
+    #[test]
+    fn fractional_intervals_count_whole_cells() {
+        let p = policy("gcra:rate=3/s,burst=3");
+        let mut s = None;
+        let remaining: Vec<u64> = (0..3)
+            .map(|_| p.apply(&mut s, 0, Op::Limit, 1).unwrap().remaining)
+            .collect();
+        assert_eq!(remaining, [2, 1, 0]);
+    }
+
+    #[test]
+    fn parameters_are_validated() {
+        for (spec, field) in [
+            ("gcra:burst=2", "rate"),
+            ("gcra:rate=0,burst=2", "rate"),
+            ("gcra:rate=-1/s", "rate"),
+            ("gcra:rate=NaN", "rate"),
+            ("gcra:rate=10/s,burst=0", "burst"),
+            ("gcra:rate=10/s,burst=1.5", "burst"),
+            ("gcra:rate=10/s,burst=x", "burst"),
+            ("gcra:rate=10/s,window=1s", "window"),
+        ] {
+            assert_eq!(spec.parse::<Policy>().unwrap_err().field(), field, "{spec}");
+        }
+        assert_eq!(policy("gcra:qps=10").to_string(), "gcra:rate=10/s,burst=1");
+    }
+}

@@ -1,0 +1,546 @@
+//! The eight algorithms, as pure transitions over one key's state.
+//!
+//! Each algorithm is a small struct of validated parameters and a `State` value; applying a
+//! request is `(params, state, now, op, cost) -> (decision, new state)`, written as a function
+//! that updates `&mut Option<State>` in place and leaves it untouched whenever the decision
+//! has no side effects (a rejection, a peek). `None` means "no stored state": the key is idle.
+//! Time is microseconds since the Unix epoch and is always passed in; nothing here reads a
+//! clock. The contract is `SEMANTICS.md`; the Redis store's Lua scripts are twins of these
+//! functions.
+//!
+//! ```
+//! use paceline_core::{Op, Policy};
+//! let policy: Policy = "fixed_window:limit=2,window=10s".parse().unwrap();
+//! let mut state = None;
+//! let t = 3_000_000; // 3 s after the epoch, inside the window [0 s, 10 s)
+//! assert!(policy.apply(&mut state, t, Op::Limit, 1).unwrap().allowed);
+//! assert!(policy.apply(&mut state, t, Op::Limit, 1).unwrap().allowed);
+//! let third = policy.apply(&mut state, t, Op::Limit, 1).unwrap();
+//! assert!(!third.allowed);
+//! assert_eq!(third.delay.as_secs(), 7); // retry when the next window opens
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::spec::{self, Params, MAX_COUNT};
+use crate::{Decision, InputError, Op};
+
+pub mod exec_evenly;
+pub mod fixed_window;
+pub mod gcra;
+mod guava;
+pub mod pacer;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod smooth_bursty;
+pub mod smooth_warming_up;
+
+pub use exec_evenly::ExecEvenly;
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use pacer::Pacer;
+pub use sliding_log::SlidingLog;
+pub use sliding_window::SlidingWindow;
+pub use smooth_bursty::SmoothBursty;
+pub use smooth_warming_up::SmoothWarmingUp;
+
+/// What every algorithm module provides. Internal: users see [`Policy`].
+pub(crate) trait Algorithm: Sized {
+    /// One key's stored state.
+    type State;
+    /// The name used in specs (`gcra`, `fixed_window`, ...).
+    const NAME: &'static str;
+    /// Parameter names, canonical first; aliases are handled by [`Params`].
+    const PARAMS: &'static [&'static str];
+    /// Reads and validates the parameters.
+    fn from_params(params: &mut Params) -> Result<Self, InputError>;
+    /// The canonical `(name, value)` pairs, in spec order.
+    fn to_params(&self) -> Vec<(&'static str, String)>;
+    /// The largest cost `op` can ever admit (`None`: any cost, possibly after a delay).
+    fn max_cost(&self, op: Op) -> Option<u64>;
+    /// The burst capacity in cost units (the decision's `limit`).
+    fn limit(&self) -> u64;
+    /// Applies one validated request. Must leave `state` unchanged when the decision has no
+    /// side effects. `now` is microseconds since the Unix epoch.
+    fn apply(&self, state: &mut Option<Self::State>, now: u64, op: Op, cost: u64) -> Decision;
+}
+
+macro_rules! policies {
+    ($( $variant:ident => $module:ident ),* $(,)?) => {
+        /// A validated rate-limiting or pacing policy: one of the eight algorithms with its
+        /// parameters.
+        ///
+        /// Build one from a spec string (`"gcra:rate=10/s,burst=5"`), from a serde table
+        /// (`{ algorithm = "gcra", rate = "10/s", burst = 5 }`) or from an algorithm's own
+        /// constructor. `Display` writes the canonical spec, which parses back to an equal
+        /// policy.
+        ///
+        /// ```
+        /// use paceline_core::Policy;
+        /// let p: Policy = "pacer:qps=10,max_burst=2".parse().unwrap();
+        /// assert_eq!(p.algorithm(), "pacer");
+        /// assert_eq!(p.to_string(), "pacer:rate=10/s,max_burst=2");
+        /// ```
+        #[derive(Clone, Debug, PartialEq)]
+        #[non_exhaustive]
+        pub enum Policy {
+            $(
+                #[doc = concat!("See [`", stringify!($module), "`].")]
+                $variant($variant),
+            )*
+        }
+
+        /// One key's stored state, for whichever algorithm last wrote it.
+        ///
+        /// A state written by another algorithm than the policy applied now is ignored (the
+        /// key starts afresh): changing a key's *algorithm* restarts it, changing its
+        /// *parameters* keeps its state.
+        #[derive(Clone, Debug, PartialEq)]
+        #[non_exhaustive]
+        pub enum State {
+            $(
+                #[doc = concat!("State of [`", stringify!($variant), "`].")]
+                $variant($module::State),
+            )*
+        }
+
+        impl Policy {
+            /// The algorithm's name as written in specs.
+            pub fn algorithm(&self) -> &'static str {
+                match self { $( Policy::$variant(_) => $variant::NAME, )* }
+            }
+
+            /// True if `state` was written by this policy's algorithm (so this policy reads
+            /// it; a state of another algorithm is ignored).
+            pub fn owns(&self, state: &State) -> bool {
+                match (self, state) {
+                    $( (Policy::$variant(_), State::$variant(_)) => true, )*
+                    #[allow(unreachable_patterns)]
+                    _ => false,
+                }
+            }
+
+            /// The policy's burst capacity in cost units.
+            pub fn limit(&self) -> u64 {
+                match self { $( Policy::$variant(p) => p.limit(), )* }
+            }
+
+            /// The largest cost `op` can ever admit; `None` when any cost is admitted
+            /// eventually (possibly after a delay).
+            pub fn max_cost(&self, op: Op) -> Option<u64> {
+                match self { $( Policy::$variant(p) => p.max_cost(op), )* }
+            }
+
+            fn params(&self) -> Vec<(&'static str, String)> {
+                match self { $( Policy::$variant(p) => p.to_params(), )* }
+            }
+
+            fn build(algorithm: &str, pairs: Vec<(&str, String)>) -> Result<Policy, InputError> {
+                match algorithm {
+                    $(
+                        $variant::NAME => {
+                            let mut params = Params::new(
+                                $variant::NAME,
+                                $variant::PARAMS,
+                                ALIASES,
+                                pairs,
+                            )?;
+                            Ok(Policy::$variant($variant::from_params(&mut params)?))
+                        }
+                    )*
+                    other => Err(InputError::new(
+                        "algorithm",
+                        format!("`{other}` is not an algorithm; use one of: {}", ALGORITHMS.join(", ")),
+                    )),
+                }
+            }
+
+            fn apply_validated(
+                &self,
+                state: &mut Option<State>,
+                now: u64,
+                op: Op,
+                cost: u64,
+            ) -> Decision {
+                match self {
+                    $(
+                        Policy::$variant(p) => apply_typed(p, state, now, op, cost, State::$variant, |s| match s {
+                            State::$variant(own) => Ok(own),
+                            #[allow(unreachable_patterns)]
+                            other => Err(other),
+                        }),
+                    )*
+                }
+            }
+        }
+
+        /// The names of the eight algorithms, as written in specs.
+        pub const ALGORITHMS: &[&str] = &[$( $variant::NAME, )*];
+    };
+}
+
+policies! {
+    Pacer => pacer,
+    Gcra => gcra,
+    FixedWindow => fixed_window,
+    ExecEvenly => exec_evenly,
+    SlidingLog => sliding_log,
+    SlidingWindow => sliding_window,
+    SmoothBursty => smooth_bursty,
+    SmoothWarmingUp => smooth_warming_up,
+}
+
+/// Parameter aliases accepted by every algorithm.
+const ALIASES: &[(&str, &str)] = &[("qps", "rate")];
+
+#[allow(clippy::too_many_arguments)]
+fn apply_typed<A: Algorithm>(
+    policy: &A,
+    slot: &mut Option<State>,
+    now: u64,
+    op: Op,
+    cost: u64,
+    wrap: fn(A::State) -> State,
+    unwrap: fn(State) -> Result<A::State, State>,
+) -> Decision {
+    // Take the key's state out if it belongs to this algorithm; a foreign state stays in
+    // place unless this request writes a state of its own.
+    let mut typed = match slot.take() {
+        Some(s) => match unwrap(s) {
+            Ok(own) => Some(own),
+            Err(foreign) => {
+                *slot = Some(foreign);
+                None
+            }
+        },
+        None => None,
+    };
+    let decision = policy.apply(&mut typed, now, op, cost);
+    // `None` after an own state means the algorithm dropped it: the slot is already empty.
+    if let Some(s) = typed {
+        *slot = Some(wrap(s));
+    }
+    decision
+}
+
+impl Policy {
+    /// Applies one request for one key at `now` (microseconds since the Unix epoch) to the
+    /// key's `state` (`None` = idle), returning the decision.
+    ///
+    /// The state is changed only when the decision has side effects: a rejection without
+    /// side effects and a peek leave it exactly as it was. After the call, the state may be
+    /// dropped once `decision.reset_after` has passed: it is then equivalent to `None`.
+    ///
+    /// Errors: `cost` 0 or above 2^40, or a cost this policy can never admit
+    /// (`cost > limit` for the window policies, `cost > burst` for `gcra`'s `limit`).
+    pub fn apply(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        op: Op,
+        cost: u64,
+    ) -> Result<Decision, InputError> {
+        self.check_cost(op, cost)?;
+        Ok(self.apply_validated(state, now, op, cost))
+    }
+
+    /// Checks that `cost` is valid for `op` under this policy without applying anything.
+    pub fn check_cost(&self, op: Op, cost: u64) -> Result<(), InputError> {
+        if cost == 0 {
+            return Err(InputError::new("cost", "must be at least 1"));
+        }
+        if cost > MAX_COUNT {
+            return Err(InputError::new(
+                "cost",
+                format!("{cost} is too large; the maximum is {MAX_COUNT}"),
+            ));
+        }
+        if let Some(max) = self.max_cost(op) {
+            if cost > max {
+                if let Op::Pace {
+                    max_wait: Some(wait),
+                } = op
+                {
+                    return Err(InputError::new(
+                        "cost",
+                        format!(
+                            "{cost} can never be admitted by `{}` within a max_wait of {wait:?}                              (at most {max}); raise max_wait or lower the cost",
+                            self.algorithm()
+                        ),
+                    ));
+                }
+                return Err(InputError::new(
+                    "cost",
+                    format!(
+                        "{cost} can never be admitted by `{}` by `{}` (at most {max} at once); \
+                         split the request or raise the policy's limit",
+                        self.algorithm(),
+                        op.name()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds a policy from an algorithm name and `(name, value)` pairs, with the same
+    /// validation as the spec parser.
+    pub fn from_parts<'a>(
+        algorithm: &str,
+        params: impl IntoIterator<Item = (&'a str, String)>,
+    ) -> Result<Policy, InputError> {
+        Policy::build(algorithm.trim(), params.into_iter().collect())
+    }
+}
+
+impl FromStr for Policy {
+    type Err = InputError;
+
+    /// Parses `ALGORITHM:name=value,name=value`.
+    fn from_str(spec: &str) -> Result<Policy, InputError> {
+        let (algorithm, pairs) = spec::split_spec(spec)?;
+        Policy::build(algorithm, pairs)
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.algorithm())?;
+        for (i, (name, value)) in self.params().iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{name}={value}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A parameter value in a serde table: TOML and JSON give numbers, strings and booleans.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ParamValue {
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl ParamValue {
+    fn into_text(self) -> String {
+        match self {
+            ParamValue::Bool(b) => b.to_string(),
+            ParamValue::Int(i) => i.to_string(),
+            ParamValue::Float(f) => f.to_string(),
+            ParamValue::Str(s) => s,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct RawPolicy {
+    algorithm: String,
+    #[serde(flatten)]
+    params: BTreeMap<String, ParamValue>,
+}
+
+impl Serialize for Policy {
+    /// A table: `algorithm` and each parameter in canonical text form.
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let params = self.params();
+        let mut map = serializer.serialize_map(Some(params.len() + 1))?;
+        map.serialize_entry("algorithm", self.algorithm())?;
+        for (name, value) in &params {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for Policy {
+    /// A table with `algorithm` and the parameters (numbers, strings or booleans), or a
+    /// spec string.
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Policy, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Form {
+            Spec(String),
+            Table(RawPolicy),
+        }
+        let built = match Form::deserialize(deserializer)? {
+            Form::Spec(spec) => spec.parse(),
+            Form::Table(raw) => {
+                let pairs: Vec<(String, String)> = raw
+                    .params
+                    .into_iter()
+                    .map(|(k, v)| (k, v.into_text()))
+                    .collect();
+                Policy::build(
+                    raw.algorithm.trim(),
+                    pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect(),
+                )
+            }
+        };
+        built.map_err(serde::de::Error::custom)
+    }
+}
+
+/// Helpers shared by the algorithm modules.
+pub(crate) mod util {
+    /// `(delay - max_wait)` as the retry-after of a `pace` rejected for waiting too long: the
+    /// delay of a reservation made later shrinks one-for-one with the time waited.
+    pub(crate) fn retry_after_max_wait(delay_us: f64, max_wait_us: f64) -> f64 {
+        (delay_us - max_wait_us).max(0.0)
+    }
+
+    /// Floors a non-negative float count to `u64`, clamping negatives and NaN to 0.
+    pub(crate) fn floor_count(x: f64) -> u64 {
+        if x.is_nan() || x <= 0.0 {
+            0
+        } else {
+            // Truncation is the floor for positive numbers (and saturates on overflow).
+            x as u64
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_algorithm_lists_the_known_ones() {
+        let e = "leaky:rate=1".parse::<Policy>().unwrap_err();
+        assert_eq!(e.field(), "algorithm");
+        for name in ALGORITHMS {
+            assert!(e.message().contains(name));
+        }
+    }
+
+    #[test]
+    fn malformed_specs_are_errors() {
+        assert_eq!("".parse::<Policy>().unwrap_err().field(), "spec");
+        assert_eq!("gcra:rate".parse::<Policy>().unwrap_err().field(), "spec");
+        assert_eq!(
+            "gcra:rate=1,rate=2".parse::<Policy>().unwrap_err().field(),
+            "rate"
+        );
+        assert_eq!(
+            "gcra:rate=1,qps=2".parse::<Policy>().unwrap_err().field(),
+            "qps"
+        );
+        assert_eq!(
+            "gcra:rate=1,colour=red"
+                .parse::<Policy>()
+                .unwrap_err()
+                .field(),
+            "colour"
+        );
+        assert_eq!(
+            "gcra:burst=2".parse::<Policy>().unwrap_err().field(),
+            "rate"
+        );
+    }
+
+    #[test]
+    fn every_algorithm_round_trips_through_display_and_serde() {
+        let specs = [
+            "pacer:rate=10/s,max_burst=2,burst_allowance_factor=0.5",
+            "gcra:rate=5/10s,burst=3",
+            "fixed_window:limit=10,window=10s",
+            "exec_evenly:points=10,duration=1s,min_delay=50ms",
+            "sliding_log:limit=5,window=1m,min_interval=100ms,count_blocked=true",
+            "sliding_window:limit=100,window=1h",
+            "smooth_bursty:rate=5/s,max_burst_seconds=2",
+            "smooth_warming_up:rate=2/s,warmup=4s,cold_factor=3",
+        ];
+        for spec in specs {
+            let p: Policy = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));
+            let again: Policy = p.to_string().parse().unwrap();
+            assert_eq!(again, p, "{spec}");
+            let json = serde_json::to_string(&p).unwrap();
+            let back: Policy = serde_json::from_str(&json).unwrap();
+            assert_eq!(back, p, "{json}");
+            let from_spec_string: Policy = serde_json::from_str(&format!("\"{spec}\"")).unwrap();
+            assert_eq!(from_spec_string, p);
+        }
+    }
+
+    #[test]
+    fn toml_tables_use_the_same_validation() {
+        #[derive(Deserialize)]
+        struct Config {
+            policies: BTreeMap<String, Policy>,
+        }
+        let cfg: Config = toml::from_str(
+            r#"
+            [policies.discord-roles]
+            algorithm = "fixed_window"
+            limit = 10
+            window = "10s"
+
+            [policies.api]
+            algorithm = "gcra"
+            rate = 20
+            burst = 5
+            "#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.policies["discord-roles"].to_string(),
+            "fixed_window:limit=10,window=10s"
+        );
+        assert_eq!(cfg.policies["api"].to_string(), "gcra:rate=20/s,burst=5");
+
+        let bad = toml::from_str::<Config>(
+            r#"
+            [policies.x]
+            algorithm = "fixed_window"
+            limit = 0
+            window = "10s"
+            "#,
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(bad.contains("`limit`"), "{bad}");
+    }
+
+    #[test]
+    fn cost_is_validated_before_anything_changes() {
+        let p: Policy = "fixed_window:limit=3,window=1s".parse().unwrap();
+        let mut state = None;
+        assert_eq!(
+            p.apply(&mut state, 0, Op::Limit, 0).unwrap_err().field(),
+            "cost"
+        );
+        let e = p.apply(&mut state, 0, Op::pace(), 4).unwrap_err();
+        assert!(e.message().contains("never be admitted"), "{e}");
+        assert_eq!(
+            p.apply(&mut state, 0, Op::Limit, MAX_COUNT + 1)
+                .unwrap_err()
+                .field(),
+            "cost"
+        );
+        assert_eq!(state, None);
+    }
+
+    #[test]
+    fn a_foreign_state_is_ignored_and_kept_on_peek() {
+        let window: Policy = "fixed_window:limit=1,window=1s".parse().unwrap();
+        let gcra: Policy = "gcra:rate=1/s".parse().unwrap();
+        let mut state = None;
+        window.apply(&mut state, 0, Op::Limit, 1).unwrap();
+        let before = state.clone();
+        let peek = gcra.apply(&mut state, 0, Op::Peek, 1).unwrap();
+        assert!(peek.allowed);
+        assert_eq!(state, before);
+        assert!(gcra.apply(&mut state, 0, Op::Limit, 1).unwrap().allowed);
+        assert!(matches!(state, Some(State::Gcra(_))));
+    }
+}

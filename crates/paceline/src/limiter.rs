@@ -1,0 +1,214 @@
+//! The [`Limiter`]: a policy and a store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline_core::{Decision, Error, InputError, Op, Policy};
+
+use crate::store::{MemoryStore, Store, SyncStore};
+
+/// A rate limiter and pacer: one [`Policy`] applied to any number of keys, with state in a
+/// [`Store`].
+///
+/// * [`pace`](Limiter::pace): never drops work. Reserves the earliest slot the policy allows
+///   and returns the `delay` to sleep before acting; workers sharing a store together hold
+///   the policy's rate exactly.
+/// * [`try_pace`](Limiter::try_pace): `pace`, but only if the delay is at most `max_wait`;
+///   otherwise rejects and changes nothing.
+/// * [`limit`](Limiter::limit): admits now or rejects with a retry-after, changing nothing on
+///   rejection.
+/// * [`acquire`](Limiter::acquire): `pace`, then sleeps the delay.
+/// * [`peek`](Limiter::peek) and [`reset`](Limiter::reset).
+///
+/// A rejection is a [`Decision`] with `allowed == false`, never an `Err`: errors mean bad
+/// input ([`Error::Input`]) or a failed store ([`Error::Store`]).
+///
+/// Every store implements the async methods; a store that never waits on I/O (the
+/// in-memory [`MemoryStore`]) also offers the same operations synchronously (`limit_sync`,
+/// `pace_sync`, ...).
+///
+/// Keys are shared by every limiter on the same store: a key's state is read by whichever
+/// policy is applied to it (a different policy of the same algorithm is a live parameter
+/// change). Give limiters with different policies distinct keys, e.g. prefixed
+/// `"upload:alice"` / `"search:alice"`.
+///
+/// ```
+/// use paceline::Limiter;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), paceline::Error> {
+/// // 10 role updates per 10 seconds per Discord guild.
+/// let limiter = Limiter::from_spec("fixed_window:limit=10,window=10s")?;
+/// let decision = limiter.limit("guild:42", 1).await?;
+/// assert!(decision.allowed);
+/// assert_eq!(decision.remaining, 9);
+///
+/// // Or never drop work: reserve a slot and sleep until it.
+/// let pacer = Limiter::from_spec("pacer:rate=100/s")?;
+/// let d = pacer.acquire("api.example.com", 1).await?; // returns after d.delay
+/// assert!(d.allowed);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Limiter<S = MemoryStore> {
+    policy: Arc<Policy>,
+    store: Arc<S>,
+}
+
+impl<S> Clone for Limiter<S> {
+    fn clone(&self) -> Self {
+        Limiter {
+            policy: Arc::clone(&self.policy),
+            store: Arc::clone(&self.store),
+        }
+    }
+}
+
+impl Limiter<MemoryStore> {
+    /// A limiter with its own in-memory store on the system clock.
+    pub fn new(policy: Policy) -> Self {
+        Limiter::with_store(policy, Arc::new(MemoryStore::new()))
+    }
+
+    /// A limiter with its own in-memory store, from a spec such as
+    /// `"gcra:rate=10/s,burst=5"`.
+    ///
+    /// ```
+    /// let err = paceline::Limiter::from_spec("gcra:rate=10/s,burst=0").unwrap_err();
+    /// assert_eq!(err.field(), "burst");
+    /// ```
+    pub fn from_spec(spec: &str) -> Result<Self, InputError> {
+        Ok(Limiter::new(spec.parse()?))
+    }
+}
+
+impl<S: Store> Limiter<S> {
+    /// A limiter applying `policy` to keys held in `store` (which other limiters may share).
+    pub fn with_store(policy: Policy, store: Arc<S>) -> Self {
+        Limiter {
+            policy: Arc::new(policy),
+            store,
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<S> {
+        &self.store
+    }
+
+    /// Reserves the earliest slot for `cost` on `key` and returns the delay to wait before
+    /// acting. Always admitted (unless the input is invalid).
+    pub async fn pace(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.store.decide(&self.policy, key, Op::pace(), cost).await
+    }
+
+    /// Like [`pace`](Limiter::pace), but only if the delay is at most `max_wait`; otherwise
+    /// rejected with no change, the decision's `delay` being the retry-after.
+    pub async fn try_pace(
+        &self,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        self.store
+            .decide(&self.policy, key, Op::pace_within(max_wait), cost)
+            .await
+    }
+
+    /// Admits `cost` on `key` now, or rejects with a retry-after and no change.
+    pub async fn limit(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.store.decide(&self.policy, key, Op::Limit, cost).await
+    }
+
+    /// What [`limit`](Limiter::limit) of `cost` would answer, with the key's current
+    /// `remaining` and `reset_after`; changes nothing.
+    pub async fn peek(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.store.decide(&self.policy, key, Op::Peek, cost).await
+    }
+
+    /// Forgets `key`.
+    pub async fn reset(&self, key: &str) -> Result<(), Error> {
+        self.store.reset(key).await
+    }
+
+    /// Reserves a slot like [`pace`](Limiter::pace), then waits until it (in the store's
+    /// time: a tokio sleep, or an advance of a virtual clock). Returns the decision.
+    ///
+    /// **Cancellation**: the slot is reserved before the wait starts. If this future is
+    /// dropped during the wait, the reservation stands and its slot goes unused: other
+    /// callers are still paced around it. Nothing is reserved if the future is dropped
+    /// before its first poll.
+    pub async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        let decision = self.pace(key, cost).await?;
+        self.wait(&decision).await;
+        Ok(decision)
+    }
+
+    /// [`acquire`](Limiter::acquire) with a bound on the wait: if the delay would exceed
+    /// `max_wait`, returns the rejection at once, reserving nothing.
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        let decision = self.try_pace(key, cost, max_wait).await?;
+        if decision.allowed {
+            self.wait(&decision).await;
+        }
+        Ok(decision)
+    }
+
+    async fn wait(&self, decision: &Decision) {
+        if !decision.delay.is_zero() {
+            self.store.sleep(decision.delay).await;
+        }
+    }
+}
+
+impl<S: SyncStore> Limiter<S> {
+    /// [`pace`](Limiter::pace), synchronously.
+    pub fn pace_sync(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.store.decide_sync(&self.policy, key, Op::pace(), cost)
+    }
+
+    /// [`try_pace`](Limiter::try_pace), synchronously.
+    pub fn try_pace_sync(
+        &self,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Decision, Error> {
+        self.store
+            .decide_sync(&self.policy, key, Op::pace_within(max_wait), cost)
+    }
+
+    /// [`limit`](Limiter::limit), synchronously.
+    ///
+    /// ```
+    /// let limiter = paceline::Limiter::from_spec("gcra:rate=1/s,burst=2")?;
+    /// assert!(limiter.limit_sync("k", 2)?.allowed);
+    /// let rejected = limiter.limit_sync("k", 1)?;
+    /// assert!(!rejected.allowed);
+    /// assert!(rejected.retry_after().is_some());
+    /// # Ok::<(), paceline::Error>(())
+    /// ```
+    #[inline]
+    pub fn limit_sync(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.store.decide_sync(&self.policy, key, Op::Limit, cost)
+    }
+
+    /// [`peek`](Limiter::peek), synchronously.
+    pub fn peek_sync(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.store.decide_sync(&self.policy, key, Op::Peek, cost)
+    }
+
+    /// [`reset`](Limiter::reset), synchronously.
+    pub fn reset_sync(&self, key: &str) -> Result<(), Error> {
+        self.store.reset_sync(key)
+    }
+}

@@ -1,0 +1,373 @@
+//! The in-process store: sharded, bounded, safe for any number of threads and tasks.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hashbrown::HashTable;
+use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
+use parking_lot::Mutex;
+
+use super::{Store, SyncStore};
+use crate::SystemClock;
+
+/// A shard sweeps its expired keys when it grows to twice its size after the last sweep, and
+/// never below this many keys.
+const MIN_SWEEP_LEN: usize = 64;
+
+/// Keys' state in this process.
+///
+/// * **Concurrency**: keys are spread over shards by hash; each shard has its own lock, held
+///   only while one decision is computed (a few dozen nanoseconds), so requests for one key
+///   are applied one at a time (no lost updates) and requests for different keys rarely
+///   meet.
+/// * **Bounded memory**: a key whose `reset_after` has passed is idle and its state is
+///   dropped: at once when the decision leaves no state, otherwise by a sweep of its shard
+///   that runs whenever the shard has doubled in size since its last sweep. Memory is
+///   therefore proportional to the number of *active* keys (at most about twice that, plus
+///   64 keys per shard), with no background thread.
+/// * **Key cap** ([`MemoryStoreBuilder::max_keys`]): when the store holds its maximum of
+///   active keys, a request for a *new* key first sweeps every shard for idle keys; if none
+///   can be dropped it fails with a [`StoreError`] of kind
+///   [`StoreErrorKind::Capacity`]. It is never silently admitted, and keys that already have
+///   state keep working.
+/// * **Time** comes from the store's [`Clock`]: [`SystemClock`] by default, a
+///   [`ManualClock`](paceline_core::ManualClock) for tests and simulations.
+///
+/// ```
+/// use paceline::{Limiter, MemoryStore, ManualClock, Policy};
+/// use std::sync::Arc;
+/// let clock = ManualClock::new(0);
+/// let store = Arc::new(MemoryStore::builder().clock(clock.clone()).max_keys(10_000).build());
+/// let policy: Policy = "gcra:rate=1/s".parse()?;
+/// let limiter = Limiter::with_store(policy, store.clone());
+/// assert!(limiter.limit_sync("alice", 1)?.allowed);
+/// assert!(!limiter.limit_sync("alice", 1)?.allowed);
+/// clock.advance(std::time::Duration::from_secs(1));
+/// assert!(limiter.limit_sync("alice", 1)?.allowed);
+/// assert_eq!(store.len(), 1);
+/// # Ok::<(), paceline::Error>(())
+/// ```
+pub struct MemoryStore {
+    shards: Box<[Shard]>,
+    shard_shift: u32,
+    hasher: foldhash::fast::RandomState,
+    clock: Arc<dyn Clock>,
+    max_keys: Option<usize>,
+    keys: AtomicUsize,
+}
+
+#[repr(align(128))]
+struct Shard {
+    inner: Mutex<ShardInner>,
+}
+
+struct ShardInner {
+    table: HashTable<Entry>,
+    sweep_at: usize,
+}
+
+struct Entry {
+    hash: u64,
+    key: Box<str>,
+    state: Option<State>,
+    /// Microseconds since the epoch at which the state is idle and may be dropped.
+    expires_at: u64,
+}
+
+/// Configures a [`MemoryStore`].
+#[derive(Default)]
+#[must_use]
+pub struct MemoryStoreBuilder {
+    clock: Option<Arc<dyn Clock>>,
+    max_keys: Option<usize>,
+    shards: Option<usize>,
+}
+
+impl MemoryStoreBuilder {
+    /// Reads time from `clock` instead of the [`SystemClock`].
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Reads time from a shared clock.
+    pub fn shared_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Holds at most `max_keys` active keys; a request for a new key beyond that fails with
+    /// a [`StoreErrorKind::Capacity`] error (after idle keys have been dropped).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = Some(max_keys);
+        self
+    }
+
+    /// The number of shards (rounded up to a power of two; default: 16 per available core,
+    /// at least 64).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// Builds the store.
+    pub fn build(self) -> MemoryStore {
+        let default_shards = std::thread::available_parallelism()
+            .map_or(4, usize::from)
+            .saturating_mul(16)
+            .max(64);
+        let count = self
+            .shards
+            .unwrap_or(default_shards)
+            .clamp(1, 1 << 16)
+            .next_power_of_two();
+        let shards = (0..count)
+            .map(|_| Shard {
+                inner: Mutex::new(ShardInner {
+                    table: HashTable::new(),
+                    sweep_at: MIN_SWEEP_LEN,
+                }),
+            })
+            .collect();
+        MemoryStore {
+            shards,
+            // Shards are chosen by the top bits of the hash; `u64 >> 64` would overflow.
+            shard_shift: 64 - count.trailing_zeros().min(63),
+            hasher: foldhash::fast::RandomState::default(),
+            clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
+            max_keys: self.max_keys,
+            keys: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("keys", &self.len())
+            .field("max_keys", &self.max_keys)
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// A store on the [`SystemClock`] with no key cap.
+    pub fn new() -> MemoryStore {
+        MemoryStore::builder().build()
+    }
+
+    /// Configures a store.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    /// The store's clock.
+    pub fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    /// Keys currently held, including idle ones not yet swept.
+    pub fn len(&self) -> usize {
+        self.keys.load(Ordering::Relaxed)
+    }
+
+    /// True if no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every idle key now; returns how many were dropped.
+    pub fn purge_idle(&self) -> usize {
+        let now = self.clock.now_micros();
+        self.shards
+            .iter()
+            .map(|shard| self.sweep(&mut shard.inner.lock(), now))
+            .sum()
+    }
+
+    fn shard_for(&self, hash: u64) -> &Shard {
+        let index = if self.shards.len() == 1 {
+            0
+        } else {
+            (hash >> self.shard_shift) as usize
+        };
+        &self.shards[index]
+    }
+
+    fn sweep(&self, inner: &mut ShardInner, now: u64) -> usize {
+        let before = inner.table.len();
+        inner.table.retain(|e| e.expires_at > now);
+        let dropped = before - inner.table.len();
+        self.keys.fetch_sub(dropped, Ordering::Relaxed);
+        inner.sweep_at = (inner.table.len() * 2).max(MIN_SWEEP_LEN);
+        dropped
+    }
+
+    fn full(&self) -> bool {
+        self.max_keys.is_some_and(|max| self.len() >= max)
+    }
+
+    fn decide_now(&self, policy: &Policy, key: &str, op: Op, cost: u64) -> Result<Decision, Error> {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard_for(hash);
+        let now = self.clock.now_micros();
+        {
+            let mut inner = shard.inner.lock();
+            if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
+                return Ok(apply_to_entry(policy, entry, now, op, cost)?);
+            }
+            policy.check_cost(op, cost)?;
+            if !self.full() {
+                return self.insert(&mut inner, policy, hash, key, now, op, cost);
+            }
+            // Full: try this shard's idle keys first.
+            self.sweep(&mut inner, now);
+            if !self.full() {
+                return self.insert(&mut inner, policy, hash, key, now, op, cost);
+            }
+        }
+        // Still full: sweep every shard (each under its own lock, one at a time).
+        self.purge_idle();
+        let mut inner = shard.inner.lock();
+        if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
+            return Ok(apply_to_entry(policy, entry, now, op, cost)?);
+        }
+        if self.full() && op != Op::Peek {
+            return Err(StoreError::new(
+                StoreErrorKind::Capacity,
+                format!(
+                    "the memory store holds its maximum of {} active keys and none is idle; \
+                     raise `max_keys` or use fewer keys",
+                    self.max_keys.unwrap_or_default()
+                ),
+            )
+            .into());
+        }
+        self.insert(&mut inner, policy, hash, key, now, op, cost)
+    }
+
+    /// Decides for a key with no entry, inserting one if the decision leaves state.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &self,
+        inner: &mut ShardInner,
+        policy: &Policy,
+        hash: u64,
+        key: &str,
+        now: u64,
+        op: Op,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let mut state = None;
+        let decision = policy.apply(&mut state, now, op, cost)?;
+        if let Some(state) = state {
+            if inner.table.len() >= inner.sweep_at {
+                self.sweep(inner, now);
+            }
+            inner.table.insert_unique(
+                hash,
+                Entry {
+                    hash,
+                    key: key.into(),
+                    state: Some(state),
+                    expires_at: expiry(now, decision.reset_after),
+                },
+                |e| e.hash,
+            );
+            self.keys.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(decision)
+    }
+
+    fn reset_now(&self, key: &str) {
+        let hash = self.hasher.hash_one(key);
+        let mut inner = self.shard_for(hash).inner.lock();
+        if let Ok(entry) = inner.table.find_entry(hash, |e| e.key.as_ref() == key) {
+            entry.remove();
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Applies a request to an existing entry, treating an expired state as none.
+#[inline]
+fn apply_to_entry(
+    policy: &Policy,
+    entry: &mut Entry,
+    now: u64,
+    op: Op,
+    cost: u64,
+) -> Result<Decision, paceline_core::InputError> {
+    if entry.expires_at <= now {
+        entry.state = None;
+    }
+    let foreign = entry.state.as_ref().is_some_and(|s| !policy.owns(s));
+    let decision = policy.apply(&mut entry.state, now, op, cost)?;
+    match &entry.state {
+        // A state of another algorithm that this request did not replace keeps its expiry.
+        Some(s) if foreign && !policy.owns(s) => {}
+        Some(_) => entry.expires_at = expiry(now, decision.reset_after),
+        // Idle: expire at once; the next sweep drops the entry.
+        None => entry.expires_at = now,
+    }
+    Ok(decision)
+}
+
+/// The first microsecond at which a state with `reset_after` left is idle.
+#[inline]
+fn expiry(now: u64, reset_after: Duration) -> u64 {
+    // Whole microseconds, rounded up, without 128-bit division.
+    let us = reset_after
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(reset_after.subsec_nanos().div_ceil(1_000)));
+    now.saturating_add(us)
+}
+
+impl Store for MemoryStore {
+    fn decide(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        cost: u64,
+    ) -> impl std::future::Future<Output = Result<Decision, Error>> + Send {
+        std::future::ready(self.decide_now(policy, key, op, cost))
+    }
+
+    fn reset(&self, key: &str) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+        self.reset_now(key);
+        std::future::ready(Ok(()))
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        self.clock.sleep(duration)
+    }
+}
+
+impl SyncStore for MemoryStore {
+    #[inline]
+    fn decide_sync(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        self.decide_now(policy, key, op, cost)
+    }
+
+    fn reset_sync(&self, key: &str) -> Result<(), Error> {
+        self.reset_now(key);
+        Ok(())
+    }
+}

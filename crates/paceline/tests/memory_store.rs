@@ -1,0 +1,195 @@
+//! The in-memory store: bounded memory, the key cap, reset, and the async Limiter surface.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline::{Clock, Error, Limiter, ManualClock, MemoryStore, Policy, StoreErrorKind};
+
+fn limiter(spec: &str, store: &Arc<MemoryStore>) -> Limiter {
+    let policy: Policy = spec.parse().unwrap();
+    Limiter::with_store(policy, Arc::clone(store))
+}
+
+fn store_on(clock: &ManualClock) -> Arc<MemoryStore> {
+    Arc::new(MemoryStore::builder().clock(clock.clone()).build())
+}
+
+#[test]
+fn idle_keys_are_dropped_so_memory_follows_active_keys() {
+    let clock = ManualClock::new(0);
+    let store = Arc::new(
+        MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(1)
+            .build(),
+    );
+    let l = limiter("gcra:rate=10/s", &store); // each key idle 100 ms after its request
+    for round in 0..50u64 {
+        for k in 0..1_000 {
+            assert!(l.limit_sync(&format!("r{round}:k{k}"), 1).unwrap().allowed);
+        }
+        clock.advance(Duration::from_millis(100));
+        // 1,000 active keys per round; old rounds are idle and swept as the shard grows.
+        assert!(
+            store.len() <= 2 * 1_000 + 64,
+            "round {round}: {} keys",
+            store.len()
+        );
+    }
+    let held = store.len();
+    assert!(held >= 1_000);
+    assert_eq!(store.purge_idle(), held, "every key is idle now");
+    assert!(store.is_empty());
+}
+
+#[test]
+fn an_idle_state_is_forgotten_even_before_a_sweep() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let l = limiter("fixed_window:limit=1,window=1s", &store);
+    assert!(l.limit_sync("k", 1).unwrap().allowed);
+    assert!(!l.limit_sync("k", 1).unwrap().allowed);
+    clock.set_micros(1_000_000);
+    assert!(l.limit_sync("k", 1).unwrap().allowed);
+    assert_eq!(store.len(), 1);
+}
+
+#[test]
+fn the_key_cap_refuses_new_keys_loudly_and_recovers_when_keys_go_idle() {
+    let clock = ManualClock::new(0);
+    let store = Arc::new(
+        MemoryStore::builder()
+            .clock(clock.clone())
+            .max_keys(2)
+            .build(),
+    );
+    let l = limiter("gcra:rate=1/s", &store);
+    assert!(l.limit_sync("a", 1).unwrap().allowed);
+    assert!(l.limit_sync("b", 1).unwrap().allowed);
+    match l.limit_sync("c", 1) {
+        Err(Error::Store(e)) => {
+            assert_eq!(e.kind(), StoreErrorKind::Capacity);
+            assert!(e.message().contains("max_keys"), "{e}");
+        }
+        other => panic!("expected a capacity error, got {other:?}"),
+    }
+    // Existing keys keep their limits; a peek of a new key needs no room.
+    assert!(!l.limit_sync("a", 1).unwrap().allowed);
+    assert!(l.peek_sync("c", 1).unwrap().allowed);
+    // Once "a" and "b" are idle, "c" gets in.
+    clock.advance(Duration::from_secs(1));
+    assert!(l.limit_sync("c", 1).unwrap().allowed);
+    assert!(store.len() <= 2);
+}
+
+#[test]
+fn invalid_input_is_an_input_error_and_changes_nothing() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let l = limiter("fixed_window:limit=5,window=1s", &store);
+    match l.limit_sync("k", 6) {
+        Err(Error::Input(e)) => assert_eq!(e.field(), "cost"),
+        other => panic!("expected an input error, got {other:?}"),
+    }
+    assert!(matches!(l.pace_sync("k", 0), Err(Error::Input(_))));
+    assert!(store.is_empty());
+}
+
+#[test]
+fn reset_forgets_a_key() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let l = limiter("fixed_window:limit=1,window=1h", &store);
+    assert!(l.limit_sync("k", 1).unwrap().allowed);
+    assert!(!l.limit_sync("k", 1).unwrap().allowed);
+    l.reset_sync("k").unwrap();
+    assert!(store.is_empty());
+    assert!(l.limit_sync("k", 1).unwrap().allowed);
+    l.reset_sync("never-seen").unwrap();
+}
+
+#[test]
+fn limiters_sharing_a_store_share_keys_and_a_new_policy_is_a_live_change() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let one = limiter("gcra:rate=1/s,burst=1", &store);
+    let two = limiter("gcra:rate=1/s,burst=2", &store);
+    assert!(one.limit_sync("k", 1).unwrap().allowed);
+    assert!(!one.limit_sync("k", 1).unwrap().allowed);
+    assert!(
+        two.limit_sync("k", 1).unwrap().allowed,
+        "burst 2 has room for one more"
+    );
+    assert!(!two.limit_sync("k", 1).unwrap().allowed);
+}
+
+#[test]
+fn a_foreign_state_keeps_its_expiry_when_peeked() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let window = limiter("fixed_window:limit=1,window=1h", &store);
+    let gcra = limiter("gcra:rate=1/s", &store);
+    assert!(window.limit_sync("k", 1).unwrap().allowed);
+    assert!(gcra.peek_sync("k", 1).unwrap().allowed);
+    clock.advance(Duration::from_secs(60));
+    assert!(
+        !window.limit_sync("k", 1).unwrap().allowed,
+        "the window's count survived the peek"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn acquire_waits_in_the_stores_time() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let l = limiter("gcra:rate=10/s", &store);
+    let first = l.acquire("k", 1).await.unwrap();
+    assert!(first.is_immediate());
+    let second = l.acquire("k", 1).await.unwrap();
+    assert_eq!(second.delay, Duration::from_millis(100));
+    assert_eq!(
+        clock.now_micros(),
+        100_000,
+        "the virtual clock advanced by the delay"
+    );
+    // Bounded wait: the slot at 200 ms is 100 ms away; 50 ms is not enough.
+    let refused = l
+        .try_acquire("k", 1, Duration::from_millis(50))
+        .await
+        .unwrap();
+    assert!(!refused.allowed);
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(50)));
+    assert_eq!(clock.now_micros(), 100_000, "a refusal does not wait");
+    let ok = l
+        .try_acquire("k", 1, Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(ok.allowed);
+    assert_eq!(clock.now_micros(), 200_000);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn async_and_sync_surfaces_agree() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let l = limiter("gcra:rate=10/s,burst=2", &store);
+    assert_eq!(l.limit("k", 1).await.unwrap().remaining, 1);
+    assert_eq!(l.peek("k", 1).await.unwrap().remaining, 1);
+    assert_eq!(l.pace("k", 1).await.unwrap().remaining, 0);
+    let d = l.try_pace("k", 1, Duration::ZERO).await.unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d, l.try_pace_sync("k", 1, Duration::ZERO).unwrap());
+    l.reset("k").await.unwrap();
+    assert_eq!(l.peek_sync("k", 1).unwrap().remaining, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn acquire_on_the_system_clock_sleeps_with_tokio() {
+    // Tokio's paused clock auto-advances while the task sleeps; no real time passes.
+    let l = Limiter::from_spec("gcra:rate=2/s").unwrap();
+    let start = tokio::time::Instant::now();
+    l.acquire("k", 1).await.unwrap();
+    let second = l.acquire("k", 1).await.unwrap();
+    assert!(second.delay > Duration::from_millis(400));
+    assert!(tokio::time::Instant::now() - start >= second.delay);
+}
