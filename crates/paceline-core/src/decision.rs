@@ -94,6 +94,7 @@ impl Decision {
     /// Builds a decision from times in (possibly fractional) microseconds, the unit the
     /// policy engine and the store scripts compute in. Negative or NaN times count as zero;
     /// times too large for a [`Duration`] saturate.
+    #[inline]
     pub fn from_micros(
         allowed: bool,
         delay_us: f64,
@@ -123,6 +124,7 @@ impl Decision {
 
 /// Converts fractional microseconds to a [`Duration`], rounding to the nearest nanosecond,
 /// treating negative and NaN values as zero and saturating at [`Duration::MAX`].
+#[inline]
 pub fn micros_to_duration(us: f64) -> Duration {
     if us.is_nan() || us <= 0.0 {
         return Duration::ZERO;
@@ -138,6 +140,7 @@ pub fn micros_to_duration(us: f64) -> Duration {
 }
 
 /// Converts a [`Duration`] to fractional microseconds.
+#[inline]
 pub fn duration_to_micros(d: Duration) -> f64 {
     d.as_secs() as f64 * 1e6 + f64::from(d.subsec_nanos()) / 1000.0
 }

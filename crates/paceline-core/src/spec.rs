@@ -78,6 +78,7 @@ impl Rate {
     }
 
     /// Microseconds between two events at this rate (the emission interval).
+    #[inline]
     pub fn interval_micros(&self) -> f64 {
         self.period_us as f64 / self.amount
     }

@@ -42,6 +42,10 @@ const CELL_EPSILON: f64 = 1e-9;
 pub struct Gcra {
     rate: Rate,
     burst: u64,
+    /// `T`, microseconds per cell (derived from `rate`).
+    interval: f64,
+    /// `1 / T` (derived), so counting cells needs no division.
+    cells_per_micro: f64,
 }
 
 /// `gcra` state: the theoretical arrival time, microseconds since the Unix epoch.
@@ -63,7 +67,13 @@ impl Gcra {
                 ),
             ));
         }
-        Ok(Gcra { rate, burst })
+        let interval = rate.interval_micros();
+        Ok(Gcra {
+            rate,
+            burst,
+            interval,
+            cells_per_micro: 1.0 / interval,
+        })
     }
 
     /// The rate.
@@ -76,8 +86,12 @@ impl Gcra {
         self.burst
     }
 
+    /// Whole cells left when the bucket is `ttl` microseconds full:
+    /// `floor((burst*T - ttl) / T)`, computed as `(burst*T - ttl) * (1/T)` (plus a tolerance
+    /// far below one cell for float rounding).
+    #[inline]
     fn remaining(&self, ttl: f64, interval: f64) -> u64 {
-        floor_count((self.burst as f64 * interval - ttl) / interval + CELL_EPSILON)
+        floor_count((self.burst as f64 * interval - ttl) * self.cells_per_micro + CELL_EPSILON)
     }
 }
 
@@ -123,43 +137,68 @@ impl Algorithm for Gcra {
         self.burst
     }
 
+    #[inline]
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
+        let (decision, new_tat) = self.step(state.map(|s| s.tat), now, op, cost);
+        if let Some(tat) = new_tat {
+            *state = Some(State { tat });
+        }
+        decision
+    }
+}
+
+impl Gcra {
+    /// The whole algorithm over a bare TAT (`None` = idle key): the decision and, if the
+    /// request writes, the new TAT. A stored TAT at or before `now` is idle too, so a store
+    /// needs no separate expiry for `gcra`: the key is idle once `TAT <= now`.
+    ///
+    /// Stores use this to keep the TAT in one atomic word and update it with a
+    /// compare-and-swap. `cost` must have passed [`Policy::check_cost`](crate::Policy::check_cost).
+    #[inline]
+    pub fn step(
+        &self,
+        stored_tat: Option<f64>,
+        now: u64,
+        op: Op,
+        cost: u64,
+    ) -> (Decision, Option<f64>) {
         let now = now as f64;
-        let interval = self.rate.interval_micros();
+        let interval = self.interval;
         let capacity = self.burst as f64 * interval;
-        let tat = state.map_or(now, |s| s.tat.max(now));
+        let tat = stored_tat.map_or(now, |t| t.max(now));
         let new_tat = tat + cost as f64 * interval;
         let delay = (new_tat - capacity - now).max(0.0);
         // What the key looks like if this request changes nothing.
         let unchanged = |allowed: bool, delay: f64| {
-            Decision::from_micros(
+            let decision = Decision::from_micros(
                 allowed,
                 delay,
                 self.remaining(tat - now, interval),
                 tat - now,
                 self.burst,
-            )
+            );
+            (decision, None)
         };
-        let admit = |state: &mut Option<State>| {
-            *state = Some(State { tat: new_tat });
-            Decision::from_micros(
+        let admit = || {
+            let decision = Decision::from_micros(
                 true,
                 delay,
                 self.remaining(new_tat - now, interval),
                 new_tat - now,
                 self.burst,
-            )
+            );
+            (decision, Some(new_tat))
         };
         match op {
             Op::Peek => unchanged(delay == 0.0, delay),
-            Op::Limit if delay == 0.0 => admit(state),
+            Op::Limit if delay == 0.0 => admit(),
             Op::Limit => unchanged(false, delay),
             Op::Pace {
                 max_wait: Some(max),
             } if delay > duration_to_micros(max) => {
                 unchanged(false, retry_after_max_wait(delay, duration_to_micros(max)))
             }
-            Op::Pace { .. } => admit(state),
+            Op::Pace { .. } => admit(),
         }
     }
 }

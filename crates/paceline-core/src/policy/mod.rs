@@ -116,6 +116,7 @@ macro_rules! policies {
 
             /// True if `state` was written by this policy's algorithm (so this policy reads
             /// it; a state of another algorithm is ignored).
+            #[inline]
             pub fn owns(&self, state: &State) -> bool {
                 match (self, state) {
                     $( (Policy::$variant(_), State::$variant(_)) => true, )*
@@ -131,6 +132,7 @@ macro_rules! policies {
 
             /// The largest cost `op` can ever admit; `None` when any cost is admitted
             /// eventually (possibly after a delay).
+            #[inline]
             pub fn max_cost(&self, op: Op) -> Option<u64> {
                 match self { $( Policy::$variant(p) => p.max_cost(op), )* }
             }
@@ -159,6 +161,7 @@ macro_rules! policies {
                 }
             }
 
+            #[inline]
             fn apply_validated(
                 &self,
                 state: &mut Option<State>,
@@ -198,6 +201,7 @@ policies! {
 const ALIASES: &[(&str, &str)] = &[("qps", "rate")];
 
 #[allow(clippy::too_many_arguments)]
+#[inline]
 fn apply_typed<A: Algorithm>(
     policy: &A,
     slot: &mut Option<State>,
@@ -237,6 +241,7 @@ impl Policy {
     ///
     /// Errors: `cost` 0 or above 2^40, or a cost this policy can never admit
     /// (`cost > limit` for the window policies, `cost > burst` for `gcra`'s `limit`).
+    #[inline]
     pub fn apply(
         &self,
         state: &mut Option<State>,
@@ -249,6 +254,7 @@ impl Policy {
     }
 
     /// Checks that `cost` is valid for `op` under this policy without applying anything.
+    #[inline]
     pub fn check_cost(&self, op: Op, cost: u64) -> Result<(), InputError> {
         if cost == 0 {
             return Err(InputError::new("cost", "must be at least 1"));

@@ -14,8 +14,11 @@
 //!
 //! 1. defaults: `watermark = 0`, `last_drip = now`; `next_shot = max(stored next_shot, now)`;
 //! 2. only if nothing is booked in the future (`next_shot <= now`):
-//!    `watermark = max(0, watermark - (now - last_drip) * rate * factor)`; then
-//!    `last_drip = now` (always, so booked time never counts as leak time later);
+//!    `watermark = max(0, watermark - (now - max(last_drip, stored next_shot)) * rate * factor)`,
+//!    so the bucket leaks only over idle time, as the seed says ("only when the pacer is
+//!    idle"): booked time pays for the booking and does not also drain the bucket (leaking
+//!    from `last_drip` alone would let `limit` admit up to twice the rate). Then
+//!    `last_drip = now`;
 //! 3. `watermark += w`; if `watermark <= max_burst` the shot is `now`, otherwise the shot is
 //!    `next_shot` and `next_shot = shot + w / rate`;
 //! 4. `watermark = min(max_burst, watermark)`;
@@ -112,7 +115,8 @@ impl Pacer {
     /// slowest leak any op may use.
     fn reset_after(&self, s: &State, now: f64) -> f64 {
         let slowest = self.factor.unwrap_or(DEFAULT_PACE_FACTOR);
-        let empty_at = s.last_drip + s.watermark * self.rate.interval_micros() / slowest;
+        let idle_since = s.last_drip.max(s.next_shot);
+        let empty_at = idle_since + s.watermark * self.rate.interval_micros() / slowest;
         (s.next_shot.max(empty_at) - now).max(0.0)
     }
 }
@@ -174,14 +178,22 @@ impl Algorithm for Pacer {
         });
         current.next_shot = current.next_shot.max(now);
         if current.next_shot <= now {
-            let leaked = (now - current.last_drip) / interval * factor;
-            current.watermark = (current.watermark - leaked).max(0.0);
+            // Leak only over idle time: since the later of the last request and the end of
+            // the last booked slot (the stored `next_shot`).
+            let idle_since = state.map_or(now, |s| s.last_drip.max(s.next_shot));
+            let leaked = (now - idle_since) / interval * factor;
+            current.watermark -= leaked;
+            if current.watermark * interval / factor < 1.0 {
+                // Less than a microsecond of leak left: float residue of an empty bucket
+                // (times since the epoch are only exact to a fraction of a microsecond).
+                current.watermark = 0.0;
+            }
         }
         current.last_drip = now;
         // Steps 3 and 4.
         let mut next = current;
         next.watermark += cost as f64;
-        let shot = if next.watermark <= self.max_burst {
+        let shot = if next.watermark <= self.max_burst + EPSILON {
             now
         } else {
             let shot = next.next_shot;
@@ -282,13 +294,16 @@ mod tests {
             delays_ms(&p, &mut s, 0, 4, Op::pace()),
             [0.0, 0.0, 0.0, 100.0]
         );
-        // At 200 ms the slot booked at 100 ms has passed (next_shot = 200 ms <= now): leak
-        // (200 ms - last_drip 0) * 10/s * 0.5 = 1 unit, so one request goes at once ...
-        assert_eq!(delays_ms(&p, &mut s, 200 * MS, 1, Op::pace()), [0.0]);
-        // ... the next one fills the bucket and goes at once, booking 300 ms ...
-        assert_eq!(delays_ms(&p, &mut s, 200 * MS, 1, Op::pace()), [0.0]);
-        // ... and the one after waits for it.
-        assert_eq!(delays_ms(&p, &mut s, 200 * MS, 1, Op::pace()), [100.0]);
+        // Booked until 200 ms: no leak yet at 200 ms, so the next request overflows the
+        // bucket; it goes at once (the slot is free) and books 300 ms for the one after.
+        assert_eq!(delays_ms(&p, &mut s, 200 * MS, 2, Op::pace()), [0.0, 100.0]);
+        // Idle from 400 ms (the end of the last booking) to 600 ms: the bucket leaks
+        // 200 ms * 10/s * 0.5 = 1 unit, so one request fits, one more overflows at once,
+        // and the third waits.
+        assert_eq!(
+            delays_ms(&p, &mut s, 600 * MS, 3, Op::pace()),
+            [0.0, 0.0, 100.0]
+        );
     }
 
     #[test]

@@ -1,32 +1,43 @@
 //! The in-process store: sharded, bounded, safe for any number of threads and tasks.
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hashbrown::HashTable;
-use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
-use parking_lot::Mutex;
+use paceline_core::policy::{gcra, Gcra};
+use paceline_core::{
+    Clock, Decision, Error, InputError, Op, Policy, Sleep, State, StoreError, StoreErrorKind,
+};
+use parking_lot::RwLock;
 
 use super::{Store, SyncStore};
 use crate::SystemClock;
 
-/// A shard sweeps its expired keys when it grows to twice its size after the last sweep, and
+/// A shard sweeps its idle keys when it grows to twice its size after the last sweep, and
 /// never below this many keys.
 const MIN_SWEEP_LEN: usize = 64;
+
+/// Growth sweeps drop keys idle for at least this long (microseconds), so a working set of
+/// keys that go idle between visits is not dropped and re-created over and over. Sweeps for
+/// the key cap and [`MemoryStore::purge_idle`] drop every idle key.
+const SWEEP_GRACE_US: u64 = 1_000_000;
 
 /// Keys' state in this process.
 ///
 /// * **Concurrency**: keys are spread over shards by hash; each shard has its own lock, held
 ///   only while one decision is computed (a few dozen nanoseconds), so requests for one key
 ///   are applied one at a time (no lost updates) and requests for different keys rarely
-///   meet.
+///   meet. `gcra` keys take a lock-free fast path: their whole state is one atomic word (the
+///   TAT), updated by compare-and-swap under the shard's *shared* lock, so threads deciding
+///   on existing `gcra` keys never wait for each other.
 /// * **Bounded memory**: a key whose `reset_after` has passed is idle and its state is
-///   dropped: at once when the decision leaves no state, otherwise by a sweep of its shard
-///   that runs whenever the shard has doubled in size since its last sweep. Memory is
-///   therefore proportional to the number of *active* keys (at most about twice that, plus
-///   64 keys per shard), with no background thread.
+///   dropped by a sweep of its shard that runs whenever the shard has doubled in size since
+///   its last sweep and drops the keys idle for over a second (the grace keeps a working set
+///   of keys that go idle between visits from being dropped and re-created). Memory is
+///   therefore proportional to the number of keys active in the last second (at most about
+///   twice that, plus 64 keys per shard), with no background thread.
 /// * **Key cap** ([`MemoryStoreBuilder::max_keys`]): when the store holds its maximum of
 ///   active keys, a request for a *new* key first sweeps every shard for idle keys; if none
 ///   can be dropped it fails with a [`StoreError`] of kind
@@ -60,7 +71,7 @@ pub struct MemoryStore {
 
 #[repr(align(128))]
 struct Shard {
-    inner: Mutex<ShardInner>,
+    inner: RwLock<ShardInner>,
 }
 
 struct ShardInner {
@@ -69,11 +80,60 @@ struct ShardInner {
 }
 
 struct Entry {
-    hash: u64,
     key: Box<str>,
+    slot: Slot,
+}
+
+/// One key's state, two words wide so that many keys stay cache-friendly.
+enum Slot {
+    /// A `gcra` state: the bits of its TAT (an `f64` of microseconds since the epoch). It is
+    /// idle once `TAT <= now`, so it needs no separate expiry.
+    Gcra(AtomicU64),
+    /// Any other state.
+    Other(Box<OtherSlot>),
+}
+
+struct OtherSlot {
     state: Option<State>,
-    /// Microseconds since the epoch at which the state is idle and may be dropped.
+    /// Idle from this time on (microseconds since the epoch).
     expires_at: u64,
+}
+
+impl Slot {
+    fn new(state: Option<State>, expires_at: u64) -> Slot {
+        match state {
+            Some(State::Gcra(g)) => Slot::Gcra(AtomicU64::new(g.tat.to_bits())),
+            state => Slot::Other(Box::new(OtherSlot { state, expires_at })),
+        }
+    }
+
+    fn is_idle(&self, now: u64) -> bool {
+        match self {
+            Slot::Gcra(tat) => f64::from_bits(tat.load(Ordering::Acquire)) <= now as f64,
+            Slot::Other(other) => other.expires_at <= now,
+        }
+    }
+}
+
+/// Applies a `gcra` request to a TAT cell with compare-and-swap; safe under a shared lock.
+#[inline]
+fn gcra_cas(policy: &Gcra, cell: &AtomicU64, now: u64, op: Op, cost: u64) -> Decision {
+    let mut current = cell.load(Ordering::Acquire);
+    loop {
+        let (decision, new_tat) = policy.step(Some(f64::from_bits(current)), now, op, cost);
+        let Some(new_tat) = new_tat else {
+            return decision;
+        };
+        match cell.compare_exchange_weak(
+            current,
+            new_tat.to_bits(),
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return decision,
+            Err(actual) => current = actual,
+        }
+    }
 }
 
 /// Configures a [`MemoryStore`].
@@ -125,7 +185,7 @@ impl MemoryStoreBuilder {
             .next_power_of_two();
         let shards = (0..count)
             .map(|_| Shard {
-                inner: Mutex::new(ShardInner {
+                inner: RwLock::new(ShardInner {
                     table: HashTable::new(),
                     sweep_at: MIN_SWEEP_LEN,
                 }),
@@ -190,7 +250,7 @@ impl MemoryStore {
         let now = self.clock.now_micros();
         self.shards
             .iter()
-            .map(|shard| self.sweep(&mut shard.inner.lock(), now))
+            .map(|shard| self.sweep(&mut shard.inner.write(), now))
             .sum()
     }
 
@@ -203,9 +263,10 @@ impl MemoryStore {
         &self.shards[index]
     }
 
+    /// Drops the keys that are idle at `now`.
     fn sweep(&self, inner: &mut ShardInner, now: u64) -> usize {
         let before = inner.table.len();
-        inner.table.retain(|e| e.expires_at > now);
+        inner.table.retain(|e| !e.slot.is_idle(now));
         let dropped = before - inner.table.len();
         self.keys.fetch_sub(dropped, Ordering::Relaxed);
         inner.sweep_at = (inner.table.len() * 2).max(MIN_SWEEP_LEN);
@@ -217,15 +278,26 @@ impl MemoryStore {
     }
 
     fn decide_now(&self, policy: &Policy, key: &str, op: Op, cost: u64) -> Result<Decision, Error> {
+        policy.check_cost(op, cost)?;
         let hash = self.hasher.hash_one(key);
         let shard = self.shard_for(hash);
         let now = self.clock.now_micros();
-        {
-            let mut inner = shard.inner.lock();
-            if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
-                return Ok(apply_to_entry(policy, entry, now, op, cost)?);
+        if let Policy::Gcra(gcra) = policy {
+            // The fast path: an existing gcra key, under the shared lock.
+            let inner = shard.inner.read();
+            if let Some(Entry {
+                slot: Slot::Gcra(tat),
+                ..
+            }) = inner.table.find(hash, |e| e.key.as_ref() == key)
+            {
+                return Ok(gcra_cas(gcra, tat, now, op, cost));
             }
-            policy.check_cost(op, cost)?;
+        }
+        {
+            let mut inner = shard.inner.write();
+            if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
+                return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
+            }
             if !self.full() {
                 return self.insert(&mut inner, policy, hash, key, now, op, cost);
             }
@@ -237,9 +309,9 @@ impl MemoryStore {
         }
         // Still full: sweep every shard (each under its own lock, one at a time).
         self.purge_idle();
-        let mut inner = shard.inner.lock();
+        let mut inner = shard.inner.write();
         if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
-            return Ok(apply_to_entry(policy, entry, now, op, cost)?);
+            return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
         }
         if self.full() && op != Op::Peek {
             return Err(StoreError::new(
@@ -271,17 +343,15 @@ impl MemoryStore {
         let decision = policy.apply(&mut state, now, op, cost)?;
         if let Some(state) = state {
             if inner.table.len() >= inner.sweep_at {
-                self.sweep(inner, now);
+                self.sweep(inner, now.saturating_sub(SWEEP_GRACE_US));
             }
             inner.table.insert_unique(
                 hash,
                 Entry {
-                    hash,
                     key: key.into(),
-                    state: Some(state),
-                    expires_at: expiry(now, decision.reset_after),
+                    slot: Slot::new(Some(state), expiry(now, decision.reset_after)),
                 },
-                |e| e.hash,
+                |e| self.hasher.hash_one(&*e.key),
             );
             self.keys.fetch_add(1, Ordering::Relaxed);
         }
@@ -290,7 +360,7 @@ impl MemoryStore {
 
     fn reset_now(&self, key: &str) {
         let hash = self.hasher.hash_one(key);
-        let mut inner = self.shard_for(hash).inner.lock();
+        let mut inner = self.shard_for(hash).inner.write();
         if let Ok(entry) = inner.table.find_entry(hash, |e| e.key.as_ref() == key) {
             entry.remove();
             self.keys.fetch_sub(1, Ordering::Relaxed);
@@ -298,26 +368,45 @@ impl MemoryStore {
     }
 }
 
-/// Applies a request to an existing entry, treating an expired state as none.
+/// Applies a request to an existing key's slot (under the exclusive lock), treating an idle
+/// state as none.
 #[inline]
-fn apply_to_entry(
+fn apply_to_slot(
     policy: &Policy,
-    entry: &mut Entry,
+    slot: &mut Slot,
     now: u64,
     op: Op,
     cost: u64,
-) -> Result<Decision, paceline_core::InputError> {
-    if entry.expires_at <= now {
-        entry.state = None;
+) -> Result<Decision, InputError> {
+    let other = match slot {
+        Slot::Gcra(tat) => {
+            if let Policy::Gcra(gcra) = policy {
+                return Ok(gcra_cas(gcra, tat, now, op, cost));
+            }
+            // Another algorithm on a gcra key: decide on a copy, replace only on a write.
+            let tat = f64::from_bits(tat.load(Ordering::Acquire));
+            let mut state = (tat > now as f64).then_some(State::Gcra(gcra::State { tat }));
+            let before = state.clone();
+            let decision = policy.apply(&mut state, now, op, cost)?;
+            if state != before {
+                *slot = Slot::new(state, expiry(now, decision.reset_after));
+            }
+            return Ok(decision);
+        }
+        Slot::Other(other) => other,
+    };
+    if other.expires_at <= now {
+        other.state = None;
     }
-    let foreign = entry.state.as_ref().is_some_and(|s| !policy.owns(s));
-    let decision = policy.apply(&mut entry.state, now, op, cost)?;
-    match &entry.state {
+    let foreign = other.state.as_ref().is_some_and(|s| !policy.owns(s));
+    let decision = policy.apply(&mut other.state, now, op, cost)?;
+    match &other.state {
         // A state of another algorithm that this request did not replace keeps its expiry.
         Some(s) if foreign && !policy.owns(s) => {}
-        Some(_) => entry.expires_at = expiry(now, decision.reset_after),
-        // Idle: expire at once; the next sweep drops the entry.
-        None => entry.expires_at = now,
+        Some(State::Gcra(g)) => *slot = Slot::Gcra(AtomicU64::new(g.tat.to_bits())),
+        Some(_) => other.expires_at = expiry(now, decision.reset_after),
+        // Idle: expired at once; the next sweep drops the entry.
+        None => other.expires_at = now,
     }
     Ok(decision)
 }
