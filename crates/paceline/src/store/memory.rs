@@ -10,7 +10,7 @@ use paceline_core::policy::{gcra, Gcra};
 use paceline_core::{
     Clock, Decision, Error, InputError, Op, Policy, Sleep, State, StoreError, StoreErrorKind,
 };
-use parking_lot::RwLock;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{Store, SyncStore};
 use crate::SystemClock;
@@ -72,6 +72,23 @@ pub struct MemoryStore {
 #[repr(align(128))]
 struct Shard {
     inner: RwLock<ShardInner>,
+}
+
+impl Shard {
+    /// The shared lock. A panic while a lock was held cannot leave a shard half-updated
+    /// (every update is a single assignment), so a poisoned lock is used as it is.
+    fn read(&self) -> RwLockReadGuard<'_, ShardInner> {
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The exclusive lock; see [`Shard::read`].
+    fn write(&self) -> RwLockWriteGuard<'_, ShardInner> {
+        self.inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 struct ShardInner {
@@ -250,7 +267,7 @@ impl MemoryStore {
         let now = self.clock.now_micros();
         self.shards
             .iter()
-            .map(|shard| self.sweep(&mut shard.inner.write(), now))
+            .map(|shard| self.sweep(&mut shard.write(), now))
             .sum()
     }
 
@@ -284,7 +301,7 @@ impl MemoryStore {
         let now = self.clock.now_micros();
         if let Policy::Gcra(gcra) = policy {
             // The fast path: an existing gcra key, under the shared lock.
-            let inner = shard.inner.read();
+            let inner = shard.read();
             if let Some(Entry {
                 slot: Slot::Gcra(tat),
                 ..
@@ -294,7 +311,7 @@ impl MemoryStore {
             }
         }
         {
-            let mut inner = shard.inner.write();
+            let mut inner = shard.write();
             if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
                 return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
             }
@@ -309,7 +326,7 @@ impl MemoryStore {
         }
         // Still full: sweep every shard (each under its own lock, one at a time).
         self.purge_idle();
-        let mut inner = shard.inner.write();
+        let mut inner = shard.write();
         if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
             return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
         }
@@ -360,7 +377,7 @@ impl MemoryStore {
 
     fn reset_now(&self, key: &str) {
         let hash = self.hasher.hash_one(key);
-        let mut inner = self.shard_for(hash).inner.write();
+        let mut inner = self.shard_for(hash).write();
         if let Ok(entry) = inner.table.find_entry(hash, |e| e.key.as_ref() == key) {
             entry.remove();
             self.keys.fetch_sub(1, Ordering::Relaxed);
