@@ -78,10 +78,10 @@ fn run_simulate(
             return ExitCode::from(2);
         }
     };
-    let mut script = String::new();
+    let mut bytes = Vec::new();
     let read = match &input {
-        Some(path) => File::open(path).and_then(|f| BufReader::new(f).read_to_string(&mut script)),
-        None => io::stdin().read_to_string(&mut script),
+        Some(path) => File::open(path).and_then(|f| BufReader::new(f).read_to_end(&mut bytes)),
+        None => io::stdin().read_to_end(&mut bytes),
     };
     if let Err(e) = read {
         let source = input
@@ -90,6 +90,15 @@ fn run_simulate(
         eprintln!("error: cannot read {source}: {e}");
         return ExitCode::from(1);
     }
+    let script = match String::from_utf8(bytes) {
+        Ok(script) => script,
+        Err(e) => {
+            let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+            let line = valid.iter().filter(|b| **b == b'\n').count() + 1;
+            eprintln!("error: line {line}: invalid `json`: the line is not UTF-8 text");
+            return ExitCode::from(2);
+        }
+    };
     let decisions = match simulate::run(policy, &script) {
         Ok(out) => out,
         Err(e) => {

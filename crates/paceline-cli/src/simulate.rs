@@ -86,10 +86,18 @@ impl From<&Decision> for DecisionRecord {
     }
 }
 
+/// The latest virtual time, 2^53 µs after the epoch: times stay exact, and within what the
+/// engine accepts.
+const MAX_CLOCK_US: u64 = paceline::policy::MAX_NOW_US;
+
+/// Whole microseconds, rounded to the nearest.
+fn duration_us(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos().saturating_add(500) / 1_000).unwrap_or(u64::MAX)
+}
+
 /// Milliseconds with microsecond precision.
 fn duration_ms(d: std::time::Duration) -> f64 {
-    let us = d.as_nanos().saturating_add(500) / 1_000;
-    us as f64 / 1_000.0
+    duration_us(d) as f64 / 1_000.0
 }
 
 fn micros_ms(us: u64) -> f64 {
@@ -129,7 +137,19 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
             message,
         };
         match parse_line(trimmed).map_err(|(field, message)| fail(&field, message))? {
-            Line::Sleep(us) => clock.set_micros(clock.now_micros().saturating_add(us)),
+            Line::Sleep(us) => {
+                let to = clock.now_micros().saturating_add(us);
+                if to > MAX_CLOCK_US {
+                    return Err(fail(
+                        "sleep_ms",
+                        format!(
+                            "would move the clock past its maximum of {} ms",
+                            micros_ms(MAX_CLOCK_US)
+                        ),
+                    ));
+                }
+                clock.set_micros(to);
+            }
             Line::At(us) => {
                 let now = clock.now_micros();
                 if us < now {
@@ -182,7 +202,18 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
                 })?;
                 if let (SimOp::Acquire, Some(d)) = (req.op, &decision) {
                     if d.allowed {
-                        clock.advance(d.delay);
+                        // The same rounding (to the nearest microsecond) as `delay_ms`.
+                        let slept = clock.now_micros().saturating_add(duration_us(d.delay));
+                        if slept > MAX_CLOCK_US {
+                            return Err(fail(
+                                "op",
+                                format!(
+                                    "acquire would move the clock past its maximum of {} ms",
+                                    micros_ms(MAX_CLOCK_US)
+                                ),
+                            ));
+                        }
+                        clock.set_micros(slept);
                     }
                 }
                 let record = Record {
@@ -208,12 +239,46 @@ fn field_err(field: &str, message: impl Into<String>) -> FieldError {
     (field.to_string(), message.into())
 }
 
+/// A JSON object read field by field, so that a field given twice is an error rather
+/// than a silent "last one wins".
+struct StrictObject(Map<String, Value>);
+
+impl<'de> serde::Deserialize<'de> for StrictObject {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = StrictObject;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut access: A,
+            ) -> Result<StrictObject, A::Error> {
+                let mut map = Map::new();
+                while let Some((key, value)) = access.next_entry::<String, Value>()? {
+                    if map.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format!(
+                            "field `{key}` is given twice"
+                        )));
+                    }
+                    map.insert(key, value);
+                }
+                Ok(StrictObject(map))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
+}
+
 fn parse_line(text: &str) -> Result<Line, FieldError> {
-    let value: Value = serde_json::from_str(text)
-        .map_err(|e| field_err("json", format!("not valid JSON: {e}")))?;
-    let Value::Object(map) = value else {
-        return Err(field_err("json", "each line must be a JSON object"));
-    };
+    let StrictObject(map) = serde_json::from_str(text).map_err(|e| {
+        if e.is_data() {
+            field_err("json", format!("each line must be one JSON object: {e}"))
+        } else {
+            field_err("json", format!("not valid JSON: {e}"))
+        }
+    })?;
     for (field, kind) in [("sleep_ms", "sleep_ms"), ("at_ms", "at_ms")] {
         if map.contains_key(field) {
             if let Some(other) = map.keys().find(|k| k.as_str() != field) {
@@ -248,7 +313,7 @@ fn millis_to_micros(field: &str, value: &Value) -> Result<u64, FieldError> {
         ));
     }
     let us = (ms * 1000.0).round();
-    if us >= 2f64.powi(53) {
+    if us > MAX_CLOCK_US as f64 {
         return Err(field_err(field, format!("{value} is too large")));
     }
     Ok(us as u64)
@@ -383,6 +448,28 @@ mod tests {
     }
 
     #[test]
+    fn acquire_advances_by_the_printed_delay() {
+        let out = sim(
+            "pacer:rate=3/s",
+            "{\"op\": \"acquire\"}\n{\"op\": \"acquire\"}\n{}",
+        )
+        .unwrap();
+        assert_eq!(out[1]["delay_ms"], 333.333);
+        assert_eq!(out[2]["t_ms"], 333.333);
+    }
+
+    #[test]
+    fn the_clock_stops_at_its_maximum() {
+        let script = "{\"sleep_ms\": 9e12}\n".repeat(3);
+        let e = sim("gcra:rate=1/s", &script).unwrap_err();
+        assert_eq!(
+            (e.line, e.field.as_str()),
+            (2, "sleep_ms"),
+            "2 x 9e15 µs > 2^53 µs"
+        );
+    }
+
+    #[test]
     fn max_wait_and_fractional_times() {
         let out = sim(
             "gcra:rate=10/s",
@@ -415,6 +502,8 @@ mod tests {
             ("{\"policy\": 5}", 1, "policy"),
             ("[1, 2]", 1, "json"),
             ("{not json", 1, "json"),
+            ("{\"cost\": 1, \"cost\": 5}", 1, "json"),
+            ("{\"sleep_ms\": 9e15}", 1, "sleep_ms"),
             ("{\"op\": \"limit\", \"cost\": 2}", 1, "cost"),
         ];
         for (script, line, field) in cases {

@@ -158,3 +158,14 @@ fn output_file_and_stdin_work() {
     assert_eq!(lines.len(), 2);
     assert!(lines[0].contains("\"allowed\":true") && lines[1].contains("\"allowed\":false"));
 }
+
+#[test]
+fn a_line_that_is_not_utf8_exits_2_naming_the_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("binary.jsonl");
+    std::fs::write(&script, b"{\"key\": \"a\"}\n\xff\xfe\n").expect("write");
+    let out = simulate(&["--policy".into(), "gcra:rate=1/s".into()], &script);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
+}

@@ -2,7 +2,7 @@
 //!
 //! Eight rate-limiting and pacing algorithms as pure transitions over one key's state, with
 //! time passed in (microseconds since the Unix epoch) and never read from a clock. Stores
-//! (in memory, Redis) persist the state and call [`Policy::apply`]; users normally reach this
+//! (in memory; Redis is next) persist the state and call [`Policy::apply`]; users normally reach this
 //! crate through the `paceline` crate's `Limiter`.
 //!
 //! | algorithm | what it is |

@@ -243,7 +243,7 @@ pub fn format_duration(us: u64) -> String {
         return "0s".to_string();
     }
     for (scale, unit) in UNITS {
-        if us % scale == 0 {
+        if us.is_multiple_of(scale) {
             return format!("{}{unit}", us / scale);
         }
     }

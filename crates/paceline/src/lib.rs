@@ -2,7 +2,8 @@
 //!
 //! Distributed rate limiting and pacing. A [`Limiter`] applies one of eight algorithms
 //! ([`Policy`]) to any number of keys whose state lives in a [`Store`]: in this process
-//! ([`MemoryStore`], the default) or, shared by many processes, in Redis.
+//! ([`MemoryStore`], the default); a Redis store, shared by many processes, is next and
+//! implements the same [`Store`] trait.
 //!
 //! * **pace**: never drop work; reserve a slot and get the delay to sleep, so that workers
 //!   together hold a target rate exactly;
@@ -24,8 +25,8 @@
 //! ```
 //!
 //! Policies are written as specs (`ALGORITHM:name=value,...`) or serde tables; see
-//! [`policy`] for the algorithms and their parameters, and `SEMANTICS.md` for the exact
-//! contract every store meets.
+//! [`policy`] for the algorithms, their parameters and the exact contract every store
+//! meets.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

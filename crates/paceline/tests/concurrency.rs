@@ -161,7 +161,7 @@ one_key_tests! {
 /// The key thread `t` uses for its `r`-th request: every third its own key, otherwise one
 /// of four keys shared by all threads.
 fn key_for(t: usize, r: usize) -> String {
-    if r % 3 == 0 {
+    if r.is_multiple_of(3) {
         format!("own{t}")
     } else {
         format!("shared{}", (r + t) % 4)

@@ -194,3 +194,18 @@ async fn acquire_on_the_system_clock_sleeps_with_tokio() {
     assert!(second.delay > Duration::from_millis(400));
     assert!(tokio::time::Instant::now() - start >= second.delay);
 }
+
+#[test]
+fn a_peek_under_a_shorter_window_does_not_shorten_the_keys_life() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let hour = limiter("sliding_log:limit=1,window=1h", &store);
+    let second = limiter("sliding_log:limit=1,window=1s", &store);
+    assert!(hour.limit_sync("k", 1).unwrap().allowed);
+    assert!(!second.peek_sync("k", 1).unwrap().allowed);
+    clock.set_micros(2_000_000);
+    store.purge_idle();
+    let d = hour.limit_sync("k", 1).unwrap();
+    assert!(!d.allowed, "the hour-long log survived the peek");
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(3_598)));
+}

@@ -1,10 +1,12 @@
 //! Guava's `SmoothRateLimiter`: the core shared by [`smooth_bursty`](super::smooth_bursty)
 //! and [`smooth_warming_up`](super::smooth_warming_up).
 //!
-//! One key's state is one Guava limiter object: `stored_permits` (f64), `next_free`
-//! (Guava's `nextFreeTicketMicros`, whole microseconds since the Unix epoch) and the
-//! `max_permits` and cool-down interval of the configuration it was last set with (so that a
-//! parameter change is seen and applied the way Guava's `setRate` does). The transitions,
+//! One key's state is one Guava limiter object, [`State`]: `stored_permits` (f64),
+//! `next_free_ticket` (written `next_free` below; Guava's `nextFreeTicketMicros`, whole
+//! microseconds since the Unix epoch) and the `max_permits` and cool-down interval
+//! (`cool_down_interval`, written `cool_down` below) of the configuration it was last set
+//! with (so that a parameter change is seen and applied the way Guava's `setRate` does). Both
+//! policies' modules re-export [`State`] as their own. The transitions,
 //! with Java's `(long)` casts (truncation toward zero, saturating) written `trunc`:
 //!
 //! ```text
@@ -71,26 +73,33 @@ use crate::{Decision, Op};
 /// still a permit (its fresh remainder costs under a microsecond, truncated to nothing).
 const PERMIT_EPSILON: f64 = 1e-9;
 
-/// One key's Guava limiter.
+/// `smooth_bursty` and `smooth_warming_up` state: one Guava `SmoothBursty` or
+/// `SmoothWarmingUp` object.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct Limiter {
-    /// Guava's `storedPermits`.
-    pub(super) stored_permits: f64,
-    /// Guava's `nextFreeTicketMicros`, microseconds since the Unix epoch.
-    pub(super) next_free: i64,
-    /// `maxPermits` of the configuration last set.
-    pub(super) max_permits: f64,
-    /// `coolDownIntervalMicros()` of the configuration last set.
-    pub(super) cool_down: f64,
+pub struct State {
+    /// Guava's `storedPermits`: unused permits, `0..=max_permits`. For `smooth_warming_up`,
+    /// `max_permits` is fully cold, `threshold` and below is warm.
+    pub stored_permits: f64,
+    /// Guava's `nextFreeTicketMicros`: when the next request may go (the previous requests'
+    /// cost paid), microseconds since the Unix epoch.
+    pub next_free_ticket: i64,
+    /// Guava's `maxPermits` when the state was last written (`rate * max_burst_seconds` for
+    /// `smooth_bursty`).
+    pub max_permits: f64,
+    /// The cool-down interval (Guava's `coolDownIntervalMicros()`, microseconds per permit)
+    /// when the state was last written: the stable interval for `smooth_bursty`,
+    /// `warmup / max_permits` for `smooth_warming_up`.
+    pub cool_down_interval: f64,
 }
 
-impl Limiter {
+impl State {
     /// Guava's `resync`, with the limiter's own (last set) configuration.
     pub(super) fn resync(&mut self, now: i64) {
-        if now > self.next_free {
-            let new_permits = now.saturating_sub(self.next_free) as f64 / self.cool_down;
+        if now > self.next_free_ticket {
+            let new_permits =
+                now.saturating_sub(self.next_free_ticket) as f64 / self.cool_down_interval;
             self.stored_permits = self.max_permits.min(self.stored_permits + new_permits);
-            self.next_free = now;
+            self.next_free_ticket = now;
         }
     }
 
@@ -98,18 +107,18 @@ impl Limiter {
     fn reset_at(&self) -> i64 {
         let short = self.max_permits - self.stored_permits;
         if short.is_nan() || short <= 0.0 {
-            return self.next_free;
+            return self.next_free_ticket;
         }
         // The resync arithmetic after `fill` microseconds, uncapped.
         let full_after =
-            |fill: f64| self.stored_permits + fill / self.cool_down >= self.max_permits;
-        let mut fill = (short * self.cool_down).ceil();
+            |fill: f64| self.stored_permits + fill / self.cool_down_interval >= self.max_permits;
+        let mut fill = (short * self.cool_down_interval).ceil();
         if fill >= 1.0 && full_after(fill - 1.0) {
             fill -= 1.0;
         } else if !full_after(fill) {
             fill += 1.0;
         }
-        self.next_free.saturating_add(fill as i64)
+        self.next_free_ticket.saturating_add(fill as i64)
     }
 }
 
@@ -202,7 +211,7 @@ impl Config {
     }
 
     /// Guava's `setRate` at `now` on `old`: resync with the old configuration, then this one.
-    fn set_rate(&self, old: Limiter, now: i64) -> Limiter {
+    fn set_rate(&self, old: State, now: i64) -> State {
         let mut l = old;
         l.resync(now);
         let stored_permits = if l.max_permits == 0.0 {
@@ -213,31 +222,31 @@ impl Config {
         } else {
             l.stored_permits * self.max_permits / l.max_permits
         };
-        Limiter {
+        State {
             stored_permits,
-            next_free: l.next_free,
+            next_free_ticket: l.next_free_ticket,
             max_permits: self.max_permits,
-            cool_down: self.cool_down,
+            cool_down_interval: self.cool_down,
         }
     }
 
     /// Guava's `reserveEarliestAvailable`: returns the moment the permits are available.
-    fn reserve(&self, l: &mut Limiter, permits: f64, now: i64) -> i64 {
+    fn reserve(&self, l: &mut State, permits: f64, now: i64) -> i64 {
         l.resync(now);
-        let moment = l.next_free;
+        let moment = l.next_free_ticket;
         let spend = permits.min(l.stored_permits);
         let fresh = permits - spend;
         let wait = self
             .stored_permits_to_wait_time(l.stored_permits, spend)
             .saturating_add((fresh * self.stable) as i64);
-        l.next_free = l.next_free.saturating_add(wait);
+        l.next_free_ticket = l.next_free_ticket.saturating_add(wait);
         l.stored_permits -= spend;
         moment
     }
 
     /// Cost-1 requests `limit` would admit right now from `l` (resynced at `now`).
-    fn remaining(&self, l: &Limiter, now: i64) -> u64 {
-        if l.next_free > now {
+    fn remaining(&self, l: &State, now: i64) -> u64 {
+        if l.next_free_ticket > now {
             return 0;
         }
         match self.shape {
@@ -251,7 +260,7 @@ impl Config {
     /// Applies one request to one key's limiter (`None`: no limiter yet).
     pub(super) fn apply(
         &self,
-        state: &mut Option<Limiter>,
+        state: &mut Option<State>,
         now_us: u64,
         op: Op,
         cost: u64,
@@ -263,15 +272,19 @@ impl Config {
         // if needed; not resynced otherwise, as Guava's tryAcquire checks before resyncing).
         let view = match live {
             None => self.set_rate(
-                Limiter {
+                State {
                     stored_permits: 0.0,
-                    next_free: now,
+                    next_free_ticket: now,
                     max_permits: 0.0,
-                    cool_down: self.cool_down,
+                    cool_down_interval: self.cool_down,
                 },
                 now,
             ),
-            Some(s) if s.max_permits == self.max_permits && s.cool_down == self.cool_down => s,
+            Some(s)
+                if s.max_permits == self.max_permits && s.cool_down_interval == self.cool_down =>
+            {
+                s
+            }
             Some(s) => self.set_rate(s, now),
         };
         let limit = self.limit();
@@ -289,7 +302,7 @@ impl Config {
                 limit,
             )
         };
-        let admit = |state: &mut Option<Limiter>| {
+        let admit = |state: &mut Option<State>| {
             let mut next = view;
             let moment = self.reserve(&mut next, cost as f64, now);
             *state = Some(next);
@@ -302,8 +315,8 @@ impl Config {
             )
         };
         // Guava's `canAcquire`, and the retry-after of a rejection by it.
-        let earliest = |timeout: i64| view.next_free.saturating_sub(timeout);
-        let try_acquire = |state: &mut Option<Limiter>, timeout: i64| {
+        let earliest = |timeout: i64| view.next_free_ticket.saturating_sub(timeout);
+        let try_acquire = |state: &mut Option<State>, timeout: i64| {
             if earliest(timeout) <= now {
                 admit(state)
             } else {
@@ -348,21 +361,110 @@ mod tests {
                 )
             };
             let max = config.max_permits;
-            let l = Limiter {
+            let l = State {
                 stored_permits: max * (next() % 1_000) as f64 / 1_000.0,
-                next_free: 1_700_000_000_000_000 + (next() % 1_000) as i64,
+                next_free_ticket: 1_700_000_000_000_000 + (next() % 1_000) as i64,
                 max_permits: max,
-                cool_down: config.cool_down,
+                cool_down_interval: config.cool_down,
             };
             let at = l.reset_at();
             let mut full = l;
             full.resync(at);
             assert_eq!(full.stored_permits, max, "{l:?}");
-            if at > l.next_free {
+            if at > l.next_free_ticket {
                 let mut short = l;
                 short.resync(at - 1);
                 assert!(short.stored_permits < max, "{l:?}: reset at {at} is late");
             }
+        }
+    }
+}
+
+/// Guava's `RateLimiterTest` harness, shared by the tests of
+/// [`smooth_bursty`](super::smooth_bursty) and [`smooth_warming_up`](super::smooth_warming_up).
+#[cfg(test)]
+pub(super) mod test_harness {
+    use std::time::Duration;
+
+    use super::super::test_util::{policy, MS};
+    use crate::{Op, Policy};
+
+    /// Where the simulated clock starts: Guava's stopwatch zero.
+    pub(crate) const T0: u64 = 1_700_000_000_000_000;
+
+    /// Guava's `R%3.2f` of a wait in microseconds (rounded half up to 10 ms).
+    fn r(us: u128) -> String {
+        let cs = (us + 5_000) / 10_000;
+        format!("R{}.{:02}", cs / 100, cs % 100)
+    }
+
+    /// One key driven like Guava's `RateLimiterTest`, with a fake stopwatch: `acquire` and
+    /// an admitted `try_acquire` sleep their wait (the clock advances by the delay).
+    pub(crate) struct Guava {
+        pub(crate) policy: Policy,
+        pub(crate) state: Option<crate::State>,
+        pub(crate) now: u64,
+        events: Vec<String>,
+    }
+
+    impl Guava {
+        /// `RateLimiter.create(...)` at `T0`: the key's limiter is created by its first
+        /// request.
+        pub(crate) fn create(spec: &str) -> Guava {
+            Guava {
+                policy: policy(spec),
+                state: None,
+                now: T0,
+                events: Vec::new(),
+            }
+        }
+
+        pub(crate) fn acquire(&mut self, permits: u64) -> Duration {
+            let d = self
+                .policy
+                .apply(&mut self.state, self.now, Op::pace(), permits)
+                .unwrap();
+            assert!(d.allowed);
+            self.now += d.delay.as_micros() as u64;
+            self.events.push(r(d.delay.as_micros()));
+            d.delay
+        }
+
+        /// `acquire(1)`, `times` times.
+        pub(crate) fn acquire_n(&mut self, times: usize) {
+            for _ in 0..times {
+                self.acquire(1);
+            }
+        }
+
+        pub(crate) fn try_acquire(&mut self, permits: u64, timeout: Duration) -> bool {
+            let before = self.state.clone();
+            let d = self
+                .policy
+                .apply(&mut self.state, self.now, Op::pace_within(timeout), permits)
+                .unwrap();
+            if d.allowed {
+                self.now += d.delay.as_micros() as u64;
+                self.events.push(r(d.delay.as_micros()));
+            } else {
+                assert_eq!(self.state, before, "a rejected tryAcquire changes nothing");
+            }
+            d.allowed
+        }
+
+        pub(crate) fn sleep_millis(&mut self, ms: u64) {
+            self.now += ms * MS;
+            self.events
+                .push(format!("U{}.{:02}", ms / 1000, ms % 1000 / 10));
+        }
+
+        /// `setRate(...)`: the next request applies the new parameters to the same state.
+        pub(crate) fn set_policy(&mut self, spec: &str) {
+            self.policy = policy(spec);
+        }
+
+        pub(crate) fn events(&self) -> String {
+            self.events.join(", ")
         }
     }
 }

@@ -5,8 +5,8 @@
 //! that updates `&mut Option<State>` in place and leaves it untouched whenever the decision
 //! has no side effects (a rejection, a peek). `None` means "no stored state": the key is idle.
 //! Time is microseconds since the Unix epoch and is always passed in; nothing here reads a
-//! clock. The contract is `SEMANTICS.md`; the Redis store's Lua scripts are twins of these
-//! functions.
+//! clock. Each module's documentation is its exact contract, the same for every store (the
+//! Redis store, next, will run twins of these functions).
 //!
 //! ```
 //! use paceline_core::{Op, Policy};
@@ -38,6 +38,8 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod smooth_bursty;
 pub mod smooth_warming_up;
+#[cfg(test)]
+mod test_util;
 
 pub use exec_evenly::ExecEvenly;
 pub use fixed_window::FixedWindow;
@@ -197,6 +199,10 @@ policies! {
     SmoothWarmingUp => smooth_warming_up,
 }
 
+/// The latest time the engine accepts, 2^53 µs after the epoch (in 2255): times stay exact
+/// in an `f64` (and in Redis's Lua), and adding any window or delay cannot overflow.
+pub const MAX_NOW_US: u64 = 1 << 53;
+
 /// Parameter aliases accepted by every algorithm.
 const ALIASES: &[(&str, &str)] = &[("qps", "rate")];
 
@@ -250,6 +256,12 @@ impl Policy {
         cost: u64,
     ) -> Result<Decision, InputError> {
         self.check_cost(op, cost)?;
+        if now > MAX_NOW_US {
+            return Err(InputError::new(
+                "now",
+                format!("{now} µs is past the last supported time ({MAX_NOW_US} µs after the epoch, in the year 2255)"),
+            ));
+        }
         Ok(self.apply_validated(state, now, op, cost))
     }
 
@@ -274,7 +286,7 @@ impl Policy {
                     return Err(InputError::new(
                         "cost",
                         format!(
-                            "{cost} can never be admitted by `{}` within a max_wait of {wait:?}                              (at most {max}); raise max_wait or lower the cost",
+                            "{cost} can never be admitted by `{}` within a max_wait of {wait:?} (at most {max}); raise max_wait or lower the cost",
                             self.algorithm()
                         ),
                     ));
@@ -282,7 +294,7 @@ impl Policy {
                 return Err(InputError::new(
                     "cost",
                     format!(
-                        "{cost} can never be admitted by `{}` by `{}` (at most {max} at once); \
+                        "{cost} can never be admitted by `{}` with `{}` (at most {max} at once); \
                          split the request or raise the policy's limit",
                         self.algorithm(),
                         op.name()

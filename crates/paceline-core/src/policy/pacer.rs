@@ -181,7 +181,8 @@ impl Algorithm for Pacer {
             // Leak only over idle time: since the later of the last request and the end of
             // the last booked slot (the stored `next_shot`).
             let idle_since = state.map_or(now, |s| s.last_drip.max(s.next_shot));
-            let leaked = (now - idle_since) / interval * factor;
+            // A caller's clock may lag the last writer's: never leak negative time.
+            let leaked = (now - idle_since).max(0.0) / interval * factor;
             current.watermark -= leaked;
             if current.watermark * interval / factor < 1.0 {
                 // Less than a microsecond of leak left: float residue of an empty bucket

@@ -337,15 +337,9 @@ impl Algorithm for SlidingLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::test_util::{policy, traffic, MS, SEC};
     use crate::Policy;
     use proptest::prelude::*;
-
-    const MS: u64 = 1_000;
-    const SEC: u64 = 1_000_000;
-
-    fn policy(spec: &str) -> Policy {
-        spec.parse().unwrap()
-    }
 
     fn own(s: &Option<crate::State>) -> &State {
         match s {
@@ -696,75 +690,30 @@ mod tests {
     proptest! {
         #[test]
         fn random_traffic_keeps_the_contract(
-            limit in 1u64..=6,
-            window_us in 1u64..=3_000_000,
-            start in 0u64..=1 << 52,
-            steps in proptest::collection::vec((0u64..1_000, 1u64..=6, 0u8..4), 1..120),
+            t in traffic(),
             min_interval_us in prop_oneof![Just(0u64), 0u64..=2_000_000],
             count_blocked in any::<bool>(),
         ) {
-            let window = Duration::from_micros(window_us);
+            let min_interval = Duration::from_micros(min_interval_us);
             let p = Policy::SlidingLog(
-                SlidingLog::new(limit, window, Duration::from_micros(min_interval_us), count_blocked)
-                    .unwrap(),
+                SlidingLog::new(t.limit, t.window(), min_interval, count_blocked).unwrap(),
             );
-            let ops = [
-                Op::Limit,
-                Op::pace(),
-                Op::Peek,
-                Op::pace_within(Duration::from_micros(window_us / 2)),
-            ];
-            let mut s = None;
-            let mut now = start;
-            let mut admitted: Vec<(u64, u64)> = Vec::new();
-            for (dt, cost, which) in steps {
-                now += dt * window_us / 500;
-                let cost = 1 + (cost - 1) % limit;
-                let op = ops[usize::from(which)];
-                let before = s.clone();
-                let peek = p.apply(&mut before.clone(), now, Op::Peek, cost).unwrap();
-                let d = p.apply(&mut s, now, op, cost).unwrap();
-                if op == Op::Limit {
-                    prop_assert_eq!(peek.allowed, d.allowed);
+            let (limit, window_us) = (t.limit, t.window_us);
+            let within_limit = |admitted: &[(u64, u64)], at: u64| {
+                // Admitted times never go back, so the window ending at `at` holds
+                // the admitted requests after `at - window`.
+                let in_window: u64 = admitted
+                    .iter()
+                    .filter(|&&(time, _)| time + window_us > at)
+                    .map(|&(_, c)| c)
+                    .sum();
+                prop_assert!(in_window <= limit, "window ending at {} over the limit", at);
+                if let [.., (previous, _), _] = admitted[..] {
+                    prop_assert!(at >= previous + min_interval_us);
                 }
-                if d.allowed && op != Op::Peek {
-                    let at = now + d.delay.as_micros() as u64;
-                    admitted.push((at, cost));
-                    // Admitted times never go back, so the window ending at `at` holds
-                    // the admitted requests after `at - window`.
-                    let in_window: u64 = admitted
-                        .iter()
-                        .filter(|&&(t, _)| t + window_us > at)
-                        .map(|&(_, c)| c)
-                        .sum();
-                    prop_assert!(in_window <= limit, "window ending at {} over the limit", at);
-                    if let [.., (previous, _), _] = admitted[..] {
-                        prop_assert!(at >= previous + min_interval_us);
-                    }
-                } else if !(count_blocked && op == Op::Limit) {
-                    prop_assert_eq!(&s, &before, "no side effects");
-                }
-                if !d.allowed {
-                    // The retry is admitted when it comes, and not a microsecond sooner.
-                    let retry = now + d.delay.as_micros() as u64;
-                    prop_assert!(p.apply(&mut s.clone(), retry, op, cost).unwrap().allowed);
-                    prop_assert!(!p.apply(&mut s.clone(), retry - 1, op, cost).unwrap().allowed);
-                }
-                // `remaining` cost-1 requests go now, and no more.
-                let mut probe = s.clone();
-                for _ in 0..d.remaining {
-                    prop_assert!(p.apply(&mut probe, now, Op::Limit, 1).unwrap().is_immediate());
-                }
-                prop_assert!(!p.apply(&mut probe, now, Op::Limit, 1).unwrap().allowed);
-                // Once `reset_after` has passed, the state is as good as none.
-                let idle = now + d.reset_after.as_micros() as u64;
-                for cost in [1, limit] {
-                    prop_assert_eq!(
-                        p.apply(&mut s.clone(), idle, Op::pace(), cost).unwrap(),
-                        p.apply(&mut None, idle, Op::pace(), cost).unwrap()
-                    );
-                }
-            }
+                Ok(())
+            };
+            t.keeps_the_contract(&p, within_limit, |op| count_blocked && op == Op::Limit)?;
         }
     }
 }

@@ -76,10 +76,12 @@
 //! assert_eq!(p.apply(&mut s, now, Op::Peek, 1).unwrap().remaining, 5);
 //! ```
 
-use super::guava::{Config, Limiter};
+use super::guava::Config;
 use super::Algorithm;
 use crate::spec::{parse_float, parse_rate, Params, MAX_COUNT};
 use crate::{Decision, InputError, Op, Rate};
+
+pub use super::guava::State;
 
 /// The largest `max_burst_seconds`: 10 years.
 const MAX_BURST_SECONDS: f64 = 315_360_000.0;
@@ -89,20 +91,6 @@ const MAX_BURST_SECONDS: f64 = 315_360_000.0;
 pub struct SmoothBursty {
     rate: Rate,
     max_burst_seconds: f64,
-}
-
-/// `smooth_bursty` state: one Guava `SmoothBursty` object.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct State {
-    /// Guava's `storedPermits`: unused permits, `0..=max_permits`.
-    pub stored_permits: f64,
-    /// Guava's `nextFreeTicketMicros`: when the next request may go (the previous requests'
-    /// cost paid), microseconds since the Unix epoch.
-    pub next_free_ticket: i64,
-    /// Guava's `maxPermits` when the state was last written (`rate * max_burst_seconds`).
-    pub max_permits: f64,
-    /// The stable interval (microseconds per permit) when the state was last written.
-    pub cool_down_interval: f64,
 }
 
 impl SmoothBursty {
@@ -185,105 +173,17 @@ impl Algorithm for SmoothBursty {
     }
 
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
-        let mut limiter = state.map(|s| Limiter {
-            stored_permits: s.stored_permits,
-            next_free: s.next_free_ticket,
-            max_permits: s.max_permits,
-            cool_down: s.cool_down_interval,
-        });
-        let decision = self.config().apply(&mut limiter, now, op, cost);
-        *state = limiter.map(|l| State {
-            stored_permits: l.stored_permits,
-            next_free_ticket: l.next_free,
-            max_permits: l.max_permits,
-            cool_down_interval: l.cool_down,
-        });
-        decision
+        self.config().apply(state, now, op, cost)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::guava::test_harness::{Guava, T0};
+    use crate::policy::test_util::{policy, MS};
     use crate::Policy;
     use std::time::Duration;
-
-    const MS: u64 = 1_000;
-    /// Where the simulated clock starts: Guava's stopwatch zero.
-    const T0: u64 = 1_700_000_000_000_000;
-
-    fn policy(spec: &str) -> Policy {
-        spec.parse().unwrap()
-    }
-
-    /// Guava's `R%3.2f` of a wait in microseconds (rounded half up to 10 ms).
-    fn r(us: u128) -> String {
-        let cs = (us + 5_000) / 10_000;
-        format!("R{}.{:02}", cs / 100, cs % 100)
-    }
-
-    /// One key driven like Guava's `RateLimiterTest`, with a fake stopwatch: `acquire` and
-    /// an admitted `try_acquire` sleep their wait (the clock advances by the delay).
-    struct Guava {
-        policy: Policy,
-        state: Option<crate::State>,
-        now: u64,
-        events: Vec<String>,
-    }
-
-    impl Guava {
-        /// `RateLimiter.create(...)` at `T0`: the key's limiter is created by its first
-        /// request.
-        fn create(spec: &str) -> Guava {
-            Guava {
-                policy: policy(spec),
-                state: None,
-                now: T0,
-                events: Vec::new(),
-            }
-        }
-
-        fn acquire(&mut self, permits: u64) -> Duration {
-            let d = self
-                .policy
-                .apply(&mut self.state, self.now, Op::pace(), permits)
-                .unwrap();
-            assert!(d.allowed);
-            self.now += d.delay.as_micros() as u64;
-            self.events.push(r(d.delay.as_micros()));
-            d.delay
-        }
-
-        fn try_acquire(&mut self, permits: u64, timeout: Duration) -> bool {
-            let before = self.state.clone();
-            let d = self
-                .policy
-                .apply(&mut self.state, self.now, Op::pace_within(timeout), permits)
-                .unwrap();
-            if d.allowed {
-                self.now += d.delay.as_micros() as u64;
-                self.events.push(r(d.delay.as_micros()));
-            } else {
-                assert_eq!(self.state, before, "a rejected tryAcquire changes nothing");
-            }
-            d.allowed
-        }
-
-        fn sleep_millis(&mut self, ms: u64) {
-            self.now += ms * MS;
-            self.events
-                .push(format!("U{}.{:02}", ms / 1000, ms % 1000 / 10));
-        }
-
-        /// `setRate(...)`: the next request applies the new parameters to the same state.
-        fn set_policy(&mut self, spec: &str) {
-            self.policy = policy(spec);
-        }
-
-        fn events(&self) -> String {
-            self.events.join(", ")
-        }
-    }
 
     #[test]
     fn guava_test_simple() {

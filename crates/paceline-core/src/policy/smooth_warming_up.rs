@@ -72,12 +72,14 @@
 //! assert_eq!(waits, [0, 1_375_000, 1_125_000, 875_000, 625_000, 500_000, 500_000, 500_000]);
 //! ```
 
-use super::guava::{Config, Limiter};
+use super::guava::Config;
 use super::Algorithm;
 use crate::spec::{
     format_duration, parse_duration, parse_float, parse_rate, Params, MAX_DURATION_US,
 };
 use crate::{Decision, InputError, Op, Rate};
+
+pub use super::guava::State;
 
 /// The largest `cold_factor`.
 const MAX_COLD_FACTOR: f64 = 1e6;
@@ -88,21 +90,6 @@ pub struct SmoothWarmingUp {
     rate: Rate,
     warmup_us: u64,
     cold_factor: f64,
-}
-
-/// `smooth_warming_up` state: one Guava `SmoothWarmingUp` object.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct State {
-    /// Guava's `storedPermits`: `max_permits` is fully cold, `threshold` and below is warm.
-    pub stored_permits: f64,
-    /// Guava's `nextFreeTicketMicros`: when the next request may go (the previous requests'
-    /// cost paid), microseconds since the Unix epoch.
-    pub next_free_ticket: i64,
-    /// Guava's `maxPermits` when the state was last written.
-    pub max_permits: f64,
-    /// The cool-down interval (`warmup / max_permits`, microseconds per permit) when the
-    /// state was last written.
-    pub cool_down_interval: f64,
 }
 
 impl SmoothWarmingUp {
@@ -193,93 +180,17 @@ impl Algorithm for SmoothWarmingUp {
     }
 
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
-        let mut limiter = state.map(|s| Limiter {
-            stored_permits: s.stored_permits,
-            next_free: s.next_free_ticket,
-            max_permits: s.max_permits,
-            cool_down: s.cool_down_interval,
-        });
-        let decision = self.config().apply(&mut limiter, now, op, cost);
-        *state = limiter.map(|l| State {
-            stored_permits: l.stored_permits,
-            next_free_ticket: l.next_free,
-            max_permits: l.max_permits,
-            cool_down_interval: l.cool_down,
-        });
-        decision
+        self.config().apply(state, now, op, cost)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::guava::test_harness::{Guava, T0};
+    use crate::policy::test_util::{policy, MS};
     use crate::Policy;
     use std::time::Duration;
-
-    const MS: u64 = 1_000;
-    /// Where the simulated clock starts: Guava's stopwatch zero.
-    const T0: u64 = 1_700_000_000_000_000;
-
-    fn policy(spec: &str) -> Policy {
-        spec.parse().unwrap()
-    }
-
-    /// Guava's `R%3.2f` of a wait in microseconds (rounded half up to 10 ms).
-    fn r(us: u128) -> String {
-        let cs = (us + 5_000) / 10_000;
-        format!("R{}.{:02}", cs / 100, cs % 100)
-    }
-
-    /// One key driven like Guava's `RateLimiterTest`, with a fake stopwatch: `acquire` sleeps
-    /// its wait (the clock advances by the delay). Created at `T0` by its first request.
-    struct Guava {
-        policy: Policy,
-        state: Option<crate::State>,
-        now: u64,
-        events: Vec<String>,
-    }
-
-    impl Guava {
-        fn create(spec: &str) -> Guava {
-            Guava {
-                policy: policy(spec),
-                state: None,
-                now: T0,
-                events: Vec::new(),
-            }
-        }
-
-        fn acquire(&mut self, permits: u64) -> Duration {
-            let d = self
-                .policy
-                .apply(&mut self.state, self.now, Op::pace(), permits)
-                .unwrap();
-            assert!(d.allowed);
-            self.now += d.delay.as_micros() as u64;
-            self.events.push(r(d.delay.as_micros()));
-            d.delay
-        }
-
-        fn acquire_n(&mut self, times: usize) {
-            for _ in 0..times {
-                self.acquire(1);
-            }
-        }
-
-        fn sleep_millis(&mut self, ms: u64) {
-            self.now += ms * MS;
-            self.events
-                .push(format!("U{}.{:02}", ms / 1000, ms % 1000 / 10));
-        }
-
-        fn set_policy(&mut self, spec: &str) {
-            self.policy = policy(spec);
-        }
-
-        fn events(&self) -> String {
-            self.events.join(", ")
-        }
-    }
 
     #[test]
     fn guava_test_warm_up() {
@@ -527,21 +438,15 @@ mod tests {
         let Some(crate::State::SmoothWarmingUp(kept)) = s.clone() else {
             panic!("{s:?}")
         };
-        let core = Limiter {
-            stored_permits: kept.stored_permits,
-            next_free: kept.next_free_ticket,
-            max_permits: kept.max_permits,
-            cool_down: kept.cool_down_interval,
-        };
         // At the reset time the kept state resyncs to exactly a new key's cold state ...
-        let mut at = core;
+        let mut at = kept;
         at.resync(reset as i64);
         assert_eq!(
-            (at.stored_permits, at.next_free),
+            (at.stored_permits, at.next_free_ticket),
             (kept.max_permits, reset as i64)
         );
         // ... and not a microsecond earlier.
-        let mut early = core;
+        let mut early = kept;
         early.resync(reset as i64 - 1);
         assert!(early.stored_permits < kept.max_permits);
         let d = p.apply(&mut s.clone(), reset - 1, Op::Peek, 1).unwrap();

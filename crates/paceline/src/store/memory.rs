@@ -34,10 +34,13 @@ const SWEEP_GRACE_US: u64 = 1_000_000;
 ///   on existing `gcra` keys never wait for each other.
 /// * **Bounded memory**: a key whose `reset_after` has passed is idle and its state is
 ///   dropped by a sweep of its shard that runs whenever the shard has doubled in size since
-///   its last sweep and drops the keys idle for over a second (the grace keeps a working set
+///   its last sweep, or has made as many decisions under its exclusive lock as twice its
+///   live keys, and drops the keys idle for over a second (the grace keeps a working set
 ///   of keys that go idle between visits from being dropped and re-created). Memory is
 ///   therefore proportional to the number of keys active in the last second (at most about
-///   twice that, plus 64 keys per shard), with no background thread.
+///   twice that, plus 64 keys per shard), with no background thread. A shard that only
+///   serves existing `gcra` keys (its lock-free path) is swept when it next takes a new key;
+///   [`MemoryStore::purge_idle`] drops every idle key at once.
 /// * **Key cap** ([`MemoryStoreBuilder::max_keys`]): when the store holds its maximum of
 ///   active keys, a request for a *new* key first sweeps every shard for idle keys; if none
 ///   can be dropped it fails with a [`StoreError`] of kind
@@ -94,6 +97,9 @@ impl Shard {
 struct ShardInner {
     table: HashTable<Entry>,
     sweep_at: usize,
+    /// Decisions under the exclusive lock since the last sweep: every so many, idle keys are
+    /// swept even if the shard does not grow.
+    writes: usize,
 }
 
 struct Entry {
@@ -205,6 +211,7 @@ impl MemoryStoreBuilder {
                 inner: RwLock::new(ShardInner {
                     table: HashTable::new(),
                     sweep_at: MIN_SWEEP_LEN,
+                    writes: 0,
                 }),
             })
             .collect();
@@ -287,6 +294,7 @@ impl MemoryStore {
         let dropped = before - inner.table.len();
         self.keys.fetch_sub(dropped, Ordering::Relaxed);
         inner.sweep_at = (inner.table.len() * 2).max(MIN_SWEEP_LEN);
+        inner.writes = 0;
         dropped
     }
 
@@ -312,6 +320,11 @@ impl MemoryStore {
         }
         {
             let mut inner = shard.write();
+            inner.writes += 1;
+            if inner.writes >= inner.sweep_at {
+                // Amortized: one sweep per `sweep_at` (>= twice the live keys) writes.
+                self.sweep(&mut inner, now.saturating_sub(SWEEP_GRACE_US));
+            }
             if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
                 return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
             }
@@ -421,7 +434,9 @@ fn apply_to_slot(
         // A state of another algorithm that this request did not replace keeps its expiry.
         Some(s) if foreign && !policy.owns(s) => {}
         Some(State::Gcra(g)) => *slot = Slot::Gcra(AtomicU64::new(g.tat.to_bits())),
-        Some(_) => other.expires_at = expiry(now, decision.reset_after),
+        // Never earlier than before: a peek, a rejection or a policy with a shorter window
+        // must not shorten the life of the state another write made.
+        Some(_) => other.expires_at = other.expires_at.max(expiry(now, decision.reset_after)),
         // Idle: expired at once; the next sweep drops the entry.
         None => other.expires_at = now,
     }

@@ -2,8 +2,8 @@
 //!
 //! A store persists each key's state and applies a policy to it atomically; it holds no
 //! algorithm logic of its own. [`MemoryStore`] keeps state in this process; the Redis store
-//! implements the same trait, so a [`Limiter`](crate::Limiter) gives the same decisions on
-//! either.
+//! (next) implements the same trait, so a [`Limiter`](crate::Limiter) gives the same
+//! decisions on either.
 
 use std::future::Future;
 use std::time::Duration;
@@ -17,7 +17,8 @@ pub use memory::{MemoryStore, MemoryStoreBuilder};
 /// Persists keys' state and applies policies to it atomically.
 ///
 /// Implementations must apply one request per key at a time (no lost updates), read "now"
-/// from their clock, and drop a key's state once its `reset_after` has passed.
+/// from their clock, and treat a key whose `reset_after` has passed as idle (its state may
+/// then be dropped).
 pub trait Store: Send + Sync + 'static {
     /// Applies `op` with `cost` to `key` under `policy`.
     fn decide(
