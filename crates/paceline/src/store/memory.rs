@@ -182,7 +182,9 @@ impl MemoryStoreBuilder {
     }
 
     /// Holds at most `max_keys` active keys; a request for a new key beyond that fails with
-    /// a [`StoreErrorKind::Capacity`] error (after idle keys have been dropped).
+    /// a [`StoreErrorKind::Capacity`] error (after idle keys have been dropped). The count is
+    /// shared by all shards without a common lock, so threads inserting new keys into
+    /// different shards at the same instant may overshoot it by at most one key each.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys);
         self
