@@ -90,6 +90,19 @@ impl From<&Decision> for DecisionRecord {
 /// engine accepts.
 const MAX_CLOCK_US: u64 = paceline::policy::MAX_NOW_US;
 
+/// Moves the virtual clock forward by `us`, refusing to pass [`MAX_CLOCK_US`].
+fn advance(clock: &ManualClock, us: u64) -> Result<(), String> {
+    let to = clock.now_micros().saturating_add(us);
+    if to > MAX_CLOCK_US {
+        return Err(format!(
+            "would move the clock past its maximum of {} ms",
+            micros_ms(MAX_CLOCK_US)
+        ));
+    }
+    clock.set_micros(to);
+    Ok(())
+}
+
 /// Whole microseconds, rounded to the nearest.
 fn duration_us(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos().saturating_add(500) / 1_000).unwrap_or(u64::MAX)
@@ -138,17 +151,7 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
         };
         match parse_line(trimmed).map_err(|(field, message)| fail(&field, message))? {
             Line::Sleep(us) => {
-                let to = clock.now_micros().saturating_add(us);
-                if to > MAX_CLOCK_US {
-                    return Err(fail(
-                        "sleep_ms",
-                        format!(
-                            "would move the clock past its maximum of {} ms",
-                            micros_ms(MAX_CLOCK_US)
-                        ),
-                    ));
-                }
-                clock.set_micros(to);
+                advance(&clock, us).map_err(|message| fail("sleep_ms", message))?;
             }
             Line::At(us) => {
                 let now = clock.now_micros();
@@ -203,17 +206,8 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
                 if let (SimOp::Acquire, Some(d)) = (req.op, &decision) {
                     if d.allowed {
                         // The same rounding (to the nearest microsecond) as `delay_ms`.
-                        let slept = clock.now_micros().saturating_add(duration_us(d.delay));
-                        if slept > MAX_CLOCK_US {
-                            return Err(fail(
-                                "op",
-                                format!(
-                                    "acquire would move the clock past its maximum of {} ms",
-                                    micros_ms(MAX_CLOCK_US)
-                                ),
-                            ));
-                        }
-                        clock.set_micros(slept);
+                        advance(&clock, duration_us(d.delay))
+                            .map_err(|message| fail("op", format!("acquire {message}")))?;
                     }
                 }
                 let record = Record {

@@ -70,6 +70,14 @@ pub struct State {
     pub next_shot: f64,
 }
 
+impl State {
+    /// When the key last became idle: the later of its last request and the end of its last
+    /// booked slot. The bucket leaks only from then on.
+    fn idle_since(&self) -> f64 {
+        self.last_drip.max(self.next_shot)
+    }
+}
+
 impl Pacer {
     /// A pacer at `rate`, with a burst bucket of `max_burst` (>= 0) that leaks at
     /// `rate * factor` (0 < factor <= 1; `None` = 0.5 for `pace`, 1 for `limit`).
@@ -115,8 +123,7 @@ impl Pacer {
     /// slowest leak any op may use.
     fn reset_after(&self, s: &State, now: f64) -> f64 {
         let slowest = self.factor.unwrap_or(DEFAULT_PACE_FACTOR);
-        let idle_since = s.last_drip.max(s.next_shot);
-        let empty_at = idle_since + s.watermark * self.rate.interval_micros() / slowest;
+        let empty_at = s.idle_since() + s.watermark * self.rate.interval_micros() / slowest;
         (s.next_shot.max(empty_at) - now).max(0.0)
     }
 }
@@ -180,7 +187,7 @@ impl Algorithm for Pacer {
         if current.next_shot <= now {
             // Leak only over idle time: since the later of the last request and the end of
             // the last booked slot (the stored `next_shot`).
-            let idle_since = state.map_or(now, |s| s.last_drip.max(s.next_shot));
+            let idle_since = state.map_or(now, |s| s.idle_since());
             // A caller's clock may lag the last writer's: never leak negative time.
             let leaked = (now - idle_since).max(0.0) / interval * factor;
             current.watermark -= leaked;
