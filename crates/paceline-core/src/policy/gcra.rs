@@ -152,8 +152,7 @@ impl Gcra {
     /// request writes, the new TAT. A stored TAT at or before `now` is idle too, so a store
     /// needs no separate expiry for `gcra`: the key is idle once `TAT <= now`.
     ///
-    /// Stores use this to keep the TAT in one atomic word and update it with a
-    /// compare-and-swap. `cost` must have passed [`Policy::check_cost`](crate::Policy::check_cost).
+    /// `cost` must have passed [`Policy::check_cost`](crate::Policy::check_cost).
     #[inline]
     pub fn step(
         &self,
@@ -162,45 +161,79 @@ impl Gcra {
         op: Op,
         cost: u64,
     ) -> (Decision, Option<f64>) {
+        let plan = self.plan(stored_tat, now, op, cost);
+        (self.decision(&plan), plan.write)
+    }
+
+    /// The arithmetic of [`step`](Gcra::step) without building the [`Decision`]: the new TAT
+    /// to write, if any, in a few float operations.
+    ///
+    /// Stores that keep the TAT in one atomic word plan inside their compare-and-swap loop
+    /// and call [`decision`](Gcra::decision) once the swap has succeeded, which keeps the
+    /// window between load and swap short under contention.
+    ///
+    /// ```
+    /// use paceline_core::policy::Gcra;
+    /// use paceline_core::{Op, Rate};
+    /// let gcra = Gcra::new(Rate::per_second_of(10.0).unwrap(), 1).unwrap();
+    /// let plan = gcra.plan(None, 0, Op::Limit, 1);
+    /// assert_eq!(plan.write, Some(100_000.0)); // TAT = now + one interval
+    /// assert!(gcra.decision(&plan).allowed);
+    /// ```
+    #[inline]
+    pub fn plan(&self, stored_tat: Option<f64>, now: u64, op: Op, cost: u64) -> Plan {
         let now = now as f64;
         let interval = self.interval;
-        let capacity = self.burst as f64 * interval;
         let tat = stored_tat.map_or(now, |t| t.max(now));
         let new_tat = tat + cost as f64 * interval;
-        let delay = (new_tat - capacity - now).max(0.0);
-        // What the key looks like if this request changes nothing.
-        let unchanged = |allowed: bool, delay: f64| {
-            let decision = Decision::from_micros(
-                allowed,
-                delay,
-                self.remaining(tat - now, interval),
-                tat - now,
-                self.burst,
-            );
-            (decision, None)
-        };
-        let admit = || {
-            let decision = Decision::from_micros(
-                true,
-                delay,
-                self.remaining(new_tat - now, interval),
-                new_tat - now,
-                self.burst,
-            );
-            (decision, Some(new_tat))
-        };
-        match op {
-            Op::Peek => unchanged(delay == 0.0, delay),
-            Op::Limit if delay == 0.0 => admit(),
-            Op::Limit => unchanged(false, delay),
+        let delay = (new_tat - self.burst as f64 * interval - now).max(0.0);
+        let (allowed, delay, write) = match op {
+            Op::Peek => (delay == 0.0, delay, None),
+            Op::Limit if delay == 0.0 => (true, delay, Some(new_tat)),
+            Op::Limit => (false, delay, None),
             Op::Pace {
                 max_wait: Some(max),
-            } if delay > duration_to_micros(max) => {
-                unchanged(false, retry_after_max_wait(delay, duration_to_micros(max)))
-            }
-            Op::Pace { .. } => admit(),
+            } if delay > duration_to_micros(max) => (
+                false,
+                retry_after_max_wait(delay, duration_to_micros(max)),
+                None,
+            ),
+            Op::Pace { .. } => (true, delay, Some(new_tat)),
+        };
+        Plan {
+            now,
+            tat,
+            allowed,
+            delay,
+            write,
         }
     }
+
+    /// The decision a [`Plan`] stands for.
+    #[inline]
+    pub fn decision(&self, plan: &Plan) -> Decision {
+        // The key after the request: the new TAT if it writes, the current one if not.
+        let ttl = plan.write.unwrap_or(plan.tat) - plan.now;
+        Decision::from_micros(
+            plan.allowed,
+            plan.delay,
+            self.remaining(ttl, self.interval),
+            ttl,
+            self.burst,
+        )
+    }
+}
+
+/// One `gcra` request worked out by [`Gcra::plan`], before its [`Decision`] is built.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Plan {
+    /// The TAT to store if the request is admitted (`None`: nothing changes).
+    pub write: Option<f64>,
+    now: f64,
+    /// The TAT seen, raised to `now` if it was in the past.
+    tat: f64,
+    allowed: bool,
+    delay: f64,
 }
 
 #[cfg(test)]

@@ -143,9 +143,10 @@ impl Slot {
 fn gcra_cas(policy: &Gcra, cell: &AtomicU64, now: u64, op: Op, cost: u64) -> Decision {
     let mut current = cell.load(Ordering::Acquire);
     loop {
-        let (decision, new_tat) = policy.step(Some(f64::from_bits(current)), now, op, cost);
-        let Some(new_tat) = new_tat else {
-            return decision;
+        // Only the arithmetic runs between load and swap; the decision is built after.
+        let plan = policy.plan(Some(f64::from_bits(current)), now, op, cost);
+        let Some(new_tat) = plan.write else {
+            return policy.decision(&plan);
         };
         match cell.compare_exchange_weak(
             current,
@@ -153,7 +154,7 @@ fn gcra_cas(policy: &Gcra, cell: &AtomicU64, now: u64, op: Op, cost: u64) -> Dec
             Ordering::AcqRel,
             Ordering::Acquire,
         ) {
-            Ok(_) => return decision,
+            Ok(_) => return policy.decision(&plan),
             Err(actual) => current = actual,
         }
     }
