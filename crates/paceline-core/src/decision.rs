@@ -65,6 +65,8 @@ impl Op {
 /// * `reset_after`: time until the key is idle again (fully replenished; its state may then be
 ///   dropped).
 /// * `limit`: the policy's burst capacity in cost units.
+/// * `fallback`: `None` for a decision the store made. When a shared store failed and the
+///   limiter's failure policy answered instead, says how ([`Fallback`]).
 ///
 /// ```
 /// use paceline_core::{Decision, Policy, Op};
@@ -88,6 +90,33 @@ pub struct Decision {
     pub reset_after: Duration,
     /// The policy's burst capacity in cost units.
     pub limit: u64,
+    /// Set when the store could not be reached and the failure policy decided instead.
+    pub fallback: Option<Fallback>,
+}
+
+/// How a decision was made when the store failed (see a shared store's failure policy).
+///
+/// A store failure is never reported as a rejection: with `fail_closed` it is an error,
+/// otherwise the decision carries one of these flags so callers can log or count it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Fallback {
+    /// Admitted without asking the store (`fail_open`): `delay` is zero and `remaining` /
+    /// `reset_after` describe an idle key, since nothing is known about the real one.
+    FailOpen,
+    /// Decided by an in-process limiter of the same policy (`local`), which knows only this
+    /// process's traffic since the store failed.
+    Local,
+}
+
+impl Fallback {
+    /// The name used by configs, logs and the CLI: `fail_open` or `local`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Fallback::FailOpen => "fail_open",
+            Fallback::Local => "local",
+        }
+    }
 }
 
 impl Decision {
@@ -108,7 +137,15 @@ impl Decision {
             remaining,
             reset_after: micros_to_duration(reset_after_us),
             limit,
+            fallback: None,
         }
+    }
+
+    /// The same decision, flagged as made by a failure policy.
+    #[must_use]
+    pub fn with_fallback(mut self, fallback: Fallback) -> Decision {
+        self.fallback = Some(fallback);
+        self
     }
 
     /// Admitted with zero delay: act now.

@@ -2,8 +2,9 @@
 //!
 //! Distributed rate limiting and pacing. A [`Limiter`] applies one of eight algorithms
 //! ([`Policy`]) to any number of keys whose state lives in a [`Store`]: in this process
-//! ([`MemoryStore`], the default); a Redis store, shared by many processes, is next and
-//! implements the same [`Store`] trait.
+//! ([`MemoryStore`], the default), or in Redis / Redis Cluster, shared by many processes
+//! (`paceline_redis::RedisStore`, in the `paceline-redis` crate), behind the same [`Store`]
+//! trait and with the same decisions.
 //!
 //! * **pace**: never drop work; reserve a slot and get the delay to sleep, so that workers
 //!   together hold a target rate exactly;
@@ -38,7 +39,8 @@ pub mod store;
 pub use clock::SystemClock;
 pub use limiter::Limiter;
 pub use paceline_core::{
-    duration_to_micros, micros_to_duration, policy, spec, Clock, Decision, Error, InputError,
-    ManualClock, Op, Policy, Rate, Sleep, State, StoreError, StoreErrorKind, ALGORITHMS,
+    duration_to_micros, micros_to_duration, policy, spec, Clock, Decision, Error, Fallback,
+    InputError, ManualClock, Op, Policy, Rate, Sleep, State, StoreError, StoreErrorKind,
+    ALGORITHMS,
 };
 pub use store::{MemoryStore, MemoryStoreBuilder, Store, SyncStore};

@@ -103,6 +103,22 @@ impl Pacer {
         })
     }
 
+    /// The target rate.
+    pub fn rate(&self) -> Rate {
+        self.rate
+    }
+
+    /// The burst bucket's size.
+    pub fn max_burst(&self) -> f64 {
+        self.max_burst
+    }
+
+    /// The configured `burst_allowance_factor`; `None` = the per-op default (0.5 for
+    /// `pace`, 1 for `limit` and `peek`).
+    pub fn burst_allowance_factor(&self) -> Option<f64> {
+        self.factor
+    }
+
     fn factor(&self, op: Op) -> f64 {
         self.factor.unwrap_or(match op {
             Op::Pace { .. } => DEFAULT_PACE_FACTOR,

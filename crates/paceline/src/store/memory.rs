@@ -437,6 +437,8 @@ fn apply_to_slot(
         // A state of another algorithm that this request did not replace keeps its expiry.
         Some(s) if foreign && !policy.owns(s) => {}
         Some(State::Gcra(g)) => *slot = Slot::Gcra(AtomicU64::new(g.tat.to_bits())),
+        // A state replacing another algorithm's: an expiry of its own.
+        Some(_) if foreign => other.expires_at = expiry(now, decision.reset_after),
         // Never earlier than before: a peek, a rejection or a policy with a shorter window
         // must not shorten the life of the state another write made.
         Some(_) => other.expires_at = other.expires_at.max(expiry(now, decision.reset_after)),

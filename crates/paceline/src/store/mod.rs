@@ -1,9 +1,9 @@
 //! Where keys' state lives: the [`Store`] seam.
 //!
 //! A store persists each key's state and applies a policy to it atomically; it holds no
-//! algorithm logic of its own. [`MemoryStore`] keeps state in this process; the Redis store
-//! (next) implements the same trait, so a [`Limiter`](crate::Limiter) gives the same
-//! decisions on either.
+//! algorithm logic of its own. [`MemoryStore`] keeps state in this process;
+//! `paceline_redis::RedisStore` keeps it in Redis or Redis Cluster and implements the same
+//! trait, so a [`Limiter`](crate::Limiter) gives the same decisions on either.
 
 use std::future::Future;
 use std::time::Duration;
