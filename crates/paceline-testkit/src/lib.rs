@@ -1,0 +1,513 @@
+//! Throwaway Redis servers for paceline's tests.
+//!
+//! [`RedisServer::start`] runs a private `redis-server` on a free port (never the machine's
+//! own Redis), in a temporary directory, without persistence; [`RedisCluster::start`] runs
+//! three of them as a Redis Cluster (3 primaries, created with `redis-cli --cluster
+//! create`). Servers stop when dropped, also when a test panics, and are killed by the
+//! kernel if the thread that started them dies first.
+//!
+//! Tests can [`kill`](RedisServer::kill), [`restart`](RedisServer::restart),
+//! [`pause`](RedisServer::pause) and [`resume`](RedisServer::resume) a server to exercise
+//! failure handling.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long a server may take to start or a cluster to form before the test fails.
+const STARTUP_DEADLINE: Duration = Duration::from_secs(20);
+
+/// The `redis-server` binary (`PACELINE_REDIS_SERVER` overrides it).
+fn server_binary() -> String {
+    std::env::var("PACELINE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_string())
+}
+
+/// The `redis-cli` binary (`PACELINE_REDIS_CLI` overrides it).
+fn cli_binary() -> String {
+    std::env::var("PACELINE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".to_string())
+}
+
+/// One private `redis-server` process.
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    extra: Vec<String>,
+    child: Option<Child>,
+    /// For a TLS server: its TLS port and the directory holding its certificates.
+    tls: Option<(u16, tempfile::TempDir)>,
+}
+
+impl RedisServer {
+    /// Starts a standalone server on a free port and waits until it answers `PING`.
+    pub fn start() -> io::Result<RedisServer> {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra `redis-server` arguments (e.g. `["--cluster-enabled",
+    /// "yes"]`).
+    pub fn start_with(extra: &[&str]) -> io::Result<RedisServer> {
+        let mut last_error = None;
+        // A free port can be taken between the check and the bind: try a few.
+        for _ in 0..5 {
+            let port = free_port()?;
+            let mut server = RedisServer {
+                port,
+                dir: tempfile::tempdir()?,
+                extra: extra.iter().map(|s| s.to_string()).collect(),
+                child: None,
+                tls: None,
+            };
+            match server.spawn() {
+                Ok(()) => return Ok(server),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let mut command = Command::new(server_binary());
+        command
+            .arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--logfile", "redis.log"])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: `prctl` is async-signal-safe and touches no memory of the parent; it asks
+        // the kernel to kill the server if the thread that started it dies, so a test run
+        // that is killed leaves no server behind.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command.spawn().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "cannot run `{}` ({e}); install Redis (e.g. `apt-get install -y redis-server`) \
+                     or set PACELINE_REDIS_SERVER",
+                    server_binary()
+                ),
+            )
+        })?;
+        self.child = Some(child);
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Some(status) = child.try_wait()? {
+                    self.child = None;
+                    return Err(io::Error::other(format!(
+                        "redis-server on port {} exited at start ({status}): {}",
+                        self.port,
+                        self.log_tail()
+                    )));
+                }
+            }
+            // A server with a password answers NOAUTH: it is up all the same.
+            if self
+                .command(&["PING"])
+                .is_ok_and(|reply| reply == "+PONG" || reply.starts_with("-NOAUTH"))
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                self.kill();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("redis-server on port {} did not answer PING", self.port),
+                ));
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts a server that also accepts TLS, on a second port, with a certificate for
+    /// `127.0.0.1` signed by a throwaway CA (made with the `openssl` command). The plain port
+    /// stays open for [`command`](Self::command); [`tls_url`](Self::tls_url) and
+    /// [`tls_ca_pem`](Self::tls_ca_pem) are what a TLS client needs.
+    pub fn start_tls() -> io::Result<RedisServer> {
+        let certs = tempfile::tempdir()?;
+        let dir = certs.path();
+        let openssl = |args: &[&str]| -> io::Result<()> {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(dir)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot run openssl ({e})")))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(io::Error::other(format!(
+                    "openssl {}: {}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr)
+                )))
+            }
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=paceline test CA",
+        ])?;
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])?;
+        std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n")?;
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.crt",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ])?;
+        let tls_port = free_port()?;
+        let path = |name: &str| dir.join(name).display().to_string();
+        let mut server = RedisServer::start_with(&[
+            "--tls-port",
+            &tls_port.to_string(),
+            "--tls-cert-file",
+            &path("server.crt"),
+            "--tls-key-file",
+            &path("server.key"),
+            "--tls-ca-cert-file",
+            &path("ca.crt"),
+            "--tls-auth-clients",
+            "no",
+        ])?;
+        server.tls = Some((tls_port, certs));
+        Ok(server)
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT` for a server from [`start_tls`](Self::start_tls).
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls
+            .as_ref()
+            .map(|(port, _)| format!("rediss://127.0.0.1:{port}"))
+    }
+
+    /// The PEM of the CA that signed a TLS server's certificate.
+    pub fn tls_ca_pem(&self) -> Option<Vec<u8>> {
+        self.tls
+            .as_ref()
+            .and_then(|(_, dir)| std::fs::read(dir.path().join("ca.crt")).ok())
+    }
+
+    /// The server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The process id while the server runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (its data is gone: nothing is persisted).
+    pub fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        loop {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                // The old socket may linger for a moment.
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open but nothing is answered.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill")
+                .arg(signal)
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+
+    /// Sends one command (space-separated words, no quoting) and returns the first line of
+    /// the reply in RESP form (`+PONG`, `:0`, `$5`, ...). For simple checks like `DBSIZE`.
+    pub fn command(&self, words: &[&str]) -> io::Result<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut request = format!("*{}\r\n", words.len());
+        for w in words {
+            request.push_str(&format!("${}\r\n{w}\r\n", w.len()));
+        }
+        stream.write_all(request.as_bytes())?;
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line)?;
+        Ok(line.trim_end().to_string())
+    }
+
+    /// The number of keys (`DBSIZE`).
+    pub fn dbsize(&self) -> io::Result<u64> {
+        let reply = self.command(&["DBSIZE"])?;
+        reply
+            .strip_prefix(':')
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("unexpected DBSIZE reply {reply}")))
+    }
+
+    fn log_tail(&self) -> String {
+        let mut log = String::new();
+        let path: PathBuf = self.dir.path().join("redis.log");
+        let _ = std::fs::File::open(path).and_then(|mut f| f.read_to_string(&mut log));
+        let lines: Vec<&str> = log.lines().rev().take(5).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of three private primaries (no replicas).
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers, joins them with `redis-cli --cluster create`
+    /// (16384 slots over 3 primaries) and waits until every node reports `cluster_state:ok`.
+    pub fn start() -> io::Result<RedisCluster> {
+        RedisCluster::start_with(3)
+    }
+
+    /// A cluster of `primaries` nodes (1 to 10).
+    pub fn start_with(primaries: usize) -> io::Result<RedisCluster> {
+        let mut nodes = Vec::with_capacity(primaries);
+        for _ in 0..primaries {
+            nodes.push(RedisServer::start_with(&[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ])?);
+        }
+        let mut create = Command::new(cli_binary());
+        create.args(["--cluster", "create"]);
+        for node in &nodes {
+            create.arg(node.addr());
+        }
+        let output = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot run `{}` ({e}); install it (`apt-get install -y redis-tools`) \
+                         or set PACELINE_REDIS_CLI",
+                        cli_binary()
+                    ),
+                )
+            })?;
+        if !output.status.success() {
+            return Err(io::Error::other(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&output.stdout)
+            )));
+        }
+        let cluster = RedisCluster { nodes };
+        let deadline = Instant::now() + STARTUP_DEADLINE;
+        while !cluster.is_ready() {
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the Redis Cluster did not reach cluster_state:ok",
+                ));
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(cluster)
+    }
+
+    fn is_ready(&self) -> bool {
+        self.nodes.iter().all(|node| {
+            let Ok(mut stream) = TcpStream::connect(("127.0.0.1", node.port)) else {
+                return false;
+            };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            if stream
+                .write_all(b"*2\r\n$7\r\nCLUSTER\r\n$4\r\nINFO\r\n")
+                .is_err()
+            {
+                return false;
+            }
+            let mut buf = [0u8; 4096];
+            let n = stream.read(&mut buf).unwrap_or(0);
+            String::from_utf8_lossy(&buf[..n]).contains("cluster_state:ok")
+        })
+    }
+
+    /// `redis-cluster://127.0.0.1:P1,127.0.0.1:P2,...`.
+    pub fn url(&self) -> String {
+        let addrs: Vec<String> = self.nodes.iter().map(RedisServer::addr).collect();
+        format!("redis-cluster://{}", addrs.join(","))
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// Total keys over all nodes.
+    pub fn dbsize(&self) -> io::Result<u64> {
+        self.nodes.iter().map(RedisServer::dbsize).sum()
+    }
+}
+
+/// A server shared by every test of this test binary, started on first use.
+///
+/// It is started from a thread that lives as long as the process, so it outlives any one
+/// test and is killed by the kernel when the test binary exits.
+pub fn shared_server() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    start_shared(&SERVER, RedisServer::start)
+}
+
+/// A 3-primary cluster shared by every test of this test binary (see [`shared_server`]).
+pub fn shared_cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    start_shared(&CLUSTER, RedisCluster::start)
+}
+
+fn start_shared<T: Send + Sync + 'static>(
+    cell: &'static OnceLock<T>,
+    start: fn() -> io::Result<T>,
+) -> &'static T {
+    cell.get_or_init(|| {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        thread::spawn(move || {
+            let _ = sender.send(start());
+            // Own the servers' lifetime: the kernel kills them when this thread dies, which
+            // is when the process exits.
+            loop {
+                thread::park();
+            }
+        });
+        match receiver.recv() {
+            Ok(Ok(value)) => value,
+            Ok(Err(e)) => panic!("cannot start the shared Redis: {e}"),
+            Err(e) => panic!("the Redis starter thread died: {e}"),
+        }
+    })
+}
+
+/// A port that is free on 127.0.0.1, as is its cluster bus port (+10000).
+fn free_port() -> io::Result<u16> {
+    // Walk a range far from common services, starting at a per-process offset so parallel
+    // test binaries rarely collide; the bind check settles it.
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20_000 + (std::process::id() % 1_000) as u16 * 20;
+    for _ in 0..2_000 {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % 25_000;
+        let port = 20_000 + (base - 20_000 + offset) % 25_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
+        {
+            return Ok(port);
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::AddrNotAvailable,
+        "no free port pair found for redis-server",
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_starts_answers_and_restarts() {
+        let mut server = RedisServer::start().unwrap();
+        assert_ne!(server.port(), 6379);
+        assert_eq!(server.command(&["SET", "k", "v"]).unwrap(), "+OK");
+        assert_eq!(server.dbsize().unwrap(), 1);
+        server.kill();
+        assert!(server.command(&["PING"]).is_err());
+        server.restart().unwrap();
+        assert_eq!(server.dbsize().unwrap(), 0, "nothing is persisted");
+    }
+}
