@@ -1,0 +1,83 @@
+-- Applies one or more decisions, in order, each on its own key (a key may repeat).
+--
+-- KEYS[i]   the i-th decision's Redis key.
+-- ARGV[1]   now in µs since the Unix epoch, or '' to read the server's TIME.
+-- ARGV[2]   milliseconds added to every key's time-to-live (0 when time is the server's).
+-- then per decision: op, cost, max_wait as whole seconds and the nanoseconds beyond them
+-- ('' and '' for none), algorithm, the number of parameters n, and the n parameters.
+--
+-- Returns four values per decision: allowed (1 or 0), delay (µs, as a string with full
+-- precision), remaining, and reset_after (µs, as a string).
+--
+-- A key holds `cmsgpack.pack(algorithm, expires_at, state)`; a record that expired or that
+-- another algorithm wrote is idle to this one, as in the memory store.
+local now
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[1])
+end
+local slack = tonumber(ARGV[2])
+
+local out = {}
+local a = 3
+for i = 1, #KEYS do
+  local key, op = KEYS[i], ARGV[a]
+  local cost = tonumber(ARGV[a + 1])
+  -- `max_wait` in µs as Rust's `duration_to_micros` computes it, and in whole µs as
+  -- `Duration::as_micros` does: algorithms compare with one or the other.
+  local max_wait, max_wait_us
+  local mw_secs, mw_nanos = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  if mw_secs then
+    max_wait = mw_secs * 1e6 + mw_nanos / 1000
+    max_wait_us = mw_secs * 1000000 + math.floor(mw_nanos / 1000)
+  end
+  local alg = ARGV[a + 4]
+  local n = tonumber(ARGV[a + 5])
+  local p = {}
+  for j = 1, n do
+    p[j] = tonumber(ARGV[a + 5 + j])
+  end
+  a = a + 6 + n
+  local f = PL.alg[alg]
+  if not f then
+    return redis.error_reply('paceline: unknown algorithm ' .. tostring(alg))
+  end
+
+  local old_alg, old_exp, state
+  local raw = redis.call('GET', key)
+  if raw then
+    old_alg, old_exp, state = cmsgpack.unpack(raw)
+    if old_alg ~= alg or old_exp <= now then
+      state = nil
+    end
+  end
+  local allowed, delay, remaining, reset_after, new_state = f(p, state, now, op, cost, max_wait, max_wait_us)
+  local own = state ~= nil
+  if new_state or own then
+    -- As in the memory store: the key's own state never expires earlier than before; a
+    -- state replacing another algorithm's starts with an expiry of its own.
+    local keep = 0
+    if own then
+      keep = old_exp
+    end
+    local exp = math.max(keep, PL.expiry(now, reset_after))
+    if new_state == nil then
+      new_state = state
+    end
+    if new_state ~= state or exp > (old_exp or 0) then
+      if exp > now then
+        local ttl = math.ceil((exp - now) / 1000) + slack
+        redis.call('SET', key, cmsgpack.pack(alg, exp, new_state), 'PX', ttl)
+      else
+        redis.call('DEL', key)
+      end
+    end
+  end
+  out[#out + 1] = allowed and 1 or 0
+  out[#out + 1] = string.format('%.17g', delay)
+  out[#out + 1] = remaining
+  out[#out + 1] = string.format('%.17g', reset_after)
+end
+return out

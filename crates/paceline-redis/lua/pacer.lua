@@ -1,0 +1,72 @@
+-- `pacer`: the Lua twin of `paceline_core::policy::pacer`.
+-- Parameters: p[1] = the emission interval (µs), p[2] = max_burst, p[3] =
+-- burst_allowance_factor (nil when unset: 0.5 for `pace`, 1 for `limit` and `peek`).
+-- State: { watermark, last_drip, next_shot }, the last two in µs.
+local PACER_EPSILON = 1e-9
+
+PL.alg.pacer = function(p, s, now, op, cost, max_wait)
+  local interval, max_burst, configured = p[1], p[2], p[3]
+  local factor = configured or (op == 'pace' and 0.5 or 1.0)
+
+  -- Zero-delay cost-1 requests left for a watermark and next free slot.
+  local function remaining(watermark, next_shot)
+    if next_shot > now then
+      return 0
+    end
+    return PL.floor_count(max_burst - watermark + PACER_EPSILON) + 1
+  end
+
+  -- Time until the state is idle, leaking at the slowest factor any op may use.
+  local function reset_after(watermark, last_drip, next_shot)
+    local slowest = configured or 0.5
+    local empty_at = PL.max(last_drip, next_shot) + watermark * interval / slowest
+    return PL.max(PL.max(next_shot, empty_at) - now, 0)
+  end
+
+  -- Steps 1 and 2: the key as it stands at `now`, before this request.
+  local watermark, next_shot = 0, now
+  if s then
+    watermark, next_shot = s[1], PL.max(s[3], now)
+  end
+  if next_shot <= now then
+    -- Leak only over idle time, since the *stored* last_drip/next_shot (not the clamped one).
+    local idle_since = now
+    if s then
+      idle_since = PL.max(s[2], s[3])
+    end
+    watermark = watermark - PL.max(now - idle_since, 0) / interval * factor
+    if watermark * interval / factor < 1 then
+      watermark = 0
+    end
+  end
+  local cur_watermark, cur_next_shot = watermark, next_shot
+
+  -- Steps 3 and 4.
+  local new_watermark, new_next_shot = watermark + cost, next_shot
+  local shot = now
+  if new_watermark > max_burst + PACER_EPSILON then
+    shot = new_next_shot
+    new_next_shot = shot + cost * interval
+  end
+  new_watermark = PL.min(new_watermark, max_burst)
+  local delay = shot - now
+
+  local save
+  if op == 'peek' then
+    save = false
+  elseif op == 'limit' then
+    save = delay == 0
+  elseif max_wait and delay > max_wait then
+    return false, PL.retry_after_max_wait(delay, max_wait), remaining(cur_watermark, cur_next_shot),
+      s and reset_after(s[1], s[2], s[3]) or 0, nil
+  else
+    save = true
+  end
+  if save then
+    return true, delay, remaining(new_watermark, new_next_shot),
+      reset_after(new_watermark, now, new_next_shot), { new_watermark, now, new_next_shot }
+  end
+  -- Unchanged: remaining from the drained view, reset_after from the stored state.
+  return delay == 0, delay, remaining(cur_watermark, cur_next_shot),
+    s and reset_after(s[1], s[2], s[3]) or 0, nil
+end

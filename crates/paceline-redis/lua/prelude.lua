@@ -1,0 +1,43 @@
+-- paceline's Lua library: the helpers every algorithm twin shares.
+--
+-- Each algorithm file adds one function to `PL.alg`:
+--
+--   PL.alg[name] = function(p, s, now, op, cost, max_wait, max_wait_us)
+--     -> allowed (boolean), delay (µs), remaining (count), reset_after (µs), new_state
+--
+-- `p` holds the policy's parameters (numbers, in the order the Rust store sends them), `s`
+-- the key's state table or nil when the key is idle, `now` the time in microseconds since
+-- the Unix epoch, `op` one of 'pace', 'limit', 'peek', `cost` a positive integer and
+-- `max_wait` the longest acceptable delay of a `pace` in µs (nil: any; `max_wait_us` is the
+-- same in whole µs, rounded down, for twins of Rust code that uses `Duration::as_micros`). `new_state` is the
+-- state to store, or nil when the request changes nothing. Every twin repeats the float
+-- operations of its Rust original in the same order, so both give bit-identical results:
+-- Redis's Lua numbers are IEEE doubles like Rust's f64.
+local PL = { alg = {} }
+
+-- Rust's `util::floor_count`: a non-negative count, truncated.
+function PL.floor_count(x)
+  if x ~= x or x <= 0 then
+    return 0
+  end
+  return math.floor(x)
+end
+
+-- Rust's `util::retry_after_max_wait`.
+function PL.retry_after_max_wait(delay, max_wait)
+  return math.max(delay - max_wait, 0)
+end
+
+-- Rust's `f64::max` for numbers that are never NaN.
+PL.max = math.max
+PL.min = math.min
+
+-- Microseconds, rounded to the nearest nanosecond then up to the next whole microsecond,
+-- as the memory store turns a `reset_after` into an expiry time.
+function PL.expiry(now, reset_after)
+  if reset_after ~= reset_after or reset_after <= 0 then
+    return now
+  end
+  local nanos = math.floor(reset_after * 1000 + 0.5)
+  return now + math.ceil(nanos / 1000)
+end

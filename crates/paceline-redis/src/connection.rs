@@ -1,0 +1,275 @@
+//! Where the store connects: one Redis server or a Redis Cluster, with timeouts.
+
+use std::time::Duration;
+
+use paceline::{InputError, StoreError, StoreErrorKind};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+/// A parsed store URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// `redis://` or `rediss://`: one server (the URL as redis-rs reads it).
+    Single(String),
+    /// `redis-cluster://` or `rediss-cluster://`: the seed nodes, each as a server URL.
+    Cluster(Vec<String>),
+}
+
+impl Target {
+    /// Reads `redis://[user:password@]host:port[/db]`, `rediss://...` (TLS),
+    /// `redis-cluster://[user:password@]host:port[,host:port...]` or `rediss-cluster://...`.
+    pub(crate) fn parse(url: &str) -> Result<Target, InputError> {
+        let url = url.trim();
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| bad_url(url))?;
+        match scheme {
+            "redis" | "rediss" => {
+                if rest.is_empty() || rest.contains(',') {
+                    return Err(bad_url(url));
+                }
+                Ok(Target::Single(url.to_string()))
+            }
+            "redis-cluster" | "rediss-cluster" => {
+                let server_scheme = scheme.trim_end_matches("-cluster");
+                let (auth, hosts) = match rest.rsplit_once('@') {
+                    Some((auth, hosts)) => (format!("{auth}@"), hosts),
+                    None => (String::new(), rest),
+                };
+                let hosts = hosts.trim_end_matches('/');
+                if hosts.contains('/') {
+                    return Err(InputError::new(
+                        "store",
+                        format!("`{url}`: a Redis Cluster has only database 0; drop the `/db`"),
+                    ));
+                }
+                let nodes: Vec<String> = hosts
+                    .split(',')
+                    .map(str::trim)
+                    .map(|host| {
+                        if host.is_empty() {
+                            Err(bad_url(url))
+                        } else {
+                            Ok(format!("{server_scheme}://{auth}{host}"))
+                        }
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(Target::Cluster(nodes))
+            }
+            _ => Err(bad_url(url)),
+        }
+    }
+
+    pub(crate) fn uses_tls(&self) -> bool {
+        match self {
+            Target::Single(url) => url.starts_with("rediss://"),
+            Target::Cluster(nodes) => nodes.iter().any(|n| n.starts_with("rediss://")),
+        }
+    }
+}
+
+fn bad_url(url: &str) -> InputError {
+    InputError::new(
+        "store",
+        format!(
+            "`{url}` is not a Redis URL; use redis://HOST:PORT[/DB], rediss://HOST:PORT (TLS), \
+             or redis-cluster://HOST:PORT[,HOST:PORT...] (user:password@ allowed before the host)"
+        ),
+    )
+}
+
+/// A connection to one server or to a cluster. Cheap to clone: clones share the socket(s),
+/// and concurrent commands pipeline on them.
+#[derive(Clone)]
+pub(crate) enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl Connection {
+    /// Connects, giving up after `connect_timeout` per attempt.
+    pub(crate) async fn open(
+        target: &Target,
+        root_certificate: Option<&[u8]>,
+        connect_timeout: Duration,
+        response_timeout: Duration,
+    ) -> Result<Connection, StoreError> {
+        if target.uses_tls() {
+            // rustls needs one process-wide crypto provider; another part of the program
+            // may have installed one already, which is as good.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let what = match target {
+            Target::Single(url) => url.clone(),
+            Target::Cluster(nodes) => nodes.join(","),
+        };
+        let certificates = |pem: &[u8]| redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(pem.to_vec()),
+        };
+        let opened = async {
+            match target {
+                Target::Single(url) => {
+                    let client = match root_certificate {
+                        Some(pem) => {
+                            redis::Client::build_with_tls(url.as_str(), certificates(pem))?
+                        }
+                        None => redis::Client::open(url.as_str())?,
+                    };
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(Some(connect_timeout))
+                        .set_response_timeout(Some(response_timeout))
+                        .set_number_of_retries(2)
+                        .set_max_delay(Duration::from_secs(1));
+                    ConnectionManager::new_with_config(client, config)
+                        .await
+                        .map(Connection::Single)
+                }
+                Target::Cluster(nodes) => {
+                    let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
+                        .connection_timeout(connect_timeout)
+                        .response_timeout(response_timeout)
+                        .retries(2);
+                    if let Some(pem) = root_certificate {
+                        builder = builder.certs(certificates(pem));
+                    }
+                    let client = builder.build()?;
+                    client.get_async_connection().await.map(Connection::Cluster)
+                }
+            }
+        };
+        // The clients time out each attempt; this bounds the whole connect.
+        match tokio::time::timeout(connect_timeout.saturating_mul(3), opened).await {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(e)) => Err(StoreError::new(
+                error_kind(&e),
+                format!("cannot connect to Redis at {what}: {e}"),
+            )),
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("cannot connect to Redis at {what}: no answer within {connect_timeout:?}"),
+            )),
+        }
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self, Connection::Cluster(_))
+    }
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// What kind of store failure a Redis error is.
+pub(crate) fn error_kind(e: &RedisError) -> StoreErrorKind {
+    if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some("LOADING" | "BUSY" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN")
+        )
+    {
+        StoreErrorKind::Unavailable
+    } else {
+        StoreErrorKind::Protocol
+    }
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of the key, or of its hash tag
+/// (the part between the first `{` and the next `}`, if not empty), modulo 16384.
+pub(crate) fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|&b| b == b'}')
+                .filter(|&close| close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16_xmodem(tagged) % 16384
+}
+
+fn crc16_xmodem(data: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in data {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_single_and_cluster_urls() {
+        assert_eq!(
+            Target::parse("redis://127.0.0.1:6380/2").unwrap(),
+            Target::Single("redis://127.0.0.1:6380/2".into())
+        );
+        assert_eq!(
+            Target::parse("redis-cluster://u:p@a:1, b:2").unwrap(),
+            Target::Cluster(vec!["redis://u:p@a:1".into(), "redis://u:p@b:2".into()])
+        );
+        assert!(Target::parse("rediss-cluster://a:1").unwrap().uses_tls());
+        for bad in [
+            "localhost:6379",
+            "http://x",
+            "redis://",
+            "redis-cluster://a:1,,b:2",
+        ] {
+            assert_eq!(Target::parse(bad).unwrap_err().field(), "store", "{bad}");
+        }
+        let db = Target::parse("redis-cluster://a:1/3").unwrap_err();
+        assert!(db.message().contains("database 0"));
+    }
+
+    #[test]
+    fn slots_match_redis_cluster_keyslot() {
+        // Values from `CLUSTER KEYSLOT` on a real server.
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"123456789"), 12739);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+    }
+}

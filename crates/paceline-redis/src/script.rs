@@ -1,0 +1,83 @@
+//! The Lua library the store runs: one script, the twins of all eight algorithms, loaded once
+//! per server and called by its SHA1 (`EVALSHA`, reloaded after `NOSCRIPT`).
+
+use std::sync::LazyLock;
+
+use paceline::{Decision, Policy, StoreError, StoreErrorKind};
+use redis::Value;
+
+/// The files, in load order: the shared helpers, the algorithms, the entry point.
+const SOURCES: &[&str] = &[
+    include_str!("../lua/prelude.lua"),
+    include_str!("../lua/pacer.lua"),
+    include_str!("../lua/gcra.lua"),
+    include_str!("../lua/fixed_window.lua"),
+    include_str!("../lua/exec_evenly.lua"),
+    include_str!("../lua/sliding_log.lua"),
+    include_str!("../lua/sliding_window.lua"),
+    include_str!("../lua/guava.lua"),
+    include_str!("../lua/smooth_bursty.lua"),
+    include_str!("../lua/smooth_warming_up.lua"),
+    include_str!("../lua/decide.lua"),
+];
+
+/// The decision script (see `lua/decide.lua` for its arguments and reply).
+pub(crate) static DECIDE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&SOURCES.join("\n")));
+
+/// Values the script returns per decision.
+const REPLY_WIDTH: usize = 4;
+
+/// Turns the script's flat reply into decisions, one per policy in `policies`.
+pub(crate) fn parse_reply(reply: Value, policies: &[&Policy]) -> Result<Vec<Decision>, StoreError> {
+    let Value::Array(values) = reply else {
+        return Err(protocol(format!("expected an array, got {reply:?}")));
+    };
+    if values.len() != policies.len() * REPLY_WIDTH {
+        return Err(protocol(format!(
+            "expected {} values for {} decisions, got {}",
+            policies.len() * REPLY_WIDTH,
+            policies.len(),
+            values.len()
+        )));
+    }
+    values
+        .chunks_exact(REPLY_WIDTH)
+        .zip(policies)
+        .map(|(v, policy)| {
+            let allowed = match &v[0] {
+                Value::Int(1) => true,
+                Value::Int(0) => false,
+                other => return Err(protocol(format!("`allowed` is {other:?}"))),
+            };
+            let remaining = match &v[2] {
+                Value::Int(n) => u64::try_from(*n).unwrap_or(0),
+                other => return Err(protocol(format!("`remaining` is {other:?}"))),
+            };
+            Ok(Decision::from_micros(
+                allowed,
+                micros(&v[1], "delay")?,
+                remaining,
+                micros(&v[3], "reset_after")?,
+                policy.limit(),
+            ))
+        })
+        .collect()
+}
+
+fn micros(value: &Value, field: &str) -> Result<f64, StoreError> {
+    let text = match value {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s.as_str()),
+        _ => None,
+    };
+    text.and_then(|t| t.parse::<f64>().ok())
+        .ok_or_else(|| protocol(format!("`{field}` is {value:?}, not a number")))
+}
+
+fn protocol(message: String) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("unexpected reply from the paceline script: {message}"),
+    )
+}

@@ -1,0 +1,708 @@
+//! [`RedisStore`]: keys' state in Redis or Redis Cluster, decided by the Lua twins.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use paceline::policy::MAX_NOW_US;
+use paceline::{
+    Clock, Decision, Error, Fallback, InputError, MemoryStore, Op, Policy, Sleep, Store,
+    StoreError, StoreErrorKind, SyncStore,
+};
+use redis::Value;
+
+use crate::args::push_policy;
+use crate::batch::{self, Job, Queue};
+use crate::connection::{error_kind, slot, Connection, Target};
+use crate::failure::FailurePolicy;
+use crate::script::{parse_reply, DECIDE};
+
+/// The format version in every key: a change of the stored layout changes it, so an old
+/// layout is never misread.
+const FORMAT_VERSION: &str = "v1";
+
+/// The most decisions sent in one script call; larger batches are split, so one call never
+/// holds the server for long.
+pub const MAX_DECISIONS_PER_CALL: usize = 512;
+
+/// The longest auto-batching linger allowed.
+const MAX_LINGER: Duration = Duration::from_millis(10);
+
+/// One request of a batch (see [`RedisStore::decide_batch`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// The policy applied to the key.
+    pub policy: &'a Policy,
+    /// The key, as the caller names it (the store adds its prefix).
+    pub key: &'a str,
+    /// What to do.
+    pub op: Op,
+    /// The request's weight (>= 1).
+    pub cost: u64,
+}
+
+/// A [`Store`] in Redis or Redis Cluster: any number of processes on any number of machines
+/// share one limit, with the same decisions as the in-memory store.
+///
+/// * **One round trip per decision**: each decision is one `EVALSHA` of paceline's Lua
+///   library (the twin of the Rust algorithm, held equal to it by differential tests), on one
+///   key, atomically. Many decisions can share one call: [`decide_batch`](Self::decide_batch).
+/// * **Time** comes from the Redis server's `TIME` (client clocks may be skewed), unless a
+///   [`clock`](RedisStoreBuilder::clock) is injected for simulation and tests.
+/// * **Keys** are `PREFIX:v1:KEY` (prefix `paceline` by default). State is stored exactly
+///   (integers, and doubles in binary) and expires when the key is idle, so Redis holds only
+///   active keys. In a cluster, keys spread over slots by the caller's key; a hash tag in it
+///   (`"{tenant42}:upload"`) pins related keys to one slot.
+/// * **Failures** follow the [`FailurePolicy`] chosen when the store is built. A failure is
+///   never reported as a rejection, and no call waits longer than the
+///   [`response timeout`](RedisStoreBuilder::response_timeout). After a failure, calls skip
+///   Redis for the [`failure backoff`](RedisStoreBuilder::failure_backoff) (answering by the
+///   failure policy at once), then try it again. A call that timed out had been sent: a
+///   slow or frozen Redis may still apply it later, so its reservation may count although
+///   the caller saw a failure (never the reverse: nothing admitted is lost).
+///
+/// ```no_run
+/// use paceline::Limiter;
+/// use paceline_redis::{FailurePolicy, RedisStore};
+/// use std::sync::{Arc, Mutex, PoisonError};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), paceline::Error> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
+///     .prefix("myapp")
+///     .connect()
+///     .await?;
+/// let limiter = Limiter::with_store("gcra:rate=10/s,burst=5".parse()?, Arc::new(store));
+/// let decision = limiter.limit("user:42", 1).await?;
+/// println!("allowed: {}, remaining: {}", decision.allowed, decision.remaining);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+    /// The auto-batching queue, if enabled (absent in the batching task's own handle).
+    queue: Option<Queue>,
+}
+
+struct Inner {
+    connection: Connection,
+    /// `PREFIX:v1:`.
+    key_prefix: String,
+    clock: Option<Arc<dyn Clock>>,
+    ttl_slack_ms: u64,
+    response_timeout: Duration,
+    failure: FailurePolicy,
+    /// The stand-in for [`FailurePolicy::Local`].
+    local: Option<MemoryStore>,
+    failure_backoff: Duration,
+    /// Microseconds after `started` before which Redis is not tried again.
+    down_until: AtomicU64,
+    /// The failure that started the current backoff, quoted by calls that skip Redis.
+    last_failure: Mutex<Option<StoreError>>,
+    started: Instant,
+    /// The auto-batching linger (zero when off).
+    linger: Duration,
+}
+
+/// Configures and connects a [`RedisStore`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    url: String,
+    failure: FailurePolicy,
+    prefix: String,
+    clock: Option<Arc<dyn Clock>>,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+    ttl_slack: Duration,
+    failure_backoff: Duration,
+    auto_batch: Option<Duration>,
+    root_certificate: Option<Vec<u8>>,
+}
+
+impl RedisStore {
+    /// Starts configuring a store at `url` with the given failure policy.
+    ///
+    /// URLs: `redis://[user:password@]HOST:PORT[/DB]`, `rediss://...` (TLS), and
+    /// `redis-cluster://[user:password@]HOST:PORT[,HOST:PORT...]` (or `rediss-cluster://`)
+    /// naming one or more nodes of a cluster.
+    pub fn builder(url: impl Into<String>, failure: FailurePolicy) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            url: url.into(),
+            failure,
+            prefix: "paceline".to_string(),
+            clock: None,
+            connect_timeout: Duration::from_secs(2),
+            response_timeout: Duration::from_millis(500),
+            ttl_slack: Duration::from_secs(60),
+            failure_backoff: Duration::from_millis(500),
+            auto_batch: None,
+            root_certificate: None,
+        }
+    }
+
+    /// The failure policy chosen for this store.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.inner.failure
+    }
+
+    /// True when connected to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.connection.is_cluster()
+    }
+
+    /// The Redis key holding `key`'s state.
+    ///
+    /// ```no_run
+    /// # use paceline_redis::{FailurePolicy, RedisStore};
+    /// # async fn f() -> Result<(), paceline::Error> {
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
+    ///     .connect()
+    ///     .await?;
+    /// assert_eq!(store.redis_key("user:42"), "paceline:v1:user:42");
+    /// # Ok(()) }
+    /// ```
+    pub fn redis_key(&self, key: &str) -> String {
+        let mut k = String::with_capacity(self.inner.key_prefix.len() + key.len());
+        k.push_str(&self.inner.key_prefix);
+        k.push_str(key);
+        k
+    }
+
+    /// Decides many requests in as few round trips as possible: one script call per Redis
+    /// node (per hash slot in a cluster), each carrying up to
+    /// [`MAX_DECISIONS_PER_CALL`] decisions. The answers are exactly those of the same
+    /// requests made one after another, in order; each request gets its own result (an input
+    /// error fails only that request).
+    ///
+    /// ```no_run
+    /// # use paceline_redis::{FailurePolicy, RedisStore, Request};
+    /// # use paceline::{Op, Policy};
+    /// # async fn f() -> Result<(), paceline::Error> {
+    /// let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
+    ///     .connect()
+    ///     .await?;
+    /// let policy: Policy = "fixed_window:limit=10,window=10s".parse()?;
+    /// let requests: Vec<Request> = ["guild:1", "guild:2", "guild:1"]
+    ///     .into_iter()
+    ///     .map(|key| Request { policy: &policy, key, op: Op::Limit, cost: 1 })
+    ///     .collect();
+    /// for decision in store.decide_batch(&requests).await {
+    ///     println!("{:?}", decision?);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn decide_batch(&self, requests: &[Request<'_>]) -> Vec<Result<Decision, Error>> {
+        let now = match self.now() {
+            Ok(now) => now,
+            Err(e) => return requests.iter().map(|_| Err(e.clone().into())).collect(),
+        };
+        let mut results: Vec<Option<Result<Decision, Error>>> = vec![None; requests.len()];
+        let mut valid = Vec::with_capacity(requests.len());
+        for (i, r) in requests.iter().enumerate() {
+            match r.policy.check_cost(r.op, r.cost) {
+                Ok(()) => valid.push(i),
+                Err(e) => results[i] = Some(Err(e.into())),
+            }
+        }
+        if self.in_backoff() {
+            for &i in &valid {
+                results[i] = Some(self.fall_back(self.backoff_error(), &requests[i]));
+            }
+            return collect(results);
+        }
+        let batch: Vec<&Request> = valid.iter().map(|&i| &requests[i]).collect();
+        for (&i, outcome) in valid.iter().zip(self.run_valid(&batch, now).await) {
+            results[i] = Some(match outcome {
+                Ok(d) => Ok(d),
+                Err(e) => {
+                    self.mark_down(&e);
+                    self.fall_back(e, &requests[i])
+                }
+            });
+        }
+        collect(results)
+    }
+
+    /// Runs validated requests in as few script calls as possible: grouped by the node (the
+    /// slot, in a cluster) that must run them, in order, at most
+    /// [`MAX_DECISIONS_PER_CALL`] per call. Groups run concurrently; a group's calls run
+    /// one after another, since they may share keys. One result per request, in order.
+    pub(crate) async fn run_valid(
+        &self,
+        requests: &[&Request<'_>],
+        now: Option<u64>,
+    ) -> Vec<Result<Decision, StoreError>> {
+        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, r) in requests.iter().enumerate() {
+            let group = if self.is_cluster() {
+                slot(self.redis_key(r.key).as_bytes())
+            } else {
+                0
+            };
+            groups.entry(group).or_default().push(i);
+        }
+        let calls: Vec<Vec<&[usize]>> = groups
+            .values()
+            .map(|indices| indices.chunks(MAX_DECISIONS_PER_CALL).collect())
+            .collect();
+        let outcomes = join_all(calls.iter().map(|chunks| async move {
+            let mut outcomes = Vec::with_capacity(chunks.len());
+            for chunk in chunks {
+                let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
+                outcomes.push(self.call(&batch, now).await);
+            }
+            outcomes
+        }))
+        .await;
+        let mut results: Vec<Option<Result<Decision, StoreError>>> = vec![None; requests.len()];
+        for (chunk, outcome) in calls.iter().flatten().zip(outcomes.into_iter().flatten()) {
+            match outcome {
+                Ok(decisions) => {
+                    for (&i, d) in chunk.iter().zip(decisions) {
+                        results[i] = Some(Ok(d));
+                    }
+                }
+                Err(e) => {
+                    for &i in *chunk {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(StoreError::new(
+                        StoreErrorKind::Protocol,
+                        "no answer for a request",
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Hands `request` to the batching task and waits for its answer.
+    async fn through_queue(
+        &self,
+        queue: &Queue,
+        request: &Request<'_>,
+        now: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = Job {
+            policy: request.policy.clone(),
+            key: request.key.to_string(),
+            op: request.op,
+            cost: request.cost,
+            now,
+            reply,
+        };
+        if queue.send(job).is_err() {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the auto-batching task has stopped (its tokio runtime shut down)",
+            ));
+        }
+        // The batch call itself is bounded by the response timeout; the linger and a queue
+        // ahead of it come on top, bounded here.
+        let limit = self.inner.response_timeout * 2 + self.inner.linger;
+        match tokio::time::timeout(limit, answer).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the auto-batching task dropped the request (its tokio runtime shut down)",
+            )),
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("no answer from the auto-batching queue within {limit:?}"),
+            )),
+        }
+    }
+
+    /// The injected clock's time, or `None` to use the server's.
+    fn now(&self) -> Result<Option<u64>, InputError> {
+        let Some(clock) = &self.inner.clock else {
+            return Ok(None);
+        };
+        let now = clock.now_micros();
+        if now > MAX_NOW_US {
+            return Err(InputError::new(
+                "now",
+                format!(
+                    "{now} µs is past the last supported time ({MAX_NOW_US} µs after the epoch)"
+                ),
+            ));
+        }
+        Ok(Some(now))
+    }
+
+    /// One script call carrying `batch`, in order.
+    async fn call(
+        &self,
+        batch: &[&Request<'_>],
+        now: Option<u64>,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let mut invocation = DECIDE.prepare_invoke();
+        invocation
+            .arg(now.map(|n| n.to_string()).unwrap_or_default())
+            .arg(self.inner.ttl_slack_ms);
+        let mut args = Vec::with_capacity(batch.len() * 8);
+        for r in batch {
+            invocation.key(self.redis_key(r.key));
+            args.push(r.op.name().to_string());
+            args.push(r.cost.to_string());
+            // Seconds and nanoseconds, exact: the script derives both the fractional and the
+            // whole microseconds the Rust algorithms compare with.
+            match r.op {
+                Op::Pace {
+                    max_wait: Some(max),
+                } => {
+                    args.push(max.as_secs().to_string());
+                    args.push(max.subsec_nanos().to_string());
+                }
+                _ => args.extend([String::new(), String::new()]),
+            }
+            push_policy(r.policy, &mut args);
+        }
+        for arg in &args {
+            invocation.arg(arg);
+        }
+        let mut connection = self.inner.connection.clone();
+        let reply: Value = self
+            .bounded(invocation.invoke_async(&mut connection), "a decision")
+            .await?;
+        let policies: Vec<&Policy> = batch.iter().map(|r| r.policy).collect();
+        parse_reply(reply, &policies)
+    }
+
+    /// Awaits `f` for at most the response timeout.
+    async fn bounded<T>(
+        &self,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+        what: &str,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.response_timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(StoreError::new(
+                error_kind(&e),
+                format!("Redis failed {what}: {e}"),
+            )),
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!(
+                    "Redis did not answer {what} within {:?} (the store's response timeout)",
+                    self.inner.response_timeout
+                ),
+            )),
+        }
+    }
+
+    fn elapsed_us(&self) -> u64 {
+        u64::try_from(self.inner.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    fn in_backoff(&self) -> bool {
+        self.elapsed_us() < self.inner.down_until.load(Ordering::Relaxed)
+    }
+
+    fn mark_down(&self, error: &StoreError) {
+        // A script or reply error is not an outage: retrying at once is right.
+        if !matches!(
+            error.kind(),
+            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+        ) {
+            return;
+        }
+        *self
+            .inner
+            .last_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(error.clone());
+        let backoff = u64::try_from(self.inner.failure_backoff.as_micros()).unwrap_or(u64::MAX);
+        self.inner
+            .down_until
+            .store(self.elapsed_us().saturating_add(backoff), Ordering::Relaxed);
+    }
+
+    fn backoff_error(&self) -> StoreError {
+        let last = self
+            .inner
+            .last_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let (kind, cause) = match last {
+            Some(e) => (e.kind(), e.message().to_string()),
+            None => (StoreErrorKind::Unavailable, "unknown".to_string()),
+        };
+        StoreError::new(
+            kind,
+            format!(
+                "Redis failed less than {:?} ago and is not retried before the store's failure \
+                 backoff has passed; the failure: {cause}",
+                self.inner.failure_backoff
+            ),
+        )
+    }
+
+    /// The failure policy's answer to a failed request.
+    fn fall_back(&self, error: StoreError, r: &Request<'_>) -> Result<Decision, Error> {
+        match self.inner.failure {
+            FailurePolicy::FailClosed => Err(error.into()),
+            FailurePolicy::FailOpen => Ok(Decision::from_micros(
+                true,
+                0.0,
+                r.policy.limit().saturating_sub(r.cost),
+                0.0,
+                r.policy.limit(),
+            )
+            .with_fallback(Fallback::FailOpen)),
+            FailurePolicy::Local => match &self.inner.local {
+                Some(local) => local
+                    .decide_sync(r.policy, r.key, r.op, r.cost)
+                    .map(|d| d.with_fallback(Fallback::Local)),
+                None => Err(error.into()),
+            },
+        }
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Prefixes every key with `PREFIX:v1:` (default `paceline`). Give each application
+    /// sharing a Redis its own prefix. Braces are not allowed: they would form a hash tag.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Reads time from `clock` instead of the server's `TIME`: for simulation and tests.
+    /// With a clock whose time does not follow the real one, keys live in Redis for their
+    /// `reset_after` plus the [`ttl_slack`](Self::ttl_slack) in real time.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// How long each connection attempt may take (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long any call may wait for Redis, reconnecting included (default 500 ms). Past
+    /// it, the call fails with a [`StoreErrorKind::Timeout`] handled by the failure policy.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// With an injected [`clock`](Self::clock): the real time a key outlives its
+    /// `reset_after` in Redis (default 60 s), so a slow run never loses state its virtual
+    /// time still needs.
+    pub fn ttl_slack(mut self, slack: Duration) -> Self {
+        self.ttl_slack = slack;
+        self
+    }
+
+    /// After a failure, how long calls answer by the failure policy without trying Redis
+    /// (default 500 ms; zero tries Redis on every call).
+    pub fn failure_backoff(mut self, backoff: Duration) -> Self {
+        self.failure_backoff = backoff;
+        self
+    }
+
+    /// Coalesces concurrent decisions into one script call per Redis node (per slot in a
+    /// cluster): a decision waits at most `linger` (at most 10 ms; e.g. 200 µs) for others
+    /// to join its batch; with zero it leaves with those already queued. Batches also form
+    /// by themselves under load, while earlier ones are in flight. Decisions are exactly
+    /// those of sequential calls. Off by default: the lowest latency for a single caller is
+    /// one call per decision; under many concurrent callers, batching multiplies the
+    /// decisions per second one Redis core can make.
+    pub fn auto_batch(mut self, linger: Duration) -> Self {
+        self.auto_batch = Some(linger);
+        self
+    }
+
+    /// For `rediss://` URLs: trust the CA in `pem` (PEM text, e.g. read from `ca.crt`)
+    /// instead of the system's certificate store, for servers with a private CA.
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_certificate = Some(pem.into());
+        self
+    }
+
+    /// Validates the settings and connects.
+    pub async fn connect(self) -> Result<RedisStore, Error> {
+        let target = Target::parse(&self.url)?;
+        if self.prefix.is_empty() || self.prefix.contains(['{', '}']) {
+            return Err(InputError::new(
+                "prefix",
+                format!(
+                    "`{}`: use a non-empty prefix without braces, e.g. `myapp`",
+                    self.prefix
+                ),
+            )
+            .into());
+        }
+        for (field, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(InputError::new(field, "must be greater than zero, e.g. 500ms").into());
+            }
+        }
+        if let Some(linger) = self.auto_batch {
+            if linger > MAX_LINGER {
+                return Err(InputError::new(
+                    "auto_batch",
+                    format!("a linger of {linger:?} is too long; use at most {MAX_LINGER:?}, e.g. 200µs"),
+                )
+                .into());
+            }
+        }
+        if self.root_certificate.is_some() && !target.uses_tls() {
+            return Err(InputError::new(
+                "tls_root_certificate",
+                "is only used with TLS: use a rediss:// (or rediss-cluster://) URL",
+            )
+            .into());
+        }
+        let connection = Connection::open(
+            &target,
+            self.root_certificate.as_deref(),
+            self.connect_timeout,
+            self.response_timeout,
+        )
+        .await?;
+        let local = (self.failure == FailurePolicy::Local).then(|| match &self.clock {
+            Some(clock) => MemoryStore::builder()
+                .shared_clock(Arc::clone(clock))
+                .build(),
+            None => MemoryStore::new(),
+        });
+        let ttl_slack_ms = if self.clock.is_some() {
+            u64::try_from(self.ttl_slack.as_millis()).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
+        let mut store = RedisStore {
+            queue: None,
+            inner: Arc::new(Inner {
+                connection,
+                key_prefix: format!("{}:{FORMAT_VERSION}:", self.prefix),
+                clock: self.clock,
+                ttl_slack_ms,
+                response_timeout: self.response_timeout,
+                failure: self.failure,
+                local,
+                failure_backoff: self.failure_backoff,
+                down_until: AtomicU64::new(0),
+                last_failure: Mutex::new(None),
+                started: Instant::now(),
+                linger: self.auto_batch.unwrap_or_default(),
+            }),
+        };
+        if let Some(linger) = self.auto_batch {
+            store.queue = Some(batch::spawn(store.clone(), linger));
+        }
+        Ok(store)
+    }
+}
+
+impl Store for RedisStore {
+    async fn decide(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let request = Request {
+            policy,
+            key,
+            op,
+            cost,
+        };
+        policy.check_cost(op, cost)?;
+        let now = self.now()?;
+        if self.in_backoff() {
+            return self.fall_back(self.backoff_error(), &request);
+        }
+        let outcome = match &self.queue {
+            Some(queue) => self.through_queue(queue, &request, now).await,
+            None => self.call(&[&request], now).await.and_then(|mut decisions| {
+                decisions.pop().ok_or_else(|| {
+                    StoreError::new(StoreErrorKind::Protocol, "the script returned no decision")
+                })
+            }),
+        };
+        match outcome {
+            Ok(decision) => Ok(decision),
+            Err(e) => {
+                self.mark_down(&e);
+                self.fall_back(e, &request)
+            }
+        }
+    }
+
+    /// Deletes the key. A store failure is returned whatever the failure policy (with
+    /// `local`, the in-process stand-in forgets the key too).
+    async fn reset(&self, key: &str) -> Result<(), Error> {
+        if let Some(local) = &self.inner.local {
+            local.reset_sync(key)?;
+        }
+        let mut connection = self.inner.connection.clone();
+        let mut del = redis::cmd("DEL");
+        del.arg(self.redis_key(key));
+        self.bounded(del.query_async::<i64>(&mut connection), "a reset")
+            .await?;
+        Ok(())
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        match &self.inner.clock {
+            Some(clock) => clock.sleep(duration),
+            None => Box::pin(tokio::time::sleep(duration)),
+        }
+    }
+}
+
+/// Every request's result; a request left without one (which would be a bug) is an error.
+fn collect(results: Vec<Option<Result<Decision, Error>>>) -> Vec<Result<Decision, Error>> {
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(StoreError::new(StoreErrorKind::Protocol, "no answer for a request").into())
+            })
+        })
+        .collect()
+}
+
+/// Runs futures concurrently on the current task, keeping their order.
+async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut set = Vec::new();
+    for f in futures {
+        set.push(Box::pin(f));
+    }
+    let mut outputs: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, out) in set.iter_mut().zip(outputs.iter_mut()) {
+            if out.is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *out = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
+}

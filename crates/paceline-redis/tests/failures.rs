@@ -1,0 +1,251 @@
+//! Failure handling against private `redis-server` processes that the tests kill, restart
+//! and pause: each failure policy behaves as documented, no call hangs, a failure is never
+//! reported as a rejection, and service resumes when Redis is back. Also: idle keys leave
+//! nothing behind in Redis.
+//!
+//! Waiting here is only ever for a condition (a restarted server answering, Redis expiring
+//! keys), polled with a generous deadline; no test asserts how long anything took.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline::{Error, Fallback, Limiter, StoreErrorKind};
+use paceline_redis::{FailurePolicy, RedisStore};
+use paceline_testkit::RedisServer;
+
+const RESPONSE_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// Far beyond any legitimate wait: reaching it means a call hung.
+const HANG: Duration = Duration::from_secs(10);
+
+async fn store(server: &RedisServer, failure: FailurePolicy) -> RedisStore {
+    RedisStore::builder(server.url(), failure)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .connect_timeout(RESPONSE_TIMEOUT)
+        .failure_backoff(Duration::ZERO)
+        .connect()
+        .await
+        .expect("connect to the private Redis")
+}
+
+/// Awaits `f`, failing the test if it hangs.
+async fn bounded<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(HANG, f)
+        .await
+        .expect("a store call hung instead of failing within its timeout")
+}
+
+/// Polls `limiter` until Redis answers again (not a fallback), failing after a deadline.
+async fn until_redis_answers(limiter: &Limiter<RedisStore>, key: &str) -> paceline::Decision {
+    for _ in 0..400 {
+        if let Ok(d) = bounded(limiter.peek(key, 1)).await {
+            if d.fallback.is_none() {
+                return d;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("the store did not resume after Redis restarted");
+}
+
+fn limiter(store: RedisStore) -> Limiter<RedisStore> {
+    Limiter::with_store(
+        "gcra:rate=1/h,burst=2".parse().expect("valid spec"),
+        Arc::new(store),
+    )
+}
+
+#[tokio::test]
+async fn fail_closed_returns_a_store_error_and_resumes_after_a_restart() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let limiter = limiter(store(&server, FailurePolicy::FailClosed).await);
+    assert!(limiter.limit("k", 1).await.expect("Redis is up").allowed);
+
+    server.kill();
+    for _ in 0..3 {
+        match bounded(limiter.limit("k", 1)).await {
+            Err(Error::Store(e)) => assert!(
+                matches!(
+                    e.kind(),
+                    StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                ),
+                "{e}"
+            ),
+            other => panic!("a dead Redis must be a store error, got {other:?}"),
+        }
+    }
+
+    server.restart().expect("restart");
+    // Nothing is persisted: the key is new again, with its whole burst.
+    let d = until_redis_answers(&limiter, "k").await;
+    assert_eq!(d.remaining, 2);
+    assert!(limiter.limit("k", 1).await.expect("Redis is back").allowed);
+}
+
+#[tokio::test]
+async fn fail_open_admits_flagged_while_redis_is_down() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let limiter = limiter(store(&server, FailurePolicy::FailOpen).await);
+    for _ in 0..2 {
+        assert!(limiter.limit("k", 1).await.expect("Redis is up").allowed);
+    }
+    let limited = limiter.limit("k", 1).await.expect("Redis is up");
+    assert!(!limited.allowed && limited.fallback.is_none());
+
+    server.kill();
+    for _ in 0..5 {
+        let d = bounded(limiter.limit("k", 1))
+            .await
+            .expect("fail_open never errs");
+        assert!(d.allowed && d.delay.is_zero());
+        assert_eq!(d.fallback, Some(Fallback::FailOpen));
+    }
+
+    server.restart().expect("restart");
+    until_redis_answers(&limiter, "k").await;
+    let d = limiter.limit("k", 1).await.expect("Redis is back");
+    assert_eq!(d.fallback, None);
+}
+
+#[tokio::test]
+async fn local_enforces_the_policy_in_process_until_redis_is_back() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let limiter = limiter(store(&server, FailurePolicy::Local).await);
+    assert!(limiter.limit("k", 1).await.expect("Redis is up").allowed);
+
+    server.kill();
+    // The local stand-in starts from an idle key and enforces the same burst of 2.
+    let outcomes: Vec<(bool, Option<Fallback>)> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            let d = bounded(limiter.limit("k", 1))
+                .await
+                .expect("local never errs");
+            v.push((d.allowed, d.fallback));
+        }
+        v
+    };
+    assert_eq!(
+        outcomes,
+        [
+            (true, Some(Fallback::Local)),
+            (true, Some(Fallback::Local)),
+            (false, Some(Fallback::Local)),
+        ]
+    );
+
+    server.restart().expect("restart");
+    let d = until_redis_answers(&limiter, "k").await;
+    assert_eq!(
+        (d.remaining, d.fallback),
+        (2, None),
+        "back on Redis's (fresh) state"
+    );
+}
+
+#[tokio::test]
+async fn a_paused_redis_times_out_instead_of_hanging() {
+    let server = RedisServer::start().expect("redis-server");
+    let closed = limiter(store(&server, FailurePolicy::FailClosed).await);
+    let open = limiter(store(&server, FailurePolicy::FailOpen).await);
+    assert!(closed.limit("k", 1).await.expect("Redis is up").allowed);
+
+    server.pause();
+    let result = bounded(closed.limit("k", 1)).await;
+    let open_result = bounded(open.limit("k", 1)).await;
+    server.resume();
+
+    match result {
+        Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}"),
+        other => panic!("a frozen Redis must time out, got {other:?}"),
+    }
+    let d = open_result.expect("fail_open never errs");
+    assert_eq!(d.fallback, Some(Fallback::FailOpen));
+
+    // The state from before the pause is intact. The requests that timed out had been sent:
+    // Redis may apply them when it resumes (as documented), so they may have used the last
+    // cell, but nothing was lost or refilled.
+    let d = until_redis_answers(&closed, "k").await;
+    assert!(d.remaining <= 1, "{d:?}");
+    assert!(d.reset_after > Duration::from_secs(3000), "{d:?}");
+}
+
+#[tokio::test]
+async fn the_failure_backoff_answers_at_once_and_quotes_the_failure() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let store = RedisStore::builder(server.url(), FailurePolicy::FailClosed)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .failure_backoff(Duration::from_secs(3600))
+        .connect()
+        .await
+        .expect("connect");
+    let limiter = limiter(store);
+    server.kill();
+    let first = bounded(limiter.limit("k", 1)).await.unwrap_err();
+    server.restart().expect("restart");
+    // Redis is back, but within the backoff the store does not try it.
+    let second = bounded(limiter.limit("k", 1)).await.unwrap_err();
+    let (Error::Store(first), Error::Store(second)) = (first, second) else {
+        panic!("both failures are store errors");
+    };
+    assert_eq!(second.kind(), first.kind());
+    assert!(second.message().contains("failure backoff"), "{second}");
+    assert!(
+        second.message().contains(first.message()),
+        "{second} quotes {first}"
+    );
+}
+
+#[tokio::test]
+async fn idle_keys_expire_and_leave_nothing_behind() {
+    let server = RedisServer::start().expect("redis-server");
+    let store = Arc::new(store(&server, FailurePolicy::FailClosed).await);
+    let specs = [
+        "pacer:rate=20/s,max_burst=2",
+        "gcra:rate=20/s,burst=3",
+        "fixed_window:limit=3,window=150ms",
+        "exec_evenly:points=3,duration=150ms",
+        "sliding_log:limit=3,window=150ms",
+        "sliding_window:limit=3,window=150ms",
+        "smooth_bursty:rate=20/s",
+        "smooth_warming_up:rate=20/s,warmup=150ms",
+    ];
+    let mut longest = Duration::ZERO;
+    for spec in specs {
+        let limiter = Limiter::with_store(spec.parse().expect("valid spec"), Arc::clone(&store));
+        for key in ["a", "b"] {
+            let key = format!("{spec}:{key}");
+            for _ in 0..2 {
+                let d = limiter.pace(&key, 1).await.expect("Redis is up");
+                longest = longest.max(d.reset_after);
+            }
+            // Every key carries an expiry no later than its reset_after (or is gone).
+            let pttl = server
+                .command(&["PTTL", &store.redis_key(&key)])
+                .expect("PTTL");
+            let ms: i64 = pttl
+                .trim_start_matches(':')
+                .parse()
+                .expect("an integer reply");
+            assert!(
+                ms == -2 || (ms > 0 && ms as u128 <= longest.as_millis() + 1),
+                "{key}: PTTL {ms}"
+            );
+        }
+    }
+    assert!(
+        longest < Duration::from_secs(2),
+        "the specs idle quickly: {longest:?}"
+    );
+    for _ in 0..400 {
+        if server.dbsize().expect("DBSIZE") == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!(
+        "keys were left behind after their reset_after: DBSIZE = {:?}",
+        server.dbsize()
+    );
+}
