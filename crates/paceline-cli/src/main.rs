@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use paceline::{Clock, ManualClock, MemoryStore, Policy, SystemClock};
+use paceline_redis::{FailurePolicy, RedisStore};
+use std::sync::Arc;
 
 mod simulate;
 
@@ -43,7 +46,10 @@ enum Command {
         /// Write the decisions to FILE instead of standard output.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
-        /// Where keys' state lives: `memory`.
+        /// Where keys' state lives: `memory`, `redis://HOST:PORT[/DB]` (or `rediss://` for
+        /// TLS) or `redis-cluster://HOST:PORT[,HOST:PORT...]`. Every store reads the same
+        /// virtual clock and gives the same output; on Redis the run uses keys of its own
+        /// and deletes them at the end.
         #[arg(long, value_name = "STORE", default_value = "memory")]
         store: String,
     },
@@ -61,17 +67,60 @@ fn main() -> ExitCode {
     }
 }
 
+/// Runs the script on the store named by `--store`; on failure the message is printed and
+/// the exit code returned.
+async fn simulate_on(store: &str, policy: Policy, script: &str) -> Result<String, ExitCode> {
+    let clock = ManualClock::new(0);
+    let result = if store == "memory" {
+        let memory = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+        simulate::run_on(policy, script, memory, &clock).await
+    } else if store.contains("://") {
+        // A prefix of this run's own, so runs never see each other's keys.
+        let run_id = format!(
+            "paceline-simulate-{}-{}",
+            std::process::id(),
+            SystemClock::new().now_micros()
+        );
+        let redis = RedisStore::builder(store, FailurePolicy::FailClosed)
+            .prefix(run_id)
+            .clock(Arc::new(clock.clone()))
+            .connect()
+            .await;
+        match redis {
+            Ok(redis) => simulate::run_on(policy, script, Arc::new(redis), &clock).await,
+            Err(paceline::Error::Input(e)) => {
+                eprintln!("error: invalid `--store`: {}", e.message());
+                return Err(ExitCode::from(2));
+            }
+            Err(e) => {
+                eprintln!("error: --store: {e}");
+                return Err(ExitCode::from(1));
+            }
+        }
+    } else {
+        eprintln!(
+            "error: invalid `--store`: `{store}`; use `memory`, `redis://HOST:PORT[/DB]` or \
+             `redis-cluster://HOST:PORT[,HOST:PORT...]`"
+        );
+        return Err(ExitCode::from(2));
+    };
+    result.map_err(|e| {
+        eprintln!("error: {e}");
+        if e.field == "store" {
+            ExitCode::from(1)
+        } else {
+            ExitCode::from(2)
+        }
+    })
+}
+
 fn run_simulate(
     policy: &str,
     input: Option<PathBuf>,
     output: Option<PathBuf>,
     store: &str,
 ) -> ExitCode {
-    if store != "memory" {
-        eprintln!("error: invalid `--store`: `{store}` is not available; use `memory`");
-        return ExitCode::from(2);
-    }
-    let policy = match policy.parse() {
+    let policy: Policy = match policy.parse() {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: --policy: {e}");
@@ -99,12 +148,19 @@ fn run_simulate(
             return ExitCode::from(2);
         }
     };
-    let decisions = match simulate::run(policy, &script) {
-        Ok(out) => out,
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
         }
+    };
+    let decisions = match runtime.block_on(simulate_on(store, policy, &script)) {
+        Ok(out) => out,
+        Err(code) => return code,
     };
     let written = match &output {
         Some(path) => std::fs::write(path, decisions.as_bytes()),

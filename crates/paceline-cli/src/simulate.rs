@@ -1,15 +1,16 @@
 //! `paceline simulate`: deterministic replay of a traffic script through a policy.
 //!
 //! The script is JSON Lines; the clock is a [`ManualClock`] starting at the Unix epoch; the
-//! store is the in-memory store on that clock. Every line is validated strictly: an unknown
+//! store (in memory, or Redis with the same clock injected) reads that clock, so a script
+//! gives the same output on every store. Every line is validated strictly: an unknown
 //! field, a wrong type or an impossible value stops the run with an error naming the line and
 //! the field, and no decision is printed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use paceline::{Clock, Decision, Limiter, ManualClock, MemoryStore, Policy};
+use paceline::{Clock, Decision, Limiter, ManualClock, Policy, Store};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -131,12 +132,53 @@ enum Line {
     Request(Request),
 }
 
-/// Runs `script` through `default_policy`, returning the output (one JSON object per line).
+/// Runs `script` through `default_policy` on a fresh in-memory store, returning the output
+/// (one JSON object per line).
+#[cfg(test)]
 pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> {
     let clock = ManualClock::new(0);
-    let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    let store = Arc::new(
+        paceline::MemoryStore::builder()
+            .clock(clock.clone())
+            .build(),
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(|e| ScriptError {
+            line: 0,
+            field: "runtime".into(),
+            message: e.to_string(),
+        })?;
+    runtime.block_on(run_on(default_policy, script, store, &clock))
+}
+
+/// Runs `script` through `default_policy` on `store`, whose clock must be `clock` (starting
+/// at 0), returning the output (one JSON object per line). The keys the script touched are
+/// reset at the end, so a shared store keeps nothing of the run.
+pub async fn run_on<S: Store>(
+    default_policy: Policy,
+    script: &str,
+    store: Arc<S>,
+    clock: &ManualClock,
+) -> Result<String, ScriptError> {
     let default = Limiter::with_store(default_policy, Arc::clone(&store));
-    let mut limiters: HashMap<String, Limiter> = HashMap::new();
+    let mut touched = BTreeSet::new();
+    let result = replay(&default, script, &store, clock, &mut touched).await;
+    for key in &touched {
+        // Best effort: the output is already decided, and an idle key expires by itself.
+        let _ = store.reset(key).await;
+    }
+    result
+}
+
+async fn replay<S: Store>(
+    default: &Limiter<S>,
+    script: &str,
+    store: &Arc<S>,
+    clock: &ManualClock,
+    touched: &mut BTreeSet<String>,
+) -> Result<String, ScriptError> {
+    let mut limiters: HashMap<String, Limiter<S>> = HashMap::new();
     let mut out = String::new();
     for (index, text) in script.lines().enumerate() {
         let number = index + 1;
@@ -151,7 +193,7 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
         };
         match parse_line(trimmed).map_err(|(field, message)| fail(&field, message))? {
             Line::Sleep(us) => {
-                advance(&clock, us).map_err(|message| fail("sleep_ms", message))?;
+                advance(clock, us).map_err(|message| fail("sleep_ms", message))?;
             }
             Line::At(us) => {
                 let now = clock.now_micros();
@@ -169,7 +211,7 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
             }
             Line::Request(req) => {
                 let limiter = match &req.policy {
-                    None => &default,
+                    None => default,
                     Some(spec) => {
                         if !limiters.contains_key(spec) {
                             let policy: Policy = spec
@@ -177,7 +219,7 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
                                 .map_err(|e: paceline::InputError| fail("policy", e.to_string()))?;
                             limiters.insert(
                                 spec.clone(),
-                                Limiter::with_store(policy, Arc::clone(&store)),
+                                Limiter::with_store(policy, Arc::clone(store)),
                             );
                         }
                         &limiters[spec]
@@ -185,16 +227,19 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
                 };
                 let t_ms = micros_ms(clock.now_micros());
                 let key = req.key.as_str();
+                if !touched.contains(key) {
+                    touched.insert(key.to_string());
+                }
                 let max_wait = req.max_wait_us.map(std::time::Duration::from_micros);
                 let result = match (req.op, max_wait) {
-                    (SimOp::Reset, _) => limiter.reset_sync(key).map(|()| None),
-                    (SimOp::Limit, _) => limiter.limit_sync(key, req.cost).map(Some),
-                    (SimOp::Peek, _) => limiter.peek_sync(key, req.cost).map(Some),
+                    (SimOp::Reset, _) => limiter.reset(key).await.map(|()| None),
+                    (SimOp::Limit, _) => limiter.limit(key, req.cost).await.map(Some),
+                    (SimOp::Peek, _) => limiter.peek(key, req.cost).await.map(Some),
                     (SimOp::Pace | SimOp::Acquire, None) => {
-                        limiter.pace_sync(key, req.cost).map(Some)
+                        limiter.pace(key, req.cost).await.map(Some)
                     }
                     (SimOp::Pace | SimOp::Acquire, Some(w)) => {
-                        limiter.try_pace_sync(key, req.cost, w).map(Some)
+                        limiter.try_pace(key, req.cost, w).await.map(Some)
                     }
                 };
                 let decision = result.map_err(|e| match e {
@@ -206,7 +251,7 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
                 if let (SimOp::Acquire, Some(d)) = (req.op, &decision) {
                     if d.allowed {
                         // The same rounding (to the nearest microsecond) as `delay_ms`.
-                        advance(&clock, duration_us(d.delay))
+                        advance(clock, duration_us(d.delay))
                             .map_err(|message| fail("op", format!("acquire {message}")))?;
                     }
                 }

@@ -93,6 +93,61 @@ fn every_golden_script_reproduces_its_expected_output() {
 }
 
 #[test]
+fn every_golden_script_gives_the_same_output_on_redis_and_redis_cluster() {
+    let server = paceline_testkit::RedisServer::start().expect("a private redis-server");
+    let cluster = paceline_testkit::RedisCluster::start().expect("a private Redis Cluster");
+    for store in [server.url(), cluster.url()] {
+        for script in scripts() {
+            let mut args = args_of(&script);
+            args.extend(["--store".to_string(), store.clone()]);
+            let out = simulate(&args, &script);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "{} on {store}: {stderr}",
+                script.display()
+            );
+            let expected = std::fs::read_to_string(script.with_extension("out.jsonl"))
+                .expect("the expected output exists");
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                expected,
+                "{} on {store}",
+                script.display()
+            );
+        }
+    }
+    // The runs deleted their keys.
+    assert_eq!(server.dbsize().expect("DBSIZE"), 0);
+    assert_eq!(cluster.dbsize().expect("DBSIZE"), 0);
+}
+
+#[test]
+fn an_unreachable_or_malformed_store_is_a_clear_error() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("one.jsonl");
+    std::fs::write(&script, "{\"op\": \"limit\"}\n").expect("writable");
+    let policy = ["--policy".to_string(), "gcra:rate=1/s".to_string()];
+    let with_store = |store: &str| {
+        let mut args = policy.to_vec();
+        args.extend(["--store".to_string(), store.to_string()]);
+        simulate(&args, &script)
+    };
+    let malformed = with_store("localhost:6379");
+    assert_eq!(malformed.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&malformed.stderr).contains("--store"));
+    // A port nothing listens on (a server started and stopped).
+    let mut server = paceline_testkit::RedisServer::start().expect("a private redis-server");
+    let url = server.url();
+    server.kill();
+    let unreachable = with_store(&url);
+    assert_eq!(unreachable.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(stderr.contains("cannot connect to Redis"), "{stderr}");
+    assert!(unreachable.stdout.is_empty());
+}
+
+#[test]
 fn an_invalid_line_exits_2_names_line_and_field_and_prints_no_decision() {
     let dir = tempfile::tempdir().expect("temp dir");
     let script = dir.path().join("bad.jsonl");
