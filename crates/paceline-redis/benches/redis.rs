@@ -59,7 +59,9 @@ fn main() {
         .build()
         .expect("a tokio runtime");
     let server = RedisServer::start().expect("a private redis-server");
-    let mut rows = Vec::new();
+    let mut rows = Rows(Vec::new());
+    println!("| what | tasks | decisions/s | p50 | p99 |");
+    println!("|---|---|---|---|---|");
 
     if full {
         match redis_benchmark(&server, seconds) {
@@ -115,18 +117,23 @@ fn main() {
         }
     }
 
-    println!("| what | tasks | decisions/s | p50 | p99 |");
-    println!("|---|---|---|---|---|");
-    for r in &rows {
+    assert!(
+        rows.0.iter().all(|r| r.per_second > 0.0),
+        "every cell made decisions"
+    );
+}
+
+/// The rows so far; each is printed as soon as it is measured.
+struct Rows(Vec<Row>);
+
+impl Rows {
+    fn push(&mut self, r: Row) {
         println!(
             "| {} | {} | {:.0} | {:.0} µs | {:.0} µs |",
             r.what, r.concurrency, r.per_second, r.p50_us, r.p99_us
         );
+        self.0.push(r);
     }
-    assert!(
-        rows.iter().all(|r| r.per_second > 0.0),
-        "every cell made decisions"
-    );
 }
 
 /// `concurrency` tasks making decisions on random keys through paceline for `duration`.

@@ -9,8 +9,10 @@
 -- Returns four values per decision: allowed (1 or 0), delay (µs, as a string with full
 -- precision), remaining, and reset_after (µs, as a string).
 --
--- A key holds `cmsgpack.pack(algorithm, expires_at, state)`; a record that expired or that
--- another algorithm wrote is idle to this one, as in the memory store.
+-- A key holds `cmsgpack.pack(algorithm, expires_at, state)`. As in the memory store, a
+-- record another algorithm wrote is idle to this one, and a record is idle once it expired;
+-- a `gcra` record has no expiry of its own there (it is idle once its TAT has passed), so
+-- here too its TAT decides.
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -20,40 +22,55 @@ else
 end
 local slack = tonumber(ARGV[2])
 
-local out = {}
+-- Read and check every decision before touching any key, so a malformed call changes
+-- nothing.
+local decisions = {}
 local a = 3
 for i = 1, #KEYS do
-  local key, op = KEYS[i], ARGV[a]
-  local cost = tonumber(ARGV[a + 1])
+  local d = { key = KEYS[i], op = ARGV[a], cost = tonumber(ARGV[a + 1]) }
   -- `max_wait` in µs as Rust's `duration_to_micros` computes it, and in whole µs as
   -- `Duration::as_micros` does: algorithms compare with one or the other.
-  local max_wait, max_wait_us
   local mw_secs, mw_nanos = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   if mw_secs then
-    max_wait = mw_secs * 1e6 + mw_nanos / 1000
-    max_wait_us = mw_secs * 1000000 + math.floor(mw_nanos / 1000)
+    d.max_wait = mw_secs * 1e6 + mw_nanos / 1000
+    d.max_wait_us = mw_secs * 1000000 + math.floor(mw_nanos / 1000)
   end
-  local alg = ARGV[a + 4]
+  d.alg = ARGV[a + 4]
+  d.f = PL.alg[d.alg]
+  if not d.f then
+    return redis.error_reply('paceline: unknown algorithm ' .. tostring(d.alg))
+  end
+  if d.op ~= 'pace' and d.op ~= 'limit' and d.op ~= 'peek' then
+    return redis.error_reply('paceline: unknown op ' .. tostring(d.op))
+  end
   local n = tonumber(ARGV[a + 5])
-  local p = {}
+  d.p = {}
   for j = 1, n do
-    p[j] = tonumber(ARGV[a + 5 + j])
+    d.p[j] = tonumber(ARGV[a + 5 + j])
   end
   a = a + 6 + n
-  local f = PL.alg[alg]
-  if not f then
-    return redis.error_reply('paceline: unknown algorithm ' .. tostring(alg))
-  end
+  decisions[i] = d
+end
 
+local out = {}
+for _, d in ipairs(decisions) do
+  local key, alg = d.key, d.alg
   local old_alg, old_exp, state
   local raw = redis.call('GET', key)
   if raw then
     old_alg, old_exp, state = cmsgpack.unpack(raw)
-    if old_alg ~= alg or old_exp <= now then
+    local idle
+    if old_alg == 'gcra' then
+      idle = state[1] <= now
+    else
+      idle = old_exp <= now
+    end
+    if old_alg ~= alg or idle then
       state = nil
     end
   end
-  local allowed, delay, remaining, reset_after, new_state = f(p, state, now, op, cost, max_wait, max_wait_us)
+  local allowed, delay, remaining, reset_after, new_state =
+    d.f(d.p, state, now, d.op, d.cost, d.max_wait, d.max_wait_us)
   local own = state ~= nil
   if new_state or own then
     -- As in the memory store: the key's own state never expires earlier than before; a
@@ -65,6 +82,9 @@ for i = 1, #KEYS do
     local exp = math.max(keep, PL.expiry(now, reset_after))
     if new_state == nil then
       new_state = state
+    elseif alg == 'gcra' then
+      -- The record must outlive the TAT, which decides when it is idle.
+      exp = math.max(exp, math.ceil(new_state[1]))
     end
     if new_state ~= state or exp > (old_exp or 0) then
       if exp > now then

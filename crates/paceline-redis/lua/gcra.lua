@@ -2,6 +2,8 @@
 -- Parameters: p[1] = the emission interval T (µs), p[2] = burst.
 -- State: { tat }, the theoretical arrival time in µs.
 local CELL_EPSILON = 1e-9
+-- Below a nanosecond, a delay is float residue: none (Rust's DELAY_EPSILON).
+local DELAY_EPSILON = 1e-3
 
 PL.alg.gcra = function(p, s, now, op, cost, max_wait)
   local interval, burst = p[1], p[2]
@@ -12,6 +14,9 @@ PL.alg.gcra = function(p, s, now, op, cost, max_wait)
   end
   local new_tat = tat + cost * interval
   local delay = math.max(new_tat - burst * interval - now, 0)
+  if delay < DELAY_EPSILON then
+    delay = 0
+  end
   local allowed, write
   if op == 'peek' then
     allowed = delay == 0

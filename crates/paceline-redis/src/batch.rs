@@ -5,8 +5,9 @@
 //! [`MAX_DECISIONS_PER_CALL`](crate::MAX_DECISIONS_PER_CALL), and sends them as one batch.
 //! At most [`MAX_IN_FLIGHT`] batches are in flight at once: while all are busy, new requests
 //! queue up and leave together in the next batch, so batches grow with the load by
-//! themselves. The queue is first in, first out, and a batch is applied in queue order, so
-//! the decisions are those of the same requests made one after another.
+//! themselves. The queue is first in, first out and a batch is applied in queue order;
+//! batches in flight together may reach Redis in either order, which is still an order in
+//! which the same requests, made one after another, give the same decisions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,6 +75,9 @@ async fn run(store: RedisStore, mut queue: mpsc::UnboundedReceiver<Job>, linger:
 /// Runs `jobs` in order and answers each. Consecutive jobs made at the same injected time
 /// share a call; a change of time starts a new one.
 async fn execute(store: &RedisStore, mut jobs: Vec<Job>) {
+    // A caller that gave up waiting (and got its failure policy's answer) must not have its
+    // request applied afterwards: drop it before it is sent.
+    jobs.retain(|job| !job.reply.is_closed());
     while !jobs.is_empty() {
         let now = jobs[0].now;
         let same_time = jobs.iter().take_while(|j| j.now == now).count();

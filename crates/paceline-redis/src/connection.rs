@@ -25,7 +25,9 @@ impl Target {
         let (scheme, rest) = url.split_once("://").ok_or_else(|| bad_url(url))?;
         match scheme {
             "redis" | "rediss" => {
-                if rest.is_empty() || rest.contains(',') {
+                // A password may hold any character; the hosts part may not hold a comma.
+                let hosts = rest.rsplit_once('@').map_or(rest, |(_, hosts)| hosts);
+                if hosts.is_empty() || hosts.contains(',') {
                     return Err(bad_url(url));
                 }
                 Ok(Target::Single(url.to_string()))
@@ -99,9 +101,14 @@ impl Connection {
             // may have installed one already, which is as good.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
+        // Error messages name the server, never the credentials.
         let what = match target {
-            Target::Single(url) => url.clone(),
-            Target::Cluster(nodes) => nodes.join(","),
+            Target::Single(url) => without_credentials(url),
+            Target::Cluster(nodes) => nodes
+                .iter()
+                .map(|n| without_credentials(n))
+                .collect::<Vec<_>>()
+                .join(","),
         };
         let certificates = |pem: &[u8]| redis::TlsCertificates {
             client_tls: None,
@@ -121,9 +128,20 @@ impl Connection {
                         .set_response_timeout(Some(response_timeout))
                         .set_number_of_retries(2)
                         .set_max_delay(Duration::from_secs(1));
-                    ConnectionManager::new_with_config(client, config)
-                        .await
-                        .map(Connection::Single)
+                    let mut manager = ConnectionManager::new_with_config(client, config).await?;
+                    // A cluster node behind a plain URL would answer MOVED for most keys.
+                    let info: String = redis::cmd("INFO")
+                        .arg("cluster")
+                        .query_async(&mut manager)
+                        .await?;
+                    if info.contains("cluster_enabled:1") {
+                        return Err(RedisError::from((
+                            redis::ErrorKind::Client,
+                            "this server is a Redis Cluster node",
+                            "use a redis-cluster:// URL".to_string(),
+                        )));
+                    }
+                    Ok(Connection::Single(manager))
                 }
                 Target::Cluster(nodes) => {
                     let mut builder = ClusterClient::builder(nodes.iter().map(String::as_str))
@@ -185,6 +203,14 @@ impl ConnectionLike for Connection {
     }
 }
 
+/// `url` without `user:password@`, for messages and logs.
+pub(crate) fn without_credentials(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, hosts))) => format!("{scheme}://{hosts}"),
+        _ => url.to_string(),
+    }
+}
+
 /// What kind of store failure a Redis error is.
 pub(crate) fn error_kind(e: &RedisError) -> StoreErrorKind {
     if e.is_timeout() {
@@ -194,7 +220,16 @@ pub(crate) fn error_kind(e: &RedisError) -> StoreErrorKind {
         || e.is_connection_refusal()
         || matches!(
             e.code(),
-            Some("LOADING" | "BUSY" | "MASTERDOWN" | "CLUSTERDOWN" | "TRYAGAIN")
+            Some(
+                "LOADING"
+                    | "BUSY"
+                    | "MASTERDOWN"
+                    | "CLUSTERDOWN"
+                    | "TRYAGAIN"
+                    | "READONLY"
+                    | "OOM"
+                    | "NOREPLICAS"
+            )
         )
     {
         StoreErrorKind::Unavailable
@@ -250,6 +285,12 @@ mod tests {
             Target::Cluster(vec!["redis://u:p@a:1".into(), "redis://u:p@b:2".into()])
         );
         assert!(Target::parse("rediss-cluster://a:1").unwrap().uses_tls());
+        assert_eq!(
+            Target::parse("redis://:pa,ss@h:1").unwrap(),
+            Target::Single("redis://:pa,ss@h:1".into())
+        );
+        assert_eq!(without_credentials("redis://u:p@h:1/2"), "redis://h:1/2");
+        assert_eq!(without_credentials("redis://h:1"), "redis://h:1");
         for bad in [
             "localhost:6379",
             "http://x",

@@ -1,7 +1,7 @@
 //! [`RedisStore`]: keys' state in Redis or Redis Cluster, decided by the Lua twins.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -55,12 +55,17 @@ pub struct Request<'a> {
 ///   active keys. In a cluster, keys spread over slots by the caller's key; a hash tag in it
 ///   (`"{tenant42}:upload"`) pins related keys to one slot.
 /// * **Failures** follow the [`FailurePolicy`] chosen when the store is built. A failure is
-///   never reported as a rejection, and no call waits longer than the
-///   [`response timeout`](RedisStoreBuilder::response_timeout). After a failure, calls skip
-///   Redis for the [`failure backoff`](RedisStoreBuilder::failure_backoff) (answering by the
-///   failure policy at once), then try it again. A call that timed out had been sent: a
-///   slow or frozen Redis may still apply it later, so its reservation may count although
-///   the caller saw a failure (never the reverse: nothing admitted is lost).
+///   never reported as a rejection, and a call waits for Redis at most the
+///   [`response timeout`](RedisStoreBuilder::response_timeout) (with auto-batching, a
+///   queued call may also wait for a batch ahead of it: at most twice the timeout plus the
+///   linger). After a failure, calls for the keys of the failed node (every key on a single
+///   server, the slot in a cluster) skip Redis for the
+///   [`failure backoff`](RedisStoreBuilder::failure_backoff), answering by the failure
+///   policy at once, then try it again. A call that timed out after its command was sent
+///   may still be applied by a slow or frozen Redis later, so its reservation may count
+///   although the caller saw a failure (never the reverse: nothing admitted is lost).
+/// * **Requirements**: Redis 5 or newer (tested with 7.0). The store belongs to the tokio
+///   runtime it was connected in: its connection (and batching) tasks run there.
 ///
 /// ```no_run
 /// use paceline::Limiter;
@@ -95,8 +100,12 @@ struct Inner {
     /// The stand-in for [`FailurePolicy::Local`].
     local: Option<MemoryStore>,
     failure_backoff: Duration,
-    /// Microseconds after `started` before which Redis is not tried again.
-    down_until: AtomicU64,
+    /// Per node group (one for a single server, one per hash slot in a cluster): microseconds
+    /// after `started` before which Redis is not tried again for those keys.
+    down_until: Box<[AtomicU64]>,
+    /// True from a failure until Redis answers again; the `local` stand-in starts afresh
+    /// at each new outage.
+    outage: AtomicBool,
     /// The failure that started the current backoff, quoted by calls that skip Redis.
     last_failure: Mutex<Option<StoreError>>,
     started: Instant,
@@ -204,21 +213,16 @@ impl RedisStore {
                 Err(e) => results[i] = Some(Err(e.into())),
             }
         }
-        if self.in_backoff() {
-            for &i in &valid {
-                results[i] = Some(self.fall_back(self.backoff_error(), &requests[i]));
-            }
-            return collect(results);
+        // Keys whose node failed moments ago are answered by the failure policy at once.
+        let (waiting, to_send): (Vec<usize>, Vec<usize>) = valid
+            .into_iter()
+            .partition(|&i| self.in_backoff(self.group_of(requests[i].key)));
+        for i in waiting {
+            results[i] = Some(self.fall_back(self.backoff_error(), &requests[i]));
         }
-        let batch: Vec<&Request> = valid.iter().map(|&i| &requests[i]).collect();
-        for (&i, outcome) in valid.iter().zip(self.run_valid(&batch, now).await) {
-            results[i] = Some(match outcome {
-                Ok(d) => Ok(d),
-                Err(e) => {
-                    self.mark_down(&e);
-                    self.fall_back(e, &requests[i])
-                }
-            });
+        let batch: Vec<&Request> = to_send.iter().map(|&i| &requests[i]).collect();
+        for (&i, outcome) in to_send.iter().zip(self.run_valid(&batch, now).await) {
+            results[i] = Some(self.settle(outcome, &requests[i]));
         }
         collect(results)
     }
@@ -306,7 +310,11 @@ impl RedisStore {
         }
         // The batch call itself is bounded by the response timeout; the linger and a queue
         // ahead of it come on top, bounded here.
-        let limit = self.inner.response_timeout * 2 + self.inner.linger;
+        let limit = self
+            .inner
+            .response_timeout
+            .saturating_mul(2)
+            .saturating_add(self.inner.linger);
         match tokio::time::timeout(limit, answer).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(_)) => Err(StoreError::new(
@@ -402,11 +410,43 @@ impl RedisStore {
         u64::try_from(self.inner.started.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
-    fn in_backoff(&self) -> bool {
-        self.elapsed_us() < self.inner.down_until.load(Ordering::Relaxed)
+    /// The backoff group of `key`: its hash slot in a cluster, 0 on a single server.
+    fn group_of(&self, key: &str) -> usize {
+        if self.is_cluster() {
+            usize::from(slot(self.redis_key(key).as_bytes()))
+        } else {
+            0
+        }
     }
 
-    fn mark_down(&self, error: &StoreError) {
+    fn in_backoff(&self, group: usize) -> bool {
+        self.inner
+            .down_until
+            .get(group)
+            .is_some_and(|until| self.elapsed_us() < until.load(Ordering::Relaxed))
+    }
+
+    /// A request's outcome from Redis: the decision, or the failure policy's answer.
+    fn settle(
+        &self,
+        outcome: Result<Decision, StoreError>,
+        request: &Request<'_>,
+    ) -> Result<Decision, Error> {
+        match outcome {
+            Ok(decision) => {
+                if self.inner.outage.load(Ordering::Relaxed) {
+                    self.inner.outage.store(false, Ordering::Relaxed);
+                }
+                Ok(decision)
+            }
+            Err(e) => {
+                self.mark_down(self.group_of(request.key), &e);
+                self.fall_back(e, request)
+            }
+        }
+    }
+
+    fn mark_down(&self, group: usize, error: &StoreError) {
         // A script or reply error is not an outage: retrying at once is right.
         if !matches!(
             error.kind(),
@@ -414,15 +454,22 @@ impl RedisStore {
         ) {
             return;
         }
+        if !self.inner.outage.swap(true, Ordering::Relaxed) {
+            // A new outage: the stand-in starts from idle keys, as documented, rather than
+            // from what it saw during an earlier one.
+            if let Some(local) = &self.inner.local {
+                local.clear();
+            }
+        }
         *self
             .inner
             .last_failure
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(error.clone());
         let backoff = u64::try_from(self.inner.failure_backoff.as_micros()).unwrap_or(u64::MAX);
-        self.inner
-            .down_until
-            .store(self.elapsed_us().saturating_add(backoff), Ordering::Relaxed);
+        if let Some(until) = self.inner.down_until.get(group) {
+            until.store(self.elapsed_us().saturating_add(backoff), Ordering::Relaxed);
+        }
     }
 
     fn backoff_error(&self) -> StoreError {
@@ -490,16 +537,19 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long any call may wait for Redis, reconnecting included (default 500 ms). Past
-    /// it, the call fails with a [`StoreErrorKind::Timeout`] handled by the failure policy.
+    /// How long a call may wait for Redis's answer, reconnecting included (default 500 ms).
+    /// Past it, the call fails with a [`StoreErrorKind::Timeout`] handled by the failure
+    /// policy. [`decide_batch`](RedisStore::decide_batch) sends more than
+    /// [`MAX_DECISIONS_PER_CALL`] requests for one node as several calls, each with this
+    /// timeout.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
     /// With an injected [`clock`](Self::clock): the real time a key outlives its
-    /// `reset_after` in Redis (default 60 s), so a slow run never loses state its virtual
-    /// time still needs.
+    /// `reset_after` in Redis (default 60 s), so a run whose virtual time moves slower than
+    /// real time keeps the state it still needs (for up to this long).
     pub fn ttl_slack(mut self, slack: Duration) -> Self {
         self.ttl_slack = slack;
         self
@@ -586,6 +636,7 @@ impl RedisStoreBuilder {
         } else {
             0
         };
+        let groups = if connection.is_cluster() { 16384 } else { 1 };
         let mut store = RedisStore {
             queue: None,
             inner: Arc::new(Inner {
@@ -597,7 +648,8 @@ impl RedisStoreBuilder {
                 failure: self.failure,
                 local,
                 failure_backoff: self.failure_backoff,
-                down_until: AtomicU64::new(0),
+                down_until: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+                outage: AtomicBool::new(false),
                 last_failure: Mutex::new(None),
                 started: Instant::now(),
                 linger: self.auto_batch.unwrap_or_default(),
@@ -626,7 +678,7 @@ impl Store for RedisStore {
         };
         policy.check_cost(op, cost)?;
         let now = self.now()?;
-        if self.in_backoff() {
+        if self.in_backoff(self.group_of(key)) {
             return self.fall_back(self.backoff_error(), &request);
         }
         let outcome = match &self.queue {
@@ -637,13 +689,7 @@ impl Store for RedisStore {
                 })
             }),
         };
-        match outcome {
-            Ok(decision) => Ok(decision),
-            Err(e) => {
-                self.mark_down(&e);
-                self.fall_back(e, &request)
-            }
-        }
+        self.settle(outcome, &request)
     }
 
     /// Deletes the key. A store failure is returned whatever the failure policy (with

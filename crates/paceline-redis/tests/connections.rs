@@ -75,6 +75,10 @@ async fn password_and_acl_users() {
         .expect("a wrong password fails");
     let message = wrong.to_string();
     assert!(message.contains("cannot connect to Redis"), "{message}");
+    assert!(
+        !message.contains("nope"),
+        "a password leaked into: {message}"
+    );
 
     // An ACL user (AUTH user password), created with the admin password.
     let acl = std::process::Command::new("redis-cli")
@@ -123,4 +127,21 @@ async fn bad_urls_and_unreachable_servers_are_clear_errors() {
         .err()
         .expect("rejected");
     assert!(matches!(bad_prefix, Error::Input(e) if e.field() == "prefix"));
+}
+
+#[tokio::test]
+async fn a_cluster_node_behind_a_plain_url_is_refused_with_advice() {
+    let cluster = paceline_testkit::RedisCluster::start_with(1).expect("a 1-node cluster");
+    let node = &cluster.nodes()[0];
+    let message = connect(&node.url())
+        .await
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(message.contains("redis-cluster://"), "{message}");
+    let store = connect(&cluster.url())
+        .await
+        .expect("the cluster URL works");
+    assert!(store.is_cluster());
+    assert!(decides(store, "cluster").await);
 }

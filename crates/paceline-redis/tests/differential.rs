@@ -7,9 +7,9 @@
 //! natural period, or exactly the last decision's delay, landing on the boundaries the
 //! algorithms compute) and requests (`pace`, `pace` with `max_wait`, `limit`, `peek`,
 //! `reset`, costs from 1 to a few). The same script runs against the memory store, a Redis
-//! server and a Redis Cluster, all reading one injected clock. Decisions must agree:
-//! `allowed`, `remaining` and `limit` exactly, `delay` and `reset_after` within one
-//! microsecond; input errors must name the same field.
+//! server and a Redis Cluster, all reading one injected clock. Decisions must be identical
+//! (the contract allows 1 µs on `delay` and `reset_after`; the twins do better); input errors
+//! must name the same field.
 //!
 //! `PROPTEST_CASES` sets the number of cases per algorithm (default 96).
 
@@ -67,7 +67,13 @@ fn case(algorithm: impl Strategy<Value = String>, period_us: u64) -> impl Strate
             specs.extend(foreign);
             specs
         });
-    (specs, 0..1_000_000_000u64).prop_flat_map(move |(specs, offset)| {
+    // Realistic times (2023, where f64 µs are quantised to 0.25 µs) and times near the
+    // epoch, as `simulate` uses (where sub-µs float residue survives).
+    let start = prop_oneof![
+        (0..1_000_000_000u64).prop_map(|offset| EPOCH_2023 + offset),
+        0..1_000_000_000u64,
+    ];
+    (specs, start).prop_flat_map(move |(specs, start)| {
         let n = specs.len();
         let step = prop_oneof![
             3 => Just(Step::Sleep(0)),
@@ -80,7 +86,7 @@ fn case(algorithm: impl Strategy<Value = String>, period_us: u64) -> impl Strate
         ];
         prop::collection::vec(step, 1..40).prop_map(move |steps| Case {
             specs: specs.clone(),
-            start: EPOCH_2023 + offset,
+            start,
             steps,
         })
     })
@@ -391,11 +397,13 @@ async fn join_in_order<F: std::future::Future>(futures: impl Iterator<Item = F>)
 
 use paceline::Clock as _;
 
-/// Equal decisions (times within 1 µs), or errors naming the same field.
+/// Identical decisions, or errors naming the same field.
 fn same(a: &Result<Decision, Error>, b: &Result<Decision, Error>) -> Result<(), String> {
     match (a, b) {
         (Ok(a), Ok(b)) => {
-            let close = |x: Duration, y: Duration| x.abs_diff(y) <= Duration::from_micros(1);
+            // The twins repeat the Rust float operations in order: the times are identical,
+            // not merely within the 1 µs the contract allows.
+            let close = |x: Duration, y: Duration| x == y;
             if a.allowed != b.allowed
                 || a.remaining != b.remaining
                 || a.limit != b.limit

@@ -142,6 +142,58 @@ async fn local_enforces_the_policy_in_process_until_redis_is_back() {
         (2, None),
         "back on Redis's (fresh) state"
     );
+
+    // A second outage starts the stand-in from idle keys again, not from the first
+    // outage's counts (the 1-hour window would otherwise still be full).
+    server.kill();
+    let d = bounded(limiter.limit("k", 1))
+        .await
+        .expect("local never errs");
+    assert_eq!((d.allowed, d.fallback), (true, Some(Fallback::Local)));
+    assert_eq!(d.remaining, 1);
+}
+
+#[tokio::test]
+async fn in_a_cluster_only_the_failed_node_s_keys_fall_back() {
+    let mut cluster = paceline_testkit::RedisCluster::start().expect("a 3-primary cluster");
+    let store = RedisStore::builder(cluster.url(), FailurePolicy::FailOpen)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .connect_timeout(RESPONSE_TIMEOUT)
+        .failure_backoff(Duration::from_secs(3600))
+        .connect()
+        .await
+        .expect("connect to the cluster");
+    let limiter = limiter(store);
+    // Keys spread over the three nodes.
+    let keys: Vec<String> = (0..60).map(|i| format!("key{i}")).collect();
+    for key in &keys {
+        let d = limiter.limit(key, 1).await.expect("the cluster is up");
+        assert_eq!(d.fallback, None);
+    }
+    cluster.kill_node(0);
+    let mut fell_back = 0;
+    let mut answered = 0;
+    for key in &keys {
+        let d = bounded(limiter.limit(key, 1))
+            .await
+            .expect("fail_open never errs");
+        match d.fallback {
+            Some(Fallback::FailOpen) => fell_back += 1,
+            None => {
+                answered += 1;
+                assert_eq!(
+                    d.remaining, 0,
+                    "{key}: the healthy nodes still hold the state"
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(fell_back > 0, "the dead node's keys fall back");
+    assert!(
+        answered > 0,
+        "the other nodes' keys are still decided by Redis"
+    );
 }
 
 #[tokio::test]

@@ -116,12 +116,19 @@ impl RedisServer {
                     )));
                 }
             }
-            // A server with a password answers NOAUTH: it is up all the same.
+            // A server with a password answers NOAUTH: it is up all the same. Another
+            // process's server on the port would not be ours: the child must still run.
             if self
                 .command(&["PING"])
                 .is_ok_and(|reply| reply == "+PONG" || reply.starts_with("-NOAUTH"))
             {
-                return Ok(());
+                let ours = match self.child.as_mut() {
+                    Some(child) => child.try_wait()?.is_none(),
+                    None => false,
+                };
+                if ours {
+                    return Ok(());
+                }
             }
             if Instant::now() > deadline {
                 self.kill();
@@ -350,7 +357,7 @@ impl RedisCluster {
         RedisCluster::start_with(3)
     }
 
-    /// A cluster of `primaries` nodes (1 to 10).
+    /// A cluster of `primaries` nodes (1 or more; the slots are split evenly).
     pub fn start_with(primaries: usize) -> io::Result<RedisCluster> {
         let mut nodes = Vec::with_capacity(primaries);
         for _ in 0..primaries {
@@ -363,30 +370,55 @@ impl RedisCluster {
                 "2000",
             ])?);
         }
-        let mut create = Command::new(cli_binary());
-        create.args(["--cluster", "create"]);
-        for node in &nodes {
-            create.arg(node.addr());
-        }
-        let output = create
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!(
-                        "cannot run `{}` ({e}); install it (`apt-get install -y redis-tools`) \
-                         or set PACELINE_REDIS_CLI",
-                        cli_binary()
-                    ),
-                )
-            })?;
-        if !output.status.success() {
-            return Err(io::Error::other(format!(
-                "redis-cli --cluster create failed: {}",
-                String::from_utf8_lossy(&output.stdout)
-            )));
+        if primaries >= 3 {
+            let mut create = Command::new(cli_binary());
+            create.args(["--cluster", "create"]);
+            for node in &nodes {
+                create.arg(node.addr());
+            }
+            let output = create
+                .args(["--cluster-replicas", "0", "--cluster-yes"])
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| {
+                    io::Error::new(
+                        e.kind(),
+                        format!(
+                            "cannot run `{}` ({e}); install it (`apt-get install -y redis-tools`) \
+                             or set PACELINE_REDIS_CLI",
+                            cli_binary()
+                        ),
+                    )
+                })?;
+            if !output.status.success() {
+                return Err(io::Error::other(format!(
+                    "redis-cli --cluster create failed: {}",
+                    String::from_utf8_lossy(&output.stdout)
+                )));
+            }
+        } else {
+            // `redis-cli --cluster create` wants 3 primaries: split the slots by hand.
+            let share = 16384 / primaries;
+            for (i, node) in nodes.iter().enumerate() {
+                let first = i * share;
+                let last = if i + 1 == primaries {
+                    16383
+                } else {
+                    first + share - 1
+                };
+                let reply = node.command(&[
+                    "CLUSTER",
+                    "ADDSLOTSRANGE",
+                    &first.to_string(),
+                    &last.to_string(),
+                ])?;
+                if reply != "+OK" {
+                    return Err(io::Error::other(format!("CLUSTER ADDSLOTSRANGE: {reply}")));
+                }
+                if i > 0 {
+                    node.command(&["CLUSTER", "MEET", "127.0.0.1", &nodes[0].port.to_string()])?;
+                }
+            }
         }
         let cluster = RedisCluster { nodes };
         let deadline = Instant::now() + STARTUP_DEADLINE;
@@ -429,6 +461,13 @@ impl RedisCluster {
     /// The nodes.
     pub fn nodes(&self) -> &[RedisServer] {
         &self.nodes
+    }
+
+    /// Kills node `index` (SIGKILL): its slots become unreachable (there are no replicas).
+    pub fn kill_node(&mut self, index: usize) {
+        if let Some(node) = self.nodes.get_mut(index) {
+            node.kill();
+        }
     }
 
     /// Total keys over all nodes.
@@ -475,14 +514,19 @@ fn start_shared<T: Send + Sync + 'static>(
 }
 
 /// A port that is free on 127.0.0.1, as is its cluster bus port (+10000).
+///
+/// Both lie below Linux's ephemeral range (32768 and up), so a client socket's local port
+/// never takes a port a test server will need again after a restart.
 fn free_port() -> io::Result<u16> {
-    // Walk a range far from common services, starting at a per-process offset so parallel
-    // test binaries rarely collide; the bind check settles it.
+    const LOW: u16 = 12_000;
+    const SPAN: u16 = 10_000; // ports 12000..22000, bus ports 22000..32000
+                              // Start at a per-process offset so parallel test binaries rarely collide; the bind
+                              // check settles it.
     static NEXT: AtomicU16 = AtomicU16::new(0);
-    let base = 20_000 + (std::process::id() % 1_000) as u16 * 20;
-    for _ in 0..2_000 {
-        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % 25_000;
-        let port = 20_000 + (base - 20_000 + offset) % 25_000;
+    let base = (std::process::id() % 500) as u16 * 20;
+    for _ in 0..SPAN {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = LOW + (base.wrapping_add(offset)) % SPAN;
         if TcpListener::bind(("127.0.0.1", port)).is_ok()
             && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok()
         {

@@ -37,6 +37,11 @@ use crate::{Decision, InputError, Op, Rate};
 /// Tolerance for float rounding when counting whole cells, far below one cell.
 const CELL_EPSILON: f64 = 1e-9;
 
+/// A delay below a nanosecond (the resolution of a [`Decision`]) is float residue of adding
+/// intervals, not a wait: it counts as none. Without this, a key whose TAT sits a fraction
+/// of a nanosecond past `now` would reject with a retry-after of zero.
+const DELAY_EPSILON: f64 = 1e-3;
+
 /// The `gcra` policy: `rate` and `burst`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gcra {
@@ -186,7 +191,10 @@ impl Gcra {
         let interval = self.interval;
         let tat = stored_tat.map_or(now, |t| t.max(now));
         let new_tat = tat + cost as f64 * interval;
-        let delay = (new_tat - self.burst as f64 * interval - now).max(0.0);
+        let mut delay = (new_tat - self.burst as f64 * interval - now).max(0.0);
+        if delay < DELAY_EPSILON {
+            delay = 0.0;
+        }
         let (allowed, delay, write) = match op {
             Op::Peek => (delay == 0.0, delay, None),
             Op::Limit if delay == 0.0 => (true, delay, Some(new_tat)),
@@ -266,6 +274,19 @@ mod tests {
         assert!(ok.allowed);
         assert_eq!(ok.remaining, 0);
         assert_eq!(ok.reset_after, Duration::from_millis(300));
+    }
+
+    #[test]
+    fn sub_nanosecond_float_residue_is_no_wait() {
+        // 12 intervals of 1/3 s add up to a hair over 4 s in f64.
+        let p = policy("gcra:rate=3/s");
+        let mut s = None;
+        for _ in 0..12 {
+            p.apply(&mut s, 0, Op::pace(), 1).unwrap();
+        }
+        let d = p.apply(&mut s, 4_000_000, Op::Limit, 1).unwrap();
+        assert!(d.allowed, "{d:?}");
+        assert_eq!(d.delay, Duration::ZERO);
     }
 
     #[test]

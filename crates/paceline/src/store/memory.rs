@@ -272,6 +272,29 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Drops every key now, idle or not: every key starts afresh.
+    ///
+    /// ```
+    /// use paceline::{MemoryStore, Limiter};
+    /// use std::sync::Arc;
+    /// let store = Arc::new(MemoryStore::new());
+    /// let limiter = Limiter::with_store("gcra:rate=1/h".parse()?, Arc::clone(&store));
+    /// assert!(limiter.limit_sync("k", 1)?.allowed);
+    /// assert!(!limiter.limit_sync("k", 1)?.allowed);
+    /// store.clear();
+    /// assert!(store.is_empty());
+    /// assert!(limiter.limit_sync("k", 1)?.allowed);
+    /// # Ok::<(), paceline::Error>(())
+    /// ```
+    pub fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut inner = shard.write();
+            let dropped = inner.table.len();
+            inner.table.clear();
+            self.keys.fetch_sub(dropped, Ordering::Relaxed);
+        }
+    }
+
     /// Drops every idle key now; returns how many were dropped.
     pub fn purge_idle(&self) -> usize {
         let now = self.clock.now_micros();
