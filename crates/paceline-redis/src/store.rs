@@ -249,7 +249,7 @@ impl RedisStore {
             .values()
             .map(|indices| indices.chunks(MAX_DECISIONS_PER_CALL).collect())
             .collect();
-        let outcomes = join_all(calls.iter().map(|chunks| async move {
+        let outcomes = futures_util::future::join_all(calls.iter().map(|chunks| async move {
             let mut outcomes = Vec::with_capacity(chunks.len());
             for chunk in chunks {
                 let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
@@ -724,31 +724,4 @@ fn collect(results: Vec<Option<Result<Decision, Error>>>) -> Vec<Result<Decision
             })
         })
         .collect()
-}
-
-/// Runs futures concurrently on the current task, keeping their order.
-async fn join_all<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for f in futures {
-        set.push(Box::pin(f));
-    }
-    let mut outputs: Vec<Option<F::Output>> = set.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, out) in set.iter_mut().zip(outputs.iter_mut()) {
-            if out.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *out = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }

@@ -335,7 +335,8 @@ impl Stores {
                     .iter()
                     .zip(&auto_keys)
                     .map(|(e, k)| store.decide(&policies[e.policy], k, e.op, e.cost));
-                let got = join_in_order(calls).await;
+                // `join_all` polls them in order on this task, so they enqueue in this order.
+                let got = futures_util::future::join_all(calls).await;
                 compare(name, "auto-batching", &segment, got)?;
             }
         }
@@ -369,30 +370,6 @@ fn compare(
         }
     }
     Ok(())
-}
-
-/// Polls every future in order on this task until all are done, so they enqueue in order.
-async fn join_in_order<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
-    let mut futures: Vec<_> = futures.map(Box::pin).collect();
-    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, out) in futures.iter_mut().zip(outputs.iter_mut()) {
-            if out.is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => *out = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    outputs.into_iter().flatten().collect()
 }
 
 use paceline::Clock as _;
