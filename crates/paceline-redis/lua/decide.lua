@@ -3,8 +3,10 @@
 -- KEYS[i]   the i-th decision's Redis key.
 -- ARGV[1]   now in µs since the Unix epoch, or '' to read the server's TIME.
 -- ARGV[2]   milliseconds added to every key's time-to-live (0 when time is the server's).
--- then per decision: op, cost, max_wait as whole seconds and the nanoseconds beyond them
--- ('' and '' for none), algorithm, the number of parameters n, and the n parameters.
+-- ARGV[3]   the number of distinct policies m, then m times: algorithm, the number of
+--           parameters n, and the n parameters.
+-- then per decision, five values: its policy's number (1 to m), op, cost, and max_wait as
+-- whole seconds and the nanoseconds beyond them ('' and '' for none).
 --
 -- Returns four values per decision: allowed (1 or 0), delay (µs, as a string with full
 -- precision), remaining, and reset_after (µs, as a string).
@@ -22,39 +24,51 @@ else
 end
 local slack = tonumber(ARGV[2])
 
--- Read and check every decision before touching any key, so a malformed call changes
--- nothing.
-local decisions = {}
-local a = 3
-for i = 1, #KEYS do
-  local d = { key = KEYS[i], op = ARGV[a], cost = tonumber(ARGV[a + 1]) }
-  -- `max_wait` in µs as Rust's `duration_to_micros` computes it, and in whole µs as
-  -- `Duration::as_micros` does: algorithms compare with one or the other.
-  local mw_secs, mw_nanos = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  if mw_secs then
-    d.max_wait = mw_secs * 1e6 + mw_nanos / 1000
-    d.max_wait_us = mw_secs * 1000000 + math.floor(mw_nanos / 1000)
+-- Read and check every policy and decision before touching any key, so a malformed call
+-- changes nothing.
+local policies = {}
+local a = 4
+for i = 1, tonumber(ARGV[3]) do
+  local alg = ARGV[a]
+  local f = PL.alg[alg]
+  if not f then
+    return redis.error_reply('paceline: unknown algorithm ' .. tostring(alg))
   end
-  d.alg = ARGV[a + 4]
-  d.f = PL.alg[d.alg]
-  if not d.f then
-    return redis.error_reply('paceline: unknown algorithm ' .. tostring(d.alg))
-  end
-  if d.op ~= 'pace' and d.op ~= 'limit' and d.op ~= 'peek' then
-    return redis.error_reply('paceline: unknown op ' .. tostring(d.op))
-  end
-  local n = tonumber(ARGV[a + 5])
-  d.p = {}
+  local n = tonumber(ARGV[a + 1])
+  local p = {}
   for j = 1, n do
-    d.p[j] = tonumber(ARGV[a + 5 + j])
+    p[j] = tonumber(ARGV[a + 1 + j])
   end
-  a = a + 6 + n
-  decisions[i] = d
+  policies[i] = { alg = alg, f = f, p = p }
+  a = a + 2 + n
+end
+local first = a
+for i = 1, #KEYS do
+  local b = first + (i - 1) * 5
+  local op = ARGV[b + 1]
+  if not policies[tonumber(ARGV[b])] then
+    return redis.error_reply('paceline: no policy ' .. tostring(ARGV[b]))
+  end
+  if op ~= 'pace' and op ~= 'limit' and op ~= 'peek' then
+    return redis.error_reply('paceline: unknown op ' .. tostring(op))
+  end
 end
 
 local out = {}
-for _, d in ipairs(decisions) do
-  local key, alg = d.key, d.alg
+for i = 1, #KEYS do
+  local b = first + (i - 1) * 5
+  local key = KEYS[i]
+  local policy = policies[tonumber(ARGV[b])]
+  local alg = policy.alg
+  local op, cost = ARGV[b + 1], tonumber(ARGV[b + 2])
+  -- `max_wait` in µs as Rust's `duration_to_micros` computes it, and in whole µs as
+  -- `Duration::as_micros` does: algorithms compare with one or the other.
+  local max_wait, max_wait_us
+  local mw_secs, mw_nanos = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
+  if mw_secs then
+    max_wait = mw_secs * 1e6 + mw_nanos / 1000
+    max_wait_us = mw_secs * 1000000 + math.floor(mw_nanos / 1000)
+  end
   local old_alg, old_exp, state
   local raw = redis.call('GET', key)
   if raw then
@@ -70,7 +84,7 @@ for _, d in ipairs(decisions) do
     end
   end
   local allowed, delay, remaining, reset_after, new_state =
-    d.f(d.p, state, now, d.op, d.cost, d.max_wait, d.max_wait_us)
+    policy.f(policy.p, state, now, op, cost, max_wait, max_wait_us)
   local own = state ~= nil
   if new_state or own then
     -- As in the memory store: the key's own state never expires earlier than before; a

@@ -29,8 +29,12 @@ function PL.retry_after_max_wait(delay, max_wait)
 end
 
 -- Rust's `f64::max` for numbers that are never NaN.
-PL.max = math.max
-PL.min = math.min
+function PL.max(a, b)
+  return math.max(a, b)
+end
+function PL.min(a, b)
+  return math.min(a, b)
+end
 
 -- Microseconds, rounded to the nearest nanosecond then up to the next whole microsecond,
 -- as the memory store turns a `reset_after` into an expiry time.

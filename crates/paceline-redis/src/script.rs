@@ -21,9 +21,33 @@ const SOURCES: &[&str] = &[
     include_str!("../lua/decide.lua"),
 ];
 
-/// The decision script (see `lua/decide.lua` for its arguments and reply).
+/// The decision script (see `lua/decide.lua` for its arguments and reply), for `EVALSHA`.
 pub(crate) static DECIDE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&SOURCES.join("\n")));
+
+/// The same code as a Redis function library (Redis 7+), preferred where the server has
+/// functions: a library's definitions run once at load, not at every call as a script's
+/// do, which makes each decision cheaper for the server.
+pub(crate) struct Library {
+    /// The function to `FCALL`, with the same arguments and reply as the script.
+    pub(crate) function: String,
+    /// The library's source for `FUNCTION LOAD`.
+    pub(crate) code: String,
+}
+
+pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    // The name carries the code's hash, so different versions of paceline sharing a server
+    // each find their own library.
+    let hash = &DECIDE.get_hash()[..16];
+    let (entry, library) = SOURCES.split_last().unwrap_or((&"", &[]));
+    let function = format!("paceline_decide_{hash}");
+    let code = format!(
+        "#!lua name=paceline_{hash}\n{}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n\
+         redis.register_function('{function}', decide)\n",
+        library.join("\n")
+    );
+    Library { function, code }
+});
 
 /// Values the script returns per decision.
 const REPLY_WIDTH: usize = 4;

@@ -10,13 +10,13 @@ use paceline::{
     Clock, Decision, Error, Fallback, InputError, MemoryStore, Op, Policy, Sleep, Store,
     StoreError, StoreErrorKind, SyncStore,
 };
-use redis::Value;
+use redis::{RedisResult, Value};
 
 use crate::args::push_policy;
 use crate::batch::{self, Job, Queue};
 use crate::connection::{error_kind, slot, Connection, Target};
 use crate::failure::FailurePolicy;
-use crate::script::{parse_reply, DECIDE};
+use crate::script::{parse_reply, DECIDE, LIBRARY};
 
 /// The format version in every key: a change of the stored layout changes it, so an old
 /// layout is never misread.
@@ -45,9 +45,12 @@ pub struct Request<'a> {
 /// A [`Store`] in Redis or Redis Cluster: any number of processes on any number of machines
 /// share one limit, with the same decisions as the in-memory store.
 ///
-/// * **One round trip per decision**: each decision is one `EVALSHA` of paceline's Lua
-///   library (the twin of the Rust algorithm, held equal to it by differential tests), on one
-///   key, atomically. Many decisions can share one call: [`decide_batch`](Self::decide_batch).
+/// * **One round trip per decision**: each decision is one call of paceline's Lua library
+///   (the twin of the Rust algorithm, held equal to it by differential tests), on one key,
+///   atomically: `FCALL` of a Redis function where the server has functions (Redis 7+;
+///   loaded at connect and again whenever a server lacks it), else `EVALSHA` of the same code
+///   as a script (reloaded after `NOSCRIPT`). Many decisions can share one call:
+///   [`decide_batch`](Self::decide_batch).
 /// * **Time** comes from the Redis server's `TIME` (client clocks may be skewed), unless a
 ///   [`clock`](RedisStoreBuilder::clock) is injected for simulation and tests.
 /// * **Keys** are `PREFIX:v1:KEY` (prefix `paceline` by default). State is stored exactly
@@ -111,6 +114,9 @@ struct Inner {
     started: Instant,
     /// The auto-batching linger (zero when off).
     linger: Duration,
+    /// True when the server runs paceline's Lua as a Redis function (`FCALL`, Redis 7+);
+    /// false: as a script (`EVALSHA`).
+    functions: bool,
 }
 
 /// Configures and connects a [`RedisStore`].
@@ -126,6 +132,7 @@ pub struct RedisStoreBuilder {
     failure_backoff: Duration,
     auto_batch: Option<Duration>,
     root_certificate: Option<Vec<u8>>,
+    scripts_only: bool,
 }
 
 impl RedisStore {
@@ -146,12 +153,20 @@ impl RedisStore {
             failure_backoff: Duration::from_millis(500),
             auto_batch: None,
             root_certificate: None,
+            scripts_only: false,
         }
     }
 
     /// The failure policy chosen for this store.
     pub fn failure_policy(&self) -> FailurePolicy {
         self.inner.failure
+    }
+
+    /// True when the server runs paceline's Lua as a Redis function (`FCALL`; Redis 7 or
+    /// newer, with permission to `FUNCTION LOAD`), false when it runs it as a script
+    /// (`EVALSHA`). The decisions are the same; functions cost the server less per call.
+    pub fn runs_as_functions(&self) -> bool {
+        self.inner.functions
     }
 
     /// True when connected to a Redis Cluster.
@@ -351,34 +366,60 @@ impl RedisStore {
         batch: &[&Request<'_>],
         now: Option<u64>,
     ) -> Result<Vec<Decision>, StoreError> {
-        let mut invocation = DECIDE.prepare_invoke();
-        invocation
-            .arg(now.map(|n| n.to_string()).unwrap_or_default())
-            .arg(self.inner.ttl_slack_ms);
-        let mut args = Vec::with_capacity(batch.len() * 8);
+        // Each distinct policy is sent once; decisions refer to it by number.
+        let mut policies: Vec<&Policy> = Vec::new();
+        let mut numbers = Vec::with_capacity(batch.len());
         for r in batch {
-            invocation.key(self.redis_key(r.key));
-            args.push(r.op.name().to_string());
-            args.push(r.cost.to_string());
+            let known = policies
+                .iter()
+                .rposition(|p| std::ptr::eq(*p, r.policy) || *p == r.policy);
+            numbers.push(match known {
+                Some(i) => i + 1,
+                None => {
+                    policies.push(r.policy);
+                    policies.len()
+                }
+            });
+        }
+        let mut policy_args = Vec::with_capacity(policies.len() * 6);
+        for policy in &policies {
+            push_policy(policy, &mut policy_args);
+        }
+        // The arguments go straight into the command (see `lua/decide.lua` for the layout).
+        let mut call = if self.inner.functions {
+            let mut call = redis::cmd("FCALL");
+            call.arg(&LIBRARY.function);
+            call
+        } else {
+            let mut call = redis::cmd("EVALSHA");
+            call.arg(DECIDE.get_hash());
+            call
+        };
+        call.arg(batch.len());
+        for r in batch {
+            call.arg(self.redis_key(r.key));
+        }
+        match now {
+            Some(now) => call.arg(now),
+            None => call.arg(""),
+        };
+        call.arg(self.inner.ttl_slack_ms)
+            .arg(policies.len())
+            .arg(&policy_args);
+        for (r, number) in batch.iter().zip(numbers) {
+            call.arg(number).arg(r.op.name()).arg(r.cost);
             // Seconds and nanoseconds, exact: the script derives both the fractional and the
             // whole microseconds the Rust algorithms compare with.
             match r.op {
                 Op::Pace {
                     max_wait: Some(max),
-                } => {
-                    args.push(max.as_secs().to_string());
-                    args.push(max.subsec_nanos().to_string());
-                }
-                _ => args.extend([String::new(), String::new()]),
-            }
-            push_policy(r.policy, &mut args);
-        }
-        for arg in &args {
-            invocation.arg(arg);
+                } => call.arg(max.as_secs()).arg(max.subsec_nanos()),
+                _ => call.arg("").arg(""),
+            };
         }
         let mut connection = self.inner.connection.clone();
-        let reply: Value = self
-            .bounded(invocation.invoke_async(&mut connection), "a decision")
+        let reply = self
+            .bounded(run_decide(&mut connection, &call), "a decision")
             .await?;
         let policies: Vec<&Policy> = batch.iter().map(|r| r.policy).collect();
         parse_reply(reply, &policies)
@@ -581,6 +622,14 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Runs paceline's Lua as a script (`EVALSHA`) even where the server has functions, e.g.
+    /// where operators do not want libraries loaded into Redis. Same decisions; each call
+    /// costs the server more.
+    pub fn scripts_only(mut self) -> Self {
+        self.scripts_only = true;
+        self
+    }
+
     /// Validates the settings and connects.
     pub async fn connect(self) -> Result<RedisStore, Error> {
         let target = Target::parse(&self.url)?;
@@ -637,6 +686,7 @@ impl RedisStoreBuilder {
             0
         };
         let groups = if connection.is_cluster() { 16384 } else { 1 };
+        let functions = !self.scripts_only && load_library(&mut connection.clone()).await.is_ok();
         let mut store = RedisStore {
             queue: None,
             inner: Arc::new(Inner {
@@ -653,6 +703,7 @@ impl RedisStoreBuilder {
                 last_failure: Mutex::new(None),
                 started: Instant::now(),
                 linger: self.auto_batch.unwrap_or_default(),
+                functions,
             }),
         };
         if let Some(linger) = self.auto_batch {
@@ -711,6 +762,40 @@ impl Store for RedisStore {
             Some(clock) => clock.sleep(duration),
             None => Box::pin(tokio::time::sleep(duration)),
         }
+    }
+}
+
+/// Sends a decision call (`FCALL` or `EVALSHA`), loading the code first if the server
+/// lacks it (a fresh or restarted server, or a cluster node that just took over), then
+/// sending the call again.
+async fn run_decide(connection: &mut Connection, call: &redis::Cmd) -> RedisResult<Value> {
+    match call.query_async(connection).await {
+        Err(e) if e.to_string().contains("Function not found") => {
+            load_library(connection).await?;
+            call.query_async(connection).await
+        }
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            DECIDE.prepare_invoke().load_async(connection).await?;
+            call.query_async(connection).await
+        }
+        other => other,
+    }
+}
+
+/// Loads paceline's Lua library as Redis functions (on every primary of a cluster). A
+/// library of the same name is the same code (the name carries its hash), so "already
+/// exists" is success. Fails on servers without functions (before Redis 7) or without
+/// permission to load them; the store then calls the same code as a script.
+async fn load_library(connection: &mut Connection) -> RedisResult<()> {
+    let loaded: RedisResult<Value> = redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&LIBRARY.code)
+        .query_async(connection)
+        .await;
+    match loaded {
+        Ok(_) => Ok(()),
+        Err(e) if e.to_string().contains("already exists") => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

@@ -87,8 +87,34 @@ async fn password_and_acl_users() {
         .output()
         .expect("redis-cli runs");
     assert_eq!(String::from_utf8_lossy(&acl.stdout).trim(), "OK");
-    let store = connect(&format!("redis://worker:w0rker!@127.0.0.1:{port}")).await;
-    assert!(decides(store.expect("the ACL user"), "acl").await);
+    let store = connect(&format!("redis://worker:w0rker!@127.0.0.1:{port}"))
+        .await
+        .expect("the ACL user");
+    assert!(store.runs_as_functions(), "Redis 7 with FUNCTION allowed");
+    assert!(decides(store, "acl").await);
+
+    // A user who may not load functions still gets the same decisions, from the same Lua
+    // run as a script (EVALSHA): the path for Redis before 7, too.
+    let acl = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "--no-auth-warning", "-a", "s3cret"])
+        .args([
+            "ACL",
+            "SETUSER",
+            "scripts",
+            "on",
+            ">scr1pts",
+            "+@all",
+            "-function",
+            "~*",
+        ])
+        .output()
+        .expect("redis-cli runs");
+    assert_eq!(String::from_utf8_lossy(&acl.stdout).trim(), "OK");
+    let store = connect(&format!("redis://scripts:scr1pts@127.0.0.1:{port}"))
+        .await
+        .expect("the scripts-only user");
+    assert!(!store.runs_as_functions());
+    assert!(decides(store, "scripts").await);
 }
 
 #[tokio::test]

@@ -132,6 +132,8 @@ struct Stores {
     clock: ManualClock,
     memory: MemoryStore,
     redis: RedisStore,
+    /// The same code run as a script (`EVALSHA`) instead of a function.
+    redis_scripts: RedisStore,
     cluster: RedisStore,
     redis_batched: RedisStore,
     cluster_batched: RedisStore,
@@ -158,26 +160,39 @@ impl Stores {
     async fn new() -> Stores {
         let clock = ManualClock::new(EPOCH_2023);
         let memory = MemoryStore::builder().clock(clock.clone()).build();
-        let connect = |url: String, batch: Option<Duration>| {
+        let connect = |url: String, batch: Option<Duration>, scripts: bool| {
             let clock = clock.clone();
             async move {
+                // Each store on the shared server keeps its own keys.
+                let prefix = if scripts {
+                    "differential-scripts"
+                } else {
+                    "differential"
+                };
                 let mut builder = RedisStore::builder(url, FailurePolicy::FailClosed)
-                    .prefix("differential")
+                    .prefix(prefix)
                     .clock(Arc::new(clock))
                     .response_timeout(Duration::from_secs(10));
                 if let Some(linger) = batch {
                     builder = builder.auto_batch(linger);
                 }
+                if scripts {
+                    builder = builder.scripts_only();
+                }
                 builder.connect().await.expect("connect to the test Redis")
             }
         };
-        let redis = connect(shared_server().url(), None).await;
-        let cluster = connect(shared_cluster().url(), None).await;
+        let redis = connect(shared_server().url(), None, false).await;
+        let redis_scripts = connect(shared_server().url(), None, true).await;
+        let cluster = connect(shared_cluster().url(), None, false).await;
         assert!(cluster.is_cluster());
+        assert!(redis.runs_as_functions() && cluster.runs_as_functions());
+        assert!(!redis_scripts.runs_as_functions());
         let linger = Some(Duration::from_micros(200));
         Stores {
-            redis_batched: connect(shared_server().url(), linger).await,
-            cluster_batched: connect(shared_cluster().url(), linger).await,
+            redis_batched: connect(shared_server().url(), linger, false).await,
+            cluster_batched: connect(shared_cluster().url(), linger, false).await,
+            redis_scripts,
             clock,
             memory,
             redis,
@@ -234,13 +249,18 @@ impl Stores {
                         OpKind::Reset => {
                             self.memory.reset(&key).await.expect("memory reset");
                             self.redis.reset(&key).await.expect("redis reset");
+                            self.redis_scripts.reset(&key).await.expect("redis reset");
                             self.cluster.reset(&key).await.expect("cluster reset");
                             events.push(Recorded::Reset(key_index));
                             continue;
                         }
                     };
                     let expected = self.memory.decide(policy, &key, op, cost).await;
-                    for (name, store) in [("redis", &self.redis), ("cluster", &self.cluster)] {
+                    for (name, store) in [
+                        ("redis", &self.redis),
+                        ("redis (as a script)", &self.redis_scripts),
+                        ("cluster", &self.cluster),
+                    ] {
                         let got = store.decide(policy, &key, op, cost).await;
                         if let Err(why) = same(&expected, &got) {
                             return Err(TestCaseError::fail(format!(

@@ -61,6 +61,16 @@ async fn fail_closed_returns_a_store_error_and_resumes_after_a_restart() {
     let mut server = RedisServer::start().expect("redis-server");
     let limiter = limiter(store(&server, FailurePolicy::FailClosed).await);
     assert!(limiter.limit("k", 1).await.expect("Redis is up").allowed);
+    // The same Lua as a script: a restarted server has forgotten it too (NOSCRIPT).
+    let scripts = RedisStore::builder(server.url(), FailurePolicy::FailClosed)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .failure_backoff(Duration::ZERO)
+        .scripts_only()
+        .connect()
+        .await
+        .expect("connect");
+    let scripts = self::limiter(scripts);
+    assert!(scripts.limit("s", 1).await.expect("Redis is up").allowed);
 
     server.kill();
     for _ in 0..3 {
@@ -81,6 +91,8 @@ async fn fail_closed_returns_a_store_error_and_resumes_after_a_restart() {
     let d = until_redis_answers(&limiter, "k").await;
     assert_eq!(d.remaining, 2);
     assert!(limiter.limit("k", 1).await.expect("Redis is back").allowed);
+    let d = until_redis_answers(&scripts, "s").await;
+    assert_eq!(d.remaining, 2, "the script was loaded again");
 }
 
 #[tokio::test]
