@@ -8,8 +8,9 @@
 -- then per decision, five values: its policy's number (1 to m), op, cost, and max_wait as
 -- whole seconds and the nanoseconds beyond them ('' and '' for none).
 --
--- Returns four values per decision: allowed (1 or 0), delay (µs, as a string with full
--- precision), remaining, and reset_after (µs, as a string).
+-- Returns four values per decision: allowed (1 or 0), delay, remaining, and reset_after;
+-- the times in nanoseconds, rounded as Rust's `micros_to_duration` rounds (an integer, or
+-- beyond 2^62 ns a float in a string).
 --
 -- A key holds `cmsgpack.pack(algorithm, expires_at, state)`. As in the memory store, a
 -- record another algorithm wrote is idle to this one, and a record is idle once it expired;
@@ -110,8 +111,8 @@ for i = 1, #KEYS do
     end
   end
   out[#out + 1] = allowed and 1 or 0
-  out[#out + 1] = string.format('%.17g', delay)
+  out[#out + 1] = PL.nanos(delay)
   out[#out + 1] = remaining
-  out[#out + 1] = string.format('%.17g', reset_after)
+  out[#out + 1] = PL.nanos(reset_after)
 end
 return out

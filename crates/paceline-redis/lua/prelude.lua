@@ -36,6 +36,19 @@ function PL.min(a, b)
   return math.min(a, b)
 end
 
+-- Rust's `micros_to_duration` in nanoseconds: negative and NaN are 0, the rest rounds
+-- half up. An integer reply is exact below 2^62; larger values go as a float in a string.
+function PL.nanos(us)
+  if us ~= us or us <= 0 then
+    return 0
+  end
+  local n = math.floor(us * 1000 + 0.5)
+  if n < 4611686018427387904 then
+    return n
+  end
+  return string.format('%.17g', n)
+end
+
 -- Microseconds, rounded to the nearest nanosecond then up to the next whole microsecond,
 -- as the memory store turns a `reset_after` into an expiry time.
 function PL.expiry(now, reset_after)

@@ -3,6 +3,8 @@
 
 use std::sync::LazyLock;
 
+use std::time::Duration;
+
 use paceline::{Decision, Policy, StoreError, StoreErrorKind};
 use redis::Value;
 
@@ -78,25 +80,42 @@ pub(crate) fn parse_reply(reply: Value, policies: &[&Policy]) -> Result<Vec<Deci
                 Value::Int(n) => u64::try_from(*n).unwrap_or(0),
                 other => return Err(protocol(format!("`remaining` is {other:?}"))),
             };
-            Ok(Decision::from_micros(
-                allowed,
-                micros(&v[1], "delay")?,
-                remaining,
-                micros(&v[3], "reset_after")?,
-                policy.limit(),
-            ))
+            let mut decision = Decision::from_micros(allowed, 0.0, remaining, 0.0, policy.limit());
+            decision.delay = nanos(&v[1], "delay")?;
+            decision.reset_after = nanos(&v[3], "reset_after")?;
+            Ok(decision)
         })
         .collect()
 }
 
-fn micros(value: &Value, field: &str) -> Result<f64, StoreError> {
-    let text = match value {
-        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok(),
-        Value::SimpleString(s) => Some(s.as_str()),
-        _ => None,
+/// A time the script returned in nanoseconds: an integer, or a float in a string when it is
+/// too large for one (saturating at [`Duration::MAX`] like `micros_to_duration`).
+fn nanos(value: &Value, field: &str) -> Result<Duration, StoreError> {
+    let bad = || {
+        protocol(format!(
+            "`{field}` is {value:?}, not a number of nanoseconds"
+        ))
     };
-    text.and_then(|t| t.parse::<f64>().ok())
-        .ok_or_else(|| protocol(format!("`{field}` is {value:?}, not a number")))
+    match value {
+        Value::Int(n) => u64::try_from(*n)
+            .map(Duration::from_nanos)
+            .map_err(|_| bad()),
+        Value::BulkString(bytes) => {
+            let x: f64 = std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(bad)?;
+            if x >= u64::MAX as f64 {
+                Ok(Duration::MAX)
+            } else if x >= 0.0 {
+                // An integral float: the conversion is exact.
+                Ok(Duration::from_nanos(x as u64))
+            } else {
+                Err(bad())
+            }
+        }
+        _ => Err(bad()),
+    }
 }
 
 fn protocol(message: String) -> StoreError {
@@ -104,4 +123,49 @@ fn protocol(message: String) -> StoreError {
         StoreErrorKind::Protocol,
         format!("unexpected reply from the paceline script: {message}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nanoseconds_come_as_integers_or_large_floats() {
+        assert_eq!(
+            nanos(&Value::Int(1_500), "delay").unwrap(),
+            Duration::from_nanos(1_500)
+        );
+        let big = Value::BulkString(b"9.2233720368547758e+18".to_vec());
+        assert_eq!(nanos(&big, "delay").unwrap(), Duration::from_nanos(1 << 63));
+        let huge = Value::BulkString(b"1e30".to_vec());
+        assert_eq!(nanos(&huge, "delay").unwrap(), Duration::MAX);
+        assert_eq!(
+            nanos(&Value::Int(-1), "delay").unwrap_err().kind(),
+            StoreErrorKind::Protocol
+        );
+        assert!(nanos(&Value::Nil, "reset_after")
+            .unwrap_err()
+            .message()
+            .contains("reset_after"));
+    }
+
+    #[test]
+    fn a_reply_of_the_wrong_shape_is_a_protocol_error() {
+        let policy: Policy = "gcra:rate=1/s".parse().unwrap();
+        let short = Value::Array(vec![Value::Int(1)]);
+        assert_eq!(
+            parse_reply(short, &[&policy]).unwrap_err().kind(),
+            StoreErrorKind::Protocol
+        );
+        let ok = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(1_000_000_000),
+        ]);
+        let d = parse_reply(ok, &[&policy]).unwrap();
+        assert!(d[0].allowed);
+        assert_eq!(d[0].reset_after, Duration::from_secs(1));
+        assert_eq!(d[0].limit, 1);
+    }
 }
