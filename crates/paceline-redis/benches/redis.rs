@@ -8,7 +8,8 @@
 //! temporary folder first), or `cargo bench -p paceline-redis --bench redis` (without (b)
 //! unless `PACELINE_RLF_NODE_PATH` names a `node_modules` holding both). Each cell runs
 //! `PACELINE_BENCH_SECONDS` (default 3) on 10,000 keys with limits high enough that nearly
-//! every decision admits. Under `cargo test` it runs a short smoke pass instead.
+//! every decision admits; `PACELINE_BENCH_ONLY` picks cells by label (see `main`). Under
+//! `cargo test` it runs a short smoke pass instead.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -60,10 +61,17 @@ fn main() {
         .expect("a tokio runtime");
     let server = RedisServer::start().expect("a private redis-server");
     let mut rows = Rows(Vec::new());
+    // `PACELINE_BENCH_ONLY=text` runs only the cells whose label (as printed, then the
+    // number of tasks) contains `text`, e.g. "one call per decision | 512".
+    let only = std::env::var("PACELINE_BENCH_ONLY").ok();
+    let wanted = |label: &str, tasks: usize| {
+        only.as_ref()
+            .is_none_or(|text| format!("{label} | {tasks}").contains(text.as_str()))
+    };
     println!("| what | tasks | decisions/s | p50 | p99 |");
     println!("|---|---|---|---|---|");
 
-    if full {
+    if full && wanted("(a) redis-benchmark", 800) {
         match redis_benchmark(&server, seconds) {
             Ok(row) => rows.push(row),
             Err(e) => eprintln!("skipping redis-benchmark: {e}"),
@@ -75,6 +83,15 @@ fn main() {
             ("pacer", "pacer:rate=1000000000/s,max_burst=1000000"),
         ] {
             for batched in [false, true] {
+                let how = if batched {
+                    "auto-batch"
+                } else {
+                    "one call per decision"
+                };
+                let label = format!("paceline {algorithm}, {how}");
+                if !wanted(&label, concurrency) {
+                    continue;
+                }
                 let row = runtime.block_on(paceline(
                     &server.url(),
                     spec,
@@ -82,18 +99,10 @@ fn main() {
                     concurrency,
                     duration,
                 ));
-                let how = if batched {
-                    "auto-batch"
-                } else {
-                    "one call per decision"
-                };
-                rows.push(Row {
-                    what: format!("paceline {algorithm}, {how}"),
-                    ..row
-                });
+                rows.push(Row { what: label, ..row });
             }
         }
-        if full {
+        if full && wanted("(b) rate-limiter-flexible", concurrency) {
             match rate_limiter_flexible(&server, concurrency, seconds) {
                 Ok(row) => rows.push(row),
                 Err(e) => eprintln!("skipping rate-limiter-flexible: {e}"),
@@ -102,6 +111,10 @@ fn main() {
     }
     if full {
         for primaries in [1, 3] {
+            let label = format!("paceline gcra, auto-batch, cluster of {primaries}");
+            if !wanted(&label, 512) {
+                continue;
+            }
             let cluster = RedisCluster::start_with(primaries).expect("a private Redis Cluster");
             let row = runtime.block_on(paceline(
                 &cluster.url(),
@@ -110,10 +123,7 @@ fn main() {
                 512,
                 duration,
             ));
-            rows.push(Row {
-                what: format!("paceline gcra, auto-batch, cluster of {primaries}"),
-                ..row
-            });
+            rows.push(Row { what: label, ..row });
         }
     }
 
