@@ -1,10 +1,12 @@
 -- Applies one or more decisions, in order, each on its own key (a key may repeat).
 --
--- KEYS[i]   the i-th decision's Redis key.
+-- KEYS[i]   the i-th decision's Redis key; or only the first decision's key, when the
+--           keys are listed in ARGV (a cluster batch over several slots of one node).
 -- ARGV[1]   now in µs since the Unix epoch, or '' to read the server's TIME.
 -- ARGV[2]   milliseconds added to every key's time-to-live (0 when time is the server's).
--- ARGV[3]   the number of distinct policies m, then m times: algorithm, the number of
---           parameters n, and the n parameters.
+-- ARGV[3]   k: 0 when the keys are KEYS; otherwise k keys follow, the i-th decision's
+--           first. Then the number of distinct policies m, and m times: algorithm, the
+--           number of parameters n, and the n parameters.
 -- then per decision, five values: its policy's number (1 to m), op, cost, and max_wait as
 -- whole seconds and the nanoseconds beyond them ('' and '' for none).
 --
@@ -27,9 +29,20 @@ local slack = tonumber(ARGV[2])
 
 -- Read and check every policy and decision before touching any key, so a malformed call
 -- changes nothing.
-local policies = {}
+local keys = KEYS
 local a = 4
-for i = 1, tonumber(ARGV[3]) do
+local listed = tonumber(ARGV[3])
+if listed > 0 then
+  keys = {}
+  for i = 1, listed do
+    keys[i] = ARGV[3 + i]
+  end
+  a = 4 + listed
+end
+local policies = {}
+local m = tonumber(ARGV[a])
+a = a + 1
+for i = 1, m do
   local alg = ARGV[a]
   local f = PL.alg[alg]
   if not f then
@@ -44,7 +57,7 @@ for i = 1, tonumber(ARGV[3]) do
   a = a + 2 + n
 end
 local first = a
-for i = 1, #KEYS do
+for i = 1, #keys do
   local b = first + (i - 1) * 5
   local op = ARGV[b + 1]
   if not policies[tonumber(ARGV[b])] then
@@ -55,10 +68,20 @@ for i = 1, #KEYS do
   end
 end
 
+-- Read every key before writing any: a key this node does not serve fails the call here,
+-- with nothing changed. Later decisions on a key see the earlier ones' writes.
+local records = {}
+for i = 1, #keys do
+  local key = keys[i]
+  if records[key] == nil then
+    records[key] = redis.call('GET', key)
+  end
+end
+
 local out = {}
-for i = 1, #KEYS do
+for i = 1, #keys do
   local b = first + (i - 1) * 5
-  local key = KEYS[i]
+  local key = keys[i]
   local policy = policies[tonumber(ARGV[b])]
   local alg = policy.alg
   local op, cost = ARGV[b + 1], tonumber(ARGV[b + 2])
@@ -71,7 +94,7 @@ for i = 1, #KEYS do
     max_wait_us = mw_secs * 1000000 + math.floor(mw_nanos / 1000)
   end
   local old_alg, old_exp, state
-  local raw = redis.call('GET', key)
+  local raw = records[key]
   if raw then
     old_alg, old_exp, state = cmsgpack.unpack(raw)
     local idle
@@ -104,9 +127,12 @@ for i = 1, #KEYS do
     if new_state ~= state or exp > (old_exp or 0) then
       if exp > now then
         local ttl = math.ceil((exp - now) / 1000) + slack
-        redis.call('SET', key, cmsgpack.pack(alg, exp, new_state), 'PX', ttl)
+        local record = cmsgpack.pack(alg, exp, new_state)
+        redis.call('SET', key, record, 'PX', ttl)
+        records[key] = record
       else
         redis.call('DEL', key)
+        records[key] = false
       end
     end
   end

@@ -29,7 +29,9 @@ pub(crate) static DECIDE: LazyLock<redis::Script> =
 
 /// The same code as a Redis function library (Redis 7+), preferred where the server has
 /// functions: a library's definitions run once at load, not at every call as a script's
-/// do, which makes each decision cheaper for the server.
+/// do, which makes each decision cheaper for the server. The function may touch keys of
+/// several slots (`allow-cross-slot-keys`), so a cluster batch can carry every key one node
+/// serves.
 pub(crate) struct Library {
     /// The function to `FCALL`, with the same arguments and reply as the script.
     pub(crate) function: String,
@@ -45,7 +47,8 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let function = format!("paceline_decide_{hash}");
     let code = format!(
         "#!lua name=paceline_{hash}\n{}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n\
-         redis.register_function('{function}', decide)\n",
+         redis.register_function{{function_name = '{function}', callback = decide, \
+         flags = {{ 'allow-cross-slot-keys' }}}}\n",
         library.join("\n")
     );
     Library { function, code }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use paceline::policy::MAX_NOW_US;
@@ -117,6 +117,8 @@ struct Inner {
     /// True when the server runs paceline's Lua as a Redis function (`FCALL`, Redis 7+);
     /// false: as a script (`EVALSHA`).
     functions: bool,
+    /// In a cluster run with functions: which node (a small number) serves each slot.
+    nodes: RwLock<Option<Arc<[u16]>>>,
 }
 
 /// Configures and connects a [`RedisStore`].
@@ -251,42 +253,49 @@ impl RedisStore {
         requests: &[&Request<'_>],
         now: Option<u64>,
     ) -> Vec<Result<Decision, StoreError>> {
-        let mut groups: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        // In a cluster whose slot map is known, one call per node: the library may touch
+        // several slots of the node it runs on. Otherwise one call per slot.
+        let nodes = self.node_map();
+        let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, r) in requests.iter().enumerate() {
             let group = if self.is_cluster() {
-                slot(self.redis_key(r.key).as_bytes())
+                let slot = slot(self.redis_key(r.key).as_bytes());
+                match nodes.as_ref().map(|n| n[usize::from(slot)]) {
+                    Some(node) if node != NO_NODE => 16_384 + u32::from(node),
+                    _ => u32::from(slot),
+                }
             } else {
                 0
             };
             groups.entry(group).or_default().push(i);
         }
-        let calls: Vec<Vec<&[usize]>> = groups
-            .values()
-            .map(|indices| indices.chunks(MAX_DECISIONS_PER_CALL).collect())
-            .collect();
-        let outcomes = futures_util::future::join_all(calls.iter().map(|chunks| async move {
-            let mut outcomes = Vec::with_capacity(chunks.len());
-            for chunk in chunks {
-                let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
-                outcomes.push(self.call(&batch, now).await);
-            }
-            outcomes
-        }))
-        .await;
+        let outcomes =
+            futures_util::future::join_all(groups.into_iter().map(|(group, indices)| {
+                async move {
+                    let mut outcomes = Vec::with_capacity(indices.len());
+                    for chunk in indices.chunks(MAX_DECISIONS_PER_CALL) {
+                        let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
+                        let outcome = match self.call(&batch, now, group >= 16_384).await {
+                            // The slot map was stale (a slot moved): the call failed reading
+                            // its keys, before any write, so it is safe to send again, per slot.
+                            Err(e) if group >= 16_384 && is_redirect(&e) => {
+                                self.refresh_node_map().await;
+                                self.call_per_slot(&batch, now).await
+                            }
+                            other => other.map(|ds| ds.into_iter().map(Ok).collect()),
+                        };
+                        match outcome {
+                            Ok(results) => outcomes.extend(chunk.iter().copied().zip(results)),
+                            Err(e) => outcomes.extend(chunk.iter().map(|&i| (i, Err(e.clone())))),
+                        }
+                    }
+                    outcomes
+                }
+            }))
+            .await;
         let mut results: Vec<Option<Result<Decision, StoreError>>> = vec![None; requests.len()];
-        for (chunk, outcome) in calls.iter().flatten().zip(outcomes.into_iter().flatten()) {
-            match outcome {
-                Ok(decisions) => {
-                    for (&i, d) in chunk.iter().zip(decisions) {
-                        results[i] = Some(Ok(d));
-                    }
-                }
-                Err(e) => {
-                    for &i in *chunk {
-                        results[i] = Some(Err(e.clone()));
-                    }
-                }
-            }
+        for (i, outcome) in outcomes.into_iter().flatten() {
+            results[i] = Some(outcome);
         }
         results
             .into_iter()
@@ -299,6 +308,78 @@ impl RedisStore {
                 })
             })
             .collect()
+    }
+
+    /// `batch` as one call per slot, in order; one result per request.
+    async fn call_per_slot(
+        &self,
+        batch: &[&Request<'_>],
+        now: Option<u64>,
+    ) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
+        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
+        for (i, r) in batch.iter().enumerate() {
+            by_slot
+                .entry(slot(self.redis_key(r.key).as_bytes()))
+                .or_default()
+                .push(i);
+        }
+        let mut results: Vec<Result<Decision, StoreError>> = batch
+            .iter()
+            .map(|_| {
+                Err(StoreError::new(
+                    StoreErrorKind::Protocol,
+                    "no answer for a request",
+                ))
+            })
+            .collect();
+        for indices in by_slot.values() {
+            let part: Vec<&Request> = indices.iter().map(|&i| batch[i]).collect();
+            match self.call(&part, now, false).await {
+                Ok(decisions) => {
+                    for (&i, d) in indices.iter().zip(decisions) {
+                        results[i] = Ok(d);
+                    }
+                }
+                Err(e) => {
+                    for &i in indices {
+                        results[i] = Err(e.clone());
+                    }
+                }
+            }
+        }
+        Ok(results)
+    }
+
+    /// The cluster's slot-to-node map, if known (cluster with functions only).
+    fn node_map(&self) -> Option<Arc<[u16]>> {
+        self.inner
+            .nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads the slot-to-node map from the cluster (`CLUSTER SLOTS`); on failure, forgets
+    /// it, so calls go per slot until the next refresh.
+    pub(crate) async fn refresh_node_map(&self) {
+        if !self.is_cluster() || !self.inner.functions {
+            return;
+        }
+        let mut connection = self.inner.connection.clone();
+        let reply: Result<Value, StoreError> = self
+            .bounded(
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut connection),
+                "CLUSTER SLOTS",
+            )
+            .await;
+        let map = reply.ok().and_then(|v| slot_map(&v));
+        *self
+            .inner
+            .nodes
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = map;
     }
 
     /// Hands `request` to the batching task and waits for its answer.
@@ -361,10 +442,16 @@ impl RedisStore {
     }
 
     /// One script call carrying `batch`, in order.
+    ///
+    /// `spread`: the keys may span several slots of one cluster node; they go in the
+    /// arguments, with only the first declared as a key (which routes the call to its
+    /// node), and the library, flagged `allow-cross-slot-keys`, reads them all before it
+    /// writes any.
     async fn call(
         &self,
         batch: &[&Request<'_>],
         now: Option<u64>,
+        spread: bool,
     ) -> Result<Vec<Decision>, StoreError> {
         // Each distinct policy is sent once; decisions refer to it by number.
         let mut policies: Vec<&Policy> = Vec::new();
@@ -395,17 +482,24 @@ impl RedisStore {
             call.arg(DECIDE.get_hash());
             call
         };
-        call.arg(batch.len());
-        for r in batch {
-            call.arg(self.redis_key(r.key));
+        let keys: Vec<String> = batch.iter().map(|r| self.redis_key(r.key)).collect();
+        let spread = spread && self.inner.functions && batch.len() > 1;
+        if spread {
+            call.arg(1).arg(&keys[0]);
+        } else {
+            call.arg(keys.len()).arg(&keys);
         }
         match now {
             Some(now) => call.arg(now),
             None => call.arg(""),
         };
-        call.arg(self.inner.ttl_slack_ms)
-            .arg(policies.len())
-            .arg(&policy_args);
+        call.arg(self.inner.ttl_slack_ms);
+        if spread {
+            call.arg(keys.len()).arg(&keys);
+        } else {
+            call.arg(0);
+        }
+        call.arg(policies.len()).arg(&policy_args);
         for (r, number) in batch.iter().zip(numbers) {
             call.arg(number).arg(r.op.name()).arg(r.cost);
             // Seconds and nanoseconds, exact: the script derives both the fractional and the
@@ -704,8 +798,10 @@ impl RedisStoreBuilder {
                 started: Instant::now(),
                 linger: self.auto_batch.unwrap_or_default(),
                 functions,
+                nodes: RwLock::new(None),
             }),
         };
+        store.refresh_node_map().await;
         if let Some(linger) = self.auto_batch {
             store.queue = Some(batch::spawn(store.clone(), linger));
         }
@@ -734,11 +830,14 @@ impl Store for RedisStore {
         }
         let outcome = match &self.queue {
             Some(queue) => self.through_queue(queue, &request, now).await,
-            None => self.call(&[&request], now).await.and_then(|mut decisions| {
-                decisions.pop().ok_or_else(|| {
-                    StoreError::new(StoreErrorKind::Protocol, "the script returned no decision")
-                })
-            }),
+            None => self
+                .call(&[&request], now, false)
+                .await
+                .and_then(|mut decisions| {
+                    decisions.pop().ok_or_else(|| {
+                        StoreError::new(StoreErrorKind::Protocol, "the script returned no decision")
+                    })
+                }),
         };
         self.settle(outcome, &request)
     }
@@ -763,6 +862,57 @@ impl Store for RedisStore {
             None => Box::pin(tokio::time::sleep(duration)),
         }
     }
+}
+
+/// A slot without a known node.
+const NO_NODE: u16 = u16::MAX;
+
+/// The slot-to-node map from a `CLUSTER SLOTS` reply: `[start, end, [host, port, ...],
+/// replicas...]` per range; nodes are numbered in order of first appearance.
+fn slot_map(reply: &Value) -> Option<Arc<[u16]>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut map = vec![NO_NODE; 16_384];
+    let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(primary))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return None;
+        };
+        let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+            (primary.first(), primary.get(1))
+        else {
+            return None;
+        };
+        let node = match nodes.iter().position(|(h, p)| h == host && p == port) {
+            Some(i) => i,
+            None => {
+                nodes.push((host.clone(), *port));
+                nodes.len() - 1
+            }
+        };
+        let node = u16::try_from(node).ok()?;
+        let start = usize::try_from(*start).ok()?;
+        let end = usize::try_from(*end).ok()?;
+        for slot in map.get_mut(start..=end)? {
+            *slot = node;
+        }
+    }
+    Some(map.into())
+}
+
+/// True if Redis refused a call because its keys are not (all) served by the node it
+/// reached: the call changed nothing (the library reads every key before writing).
+fn is_redirect(e: &StoreError) -> bool {
+    let m = e.message();
+    ["CROSSSLOT", "MOVED ", "ASK ", "TRYAGAIN", "non local key"]
+        .iter()
+        .any(|code| m.contains(code))
 }
 
 /// Sends a decision call (`FCALL` or `EVALSHA`), loading the code first if the server
@@ -809,4 +959,51 @@ fn collect(results: Vec<Option<Result<Decision, Error>>>) -> Vec<Result<Decision
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(start: i64, end: i64, host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn the_slot_map_numbers_nodes_by_first_appearance() {
+        let reply = Value::Array(vec![
+            range(0, 5460, "127.0.0.1", 7000),
+            range(5461, 10922, "127.0.0.1", 7001),
+            range(10923, 16383, "127.0.0.1", 7000),
+        ]);
+        let map = slot_map(&reply).expect("a valid reply");
+        assert_eq!(
+            (map[0], map[5460], map[5461], map[10923], map[16383]),
+            (0, 0, 1, 0, 0)
+        );
+        // Slots nobody serves stay unknown; malformed replies give no map.
+        let partial = slot_map(&Value::Array(vec![range(0, 99, "h", 1)])).expect("valid");
+        assert_eq!((partial[99], partial[100]), (0, NO_NODE));
+        assert!(slot_map(&Value::Array(vec![range(0, 16384, "h", 1)])).is_none());
+        assert!(slot_map(&Value::Nil).is_none());
+    }
+
+    #[test]
+    fn only_refusals_before_any_write_count_as_redirects() {
+        let e = |m: &str| StoreError::new(StoreErrorKind::Protocol, m);
+        assert!(is_redirect(&e(
+            "Redis failed a decision: MOVED 123 127.0.0.1:7001"
+        )));
+        assert!(is_redirect(&e(
+            "... Script attempted to access a non local key in a cluster node"
+        )));
+        assert!(!is_redirect(&e("paceline: unknown algorithm x")));
+    }
 }
