@@ -194,8 +194,9 @@ impl RedisStore {
         k
     }
 
-    /// Decides many requests in as few round trips as possible: one script call per Redis
-    /// node (per hash slot in a cluster), each carrying up to
+    /// Decides many requests in as few round trips as possible: one call per Redis node (in
+    /// a cluster, one per node across its slots with functions, else one per slot), each
+    /// carrying up to
     /// [`MAX_DECISIONS_PER_CALL`] decisions. The answers are exactly those of the same
     /// requests made one after another, in order; each request gets its own result (an input
     /// error fails only that request).
@@ -244,8 +245,8 @@ impl RedisStore {
         collect(results)
     }
 
-    /// Runs validated requests in as few script calls as possible: grouped by the node (the
-    /// slot, in a cluster) that must run them, in order, at most
+    /// Runs validated requests in as few calls as possible: grouped by the node that must
+    /// run them (by slot in a cluster whose node map is unknown), in order, at most
     /// [`MAX_DECISIONS_PER_CALL`] per call. Groups run concurrently; a group's calls run
     /// one after another, since they may share keys. One result per request, in order.
     pub(crate) async fn run_valid(
@@ -697,8 +698,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Coalesces concurrent decisions into one script call per Redis node (per slot in a
-    /// cluster): a decision waits at most `linger` (at most 10 ms; e.g. 200 µs) for others
+    /// Coalesces concurrent decisions into one call per Redis node (as
+    /// [`decide_batch`](RedisStore::decide_batch) groups them): a decision waits at most `linger` (at most 10 ms; e.g. 200 µs) for others
     /// to join its batch; with zero it leaves with those already queued. Batches also form
     /// by themselves under load, while earlier ones are in flight. Decisions are exactly
     /// those of sequential calls. Off by default: the lowest latency for a single caller is
