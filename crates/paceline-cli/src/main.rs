@@ -1,5 +1,6 @@
 //! `paceline`: the command-line front end.
 //!
+//! * `paceline serve`: the HTTP service (see the `paceline-server` crate).
 //! * `paceline simulate`: replay a traffic script through a policy on a virtual clock.
 
 use std::fs::File;
@@ -12,6 +13,7 @@ use paceline::{Clock, ManualClock, MemoryStore, Policy, SystemClock};
 use paceline_redis::{FailurePolicy, RedisStore};
 use std::sync::Arc;
 
+mod serve;
 mod simulate;
 
 /// Distributed rate limiting and pacing: may I act now, and if not, when?
@@ -24,6 +26,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Serve pacing and rate-limit decisions over HTTP (JSON API, Prometheus metrics).
+    ///
+    /// With no arguments: the in-memory store, inline policy specs allowed, listening on
+    /// 127.0.0.1:7373. Every flag can also be set in the --config file (TOML); flags win.
+    /// SIGHUP (or POST /v1/reload) re-reads the file; SIGTERM/SIGINT stop after in-flight
+    /// requests finish.
+    Serve(ServeArgs),
     /// Replay a traffic script (JSON Lines) through a policy on a virtual clock and print
     /// one decision per request.
     ///
@@ -55,9 +64,45 @@ enum Command {
     },
 }
 
+/// `paceline serve`'s flags.
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Listen on ADDR:PORT (default 127.0.0.1:7373).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<std::net::SocketAddr>,
+    /// Read settings and named policies from FILE (TOML).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where keys' state lives: memory (default), redis://HOST:PORT[/DB],
+    /// rediss://..., or redis-cluster://HOST:PORT[,HOST:PORT...].
+    #[arg(long, value_name = "STORE")]
+    store: Option<String>,
+    /// What a Redis store does when Redis fails: fail_closed (503), fail_open, local.
+    #[arg(long, value_name = "POLICY")]
+    failure_policy: Option<String>,
+    /// Require `Authorization: Bearer TOKEN` on /v1/ endpoints.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "PACELINE_AUTH_TOKEN",
+        hide_env_values = true
+    )]
+    auth_token: Option<String>,
+    /// Accept spec strings ("gcra:rate=10/s") as a request's `policy`.
+    #[arg(long, overrides_with = "no_allow_inline_policies")]
+    allow_inline_policies: bool,
+    /// Accept only configured policy names.
+    #[arg(long, overrides_with = "allow_inline_policies")]
+    no_allow_inline_policies: bool,
+    /// Log format: text (default) or json.
+    #[arg(long, value_name = "FORMAT", default_value = "text")]
+    log_format: String,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve(args) => serve::run(args),
         Command::Simulate {
             policy,
             input,

@@ -176,6 +176,18 @@ impl RedisStore {
         self.inner.connection.is_cluster()
     }
 
+    /// Checks that Redis answers a `PING` within the response timeout (for readiness
+    /// probes).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let mut connection = self.inner.connection.clone();
+        self.bounded(
+            redis::cmd("PING").query_async::<String>(&mut connection),
+            "PING",
+        )
+        .await
+        .map(|_| ())
+    }
+
     /// The Redis key holding `key`'s state.
     ///
     /// ```no_run

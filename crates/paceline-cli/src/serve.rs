@@ -1,0 +1,166 @@
+//! `paceline serve`: settings from the config file and flags, then the HTTP service until
+//! SIGTERM or SIGINT.
+
+use std::process::ExitCode;
+
+use paceline_server::{config, ConfigError, Server, Settings};
+
+use crate::ServeArgs;
+
+/// Merges the config file and the flags (flags win) into settings.
+fn settings(args: &ServeArgs) -> Result<Settings, ConfigError> {
+    let mut s = Settings::default();
+    if let Some(path) = &args.config {
+        let file = config::read_file(path)?;
+        s.config_file = Some(path.clone());
+        if let Some(v) = file.listen {
+            s.listen = v;
+        }
+        if let Some(v) = file.store {
+            s.store = v;
+        }
+        if let Some(v) = file.failure_policy {
+            s.failure_policy = v;
+        }
+        if let Some(v) = file.auth_token {
+            s.auth_token = Some(v);
+        }
+        if let Some(v) = file.allow_inline_policies {
+            s.allow_inline_policies = v;
+        }
+        s.policies = file.policies;
+    }
+    let flag = |field: &str, message: String| ConfigError {
+        source: "command line".into(),
+        field: field.into(),
+        message,
+    };
+    if let Some(v) = args.listen {
+        s.listen = v;
+    }
+    if let Some(v) = &args.store {
+        s.store = v.clone();
+    }
+    if let Some(v) = &args.failure_policy {
+        s.failure_policy = v
+            .parse()
+            .map_err(|e: paceline::InputError| flag("--failure-policy", e.message().to_string()))?;
+    }
+    if let Some(v) = &args.auth_token {
+        if v.is_empty() {
+            return Err(flag("--auth-token", "must not be empty".into()));
+        }
+        s.auth_token = Some(v.clone());
+    }
+    if args.allow_inline_policies {
+        s.allow_inline_policies = true;
+    }
+    if args.no_allow_inline_policies {
+        s.allow_inline_policies = false;
+    }
+    if !matches!(args.log_format.as_str(), "text" | "json") {
+        return Err(flag(
+            "--log-format",
+            format!("`{}`: use text or json", args.log_format),
+        ));
+    }
+    Ok(s)
+}
+
+pub(crate) fn run(args: ServeArgs) -> ExitCode {
+    let settings = match settings(&args) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let json_logs = args.log_format == "json";
+    init_logs(json_logs);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(async move {
+        let policies = settings.policies.len();
+        let server = match Server::bind(settings).await {
+            Ok(server) => server,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(1);
+            }
+        };
+        log(
+            json_logs,
+            &format!(
+                "listening on http://{} (store: {}, {policies} configured policies)",
+                server.local_addr(),
+                server.store_description()
+            ),
+        );
+        let reloader = server.reloader();
+        tokio::spawn(async move {
+            let Ok(mut hangups) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            else {
+                return;
+            };
+            while hangups.recv().await.is_some() {
+                match reloader.reload() {
+                    Ok(message) => log(json_logs, &format!("reloaded: {message}")),
+                    Err(message) => log(json_logs, &format!("reload failed: {message}")),
+                }
+            }
+        });
+        let shutdown = async move {
+            let terminate = async {
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(mut s) => {
+                        s.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate => {}
+            }
+            log(json_logs, "shutting down: finishing in-flight requests");
+        };
+        match server.run(shutdown).await {
+            Ok(()) => {
+                log(json_logs, "stopped");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(1)
+            }
+        }
+    })
+}
+
+/// Logs through `tracing` (set up by [`init_logs`]).
+fn log(_json: bool, message: &str) {
+    tracing::info!(target: "paceline::serve", "{message}");
+}
+
+/// Structured logs on standard error: human-readable text, or one JSON object per line.
+fn init_logs(json: bool) {
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(true)
+        .with_ansi(false);
+    // A second initialisation (never in this binary) would fail harmlessly.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,496 @@
+//! `paceline serve` end to end: the real binary on a free port, spoken to over HTTP.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `paceline serve`, stopped (SIGKILL) when dropped.
+struct Service {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn start(args: &[&str]) -> Service {
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .arg("serve")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env_remove("PACELINE_AUTH_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the paceline binary starts");
+    let service = Service { child, port };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "paceline serve did not start listening"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    service
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The error's `code` and `field`.
+    fn error(&self) -> (String, String) {
+        let v = self.json();
+        (
+            v["error"]["code"].as_str().unwrap_or_default().to_string(),
+            v["error"]["field"].as_str().unwrap_or_default().to_string(),
+        )
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`.
+fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).expect("send");
+    // A server may answer (413) before reading a large body; ignore a broken pipe.
+    let _ = stream.write_all(body);
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    parse(&raw)
+}
+
+fn parse(raw: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(": "))
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect();
+    Reply {
+        status,
+        headers,
+        body: body.to_string(),
+    }
+}
+
+fn post(port: u16, path: &str, body: &str) -> Reply {
+    http(
+        port,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        body.as_bytes(),
+    )
+}
+
+const CONFIG: &str = r#"
+allow_inline_policies = false
+
+[policies.discord-roles]
+algorithm = "fixed_window"
+limit = 2
+window = "10s"
+"#;
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path.display().to_string()
+}
+
+#[test]
+fn decisions_headers_batch_reset_policies_and_health() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(dir.path(), "paceline.toml", CONFIG);
+    let s = start(&["--config", &config]);
+    let ask = r#"{"policy": "discord-roles", "key": "guild:42", "op": "limit"}"#;
+    for remaining in [1, 0] {
+        let r = post(s.port, "/v1/decisions", ask);
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["remaining"], remaining);
+        assert_eq!(r.json()["policy"], "discord-roles");
+    }
+    let limited = post(s.port, "/v1/decisions", ask);
+    assert_eq!(limited.status, 429);
+    assert_eq!(limited.json()["allowed"], false);
+    let retry: u64 = limited
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .expect("seconds");
+    assert!((1..=10).contains(&retry));
+    assert_eq!(
+        limited.header("ratelimit-policy"),
+        Some("\"discord-roles\";q=2")
+    );
+    assert!(limited
+        .header("ratelimit")
+        .is_some_and(|v| v.starts_with("\"discord-roles\";r=0;t=")));
+
+    // Batch: in order, each with its own status.
+    let batch = post(
+        s.port,
+        "/v1/decisions/batch",
+        r#"[{"policy": "discord-roles", "key": "guild:42", "op": "peek"},
+            {"policy": "discord-roles", "key": "guild:7"},
+            {"policy": "nope", "key": "x"},
+            {"policy": "discord-roles", "key": ""}]"#,
+    );
+    assert_eq!(batch.status, 200);
+    let items = batch.json();
+    let statuses: Vec<u64> = items
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|i| i["status"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(statuses, [429, 200, 404, 400]);
+    assert_eq!(items[2]["error"]["code"], "unknown_policy");
+
+    // Reset a key: it admits again.
+    assert_eq!(
+        http(
+            s.port,
+            "DELETE",
+            "/v1/keys/discord-roles/guild:42",
+            &[],
+            b""
+        )
+        .status,
+        204
+    );
+    assert_eq!(post(s.port, "/v1/decisions", ask).status, 200);
+    assert_eq!(
+        http(s.port, "DELETE", "/v1/keys/nope/k", &[], b"")
+            .error()
+            .0,
+        "unknown_policy"
+    );
+
+    let policies = http(s.port, "GET", "/v1/policies", &[], b"").json();
+    assert_eq!(
+        policies["policies"]["discord-roles"]["spec"],
+        "fixed_window:limit=2,window=10s"
+    );
+    assert_eq!(policies["allow_inline_policies"], false);
+    assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
+    assert_eq!(
+        http(s.port, "GET", "/readyz", &[], b"").json()["status"],
+        "ready"
+    );
+    let metrics = http(s.port, "GET", "/metrics", &[], b"").body;
+    assert!(
+        metrics
+            .contains("paceline_decisions_total{policy=\"discord-roles\",outcome=\"rejected\"} 2"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("paceline_store_latency_seconds"));
+}
+
+#[test]
+fn every_bad_input_is_a_clear_4xx() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(dir.path(), "paceline.toml", CONFIG);
+    let s = start(&["--config", &config]);
+    let cases: &[(&str, u16, &str, &str)] = &[
+        ("{not json", 400, "invalid_argument", "body"),
+        ("[]", 400, "invalid_argument", "body"),
+        (r#"{"key": "k"}"#, 400, "invalid_argument", "policy"),
+        (
+            r#"{"policy": "discord-roles"}"#,
+            400,
+            "invalid_argument",
+            "key",
+        ),
+        (
+            r#"{"policy": 5, "key": "k"}"#,
+            400,
+            "invalid_argument",
+            "policy",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "cost": 0}"#,
+            400,
+            "invalid_argument",
+            "cost",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "cost": -3}"#,
+            400,
+            "invalid_argument",
+            "cost",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "cost": 1.5}"#,
+            400,
+            "invalid_argument",
+            "cost",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "cost": 3}"#,
+            400,
+            "invalid_argument",
+            "cost",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "op": "grab"}"#,
+            400,
+            "invalid_argument",
+            "op",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "max_wait_ms": -1}"#,
+            400,
+            "invalid_argument",
+            "max_wait_ms",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "op": "limit", "max_wait_ms": 5}"#,
+            400,
+            "invalid_argument",
+            "max_wait_ms",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "colour": "red"}"#,
+            400,
+            "invalid_argument",
+            "colour",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": ""}"#,
+            400,
+            "invalid_argument",
+            "key",
+        ),
+        (
+            r#"{"policy": "gcra:rate=10/s", "key": "k"}"#,
+            403,
+            "inline_policies_disabled",
+            "policy",
+        ),
+        (
+            r#"{"policy": "unknown", "key": "k"}"#,
+            404,
+            "unknown_policy",
+            "policy",
+        ),
+    ];
+    for (body, status, code, field) in cases {
+        let r = post(s.port, "/v1/decisions", body);
+        assert_eq!(
+            (r.status, r.error()),
+            (*status, (code.to_string(), field.to_string())),
+            "{body}"
+        );
+    }
+    let long_key = format!(
+        r#"{{"policy": "discord-roles", "key": "{}"}}"#,
+        "k".repeat(513)
+    );
+    assert_eq!(post(s.port, "/v1/decisions", &long_key).error().1, "key");
+    let too_big = format!(
+        r#"{{"policy": "discord-roles", "key": "k", "x": "{}"}}"#,
+        "a".repeat(70_000)
+    );
+    let r = post(s.port, "/v1/decisions", &too_big);
+    assert_eq!((r.status, r.error().0.as_str()), (413, "payload_too_large"));
+    let many = format!(
+        "[{}]",
+        vec![r#"{"policy": "discord-roles", "key": "k"}"#; 1001].join(",")
+    );
+    let r = post(s.port, "/v1/decisions/batch", &many);
+    assert_eq!((r.status, r.error().1.as_str()), (400, "body"));
+    assert_eq!(http(s.port, "GET", "/v1/decisions", &[], b"").status, 405);
+    assert_eq!(http(s.port, "GET", "/nowhere", &[], b"").status, 404);
+}
+
+#[test]
+fn a_token_guards_the_api_but_not_health() {
+    let s = start(&["--auth-token", "s3cret"]);
+    let ask = br#"{"policy": "gcra:rate=10/s", "key": "k"}"#;
+    let missing = http(s.port, "POST", "/v1/decisions", &[], ask);
+    assert_eq!(
+        (missing.status, missing.error().0.as_str()),
+        (401, "unauthenticated")
+    );
+    let wrong = http(
+        s.port,
+        "POST",
+        "/v1/decisions",
+        &[("Authorization", "Bearer nope")],
+        ask,
+    );
+    assert_eq!(wrong.status, 401);
+    let right = http(
+        s.port,
+        "POST",
+        "/v1/decisions",
+        &[("Authorization", "Bearer s3cret")],
+        ask,
+    );
+    assert_eq!(right.status, 200, "{}", right.body);
+    assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
+}
+
+#[test]
+fn reload_applies_a_good_file_and_keeps_the_old_one_on_a_bad_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(dir.path(), "paceline.toml", CONFIG);
+    let s = start(&["--config", &config]);
+    let ask = r#"{"policy": "uploads", "key": "u", "op": "limit"}"#;
+    assert_eq!(post(s.port, "/v1/decisions", ask).status, 404);
+
+    write(
+        dir.path(),
+        "paceline.toml",
+        &format!("{CONFIG}\n[policies.uploads]\nalgorithm = \"gcra\"\nrate = \"1/h\"\n"),
+    );
+    let r = post(s.port, "/v1/reload", "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(post(s.port, "/v1/decisions", ask).status, 200);
+
+    // A bad file: refused, with the reason, and the running config stays.
+    write(
+        dir.path(),
+        "paceline.toml",
+        "[policies.uploads]\nalgorithm = \"gcra\"\nrate = \"0/s\"\n",
+    );
+    let r = post(s.port, "/v1/reload", "");
+    assert_eq!(r.status, 422);
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("policies.uploads"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        post(s.port, "/v1/decisions", ask).status,
+        429,
+        "uploads still configured (and limited)"
+    );
+
+    // SIGHUP reloads too.
+    write(dir.path(), "paceline.toml", CONFIG);
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-HUP", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while post(s.port, "/v1/decisions", ask).status != 404 {
+        assert!(Instant::now() < deadline, "SIGHUP did not reload");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_lets_an_in_flight_request_finish() {
+    let mut s = start(&[]);
+    let body = br#"{"policy": "gcra:rate=10/s", "key": "k"}"#;
+    let mut stream = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let head = format!(
+        "POST /v1/decisions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("send");
+    stream
+        .write_all(&body[..10])
+        .expect("send part of the body");
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    std::thread::sleep(Duration::from_millis(200));
+    stream.write_all(&body[10..]).expect("the rest of the body");
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let reply = parse(&raw);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let status = s.child.wait().expect("the service exits");
+    assert!(status.success(), "{status}");
+    let mut log = String::new();
+    if let Some(stderr) = s.child.stderr.as_mut() {
+        let _ = stderr.read_to_string(&mut log);
+    }
+    assert!(log.contains("shutting down"), "{log}");
+}
+
+#[test]
+fn a_bad_config_or_flag_exits_2_naming_file_policy_and_field() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(
+        dir.path(),
+        "bad.toml",
+        "[policies.api]\nalgorithm = \"gcra\"\nrate = \"fast\"\n",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["serve", "--config", &config])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.toml") && err.contains("policies.api") && err.contains("rate"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["serve", "--failure-policy", "maybe"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--failure-policy"));
+}

@@ -1,0 +1,194 @@
+//! # paceline-server: shared pacing and rate limits over HTTP
+//!
+//! The service behind `paceline serve`: named policies from a TOML file (or inline specs),
+//! decisions over a JSON API, state in memory or in Redis / Redis Cluster so that any number
+//! of instances share the same limits, Prometheus metrics, live reload.
+//!
+//! | endpoint | what |
+//! |---|---|
+//! | `POST /v1/decisions` | one decision: `{"policy", "key", "op", "cost", "max_wait_ms"}` |
+//! | `POST /v1/decisions/batch` | up to 1,000 of them, answered in order |
+//! | `DELETE /v1/keys/{policy}/{key}` | reset a key |
+//! | `GET /v1/policies` | the configured policies |
+//! | `POST /v1/reload` | re-read the config file (also on SIGHUP) |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness, store reachability, Prometheus |
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let settings = paceline_server::Settings::default(); // 127.0.0.1:7373, memory store
+//! let server = paceline_server::Server::bind(settings).await?;
+//! println!("listening on http://{}", server.local_addr());
+//! server.run(async { let _ = tokio::signal::ctrl_c().await; }).await?;
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod api;
+pub mod config;
+mod metrics;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use paceline::MemoryStore;
+use paceline_redis::RedisStore;
+use tokio::net::TcpListener;
+
+pub use api::{MAX_BATCH, MAX_BATCH_BODY, MAX_BODY, MAX_KEY};
+pub use config::{ConfigError, Settings, DEFAULT_PORT};
+
+use api::{AppState, Backend, Live};
+
+/// A failure to start the service.
+#[derive(Debug)]
+pub enum ServerError {
+    /// The settings are invalid.
+    Config(ConfigError),
+    /// The store cannot be reached or configured.
+    Store(paceline::Error),
+    /// The address cannot be listened on.
+    Listen(std::io::Error),
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerError::Config(e) => write!(f, "{e}"),
+            ServerError::Store(e) => write!(f, "store: {e}"),
+            ServerError::Listen(e) => write!(f, "cannot listen: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+/// A bound, not yet running service.
+pub struct Server {
+    listener: TcpListener,
+    state: Arc<AppState>,
+    store: String,
+}
+
+/// Re-reads the config file and applies its policies and access rules; the listen address,
+/// the store and its failure policy need a restart.
+#[derive(Clone)]
+pub struct Reloader {
+    state: Arc<AppState>,
+}
+
+impl Reloader {
+    /// Reloads; on an invalid file the running configuration stays and the error says why.
+    pub fn reload(&self) -> Result<String, String> {
+        (self.state.reload)()
+    }
+}
+
+fn reload(base: &Mutex<Settings>, state: &AppState) -> Result<String, String> {
+    let base = base.lock().unwrap_or_else(PoisonError::into_inner);
+    let Some(path) = &base.config_file else {
+        return Err("the service was started without --config; there is nothing to reload".into());
+    };
+    let file =
+        config::read_file(path).map_err(|e| format!("{e}; the previous configuration stays"))?;
+    let mut next = base.clone();
+    next.policies = file.policies;
+    if let Some(token) = file.auth_token {
+        next.auth_token = Some(token);
+    }
+    if let Some(inline) = file.allow_inline_policies {
+        next.allow_inline_policies = inline;
+    }
+    let mut notes = Vec::new();
+    if file.store.is_some_and(|s| s != base.store) {
+        notes.push("`store` changed: restart to apply it");
+    }
+    if file.listen.is_some_and(|l| l != base.listen) {
+        notes.push("`listen` changed: restart to apply it");
+    }
+    let count = next.policies.len();
+    *state.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::from(&next));
+    let mut message = format!("{count} policies loaded from {}", path.display());
+    for note in notes {
+        message.push_str("; ");
+        message.push_str(note);
+    }
+    Ok(message)
+}
+
+impl Server {
+    /// Connects the store and binds the listening socket.
+    pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
+        let backend = if settings.store == "memory" {
+            Backend::Memory(MemoryStore::new())
+        } else {
+            let store = RedisStore::builder(settings.store.clone(), settings.failure_policy)
+                .connect()
+                .await
+                .map_err(ServerError::Store)?;
+            Backend::Redis(store)
+        };
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(ServerError::Listen)?;
+        let store = paceline_redis_display(&settings.store);
+        let base = Arc::new(Mutex::new(settings.clone()));
+        let state = Arc::new_cyclic(|weak: &std::sync::Weak<AppState>| {
+            let weak = weak.clone();
+            let base = Arc::clone(&base);
+            AppState {
+                live: RwLock::new(Arc::new(Live::from(&settings))),
+                backend,
+                metrics: metrics::Metrics::new(),
+                reload: Box::new(move || match weak.upgrade() {
+                    Some(state) => reload(&base, &state),
+                    None => Err("the service is shutting down".into()),
+                }),
+            }
+        });
+        Ok(Server {
+            listener,
+            state,
+            store,
+        })
+    }
+
+    /// The address the service listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// The store, as shown at start-up (without credentials).
+    pub fn store_description(&self) -> &str {
+        &self.store
+    }
+
+    /// A handle that reloads the config file (for SIGHUP).
+    pub fn reloader(&self) -> Reloader {
+        Reloader {
+            state: Arc::clone(&self.state),
+        }
+    }
+
+    /// Serves until `shutdown` completes, then lets in-flight requests finish.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let app = api::router(Arc::clone(&self.state));
+        axum::serve(self.listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}
+
+fn paceline_redis_display(store: &str) -> String {
+    match (store.split_once("://"), store.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, hosts))) => format!("{scheme}://{hosts}"),
+        _ => store.to_string(),
+    }
+}
