@@ -204,7 +204,11 @@ impl ConnectionLike for Connection {
 }
 
 /// `url` without `user:password@`, for messages and logs.
-pub(crate) fn without_credentials(url: &str) -> String {
+///
+/// ```
+/// assert_eq!(paceline_redis::without_credentials("redis://app:s3cret@db:6379/2"), "redis://db:6379/2");
+/// ```
+pub fn without_credentials(url: &str) -> String {
     match (url.split_once("://"), url.rsplit_once('@')) {
         (Some((scheme, _)), Some((_, hosts))) => format!("{scheme}://{hosts}"),
         _ => url.to_string(),

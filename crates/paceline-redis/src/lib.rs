@@ -32,5 +32,6 @@ mod failure;
 mod script;
 mod store;
 
+pub use connection::without_credentials;
 pub use failure::FailurePolicy;
 pub use store::{RedisStore, RedisStoreBuilder, Request, MAX_DECISIONS_PER_CALL};

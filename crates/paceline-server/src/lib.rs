@@ -133,7 +133,7 @@ impl Server {
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(ServerError::Listen)?;
-        let store = paceline_redis_display(&settings.store);
+        let store = paceline_redis::without_credentials(&settings.store);
         let base = Arc::new(Mutex::new(settings.clone()));
         let state = Arc::new_cyclic(|weak: &std::sync::Weak<AppState>| {
             let weak = weak.clone();
@@ -183,12 +183,5 @@ impl Server {
         axum::serve(self.listener, app)
             .with_graceful_shutdown(shutdown)
             .await
-    }
-}
-
-fn paceline_redis_display(store: &str) -> String {
-    match (store.split_once("://"), store.rsplit_once('@')) {
-        (Some((scheme, _)), Some((_, hosts))) => format!("{scheme}://{hosts}"),
-        _ => store.to_string(),
     }
 }
