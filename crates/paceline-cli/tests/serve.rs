@@ -494,3 +494,108 @@ fn a_bad_config_or_flag_exits_2_naming_file_policy_and_field() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--failure-policy"));
 }
+
+#[test]
+fn two_instances_on_one_redis_share_a_limit_and_fail_closed_is_503() {
+    let mut redis = paceline_testkit::RedisServer::start().expect("a private redis-server");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(
+        dir.path(),
+        "paceline.toml",
+        &format!(
+            "store = \"{}\"\nfailure_policy = \"fail_closed\"\n{CONFIG}",
+            redis.url()
+        ),
+    );
+    let a = start(&["--config", &config]);
+    let b = start(&["--config", &config]);
+    // A limit of 2 per 10 s, asked 10 times across both instances: exactly 2 admitted.
+    let ask = r#"{"policy": "discord-roles", "key": "guild:1", "op": "limit"}"#;
+    let admitted = (0..10)
+        .map(|i| {
+            post(
+                if i % 2 == 0 { a.port } else { b.port },
+                "/v1/decisions",
+                ask,
+            )
+            .status
+        })
+        .filter(|&status| status == 200)
+        .count();
+    assert_eq!(admitted, 2);
+    assert_eq!(http(a.port, "GET", "/readyz", &[], b"").status, 200);
+
+    // Redis down: a store failure is a 503, never a 429, and readiness says so.
+    redis.kill();
+    let r = post(a.port, "/v1/decisions", ask);
+    assert_eq!(
+        (r.status, r.error().0.as_str()),
+        (503, "store_unavailable"),
+        "{}",
+        r.body
+    );
+    assert_eq!(http(b.port, "GET", "/readyz", &[], b"").status, 503);
+}
+
+#[test]
+fn arbitrary_bodies_never_get_a_5xx() {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    let s = start(&[]);
+    let json = prop::collection::btree_map(
+        prop_oneof![
+            Just("policy".to_string()),
+            Just("key".to_string()),
+            Just("op".to_string()),
+            Just("cost".to_string()),
+            Just("max_wait_ms".to_string()),
+            "[a-z]{1,8}",
+        ],
+        prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(|f| serde_json::json!(f)),
+            prop_oneof![
+                Just("gcra:rate=10/s".to_string()),
+                Just("pace".to_string()),
+                Just("limit".to_string()),
+                Just("fixed_window:limit=0,window=1s".to_string()),
+                ".{0,40}",
+            ]
+            .prop_map(serde_json::Value::from),
+        ],
+        0..6,
+    )
+    .prop_map(|m| serde_json::to_vec(&m).unwrap_or_default());
+    let bodies = prop_oneof![json, prop::collection::vec(any::<u8>(), 0..200)];
+    let mut runner = TestRunner::new(Config {
+        cases: 300,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&bodies, |body| {
+        for path in ["/v1/decisions", "/v1/decisions/batch"] {
+            let r = http(
+                s.port,
+                "POST",
+                path,
+                &[("Content-Type", "application/json")],
+                &body,
+            );
+            prop_assert!(
+                r.status < 500,
+                "{path} answered {} to {:?}: {}",
+                r.status,
+                String::from_utf8_lossy(&body),
+                r.body
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    // Still serving.
+    assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
+}
