@@ -16,8 +16,8 @@
 --
 -- A key holds `cmsgpack.pack(algorithm, expires_at, state)`. As in the memory store, a
 -- record another algorithm wrote is idle to this one, and a record is idle once it expired;
--- a `gcra` record has no expiry of its own there (it is idle once its TAT has passed), so
--- here too its TAT decides.
+-- a `gcra` state has no expiry of its own there (it is idle once its TAT has passed), so
+-- here a `gcra` record expires at ceil(TAT), which is the same rule.
 local now
 if ARGV[1] == '' then
   local t = redis.call('TIME')
@@ -97,13 +97,7 @@ for i = 1, #keys do
   local raw = records[key]
   if raw then
     old_alg, old_exp, state = cmsgpack.unpack(raw)
-    local idle
-    if old_alg == 'gcra' then
-      idle = state[1] <= now
-    else
-      idle = old_exp <= now
-    end
-    if old_alg ~= alg or idle then
+    if old_alg ~= alg or old_exp <= now then
       state = nil
     end
   end
@@ -121,7 +115,8 @@ for i = 1, #keys do
     if new_state == nil then
       new_state = state
     elseif alg == 'gcra' then
-      -- The record must outlive the TAT, which decides when it is idle.
+      -- ceil(TAT): the other terms never exceed it, so the record is idle exactly when
+      -- its TAT has passed (`now` is a whole number of µs).
       exp = math.max(exp, math.ceil(new_state[1]))
     end
     if new_state ~= state or exp > (old_exp or 0) then

@@ -19,22 +19,22 @@ PL.alg.pacer = function(p, s, now, op, cost, max_wait)
   -- Time until the state is idle, leaking at the slowest factor any op may use.
   local function reset_after(watermark, last_drip, next_shot)
     local slowest = configured or 0.5
-    local empty_at = PL.max(last_drip, next_shot) + watermark * interval / slowest
-    return PL.max(PL.max(next_shot, empty_at) - now, 0)
+    local empty_at = math.max(last_drip, next_shot) + watermark * interval / slowest
+    return math.max(math.max(next_shot, empty_at) - now, 0)
   end
 
   -- Steps 1 and 2: the key as it stands at `now`, before this request.
   local watermark, next_shot = 0, now
   if s then
-    watermark, next_shot = s[1], PL.max(s[3], now)
+    watermark, next_shot = s[1], math.max(s[3], now)
   end
   if next_shot <= now then
     -- Leak only over idle time, since the *stored* last_drip/next_shot (not the clamped one).
     local idle_since = now
     if s then
-      idle_since = PL.max(s[2], s[3])
+      idle_since = math.max(s[2], s[3])
     end
-    watermark = watermark - PL.max(now - idle_since, 0) / interval * factor
+    watermark = watermark - math.max(now - idle_since, 0) / interval * factor
     if watermark * interval / factor < 1 then
       watermark = 0
     end
@@ -48,17 +48,17 @@ PL.alg.pacer = function(p, s, now, op, cost, max_wait)
     shot = new_next_shot
     new_next_shot = shot + cost * interval
   end
-  new_watermark = PL.min(new_watermark, max_burst)
+  new_watermark = math.min(new_watermark, max_burst)
   local delay = shot - now
 
-  local save
+  local save, allowed
   if op == 'peek' then
     save = false
   elseif op == 'limit' then
     save = delay == 0
   elseif max_wait and delay > max_wait then
-    return false, PL.retry_after_max_wait(delay, max_wait), remaining(cur_watermark, cur_next_shot),
-      s and reset_after(s[1], s[2], s[3]) or 0, nil
+    save = false
+    allowed, delay = false, PL.retry_after_max_wait(delay, max_wait)
   else
     save = true
   end
@@ -67,6 +67,9 @@ PL.alg.pacer = function(p, s, now, op, cost, max_wait)
       reset_after(new_watermark, now, new_next_shot), { new_watermark, now, new_next_shot }
   end
   -- Unchanged: remaining from the drained view, reset_after from the stored state.
-  return delay == 0, delay, remaining(cur_watermark, cur_next_shot),
+  if allowed == nil then
+    allowed = delay == 0
+  end
+  return allowed, delay, remaining(cur_watermark, cur_next_shot),
     s and reset_after(s[1], s[2], s[3]) or 0, nil
 end

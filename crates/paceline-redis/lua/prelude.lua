@@ -28,21 +28,19 @@ function PL.retry_after_max_wait(delay, max_wait)
   return math.max(delay - max_wait, 0)
 end
 
--- Rust's `f64::max` for numbers that are never NaN.
-function PL.max(a, b)
-  return math.max(a, b)
-end
-function PL.min(a, b)
-  return math.min(a, b)
-end
-
--- Rust's `micros_to_duration` in nanoseconds: negative and NaN are 0, the rest rounds
--- half up. An integer reply is exact below 2^62; larger values go as a float in a string.
-function PL.nanos(us)
+-- Rust's `micros_to_duration`, in nanoseconds: negative and NaN are 0, the rest rounds
+-- half up.
+local function round_nanos(us)
   if us ~= us or us <= 0 then
     return 0
   end
-  local n = math.floor(us * 1000 + 0.5)
+  return math.floor(us * 1000 + 0.5)
+end
+
+-- A time for the reply, in nanoseconds: an integer reply is exact below 2^62; larger
+-- values go as a float in a string.
+function PL.nanos(us)
+  local n = round_nanos(us)
   if n < 4611686018427387904 then
     return n
   end
@@ -52,9 +50,5 @@ end
 -- Microseconds, rounded to the nearest nanosecond then up to the next whole microsecond,
 -- as the memory store turns a `reset_after` into an expiry time.
 function PL.expiry(now, reset_after)
-  if reset_after ~= reset_after or reset_after <= 0 then
-    return now
-  end
-  local nanos = math.floor(reset_after * 1000 + 0.5)
-  return now + math.ceil(nanos / 1000)
+  return now + math.ceil(round_nanos(reset_after) / 1000)
 end
