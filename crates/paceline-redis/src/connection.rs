@@ -242,25 +242,35 @@ pub(crate) fn error_kind(e: &RedisError) -> StoreErrorKind {
     }
 }
 
+/// The number of hash slots in a Redis Cluster.
+pub(crate) const SLOTS: u16 = 16_384;
+
 /// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of the key, or of its hash tag
 /// (the part between the first `{` and the next `}`, if not empty), modulo 16384.
+#[cfg(test)]
 pub(crate) fn slot(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            rest.iter()
-                .position(|&b| b == b'}')
-                .filter(|&close| close > 0)
-                .map(|close| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16_xmodem(tagged) % 16384
+    prefixed_slot(0, key)
 }
 
-fn crc16_xmodem(data: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
+/// The hash slot of a prefix followed by `key`, without joining them: `prefix_crc` is
+/// [`crc16`] of the prefix, which must hold no `{` (so a hash tag, if any, lies in `key`).
+pub(crate) fn prefixed_slot(prefix_crc: u16, key: &[u8]) -> u16 {
+    match hash_tag(key) {
+        Some(tag) => crc16(0, tag) % SLOTS,
+        None => crc16(prefix_crc, key) % SLOTS,
+    }
+}
+
+/// The part between the first `{` and the next `}`, if not empty.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    let close = rest.iter().position(|&b| b == b'}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// CRC16 (XMODEM) of `data`, continuing from `crc` (0 to start).
+pub(crate) fn crc16(mut crc: u16, data: &[u8]) -> u16 {
     for &byte in data {
         crc ^= u16::from(byte) << 8;
         for _ in 0..8 {
@@ -316,5 +326,11 @@ mod tests {
         assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
         assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        // A prefix's CRC carried over gives the slot of the joined key.
+        let prefix = b"paceline:v1:";
+        for key in [&b"user:1"[..], b"{tenant}:x", b"a{}b", b"a{b", b"x}{y}"] {
+            let joined = [&prefix[..], key].concat();
+            assert_eq!(prefixed_slot(crc16(0, prefix), key), slot(&joined));
+        }
     }
 }

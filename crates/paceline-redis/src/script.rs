@@ -5,7 +5,7 @@ use std::sync::LazyLock;
 
 use std::time::Duration;
 
-use paceline::{Decision, Policy, StoreError, StoreErrorKind};
+use paceline::{Decision, StoreError, StoreErrorKind};
 use redis::Value;
 
 /// The files, in load order: the shared helpers, the algorithms, the entry point.
@@ -57,23 +57,27 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
 /// Values the script returns per decision.
 const REPLY_WIDTH: usize = 4;
 
-/// Turns the script's flat reply into decisions, one per policy in `policies`.
-pub(crate) fn parse_reply(reply: Value, policies: &[&Policy]) -> Result<Vec<Decision>, StoreError> {
+/// Turns the script's flat reply into decisions, one per entry of `limits` (each decision's
+/// policy's limit, which the script does not repeat).
+pub(crate) fn parse_reply(
+    reply: Value,
+    limits: impl ExactSizeIterator<Item = u64>,
+) -> Result<Vec<Decision>, StoreError> {
     let Value::Array(values) = reply else {
         return Err(protocol(format!("expected an array, got {reply:?}")));
     };
-    if values.len() != policies.len() * REPLY_WIDTH {
+    let count = limits.len();
+    if values.len() != count * REPLY_WIDTH {
         return Err(protocol(format!(
-            "expected {} values for {} decisions, got {}",
-            policies.len() * REPLY_WIDTH,
-            policies.len(),
+            "expected {} values for {count} decisions, got {}",
+            count * REPLY_WIDTH,
             values.len()
         )));
     }
     values
         .chunks_exact(REPLY_WIDTH)
-        .zip(policies)
-        .map(|(v, policy)| {
+        .zip(limits)
+        .map(|(v, limit)| {
             let allowed = match &v[0] {
                 Value::Int(1) => true,
                 Value::Int(0) => false,
@@ -83,7 +87,7 @@ pub(crate) fn parse_reply(reply: Value, policies: &[&Policy]) -> Result<Vec<Deci
                 Value::Int(n) => u64::try_from(*n).unwrap_or(0),
                 other => return Err(protocol(format!("`remaining` is {other:?}"))),
             };
-            let mut decision = Decision::from_micros(allowed, 0.0, remaining, 0.0, policy.limit());
+            let mut decision = Decision::from_micros(allowed, 0.0, remaining, 0.0, limit);
             decision.delay = nanos(&v[1], "delay")?;
             decision.reset_after = nanos(&v[3], "reset_after")?;
             Ok(decision)
@@ -131,6 +135,7 @@ fn protocol(message: String) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use paceline::Policy;
 
     #[test]
     fn nanoseconds_come_as_integers_or_large_floats() {
@@ -157,7 +162,9 @@ mod tests {
         let policy: Policy = "gcra:rate=1/s".parse().unwrap();
         let short = Value::Array(vec![Value::Int(1)]);
         assert_eq!(
-            parse_reply(short, &[&policy]).unwrap_err().kind(),
+            parse_reply(short, [policy.limit()].into_iter())
+                .unwrap_err()
+                .kind(),
             StoreErrorKind::Protocol
         );
         let ok = Value::Array(vec![
@@ -166,7 +173,7 @@ mod tests {
             Value::Int(0),
             Value::Int(1_000_000_000),
         ]);
-        let d = parse_reply(ok, &[&policy]).unwrap();
+        let d = parse_reply(ok, [policy.limit()].into_iter()).unwrap();
         assert!(d[0].allowed);
         assert_eq!(d[0].reset_after, Duration::from_secs(1));
         assert_eq!(d[0].limit, 1);

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use paceline::policy::MAX_NOW_US;
+use paceline::policy::check_now;
 use paceline::{
     Clock, Decision, Error, Fallback, InputError, MemoryStore, Op, Policy, Sleep, Store,
     StoreError, StoreErrorKind, SyncStore,
@@ -14,7 +14,7 @@ use redis::{RedisResult, Value};
 
 use crate::args::push_policy;
 use crate::batch::{self, Job, Queue};
-use crate::connection::{error_kind, slot, Connection, Target};
+use crate::connection::{crc16, error_kind, prefixed_slot, Connection, Target, SLOTS};
 use crate::failure::FailurePolicy;
 use crate::script::{parse_reply, DECIDE, LIBRARY};
 
@@ -96,6 +96,8 @@ struct Inner {
     connection: Connection,
     /// `PREFIX:v1:`.
     key_prefix: String,
+    /// CRC16 of `key_prefix`, so a key's cluster slot needs no joined string.
+    prefix_crc: u16,
     clock: Option<Arc<dyn Clock>>,
     ttl_slack_ms: u64,
     response_timeout: Duration,
@@ -247,8 +249,11 @@ impl RedisStore {
         let (waiting, to_send): (Vec<usize>, Vec<usize>) = valid
             .into_iter()
             .partition(|&i| self.in_backoff(self.group_of(requests[i].key)));
-        for i in waiting {
-            results[i] = Some(self.fall_back(self.backoff_error(), &requests[i]));
+        if !waiting.is_empty() {
+            let error = self.backoff_error();
+            for i in waiting {
+                results[i] = Some(self.fall_back(error.clone(), &requests[i]));
+            }
         }
         let batch: Vec<&Request> = to_send.iter().map(|&i| &requests[i]).collect();
         for (&i, outcome) in to_send.iter().zip(self.run_valid(&batch, now).await) {
@@ -269,98 +274,70 @@ impl RedisStore {
         // In a cluster whose slot map is known, one call per node: the library may touch
         // several slots of the node it runs on. Otherwise one call per slot.
         let nodes = self.node_map();
-        let mut groups: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
-        for (i, r) in requests.iter().enumerate() {
-            let group = if self.is_cluster() {
-                let slot = slot(self.redis_key(r.key).as_bytes());
-                match nodes.as_ref().map(|n| n[usize::from(slot)]) {
-                    Some(node) if node != NO_NODE => 16_384 + u32::from(node),
-                    _ => u32::from(slot),
-                }
-            } else {
-                0
-            };
-            groups.entry(group).or_default().push(i);
-        }
+        let groups = self.groups(requests, nodes.as_deref());
+        let stale = AtomicBool::new(false);
         let outcomes =
             futures_util::future::join_all(groups.into_iter().map(|(group, indices)| {
+                let stale = &stale;
                 async move {
+                    let spread = matches!(group, Group::Node(_));
                     let mut outcomes = Vec::with_capacity(indices.len());
                     for chunk in indices.chunks(MAX_DECISIONS_PER_CALL) {
                         let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
-                        let outcome = match self.call(&batch, now, group >= 16_384).await {
-                            // The slot map was stale (a slot moved): the call failed reading
-                            // its keys, before any write, so it is safe to send again, per slot.
-                            Err(e) if group >= 16_384 && is_redirect(&e) => {
-                                self.refresh_node_map().await;
-                                self.call_per_slot(&batch, now).await
+                        match self.call(&batch, now, spread).await {
+                            // The slot map was stale (a slot moved): the call failed reading its
+                            // keys, before any write, so it is safe to send again, per slot.
+                            Err(e) if spread && is_redirect(&e) => {
+                                stale.store(true, Ordering::Relaxed);
+                                for indices in self.groups(&batch, None).into_values() {
+                                    let part: Vec<&Request> =
+                                        indices.iter().map(|&i| batch[i]).collect();
+                                    let outcome = self.call(&part, now, false).await;
+                                    fan_out(
+                                        &mut outcomes,
+                                        indices.iter().map(|&i| chunk[i]),
+                                        outcome,
+                                    );
+                                }
                             }
-                            other => other.map(|ds| ds.into_iter().map(Ok).collect()),
-                        };
-                        match outcome {
-                            Ok(results) => outcomes.extend(chunk.iter().copied().zip(results)),
-                            Err(e) => outcomes.extend(chunk.iter().map(|&i| (i, Err(e.clone())))),
+                            outcome => fan_out(&mut outcomes, chunk.iter().copied(), outcome),
                         }
                     }
                     outcomes
                 }
             }))
             .await;
+        if stale.load(Ordering::Relaxed) {
+            self.refresh_node_map().await;
+        }
         let mut results: Vec<Option<Result<Decision, StoreError>>> = vec![None; requests.len()];
         for (i, outcome) in outcomes.into_iter().flatten() {
             results[i] = Some(outcome);
         }
-        results
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(StoreError::new(
-                        StoreErrorKind::Protocol,
-                        "no answer for a request",
-                    ))
-                })
-            })
-            .collect()
+        collect(results)
     }
 
-    /// `batch` as one call per slot, in order; one result per request.
-    async fn call_per_slot(
+    /// `requests`' indices by the group that must run them, each in order: by node when
+    /// `nodes` (the slot-to-node map) is given, else by slot; one group on a single server.
+    fn groups(
         &self,
-        batch: &[&Request<'_>],
-        now: Option<u64>,
-    ) -> Result<Vec<Result<Decision, StoreError>>, StoreError> {
-        let mut by_slot: BTreeMap<u16, Vec<usize>> = BTreeMap::new();
-        for (i, r) in batch.iter().enumerate() {
-            by_slot
-                .entry(slot(self.redis_key(r.key).as_bytes()))
-                .or_default()
-                .push(i);
-        }
-        let mut results: Vec<Result<Decision, StoreError>> = batch
-            .iter()
-            .map(|_| {
-                Err(StoreError::new(
-                    StoreErrorKind::Protocol,
-                    "no answer for a request",
-                ))
-            })
-            .collect();
-        for indices in by_slot.values() {
-            let part: Vec<&Request> = indices.iter().map(|&i| batch[i]).collect();
-            match self.call(&part, now, false).await {
-                Ok(decisions) => {
-                    for (&i, d) in indices.iter().zip(decisions) {
-                        results[i] = Ok(d);
-                    }
+        requests: &[&Request<'_>],
+        nodes: Option<&[u16]>,
+    ) -> BTreeMap<Group, Vec<usize>> {
+        let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
+        for (i, r) in requests.iter().enumerate() {
+            let group = if self.is_cluster() {
+                let slot = self.slot_of(r.key);
+                match nodes.map(|n| n[usize::from(slot)]) {
+                    Some(node) if node != NO_NODE => Group::Node(node),
+                    _ => Group::Slot(slot),
                 }
-                Err(e) => {
-                    for &i in indices {
-                        results[i] = Err(e.clone());
-                    }
-                }
-            }
+            } else {
+                Group::Single
+            };
+            groups.entry(group).or_default().push(i);
         }
-        Ok(results)
+        groups
     }
 
     /// The cluster's slot-to-node map, if known (cluster with functions only).
@@ -443,14 +420,7 @@ impl RedisStore {
             return Ok(None);
         };
         let now = clock.now_micros();
-        if now > MAX_NOW_US {
-            return Err(InputError::new(
-                "now",
-                format!(
-                    "{now} µs is past the last supported time ({MAX_NOW_US} µs after the epoch)"
-                ),
-            ));
-        }
+        check_now(now)?;
         Ok(Some(now))
     }
 
@@ -528,8 +498,7 @@ impl RedisStore {
         let reply = self
             .bounded(run_decide(&mut connection, &call), "a decision")
             .await?;
-        let policies: Vec<&Policy> = batch.iter().map(|r| r.policy).collect();
-        parse_reply(reply, &policies)
+        parse_reply(reply, batch.iter().map(|r| r.policy.limit()))
     }
 
     /// Awaits `f` for at most the response timeout.
@@ -558,10 +527,15 @@ impl RedisStore {
         u64::try_from(self.inner.started.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 
+    /// The hash slot of `key`'s Redis key (in a cluster).
+    fn slot_of(&self, key: &str) -> u16 {
+        prefixed_slot(self.inner.prefix_crc, key.as_bytes())
+    }
+
     /// The backoff group of `key`: its hash slot in a cluster, 0 on a single server.
     fn group_of(&self, key: &str) -> usize {
         if self.is_cluster() {
-            usize::from(slot(self.redis_key(key).as_bytes()))
+            usize::from(self.slot_of(key))
         } else {
             0
         }
@@ -792,13 +766,15 @@ impl RedisStoreBuilder {
         } else {
             0
         };
-        let groups = if connection.is_cluster() { 16384 } else { 1 };
+        let groups = if connection.is_cluster() { SLOTS } else { 1 };
+        let key_prefix = format!("{}:{FORMAT_VERSION}:", self.prefix);
         let functions = !self.scripts_only && load_library(&mut connection.clone()).await.is_ok();
         let mut store = RedisStore {
             queue: None,
             inner: Arc::new(Inner {
                 connection,
-                key_prefix: format!("{}:{FORMAT_VERSION}:", self.prefix),
+                prefix_crc: crc16(0, key_prefix.as_bytes()),
+                key_prefix,
                 clock: self.clock,
                 ttl_slack_ms,
                 response_timeout: self.response_timeout,
@@ -886,7 +862,7 @@ fn slot_map(reply: &Value) -> Option<Arc<[u16]>> {
     let Value::Array(ranges) = reply else {
         return None;
     };
-    let mut map = vec![NO_NODE; 16_384];
+    let mut map = vec![NO_NODE; usize::from(SLOTS)];
     let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
     for range in ranges {
         let Value::Array(fields) = range else {
@@ -962,16 +938,39 @@ async fn load_library(connection: &mut Connection) -> RedisResult<()> {
     }
 }
 
-/// Every request's result; a request left without one (which would be a bug) is an error.
-fn collect(results: Vec<Option<Result<Decision, Error>>>) -> Vec<Result<Decision, Error>> {
+/// Which calls a request can share: one server, one cluster slot, or one cluster node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Group {
+    Single,
+    Slot(u16),
+    Node(u16),
+}
+
+/// The error for a request left without an answer (which would be a bug).
+fn no_answer() -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, "no answer for a request")
+}
+
+/// Every request's result; a request left without one is an error.
+fn collect<E: From<StoreError>>(
+    results: Vec<Option<Result<Decision, E>>>,
+) -> Vec<Result<Decision, E>> {
     results
         .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
-                Err(StoreError::new(StoreErrorKind::Protocol, "no answer for a request").into())
-            })
-        })
+        .map(|r| r.unwrap_or_else(|| Err(no_answer().into())))
         .collect()
+}
+
+/// Records one call's outcome for the requests it carried (`indices`, in order).
+fn fan_out(
+    outcomes: &mut Vec<(usize, Result<Decision, StoreError>)>,
+    indices: impl Iterator<Item = usize>,
+    outcome: Result<Vec<Decision>, StoreError>,
+) {
+    match outcome {
+        Ok(decisions) => outcomes.extend(indices.zip(decisions.into_iter().map(Ok))),
+        Err(e) => outcomes.extend(indices.map(|i| (i, Err(e.clone())))),
+    }
 }
 
 #[cfg(test)]

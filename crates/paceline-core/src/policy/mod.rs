@@ -237,6 +237,19 @@ fn apply_typed<A: Algorithm>(
     decision
 }
 
+/// Checks that `now` (microseconds since the Unix epoch) is within the supported range: at
+/// most [`MAX_NOW_US`], so that times stay exact in f64 arithmetic, here and in stores that
+/// compute elsewhere (Lua).
+pub fn check_now(now: u64) -> Result<(), InputError> {
+    if now > MAX_NOW_US {
+        return Err(InputError::new(
+            "now",
+            format!("{now} µs is past the last supported time ({MAX_NOW_US} µs after the epoch, in the year 2255)"),
+        ));
+    }
+    Ok(())
+}
+
 impl Policy {
     /// Applies one request for one key at `now` (microseconds since the Unix epoch) to the
     /// key's `state` (`None` = idle), returning the decision.
@@ -256,12 +269,7 @@ impl Policy {
         cost: u64,
     ) -> Result<Decision, InputError> {
         self.check_cost(op, cost)?;
-        if now > MAX_NOW_US {
-            return Err(InputError::new(
-                "now",
-                format!("{now} µs is past the last supported time ({MAX_NOW_US} µs after the epoch, in the year 2255)"),
-            ));
-        }
+        check_now(now)?;
         Ok(self.apply_validated(state, now, op, cost))
     }
 
