@@ -216,14 +216,8 @@ fn summarize(what: String, concurrency: usize, mut latencies: Vec<f64>, seconds:
 
 /// `redis-benchmark -P 16` running [`MINIMAL_GCRA`] by EVALSHA on random keys.
 fn redis_benchmark(server: &RedisServer, seconds: f64) -> Result<Row, String> {
-    let load = Command::new("redis-cli")
-        .args([
-            "-p",
-            &server.port().to_string(),
-            "SCRIPT",
-            "LOAD",
-            MINIMAL_GCRA,
-        ])
+    let load = paceline_testkit::redis_cli(server.port())
+        .args(["SCRIPT", "LOAD", MINIMAL_GCRA])
         .output()
         .map_err(|e| format!("redis-cli: {e}"))?;
     let sha = String::from_utf8_lossy(&load.stdout).trim().to_string();

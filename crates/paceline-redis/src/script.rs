@@ -1,5 +1,6 @@
-//! The Lua library the store runs: one script, the twins of all eight algorithms, loaded once
-//! per server and called by its SHA1 (`EVALSHA`, reloaded after `NOSCRIPT`).
+//! The Lua library the store runs: the twins of all eight algorithms and the decision entry
+//! point, loaded as a Redis function library (`FCALL`, Redis 7+) or, where that is not
+//! possible, as a script called by its SHA1 (`EVALSHA`, reloaded after `NOSCRIPT`).
 
 use std::sync::LazyLock;
 

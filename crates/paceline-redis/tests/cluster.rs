@@ -2,12 +2,11 @@
 //! another node (resharding) while a store holds the old map, its calls are refused
 //! before any write and sent again per slot: no decision is lost or applied twice.
 
-use std::process::Command;
 use std::sync::Arc;
 
 use paceline::{Limiter, Op, Policy};
 use paceline_redis::{FailurePolicy, RedisStore, Request};
-use paceline_testkit::RedisCluster;
+use paceline_testkit::{redis_cli, RedisCluster};
 
 #[tokio::test]
 async fn batches_survive_slots_moving_to_another_node() {
@@ -36,13 +35,13 @@ async fn batches_survive_slots_moving_to_another_node() {
     // Move a thousand slots from the first node to the second, keys and all.
     let nodes = cluster.nodes();
     let id = |port: u16| {
-        let out = Command::new("redis-cli")
-            .args(["-p", &port.to_string(), "CLUSTER", "MYID"])
+        let out = redis_cli(port)
+            .args(["CLUSTER", "MYID"])
             .output()
             .expect("redis-cli runs");
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
-    let moved = Command::new("redis-cli")
+    let moved = redis_cli(nodes[0].port())
         .args(["--cluster", "reshard", &nodes[0].addr()])
         .args(["--cluster-from", &id(nodes[0].port())])
         .args(["--cluster-to", &id(nodes[1].port())])

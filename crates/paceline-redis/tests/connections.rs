@@ -81,8 +81,8 @@ async fn password_and_acl_users() {
     );
 
     // An ACL user (AUTH user password), created with the admin password.
-    let acl = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "--no-auth-warning", "-a", "s3cret"])
+    let acl = paceline_testkit::redis_cli(port)
+        .args(["--no-auth-warning", "-a", "s3cret"])
         .args(["ACL", "SETUSER", "worker", "on", ">w0rker!", "+@all", "~*"])
         .output()
         .expect("redis-cli runs");
@@ -95,8 +95,8 @@ async fn password_and_acl_users() {
 
     // A user who may not load functions still gets the same decisions, from the same Lua
     // run as a script (EVALSHA): the path for Redis before 7, too.
-    let acl = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "--no-auth-warning", "-a", "s3cret"])
+    let acl = paceline_testkit::redis_cli(port)
+        .args(["--no-auth-warning", "-a", "s3cret"])
         .args([
             "ACL",
             "SETUSER",

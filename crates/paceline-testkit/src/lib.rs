@@ -33,6 +33,14 @@ fn cli_binary() -> String {
     std::env::var("PACELINE_REDIS_CLI").unwrap_or_else(|_| "redis-cli".to_string())
 }
 
+/// A `redis-cli` command for the private server on `port` (`PACELINE_REDIS_CLI` names
+/// another binary).
+pub fn redis_cli(port: u16) -> Command {
+    let mut command = Command::new(cli_binary());
+    command.args(["-p", &port.to_string()]);
+    command
+}
+
 /// One private `redis-server` process.
 pub struct RedisServer {
     port: u16,
