@@ -11,24 +11,8 @@ use crate::ServeArgs;
 fn settings(args: &ServeArgs) -> Result<Settings, ConfigError> {
     let mut s = Settings::default();
     if let Some(path) = &args.config {
-        let file = config::read_file(path)?;
+        s.apply_file(config::read_file(path)?);
         s.config_file = Some(path.clone());
-        if let Some(v) = file.listen {
-            s.listen = v;
-        }
-        if let Some(v) = file.store {
-            s.store = v;
-        }
-        if let Some(v) = file.failure_policy {
-            s.failure_policy = v;
-        }
-        if let Some(v) = file.auth_token {
-            s.auth_token = Some(v);
-        }
-        if let Some(v) = file.allow_inline_policies {
-            s.allow_inline_policies = v;
-        }
-        s.policies = file.policies;
     }
     let flag = |field: &str, message: String| ConfigError {
         source: "command line".into(),
@@ -96,14 +80,11 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 return ExitCode::from(1);
             }
         };
-        log(
-            json_logs,
-            &format!(
-                "listening on http://{} (store: {}, {policies} configured policies)",
-                server.local_addr(),
-                server.store_description()
-            ),
-        );
+        log(&format!(
+            "listening on http://{} (store: {}, {policies} configured policies)",
+            server.local_addr(),
+            server.store_description()
+        ));
         let reloader = server.reloader();
         tokio::spawn(async move {
             let Ok(mut hangups) =
@@ -113,8 +94,8 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             };
             while hangups.recv().await.is_some() {
                 match reloader.reload() {
-                    Ok(message) => log(json_logs, &format!("reloaded: {message}")),
-                    Err(message) => log(json_logs, &format!("reload failed: {message}")),
+                    Ok(message) => log(&format!("reloaded: {message}")),
+                    Err(message) => log(&format!("reload failed: {message}")),
                 }
             }
         });
@@ -131,11 +112,11 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 _ = tokio::signal::ctrl_c() => {}
                 _ = terminate => {}
             }
-            log(json_logs, "shutting down: finishing in-flight requests");
+            log("shutting down: finishing in-flight requests");
         };
         match server.run(shutdown).await {
             Ok(()) => {
-                log(json_logs, "stopped");
+                log("stopped");
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -147,7 +128,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
 }
 
 /// Logs through `tracing` (set up by [`init_logs`]).
-fn log(_json: bool, message: &str) {
+fn log(message: &str) {
     tracing::info!(target: "paceline::serve", "{message}");
 }
 

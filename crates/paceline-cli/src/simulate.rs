@@ -104,14 +104,9 @@ fn advance(clock: &ManualClock, us: u64) -> Result<(), String> {
     Ok(())
 }
 
-/// Whole microseconds, rounded to the nearest.
-fn duration_us(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_nanos().saturating_add(500) / 1_000).unwrap_or(u64::MAX)
-}
-
 /// Milliseconds with microsecond precision.
 fn duration_ms(d: std::time::Duration) -> f64 {
-    duration_us(d) as f64 / 1_000.0
+    paceline::round_to_micros(d) as f64 / 1_000.0
 }
 
 fn micros_ms(us: u64) -> f64 {
@@ -251,7 +246,7 @@ async fn replay<S: Store>(
                 if let (SimOp::Acquire, Some(d)) = (req.op, &decision) {
                     if d.allowed {
                         // The same rounding (to the nearest microsecond) as `delay_ms`.
-                        advance(clock, duration_us(d.delay))
+                        advance(clock, paceline::round_to_micros(d.delay))
                             .map_err(|message| fail("op", format!("acquire {message}")))?;
                     }
                 }

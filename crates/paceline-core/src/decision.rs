@@ -176,6 +176,19 @@ pub fn micros_to_duration(us: f64) -> Duration {
     Duration::from_nanos(nanos as u64)
 }
 
+/// A [`Duration`] in whole microseconds, rounded to the nearest (half up), saturating: how
+/// the CLI and the service print times (milliseconds with microsecond precision).
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(paceline_core::round_to_micros(Duration::from_nanos(1_499)), 1);
+/// assert_eq!(paceline_core::round_to_micros(Duration::from_nanos(1_500)), 2);
+/// assert_eq!(paceline_core::round_to_micros(Duration::MAX), u64::MAX);
+/// ```
+pub fn round_to_micros(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().saturating_add(500) / 1_000).unwrap_or(u64::MAX)
+}
+
 /// Converts a [`Duration`] to fractional microseconds.
 #[inline]
 pub fn duration_to_micros(d: Duration) -> f64 {

@@ -37,7 +37,9 @@ pub mod policy;
 pub mod spec;
 
 pub use clock::{Clock, ManualClock, Sleep};
-pub use decision::{duration_to_micros, micros_to_duration, Decision, Fallback, Op};
+pub use decision::{
+    duration_to_micros, micros_to_duration, round_to_micros, Decision, Fallback, Op,
+};
 pub use error::{Error, InputError, StoreError, StoreErrorKind};
 pub use policy::{Policy, State, ALGORITHMS};
 pub use spec::Rate;

@@ -1,7 +1,7 @@
 //! The HTTP API: routes, request validation, responses.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
@@ -10,9 +10,11 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use axum::Extension;
 use axum::{Json, Router};
 use paceline::{Decision, Error, MemoryStore, Op, Policy, Store, StoreErrorKind};
 use paceline_redis::{RedisStore, Request};
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::config::Settings;
@@ -53,13 +55,51 @@ impl Backend {
             Backend::Redis(s) => s.reset(key).await,
         }
     }
+
+    /// Decides `asks` in order: on Redis in one round trip per node, in memory one by one.
+    async fn decide_batch(&self, asks: &[&Ask]) -> Vec<Result<Decision, Error>> {
+        match self {
+            Backend::Redis(store) => {
+                let requests: Vec<Request> = asks
+                    .iter()
+                    .map(|a| Request {
+                        policy: &a.policy,
+                        key: &a.store_key,
+                        op: a.op,
+                        cost: a.cost,
+                    })
+                    .collect();
+                store.decide_batch(&requests).await
+            }
+            Backend::Memory(store) => {
+                let mut out = Vec::with_capacity(asks.len());
+                for a in asks {
+                    out.push(store.decide(&a.policy, &a.store_key, a.op, a.cost).await);
+                }
+                out
+            }
+        }
+    }
+
+    /// Whether the store answers (Redis: a `PING`).
+    async fn ready(&self) -> Result<(), String> {
+        match self {
+            Backend::Memory(_) => Ok(()),
+            Backend::Redis(store) => store.ping().await.map_err(|e| e.to_string()),
+        }
+    }
 }
+
+/// The most inline specs remembered parsed; beyond, the memory starts over.
+const INLINE_CACHE: usize = 1_024;
 
 /// What a reload can change: the policies and the access rules.
 pub(crate) struct Live {
     pub(crate) policies: BTreeMap<String, Policy>,
     pub(crate) auth_token: Option<String>,
     pub(crate) allow_inline_policies: bool,
+    /// Inline specs already parsed: the policy and its key namespace.
+    inline: RwLock<HashMap<String, (Policy, String)>>,
 }
 
 impl Live {
@@ -68,7 +108,32 @@ impl Live {
             policies: settings.policies.clone(),
             auth_token: settings.auth_token.clone(),
             allow_inline_policies: settings.allow_inline_policies,
+            inline: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// An inline spec's policy and key namespace, parsed once.
+    fn inline(&self, spec: &str) -> Result<(Policy, String), ApiError> {
+        if let Some(known) = self
+            .inline
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(spec)
+        {
+            return Ok(known.clone());
+        }
+        let policy: Policy = spec.parse().map_err(|e: paceline::InputError| {
+            ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
+        })?;
+        // The canonical spec keeps equal policies on the same keys.
+        let namespace = format!("~{policy}");
+        let parsed = (policy, namespace);
+        let mut cache = self.inline.write().unwrap_or_else(PoisonError::into_inner);
+        if cache.len() >= INLINE_CACHE {
+            cache.clear();
+        }
+        cache.insert(spec.to_string(), parsed.clone());
+        Ok(parsed)
     }
 }
 
@@ -77,18 +142,14 @@ pub(crate) struct AppState {
     pub(crate) live: RwLock<Arc<Live>>,
     pub(crate) backend: Backend,
     pub(crate) metrics: Metrics,
-    /// Runs a reload and says what happened (for `POST /v1/reload`).
-    pub(crate) reload: Box<dyn Fn() -> Result<String, String> + Send + Sync>,
+    /// The settings the service started with (flags and file); a reload lays the file's
+    /// policies and access rules over them. The lock also makes reloads one at a time.
+    pub(crate) base: Mutex<Settings>,
 }
 
 impl AppState {
     fn live(&self) -> Arc<Live> {
-        Arc::clone(
-            &self
-                .live
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        Arc::clone(&self.live.read().unwrap_or_else(PoisonError::into_inner))
     }
 }
 
@@ -135,7 +196,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
 }
 
 /// A JSON error: `{"error": {"code", "field", "message"}}` with its status.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
@@ -162,20 +223,81 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", field, message)
     }
 
-    fn body(&self) -> Value {
-        json!({"error": {"code": self.code, "field": self.field, "message": self.message}})
+    fn unknown_policy(name: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_policy",
+            "policy",
+            format!("no policy named `{name}`; see GET /v1/policies"),
+        )
+    }
+
+    fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            code: self.code,
+            field: &self.field,
+            message: &self.message,
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        (self.status, Json(json!({ "error": self.body() }))).into_response()
     }
 }
 
+/// `{"code", "field", "message"}` of an error (fields in the order JSON objects print).
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    code: &'static str,
+    field: &'a str,
+    message: &'a str,
+}
+
+/// One decision's JSON body (fields in alphabetical order, as the API has always printed
+/// them); `status` only in batch answers.
+#[derive(Serialize)]
+struct DecisionBody<'a> {
+    allowed: bool,
+    delay_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback: Option<&'static str>,
+    limit: u64,
+    policy: &'a str,
+    remaining: u64,
+    reset_after_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+}
+
+impl<'a> DecisionBody<'a> {
+    fn new(policy: &'a str, d: &Decision, status: Option<u16>) -> DecisionBody<'a> {
+        DecisionBody {
+            allowed: d.allowed,
+            delay_ms: ms(d.delay),
+            fallback: d.fallback.map(|f| f.name()),
+            limit: d.limit,
+            policy,
+            remaining: d.remaining,
+            reset_after_ms: ms(d.reset_after),
+            status,
+        }
+    }
+}
+
+/// One answer of a batch: a decision, or an error, each with its status.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum BatchItem<'a> {
+    Decision(DecisionBody<'a>),
+    Error { error: ErrorBody<'a>, status: u16 },
+}
+
+/// Checks the token, and hands the handler the configuration it was checked against.
 async fn authenticate(
     State(state): State<Arc<AppState>>,
-    request: axum::extract::Request,
+    mut request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     let live = state.live();
@@ -199,6 +321,7 @@ async fn authenticate(
             return response;
         }
     }
+    request.extensions_mut().insert(live);
     next.run(request).await
 }
 
@@ -267,12 +390,7 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
         )
     })?;
     let key = text("key")?.ok_or_else(|| ApiError::invalid("key", "is required"))?;
-    if key.is_empty() || key.len() > MAX_KEY {
-        return Err(ApiError::invalid(
-            "key",
-            format!("must be 1 to {MAX_KEY} bytes long"),
-        ));
-    }
+    check_key(key)?;
     let op_name = text("op")?.unwrap_or("pace");
     let cost = match fields.get("cost") {
         None | Some(Value::Null) => 1,
@@ -336,32 +454,37 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
                     "inline policy specs are turned off on this service; use a configured policy's name (GET /v1/policies)",
                 ));
             }
-            let policy: Policy = spec.parse().map_err(|e: paceline::InputError| {
-                ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
-            })?;
-            // The canonical spec keeps equal policies on the same keys.
-            let namespace = format!("~{policy}");
+            let (policy, namespace) = live.inline(spec)?;
             ("inline".to_string(), policy, namespace)
         }
-        None => {
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                "unknown_policy",
-                "policy",
-                format!("no policy named `{spec}`; see GET /v1/policies"),
-            ));
-        }
+        None => return Err(ApiError::unknown_policy(spec)),
     };
     policy
         .check_cost(op, cost)
         .map_err(|e| ApiError::invalid(e.field().to_string(), e.message().to_string()))?;
     Ok(Ask {
-        store_key: format!("{namespace}:{key}"),
+        store_key: store_key(&namespace, key),
         name,
         policy,
         op,
         cost,
     })
+}
+
+/// Keys are 1 to [`MAX_KEY`] bytes.
+fn check_key(key: &str) -> Result<(), ApiError> {
+    if key.is_empty() || key.len() > MAX_KEY {
+        return Err(ApiError::invalid(
+            "key",
+            format!("must be 1 to {MAX_KEY} bytes long"),
+        ));
+    }
+    Ok(())
+}
+
+/// The store's key for `key` under a policy's namespace (its name, or `~SPEC` inline).
+fn store_key(namespace: &str, key: &str) -> String {
+    format!("{namespace}:{key}")
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -377,17 +500,15 @@ fn kind(v: &Value) -> &'static str {
 
 /// Milliseconds with microsecond precision.
 fn ms(d: Duration) -> f64 {
-    let us = d.as_nanos().saturating_add(500) / 1_000;
-    (us.min(u128::from(u64::MAX)) as u64) as f64 / 1000.0
+    paceline::round_to_micros(d) as f64 / 1000.0
 }
 
-/// The response for one decision: its status, body and rate-limit headers.
-fn answer(
+/// Counts a decision in the metrics and turns a failure into its API error.
+fn settle(
     state: &AppState,
     ask: &Ask,
     outcome: Result<Decision, Error>,
-) -> (StatusCode, HeaderMap, Value) {
-    let mut headers = HeaderMap::new();
+) -> Result<Decision, ApiError> {
     let decision = match outcome {
         Ok(d) => d,
         Err(e) => {
@@ -396,7 +517,7 @@ fn answer(
                 outcome: "error",
             };
             state.metrics.decisions.get_or_create(&labels).inc();
-            let error = match e {
+            return Err(match e {
                 Error::Input(e) => {
                     ApiError::invalid(e.field().to_string(), e.message().to_string())
                 }
@@ -420,8 +541,7 @@ fn answer(
                     "store",
                     other.to_string(),
                 ),
-            };
-            return (error.status, headers, error.body());
+            });
         }
     };
     let outcome = match (decision.fallback, decision.allowed) {
@@ -449,45 +569,46 @@ fn answer(
             })
             .observe(decision.delay.as_secs_f64());
     }
+    Ok(decision)
+}
+
+/// 200 admitted, 429 rejected.
+fn status_of(decision: &Decision) -> StatusCode {
+    if decision.allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    }
+}
+
+/// `RateLimit-Policy`, `RateLimit` and, for a rejection, `Retry-After`.
+fn rate_limit_headers(name: &str, decision: &Decision) -> HeaderMap {
+    let mut headers = HeaderMap::new();
     let seconds_up = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    let quoted = format!("\"{}\"", ask.name);
-    if let Ok(v) = HeaderValue::from_str(&format!("{quoted};q={}", decision.limit)) {
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={}", decision.limit)) {
         headers.insert("ratelimit-policy", v);
     }
     if let Ok(v) = HeaderValue::from_str(&format!(
-        "{quoted};r={};t={}",
+        "\"{name}\";r={};t={}",
         decision.remaining,
         seconds_up(decision.reset_after)
     )) {
         headers.insert("ratelimit", v);
     }
-    let status = if decision.allowed {
-        StatusCode::OK
-    } else {
+    if !decision.allowed {
         headers.insert(
             header::RETRY_AFTER,
             HeaderValue::from(seconds_up(decision.delay).max(1)),
         );
-        StatusCode::TOO_MANY_REQUESTS
-    };
-    let mut body = Map::new();
-    body.insert("allowed".into(), decision.allowed.into());
-    body.insert("delay_ms".into(), ms(decision.delay).into());
-    body.insert("remaining".into(), decision.remaining.into());
-    body.insert("reset_after_ms".into(), ms(decision.reset_after).into());
-    body.insert("limit".into(), decision.limit.into());
-    body.insert("policy".into(), ask.name.clone().into());
-    if let Some(f) = decision.fallback {
-        body.insert("fallback".into(), f.name().into());
     }
-    (status, headers, Value::Object(body))
+    headers
 }
 
 async fn decision(
     State(state): State<Arc<AppState>>,
+    Extension(live): Extension<Arc<Live>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let live = state.live();
     let ask = match json_body(body, MAX_BODY).and_then(|v| validate(&live, &v)) {
         Ok(ask) => ask,
         Err(e) => return e.into_response(),
@@ -498,12 +619,20 @@ async fn decision(
         .decide(&ask.policy, &ask.store_key, ask.op, ask.cost)
         .await;
     state.metrics.observe_store(started.elapsed());
-    let (status, headers, body) = answer(&state, &ask, outcome);
-    (status, headers, Json(body)).into_response()
+    match settle(&state, &ask, outcome) {
+        Ok(d) => (
+            status_of(&d),
+            rate_limit_headers(&ask.name, &d),
+            Json(DecisionBody::new(&ask.name, &d, None)),
+        )
+            .into_response(),
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn batch(
     State(state): State<Arc<AppState>>,
+    Extension(live): Extension<Arc<Live>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let items = match json_body(body, MAX_BATCH_BODY) {
@@ -524,79 +653,55 @@ async fn batch(
         )
         .into_response();
     }
-    let live = state.live();
     let asks: Vec<Result<Ask, ApiError>> = items.iter().map(|item| validate(&live, item)).collect();
     let valid: Vec<&Ask> = asks.iter().filter_map(|a| a.as_ref().ok()).collect();
     let started = Instant::now();
-    let mut outcomes = match &state.backend {
-        // One round trip per Redis node for the whole batch, in order.
-        Backend::Redis(store) => {
-            let requests: Vec<Request> = valid
-                .iter()
-                .map(|a| Request {
-                    policy: &a.policy,
-                    key: &a.store_key,
-                    op: a.op,
-                    cost: a.cost,
-                })
-                .collect();
-            store.decide_batch(&requests).await
-        }
-        Backend::Memory(store) => {
-            let mut out = Vec::with_capacity(valid.len());
-            for a in &valid {
-                out.push(store.decide(&a.policy, &a.store_key, a.op, a.cost).await);
-            }
-            out
-        }
-    }
-    .into_iter();
+    let mut outcomes = state.backend.decide_batch(&valid).await.into_iter();
     if !valid.is_empty() {
         state.metrics.observe_store(started.elapsed());
     }
-    let results: Vec<Value> = asks
+    // One result per request, in order: its decision, or why it has none.
+    let settled: Vec<Result<Decision, ApiError>> = asks
         .iter()
-        .map(|ask| {
-            let (status, body) = match ask {
-                Ok(ask) => {
-                    let outcome = outcomes.next().unwrap_or_else(|| {
-                        Err(paceline::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
-                    });
-                    let (status, _, body) = answer(&state, ask, outcome);
-                    (status, body)
-                }
-                Err(e) => (e.status, e.body()),
-            };
-            let mut body = match body {
-                Value::Object(m) => m,
-                other => Map::from_iter([("body".to_string(), other)]),
-            };
-            body.insert("status".into(), status.as_u16().into());
-            Value::Object(body)
+        .map(|ask| match ask {
+            Ok(ask) => {
+                let outcome = outcomes.next().unwrap_or_else(|| {
+                    Err(paceline::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
+                });
+                settle(&state, ask, outcome)
+            }
+            Err(e) => Err(e.clone()),
         })
         .collect();
-    (StatusCode::OK, Json(Value::Array(results))).into_response()
+    let items: Vec<BatchItem> = asks
+        .iter()
+        .zip(&settled)
+        .map(|(ask, result)| match result {
+            Ok(d) => {
+                let name = ask.as_ref().map_or("", |a| a.name.as_str());
+                BatchItem::Decision(DecisionBody::new(name, d, Some(status_of(d).as_u16())))
+            }
+            Err(e) => BatchItem::Error {
+                error: e.body(),
+                status: e.status.as_u16(),
+            },
+        })
+        .collect();
+    (StatusCode::OK, Json(items)).into_response()
 }
 
 async fn reset_key(
     State(state): State<Arc<AppState>>,
+    Extension(live): Extension<Arc<Live>>,
     Path((policy, key)): Path<(String, String)>,
 ) -> Response {
-    let live = state.live();
     if !live.policies.contains_key(&policy) {
-        return ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_policy",
-            "policy",
-            format!("no policy named `{policy}`; see GET /v1/policies"),
-        )
-        .into_response();
+        return ApiError::unknown_policy(&policy).into_response();
     }
-    if key.is_empty() || key.len() > MAX_KEY {
-        return ApiError::invalid("key", format!("must be 1 to {MAX_KEY} bytes long"))
-            .into_response();
+    if let Err(e) = check_key(&key) {
+        return e.into_response();
     }
-    match state.backend.reset(&format!("{policy}:{key}")).await {
+    match state.backend.reset(&store_key(&policy, &key)).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -608,8 +713,7 @@ async fn reset_key(
     }
 }
 
-async fn policies(State(state): State<Arc<AppState>>) -> Json<Value> {
-    let live = state.live();
+async fn policies(Extension(live): Extension<Arc<Live>>) -> Json<Value> {
     let policies: Map<String, Value> = live
         .policies
         .iter()
@@ -624,7 +728,7 @@ async fn policies(State(state): State<Arc<AppState>>) -> Json<Value> {
 }
 
 async fn reload(State(state): State<Arc<AppState>>) -> Response {
-    match (state.reload)() {
+    match state.reload() {
         Ok(message) => Json(json!({"reloaded": true, "message": message})).into_response(),
         Err(message) => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -637,11 +741,7 @@ async fn reload(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    let ready = match &state.backend {
-        Backend::Memory(_) => Ok(()),
-        Backend::Redis(store) => store.ping().await.map_err(|e| e.to_string()),
-    };
-    match ready {
+    match state.backend.ready().await {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,

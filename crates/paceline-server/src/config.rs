@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 
 use paceline::Policy;
 use paceline_redis::FailurePolicy;
+use serde::Deserialize as _;
 
 /// The port `paceline serve` listens on when none is given.
 pub const DEFAULT_PORT: u16 = 7373;
@@ -93,6 +94,34 @@ pub struct FileSettings {
     pub policies: BTreeMap<String, Policy>,
 }
 
+impl Settings {
+    /// Lays every setting `file` holds over these settings.
+    pub fn apply_file(&mut self, file: FileSettings) {
+        if let Some(v) = file.listen {
+            self.listen = v;
+        }
+        if let Some(v) = file.store.clone() {
+            self.store = v;
+        }
+        if let Some(v) = file.failure_policy {
+            self.failure_policy = v;
+        }
+        self.apply_live(file);
+    }
+
+    /// Lays what a reload can change over these settings: the policies, and the token and
+    /// the inline rule where the file sets them.
+    pub fn apply_live(&mut self, file: FileSettings) {
+        self.policies = file.policies;
+        if let Some(v) = file.auth_token {
+            self.auth_token = Some(v);
+        }
+        if let Some(v) = file.allow_inline_policies {
+            self.allow_inline_policies = v;
+        }
+    }
+}
+
 const KNOWN: &[&str] = &[
     "listen",
     "store",
@@ -103,7 +132,7 @@ const KNOWN: &[&str] = &[
 ];
 
 /// The longest policy name (it appears in URLs, metrics and keys).
-pub const MAX_POLICY_NAME: usize = 128;
+const MAX_POLICY_NAME: usize = 128;
 
 /// Reads and validates a config file.
 pub fn read_file(path: &Path) -> Result<FileSettings, ConfigError> {
@@ -192,11 +221,9 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
     Ok(out)
 }
 
-use serde::Deserialize as _;
-
 /// Policy names: 1 to 128 characters from `A-Z a-z 0-9 - _ .`, so they fit URLs, metric
 /// labels and keys as they are.
-pub fn check_policy_name(name: &str) -> Result<(), String> {
+fn check_policy_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= MAX_POLICY_NAME
         && name

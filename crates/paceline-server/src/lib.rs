@@ -82,40 +82,39 @@ pub struct Reloader {
 impl Reloader {
     /// Reloads; on an invalid file the running configuration stays and the error says why.
     pub fn reload(&self) -> Result<String, String> {
-        (self.state.reload)()
+        self.state.reload()
     }
 }
 
-fn reload(base: &Mutex<Settings>, state: &AppState) -> Result<String, String> {
-    let base = base.lock().unwrap_or_else(PoisonError::into_inner);
-    let Some(path) = &base.config_file else {
-        return Err("the service was started without --config; there is nothing to reload".into());
-    };
-    let file =
-        config::read_file(path).map_err(|e| format!("{e}; the previous configuration stays"))?;
-    let mut next = base.clone();
-    next.policies = file.policies;
-    if let Some(token) = file.auth_token {
-        next.auth_token = Some(token);
+impl AppState {
+    /// Re-reads the config file and applies its policies and access rules.
+    pub(crate) fn reload(&self) -> Result<String, String> {
+        let base = self.base.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(path) = &base.config_file else {
+            return Err(
+                "the service was started without --config; there is nothing to reload".into(),
+            );
+        };
+        let file = config::read_file(path)
+            .map_err(|e| format!("{e}; the previous configuration stays"))?;
+        let mut notes = Vec::new();
+        if file.store.as_ref().is_some_and(|s| *s != base.store) {
+            notes.push("`store` changed: restart to apply it");
+        }
+        if file.listen.is_some_and(|l| l != base.listen) {
+            notes.push("`listen` changed: restart to apply it");
+        }
+        let mut next = base.clone();
+        next.apply_live(file);
+        let count = next.policies.len();
+        *self.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::from(&next));
+        let mut message = format!("{count} policies loaded from {}", path.display());
+        for note in notes {
+            message.push_str("; ");
+            message.push_str(note);
+        }
+        Ok(message)
     }
-    if let Some(inline) = file.allow_inline_policies {
-        next.allow_inline_policies = inline;
-    }
-    let mut notes = Vec::new();
-    if file.store.is_some_and(|s| s != base.store) {
-        notes.push("`store` changed: restart to apply it");
-    }
-    if file.listen.is_some_and(|l| l != base.listen) {
-        notes.push("`listen` changed: restart to apply it");
-    }
-    let count = next.policies.len();
-    *state.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::from(&next));
-    let mut message = format!("{count} policies loaded from {}", path.display());
-    for note in notes {
-        message.push_str("; ");
-        message.push_str(note);
-    }
-    Ok(message)
 }
 
 impl Server {
@@ -134,19 +133,11 @@ impl Server {
             .await
             .map_err(ServerError::Listen)?;
         let store = paceline_redis::without_credentials(&settings.store);
-        let base = Arc::new(Mutex::new(settings.clone()));
-        let state = Arc::new_cyclic(|weak: &std::sync::Weak<AppState>| {
-            let weak = weak.clone();
-            let base = Arc::clone(&base);
-            AppState {
-                live: RwLock::new(Arc::new(Live::from(&settings))),
-                backend,
-                metrics: metrics::Metrics::new(),
-                reload: Box::new(move || match weak.upgrade() {
-                    Some(state) => reload(&base, &state),
-                    None => Err("the service is shutting down".into()),
-                }),
-            }
+        let state = Arc::new(AppState {
+            live: RwLock::new(Arc::new(Live::from(&settings))),
+            backend,
+            metrics: metrics::Metrics::new(),
+            base: Mutex::new(settings),
         });
         Ok(Server {
             listener,

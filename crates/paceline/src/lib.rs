@@ -39,8 +39,8 @@ pub mod store;
 pub use clock::SystemClock;
 pub use limiter::Limiter;
 pub use paceline_core::{
-    duration_to_micros, micros_to_duration, policy, spec, Clock, Decision, Error, Fallback,
-    InputError, ManualClock, Op, Policy, Rate, Sleep, State, StoreError, StoreErrorKind,
+    duration_to_micros, micros_to_duration, policy, round_to_micros, spec, Clock, Decision, Error,
+    Fallback, InputError, ManualClock, Op, Policy, Rate, Sleep, State, StoreError, StoreErrorKind,
     ALGORITHMS,
 };
 pub use store::{MemoryStore, MemoryStoreBuilder, Store, SyncStore};
