@@ -2,8 +2,9 @@
 //!
 //! Eight rate-limiting and pacing algorithms as pure transitions over one key's state, with
 //! time passed in (microseconds since the Unix epoch) and never read from a clock. Stores
-//! (in memory; Redis is next) persist the state and call [`Policy::apply`]; users normally reach this
-//! crate through the `paceline` crate's `Limiter`.
+//! persist the state: the memory store calls [`Policy::apply`], the Redis store runs Lua twins
+//! of the same transitions. Users normally reach this crate through the `paceline` crate's
+//! `Limiter`.
 //!
 //! | algorithm | what it is |
 //! |---|---|

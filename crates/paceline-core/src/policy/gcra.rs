@@ -95,8 +95,8 @@ impl Gcra {
     /// `floor((burst*T - ttl) / T)`, computed as `(burst*T - ttl) * (1/T)` (plus a tolerance
     /// far below one cell for float rounding).
     #[inline]
-    fn remaining(&self, ttl: f64, interval: f64) -> u64 {
-        floor_count((self.burst as f64 * interval - ttl) * self.cells_per_micro + CELL_EPSILON)
+    fn remaining(&self, ttl: f64) -> u64 {
+        floor_count((self.burst as f64 * self.interval - ttl) * self.cells_per_micro + CELL_EPSILON)
     }
 }
 
@@ -129,9 +129,7 @@ impl Algorithm for Gcra {
             Op::Pace {
                 max_wait: Some(max),
             } => {
-                let extra = floor_count(
-                    duration_to_micros(max) / self.rate.interval_micros() + CELL_EPSILON,
-                );
+                let extra = floor_count(duration_to_micros(max) / self.interval + CELL_EPSILON);
                 Some(self.burst.saturating_add(extra))
             }
             Op::Pace { max_wait: None } => None,
@@ -225,7 +223,7 @@ impl Gcra {
         Decision::from_micros(
             plan.allowed,
             plan.delay,
-            self.remaining(ttl, self.interval),
+            self.remaining(ttl),
             ttl,
             self.burst,
         )

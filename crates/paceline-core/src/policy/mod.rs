@@ -6,7 +6,7 @@
 //! has no side effects (a rejection, a peek). `None` means "no stored state": the key is idle.
 //! Time is microseconds since the Unix epoch and is always passed in; nothing here reads a
 //! clock. Each module's documentation is its exact contract, the same for every store (the
-//! Redis store, next, will run twins of these functions).
+//! Redis store runs Lua twins of these functions, held equal by differential tests).
 //!
 //! ```
 //! use paceline_core::{Op, Policy};
