@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use paceline_server::{config, ConfigError, Server, Settings};
+use paceline_server::{config, ConfigError, Server, ServerError, Settings};
 
 use crate::ServeArgs;
 
@@ -77,7 +77,10 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             Ok(server) => server,
             Err(e) => {
                 eprintln!("error: {e}");
-                return ExitCode::from(1);
+                // A malformed store URL is bad input, like a bad config; an unreachable
+                // store or a taken port is not.
+                let bad_input = matches!(e, ServerError::Store(paceline::Error::Input(_)));
+                return ExitCode::from(if bad_input { 2 } else { 1 });
             }
         };
         log(&format!(

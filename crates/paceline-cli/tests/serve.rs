@@ -493,6 +493,20 @@ fn a_bad_config_or_flag_exits_2_naming_file_policy_and_field() {
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--failure-policy"));
+    // A store that is not a Redis URL is bad input too; an unreachable one is not.
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["serve", "--store", "mysql://db"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a Redis URL"));
+    let port = free_port();
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["serve", "--store", &format!("redis://127.0.0.1:{port}")])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot connect to Redis"));
 }
 
 #[test]
