@@ -440,11 +440,16 @@ fn sigterm_lets_an_in_flight_request_finish() {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .expect("timeout");
+    // `Expect: 100-continue`: the server answers `100 Continue` once the handler reads the
+    // body, so the request is surely in flight before the signal.
     let head = format!(
-        "POST /v1/decisions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "POST /v1/decisions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).expect("send");
+    let mut interim = [0u8; 25];
+    stream.read_exact(&mut interim).expect("100 Continue");
+    assert!(interim.starts_with(b"HTTP/1.1 100 Continue\r\n\r\n"));
     stream
         .write_all(&body[..10])
         .expect("send part of the body");
