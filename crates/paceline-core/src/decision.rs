@@ -169,11 +169,18 @@ pub fn micros_to_duration(us: f64) -> Duration {
     // Round half up; `as` truncates, and a float-to-int cast is one instruction where
     // `f64::round` may be a library call.
     let nanos = us * 1000.0 + 0.5;
-    if nanos >= u64::MAX as f64 {
-        // Beyond what u64 nanoseconds hold (584 years): saturate.
-        return Duration::MAX;
+    if nanos >= i64::MAX as f64 {
+        // Beyond 292 years: the slow conversion, saturating at what u64 nanoseconds hold.
+        if nanos >= u64::MAX as f64 {
+            return Duration::MAX;
+        }
+        return Duration::from_nanos(nanos as u64);
     }
-    Duration::from_nanos(nanos as u64)
+    // Below 2^63 a signed conversion is exact and a single instruction.
+    let nanos = nanos as i64 as u64;
+    let secs = nanos / 1_000_000_000;
+    // `nanos - secs * 1e9` is below 1e9, so it fits a u32 and `Duration::new` never carries.
+    Duration::new(secs, (nanos - secs * 1_000_000_000) as u32)
 }
 
 /// A [`Duration`] in whole microseconds, rounded to the nearest (half up), saturating: how
@@ -206,7 +213,37 @@ mod tests {
         assert_eq!(micros_to_duration(f64::NAN), Duration::ZERO);
         assert_eq!(micros_to_duration(f64::INFINITY), Duration::MAX);
         assert_eq!(micros_to_duration(1e30), Duration::MAX);
+        // Each side of 2^63 ns, where the conversion changes method; and whole seconds.
+        assert_eq!(
+            micros_to_duration(9.0e15),
+            Duration::from_nanos(9_000_000_000_000_000_000)
+        );
+        assert_eq!(
+            micros_to_duration(1.5e16),
+            Duration::from_nanos(15_000_000_000_000_000_000)
+        );
+        assert_eq!(micros_to_duration(2e6), Duration::from_secs(2));
+        assert_eq!(
+            micros_to_duration(1_999_999.9996),
+            Duration::from_secs(2),
+            "999,999,999.6 ns rounds up into the next second"
+        );
         assert_eq!(duration_to_micros(Duration::from_millis(250)), 250_000.0);
+    }
+
+    #[test]
+    fn micros_conversion_matches_the_plain_formula() {
+        // The fast path against `Duration::from_nanos` of the rounded value, over values
+        // spread from nanoseconds to centuries.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..100_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let us = (x >> 11) as f64 / (1u64 << 53) as f64 * 10f64.powi((x % 16) as i32);
+            let plain = Duration::from_nanos((us * 1000.0 + 0.5) as u64);
+            assert_eq!(micros_to_duration(us), plain, "{us} µs");
+        }
     }
 
     #[test]

@@ -276,41 +276,47 @@ impl Policy {
     /// Checks that `cost` is valid for `op` under this policy without applying anything.
     #[inline]
     pub fn check_cost(&self, op: Op, cost: u64) -> Result<(), InputError> {
-        if cost == 0 {
-            return Err(InputError::new("cost", "must be at least 1"));
-        }
-        if cost > MAX_COUNT {
-            return Err(InputError::new(
-                "cost",
-                format!("{cost} is too large; the maximum is {MAX_COUNT}"),
-            ));
-        }
-        if let Some(max) = self.max_cost(op) {
-            if cost > max {
-                if let Op::Pace {
-                    max_wait: Some(wait),
-                } = op
-                {
-                    return Err(InputError::new(
-                        "cost",
-                        format!(
-                            "{cost} can never be admitted by `{}` within a max_wait of {wait:?} (at most {max}); raise max_wait or lower the cost",
-                            self.algorithm()
-                        ),
-                    ));
-                }
-                return Err(InputError::new(
-                    "cost",
-                    format!(
-                        "{cost} can never be admitted by `{}` with `{}` (at most {max} at once); \
-                         split the request or raise the policy's limit",
-                        self.algorithm(),
-                        op.name()
-                    ),
-                ));
-            }
+        if cost == 0 || cost > MAX_COUNT || self.max_cost(op).is_some_and(|max| cost > max) {
+            return Err(self.cost_error(op, cost));
         }
         Ok(())
+    }
+
+    /// Why [`check_cost`](Policy::check_cost) refused `cost`: kept out of the hot path.
+    #[cold]
+    #[inline(never)]
+    fn cost_error(&self, op: Op, cost: u64) -> InputError {
+        if cost == 0 {
+            return InputError::new("cost", "must be at least 1");
+        }
+        if cost > MAX_COUNT {
+            return InputError::new(
+                "cost",
+                format!("{cost} is too large; the maximum is {MAX_COUNT}"),
+            );
+        }
+        let max = self.max_cost(op).unwrap_or(MAX_COUNT);
+        if let Op::Pace {
+            max_wait: Some(wait),
+        } = op
+        {
+            return InputError::new(
+                "cost",
+                format!(
+                    "{cost} can never be admitted by `{}` within a max_wait of {wait:?} (at most {max}); raise max_wait or lower the cost",
+                    self.algorithm()
+                ),
+            );
+        }
+        InputError::new(
+            "cost",
+            format!(
+                "{cost} can never be admitted by `{}` with `{}` (at most {max} at once); \
+                 split the request or raise the policy's limit",
+                self.algorithm(),
+                op.name()
+            ),
+        )
     }
 
     /// Builds a policy from an algorithm name and `(name, value)` pairs, with the same
