@@ -209,3 +209,48 @@ fn a_peek_under_a_shorter_window_does_not_shorten_the_keys_life() {
     assert!(!d.allowed, "the hour-long log survived the peek");
     assert_eq!(d.retry_after(), Some(Duration::from_secs(3_598)));
 }
+
+#[test]
+fn keys_of_every_length_stay_distinct_through_table_growth() {
+    // Keys up to 15 bytes are held inside their entry, longer ones on the heap; the table
+    // grows and rehashes many times on the way to 3,000 keys in one shard.
+    let clock = ManualClock::new(0);
+    let store = Arc::new(
+        MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(1)
+            .build(),
+    );
+    let l = limiter("gcra:rate=1/h", &store);
+    let key = |i: usize| -> String {
+        let stem = format!("k{i}");
+        match i % 6 {
+            0 => stem,
+            1 => format!("{stem}\0"), // differs from `stem` only by a NUL
+            2 => format!("{stem:\0<15}"), // exactly 15 bytes: the longest held inline
+            3 => format!("{stem:x<16}"), // just past inline
+            4 => format!("{stem}:{}", "é".repeat(40)), // long, multi-byte
+            _ => format!("{:\0<width$}", "", width = i % 17), // NULs only, 0..=16 bytes
+        }
+    };
+    let keys: Vec<String> = (0..3_000).map(key).collect();
+    let distinct: std::collections::HashSet<&String> = keys.iter().collect();
+    let mut first = 0;
+    for k in &keys {
+        // A key's first request is admitted, any later one refused (1 per hour).
+        let seen_before = !l.limit_sync(k, 1).unwrap().allowed;
+        first += usize::from(!seen_before);
+    }
+    assert_eq!(first, distinct.len(), "one admission per distinct key");
+    assert_eq!(store.len(), distinct.len());
+    for k in &keys {
+        assert!(!l.limit_sync(k, 1).unwrap().allowed, "{k:?} kept its state");
+    }
+    // Reset finds inline and heap keys alike, and only them.
+    l.reset_sync(&keys[2]).unwrap();
+    l.reset_sync(&keys[3]).unwrap();
+    assert!(l.limit_sync(&keys[2], 1).unwrap().allowed);
+    assert!(l.limit_sync(&keys[3], 1).unwrap().allowed);
+    assert!(!l.limit_sync(&keys[8], 1).unwrap().allowed);
+    assert!(!l.limit_sync(&keys[9], 1).unwrap().allowed);
+}

@@ -1,6 +1,7 @@
 //! The in-process store: sharded, bounded, safe for any number of threads and tasks.
 
 use std::hash::BuildHasher;
+use std::num::NonZeroU8;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,8 +11,9 @@ use paceline_core::policy::{gcra, Gcra};
 use paceline_core::{
     Clock, Decision, Error, InputError, Op, Policy, Sleep, State, StoreError, StoreErrorKind,
 };
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use super::shards::Shards;
 use super::{Store, SyncStore};
 use crate::SystemClock;
 
@@ -26,21 +28,23 @@ const SWEEP_GRACE_US: u64 = 1_000_000;
 
 /// Keys' state in this process.
 ///
-/// * **Concurrency**: keys are spread over shards by hash; each shard has its own lock, held
-///   only while one decision is computed (a few dozen nanoseconds), so requests for one key
-///   are applied one at a time (no lost updates) and requests for different keys rarely
-///   meet. `gcra` keys take a lock-free fast path: their whole state is one atomic word (the
-///   TAT), updated by compare-and-swap under the shard's *shared* lock, so threads deciding
-///   on existing `gcra` keys never wait for each other.
+/// * **Concurrency**: keys are spread over shards by hash. A request for a key the store
+///   already holds takes its shard's *shared* lock, whose reader counts are kept per thread
+///   (see `Shards`), so threads deciding on the same or nearby keys never wait for each other
+///   nor fight over a lock's cache line: a `gcra` key's whole state is one atomic word (the
+///   TAT), updated by compare-and-swap; any other key's state has a small lock of its own,
+///   held while its decision is computed, so requests for one key apply one at a time (no
+///   lost updates). Only adding or removing keys takes a shard's exclusive lock.
+/// * **Keys** of up to 15 bytes are held inside their entry (no allocation of their own);
+///   longer ones on the heap.
 /// * **Bounded memory**: a key whose `reset_after` has passed is idle and its state is
 ///   dropped by a sweep of its shard that runs whenever the shard has doubled in size since
-///   its last sweep, or has made as many decisions under its exclusive lock as twice its
-///   live keys, and drops the keys idle for over a second (the grace keeps a working set
-///   of keys that go idle between visits from being dropped and re-created). Memory is
+///   its last sweep, and drops the keys idle for over a second (the grace keeps a working
+///   set of keys that go idle between visits from being dropped and re-created). Memory is
 ///   therefore proportional to the number of keys active in the last second (at most about
-///   twice that, plus 64 keys per shard), with no background thread. A shard that only
-///   serves existing `gcra` keys (its lock-free path) is swept when it next takes a new key;
-///   [`MemoryStore::purge_idle`] drops every idle key at once.
+///   twice that, plus 64 keys per shard), with no background thread; a shard that takes no
+///   new keys does not grow, and is swept when it next does. [`MemoryStore::purge_idle`]
+///   drops every idle key at once.
 /// * **Key cap** ([`MemoryStoreBuilder::max_keys`]): when the store holds its maximum of
 ///   active keys, a request for a *new* key first sweeps every shard for idle keys; if none
 ///   can be dropped it fails with a [`StoreError`] of kind
@@ -64,7 +68,9 @@ const SWEEP_GRACE_US: u64 = 1_000_000;
 /// # Ok::<(), paceline::Error>(())
 /// ```
 pub struct MemoryStore {
-    shards: Box<[Shard]>,
+    /// The key table's shards, each behind a lock whose shared side threads take without
+    /// contending (see [`Shards`]).
+    shards: Shards<ShardInner>,
     shard_shift: u32,
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
@@ -72,39 +78,66 @@ pub struct MemoryStore {
     keys: AtomicUsize,
 }
 
-#[repr(align(128))]
-struct Shard {
-    inner: RwLock<ShardInner>,
-}
-
-impl Shard {
-    /// The shared lock. A panic while a lock was held cannot leave a shard half-updated
-    /// (every update is a single assignment), so a poisoned lock is used as it is.
-    fn read(&self) -> RwLockReadGuard<'_, ShardInner> {
-        self.inner
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// The exclusive lock; see [`Shard::read`].
-    fn write(&self) -> RwLockWriteGuard<'_, ShardInner> {
-        self.inner
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
 struct ShardInner {
     table: HashTable<Entry>,
     sweep_at: usize,
-    /// Decisions under the exclusive lock since the last sweep: every so many, idle keys are
-    /// swept even if the shard does not grow.
-    writes: usize,
 }
 
 struct Entry {
-    key: Box<str>,
+    key: StoredKey,
     slot: Slot,
+}
+
+/// Keys of up to this many bytes are held inside their entry.
+const INLINE_KEY: usize = 15;
+
+/// A key as its entry holds it: short keys inline (no allocation of their own, and no
+/// pointer to follow when a lookup compares them), longer ones on the heap. Sixteen bytes:
+/// a heap key is marked by a zero in the inline length's place, so that an entry (key and
+/// slot) is 32 bytes and two entries share a cache line.
+enum StoredKey {
+    Inline {
+        /// The key's length plus one (never zero).
+        len_plus_one: NonZeroU8,
+        bytes: [u8; INLINE_KEY],
+    },
+    /// A thin pointer (eight bytes), where a `Box<str>` would take sixteen.
+    Heap(Box<Box<str>>),
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 32);
+
+impl StoredKey {
+    fn new(key: &str) -> StoredKey {
+        match u8::try_from(key.len() + 1).ok().and_then(NonZeroU8::new) {
+            Some(len_plus_one) if key.len() <= INLINE_KEY => {
+                let mut bytes = [0; INLINE_KEY];
+                bytes[..key.len()].copy_from_slice(key.as_bytes());
+                StoredKey::Inline {
+                    len_plus_one,
+                    bytes,
+                }
+            }
+            _ => StoredKey::Heap(Box::new(key.into())),
+        }
+    }
+
+    /// True if this is `key`.
+    #[inline]
+    fn is(&self, key: &str) -> bool {
+        self.as_bytes() == key.as_bytes()
+    }
+
+    #[inline]
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            StoredKey::Inline {
+                len_plus_one,
+                bytes,
+            } => &bytes[..usize::from(len_plus_one.get() - 1)],
+            StoredKey::Heap(heap) => heap.as_bytes(),
+        }
+    }
 }
 
 /// One key's state, two words wide so that many keys stay cache-friendly.
@@ -112,8 +145,9 @@ enum Slot {
     /// A `gcra` state: the bits of its TAT (an `f64` of microseconds since the epoch). It is
     /// idle once `TAT <= now`, so it needs no separate expiry.
     Gcra(AtomicU64),
-    /// Any other state.
-    Other(Box<OtherSlot>),
+    /// Any other state, behind a lock of its own so that it can be updated under the
+    /// shard's shared lock.
+    Other(Box<Mutex<OtherSlot>>),
 }
 
 struct OtherSlot {
@@ -126,20 +160,31 @@ impl Slot {
     fn new(state: Option<State>, expires_at: u64) -> Slot {
         match state {
             Some(State::Gcra(g)) => Slot::Gcra(AtomicU64::new(g.tat.to_bits())),
-            state => Slot::Other(Box::new(OtherSlot { state, expires_at })),
+            state => Slot::Other(Box::new(Mutex::new(OtherSlot { state, expires_at }))),
         }
     }
 
-    fn is_idle(&self, now: u64) -> bool {
+    fn is_idle(&mut self, now: u64) -> bool {
         match self {
-            Slot::Gcra(tat) => f64::from_bits(tat.load(Ordering::Acquire)) <= now as f64,
-            Slot::Other(other) => other.expires_at <= now,
+            Slot::Gcra(tat) => f64::from_bits(*tat.get_mut()) <= now as f64,
+            Slot::Other(other) => other_mut(other).expires_at <= now,
         }
     }
 }
 
+/// An entry's lock. A panic inside it cannot leave the state half-updated (the new state is
+/// assigned whole), so a poisoned lock is used as it is.
+fn lock(other: &Mutex<OtherSlot>) -> MutexGuard<'_, OtherSlot> {
+    other.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An entry's state under the shard's exclusive lock; see [`lock`].
+fn other_mut(other: &mut Mutex<OtherSlot>) -> &mut OtherSlot {
+    other.get_mut().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Applies a `gcra` request to a TAT cell with compare-and-swap; safe under a shared lock.
-#[inline]
+#[inline(always)]
 fn gcra_cas(policy: &Gcra, cell: &AtomicU64, now: u64, op: Op, cost: u64) -> Decision {
     let mut current = cell.load(Ordering::Acquire);
     loop {
@@ -200,24 +245,17 @@ impl MemoryStoreBuilder {
 
     /// Builds the store.
     pub fn build(self) -> MemoryStore {
-        let default_shards = std::thread::available_parallelism()
-            .map_or(4, usize::from)
-            .saturating_mul(16)
-            .max(64);
+        let cores = std::thread::available_parallelism().map_or(4, usize::from);
+        let default_shards = cores.saturating_mul(16).max(64);
         let count = self
             .shards
             .unwrap_or(default_shards)
             .clamp(1, 1 << 16)
             .next_power_of_two();
-        let shards = (0..count)
-            .map(|_| Shard {
-                inner: RwLock::new(ShardInner {
-                    table: HashTable::new(),
-                    sweep_at: MIN_SWEEP_LEN,
-                    writes: 0,
-                }),
-            })
-            .collect();
+        let shards = Shards::new(count, cores.saturating_mul(4), || ShardInner {
+            table: HashTable::new(),
+            sweep_at: MIN_SWEEP_LEN,
+        });
         MemoryStore {
             shards,
             // Shards are chosen by the top bits of the hash; `u64 >> 64` would overflow.
@@ -287,8 +325,8 @@ impl MemoryStore {
     /// # Ok::<(), paceline::Error>(())
     /// ```
     pub fn clear(&self) {
-        for shard in self.shards.iter() {
-            let mut inner = shard.write();
+        for index in 0..self.shards.len() {
+            let mut inner = self.shards.write(index);
             let dropped = inner.table.len();
             inner.table.clear();
             self.keys.fetch_sub(dropped, Ordering::Relaxed);
@@ -298,19 +336,18 @@ impl MemoryStore {
     /// Drops every idle key now; returns how many were dropped.
     pub fn purge_idle(&self) -> usize {
         let now = self.clock.now_micros();
-        self.shards
-            .iter()
-            .map(|shard| self.sweep(&mut shard.write(), now))
+        (0..self.shards.len())
+            .map(|index| self.sweep(&mut self.shards.write(index), now))
             .sum()
     }
 
-    fn shard_for(&self, hash: u64) -> &Shard {
-        let index = if self.shards.len() == 1 {
+    /// The index of the shard holding keys of this hash.
+    fn shard_for(&self, hash: u64) -> usize {
+        if self.shards.len() == 1 {
             0
         } else {
             (hash >> self.shard_shift) as usize
-        };
-        &self.shards[index]
+        }
     }
 
     /// Drops the keys that are idle at `now`.
@@ -320,7 +357,6 @@ impl MemoryStore {
         let dropped = before - inner.table.len();
         self.keys.fetch_sub(dropped, Ordering::Relaxed);
         inner.sweep_at = (inner.table.len() * 2).max(MIN_SWEEP_LEN);
-        inner.writes = 0;
         dropped
     }
 
@@ -330,28 +366,21 @@ impl MemoryStore {
 
     fn decide_now(&self, policy: &Policy, key: &str, op: Op, cost: u64) -> Result<Decision, Error> {
         policy.check_cost(op, cost)?;
-        let hash = self.hasher.hash_one(key);
+        let hash = self.hasher.hash_one(key.as_bytes());
         let shard = self.shard_for(hash);
         let now = self.clock.now_micros();
-        if let Policy::Gcra(gcra) = policy {
-            // The fast path: an existing gcra key, under the shared lock.
-            let inner = shard.read();
-            if let Some(Entry {
-                slot: Slot::Gcra(tat),
-                ..
-            }) = inner.table.find(hash, |e| e.key.as_ref() == key)
-            {
-                return Ok(gcra_cas(gcra, tat, now, op, cost));
+        {
+            // The fast path: an existing key, under the shared lock.
+            let inner = self.shards.read(shard);
+            if let Some(entry) = inner.table.find(hash, |e| e.key.is(key)) {
+                if let Some(decision) = apply_shared(policy, &entry.slot, now, op, cost) {
+                    return Ok(decision?);
+                }
             }
         }
         {
-            let mut inner = shard.write();
-            inner.writes += 1;
-            if inner.writes >= inner.sweep_at {
-                // Amortized: one sweep per `sweep_at` (>= twice the live keys) writes.
-                self.sweep(&mut inner, now.saturating_sub(SWEEP_GRACE_US));
-            }
-            if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
+            let mut inner = self.shards.write(shard);
+            if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
                 return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
             }
             if !self.full() {
@@ -365,8 +394,8 @@ impl MemoryStore {
         }
         // Still full: sweep every shard (each under its own lock, one at a time).
         self.purge_idle();
-        let mut inner = shard.write();
-        if let Some(entry) = inner.table.find_mut(hash, |e| e.key.as_ref() == key) {
+        let mut inner = self.shards.write(shard);
+        if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
             return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
         }
         if self.full() && op != Op::Peek {
@@ -404,10 +433,10 @@ impl MemoryStore {
             inner.table.insert_unique(
                 hash,
                 Entry {
-                    key: key.into(),
+                    key: StoredKey::new(key),
                     slot: Slot::new(Some(state), expiry(now, decision.reset_after)),
                 },
-                |e| self.hasher.hash_one(&*e.key),
+                |e| self.hasher.hash_one(e.key.as_bytes()),
             );
             self.keys.fetch_add(1, Ordering::Relaxed);
         }
@@ -415,18 +444,37 @@ impl MemoryStore {
     }
 
     fn reset_now(&self, key: &str) {
-        let hash = self.hasher.hash_one(key);
-        let mut inner = self.shard_for(hash).write();
-        if let Ok(entry) = inner.table.find_entry(hash, |e| e.key.as_ref() == key) {
+        let hash = self.hasher.hash_one(key.as_bytes());
+        let mut inner = self.shards.write(self.shard_for(hash));
+        if let Ok(entry) = inner.table.find_entry(hash, |e| e.key.is(key)) {
             entry.remove();
             self.keys.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
 
-/// Applies a request to an existing key's slot (under the exclusive lock), treating an idle
-/// state as none.
-#[inline]
+/// Applies a request to an existing key's slot under the shard's shared lock: a `gcra`
+/// policy on a `gcra` slot, any other on any other slot. `None` when the request may change
+/// the slot's kind, which takes the exclusive lock ([`apply_to_slot`]).
+#[inline(always)]
+fn apply_shared(
+    policy: &Policy,
+    slot: &Slot,
+    now: u64,
+    op: Op,
+    cost: u64,
+) -> Option<Result<Decision, InputError>> {
+    match (slot, policy) {
+        (Slot::Gcra(tat), Policy::Gcra(gcra)) => Some(Ok(gcra_cas(gcra, tat, now, op, cost))),
+        (Slot::Other(other), policy) if !matches!(policy, Policy::Gcra(_)) => {
+            Some(apply_to_other(policy, &mut lock(other), now, op, cost))
+        }
+        _ => None,
+    }
+}
+
+/// Applies a request to an existing key's slot under the exclusive lock, changing the slot's
+/// kind where the new state calls for it.
 fn apply_to_slot(
     policy: &Policy,
     slot: &mut Slot,
@@ -434,23 +482,41 @@ fn apply_to_slot(
     op: Op,
     cost: u64,
 ) -> Result<Decision, InputError> {
-    let other = match slot {
+    match slot {
         Slot::Gcra(tat) => {
             if let Policy::Gcra(gcra) = policy {
                 return Ok(gcra_cas(gcra, tat, now, op, cost));
             }
             // Another algorithm on a gcra key: decide on a copy, replace only on a write.
-            let tat = f64::from_bits(tat.load(Ordering::Acquire));
+            let tat = f64::from_bits(*tat.get_mut());
             let mut state = (tat > now as f64).then_some(State::Gcra(gcra::State { tat }));
             let before = state.clone();
             let decision = policy.apply(&mut state, now, op, cost)?;
             if state != before {
                 *slot = Slot::new(state, expiry(now, decision.reset_after));
             }
-            return Ok(decision);
+            Ok(decision)
         }
-        Slot::Other(other) => other,
-    };
+        Slot::Other(other) => {
+            let other = other_mut(other);
+            let decision = apply_to_other(policy, other, now, op, cost)?;
+            if let Some(State::Gcra(g)) = &other.state {
+                *slot = Slot::Gcra(AtomicU64::new(g.tat.to_bits()));
+            }
+            Ok(decision)
+        }
+    }
+}
+
+/// Applies a request to a non-`gcra` slot's state, treating an idle state as none.
+#[inline]
+fn apply_to_other(
+    policy: &Policy,
+    other: &mut OtherSlot,
+    now: u64,
+    op: Op,
+    cost: u64,
+) -> Result<Decision, InputError> {
     if other.expires_at <= now {
         other.state = None;
     }
@@ -459,7 +525,6 @@ fn apply_to_slot(
     match &other.state {
         // A state of another algorithm that this request did not replace keeps its expiry.
         Some(s) if foreign && !policy.owns(s) => {}
-        Some(State::Gcra(g)) => *slot = Slot::Gcra(AtomicU64::new(g.tat.to_bits())),
         // A state replacing another algorithm's: an expiry of its own.
         Some(_) if foreign => other.expires_at = expiry(now, decision.reset_after),
         // Never earlier than before: a peek, a rejection or a policy with a shorter window
