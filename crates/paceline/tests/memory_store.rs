@@ -254,3 +254,20 @@ fn keys_of_every_length_stay_distinct_through_table_growth() {
     assert!(!l.limit_sync(&keys[8], 1).unwrap().allowed);
     assert!(!l.limit_sync(&keys[9], 1).unwrap().allowed);
 }
+
+#[test]
+fn a_clock_past_the_supported_range_is_refused_for_existing_keys_too() {
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    for spec in ["gcra:rate=1/s", "pacer:rate=1/s"] {
+        let l = limiter(spec, &store);
+        assert!(l.limit_sync("k", 1).unwrap().allowed);
+        clock.set_micros(paceline_core::policy::MAX_NOW_US + 1);
+        match l.limit_sync("k", 1) {
+            Err(Error::Input(e)) => assert_eq!(e.field(), "now", "{spec}: {e}"),
+            other => panic!("{spec}: expected an input error on `now`, got {other:?}"),
+        }
+        clock.set_micros(0);
+        store.clear();
+    }
+}

@@ -341,12 +341,15 @@ impl MemoryStore {
             .sum()
     }
 
-    /// The index of the shard holding keys of this hash.
+    /// The index of the shard holding keys of this hash: the bits just below the top seven,
+    /// which the shard's table uses as its keys' tags (were the shard chosen by the same
+    /// bits, every key of a shard would share a tag and each lookup would compare keys with
+    /// every entry it probes). Tables pick buckets by the low bits.
     fn shard_for(&self, hash: u64) -> usize {
         if self.shards.len() == 1 {
             0
         } else {
-            (hash >> self.shard_shift) as usize
+            ((hash << 7) >> self.shard_shift) as usize
         }
     }
 
@@ -366,9 +369,11 @@ impl MemoryStore {
 
     fn decide_now(&self, policy: &Policy, key: &str, op: Op, cost: u64) -> Result<Decision, Error> {
         policy.check_cost(op, cost)?;
+        let now = self.clock.now_micros();
+        // Every path checks it, the gcra fast path included.
+        paceline_core::policy::check_now(now)?;
         let hash = self.hasher.hash_one(key.as_bytes());
         let shard = self.shard_for(hash);
-        let now = self.clock.now_micros();
         {
             // The fast path: an existing key, under the shared lock.
             let inner = self.shards.read(shard);

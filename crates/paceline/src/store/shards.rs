@@ -16,6 +16,11 @@
 //! flag raised waits on the writer's mutex (it sleeps; it does not spin through a long
 //! sweep); a writer waits for readers by spinning, since a shared lock is held only for the
 //! few dozen nanoseconds of one decision.
+//!
+//! Not re-entrant: a thread holding a guard on a shard must not take another on the same
+//! shard (a write after a read would wait for its own count forever; a second read could
+//! wait behind a writer that waits for the first). The memory store holds at most one
+//! guard at a time.
 
 use std::cell::{Cell, UnsafeCell};
 use std::ops::{Deref, DerefMut};
