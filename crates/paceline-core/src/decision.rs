@@ -224,7 +224,7 @@ mod tests {
         );
         assert_eq!(micros_to_duration(2e6), Duration::from_secs(2));
         assert_eq!(
-            micros_to_duration(1_999_999.9996),
+            micros_to_duration(1_999_999.999_6),
             Duration::from_secs(2),
             "999,999,999.6 ns rounds up into the next second"
         );
