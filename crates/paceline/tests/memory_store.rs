@@ -14,15 +14,20 @@ fn store_on(clock: &ManualClock) -> Arc<MemoryStore> {
     Arc::new(MemoryStore::builder().clock(clock.clone()).build())
 }
 
-#[test]
-fn idle_keys_are_dropped_so_memory_follows_active_keys() {
-    let clock = ManualClock::new(0);
-    let store = Arc::new(
+/// Every key in one shard, so that one table grows, rehashes and is swept.
+fn one_shard_store(clock: &ManualClock) -> Arc<MemoryStore> {
+    Arc::new(
         MemoryStore::builder()
             .clock(clock.clone())
             .shards(1)
             .build(),
-    );
+    )
+}
+
+#[test]
+fn idle_keys_are_dropped_so_memory_follows_active_keys() {
+    let clock = ManualClock::new(0);
+    let store = one_shard_store(&clock);
     let l = limiter("gcra:rate=10/s", &store); // each key idle 100 ms after its request
     for round in 0..50u64 {
         for k in 0..1_000 {
@@ -215,12 +220,7 @@ fn keys_of_every_length_stay_distinct_through_table_growth() {
     // Keys up to 15 bytes are held inside their entry, longer ones on the heap; the table
     // grows and rehashes many times on the way to 3,000 keys in one shard.
     let clock = ManualClock::new(0);
-    let store = Arc::new(
-        MemoryStore::builder()
-            .clock(clock.clone())
-            .shards(1)
-            .build(),
-    );
+    let store = one_shard_store(&clock);
     let l = limiter("gcra:rate=1/h", &store);
     let key = |i: usize| -> String {
         let stem = format!("k{i}");
