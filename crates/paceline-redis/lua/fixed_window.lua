@@ -76,6 +76,31 @@ function PL.windows.state(ws, w)
   return { w, flat }
 end
 
+-- `fixed_window::settle`: how a request to either window algorithm ends, once it is known
+-- whether it fits now, its delay and the window it would count in; `outlook` gives remaining
+-- and reset_after. Returns the five values of `PL.alg`.
+function PL.windows.settle(ws, limit, w, now, op, cost, max_wait, fits_now, delay, window, outlook)
+  local admit
+  if op == 'peek' then
+    admit = false
+  elseif op == 'limit' then
+    admit = fits_now
+  elseif max_wait and delay > max_wait then
+    local remaining, reset_after = outlook(ws, limit, w, now)
+    return false, PL.retry_after_max_wait(delay, max_wait), remaining, reset_after, nil
+  else
+    admit = true
+  end
+  if not admit then
+    -- A peek or a rejected `limit`: the stored state stays as it was (not even pruned).
+    local remaining, reset_after = outlook(ws, limit, w, now)
+    return fits_now, delay, remaining, reset_after, nil
+  end
+  PL.windows.add(ws, window, cost)
+  local remaining, reset_after = outlook(ws, limit, w, now)
+  return true, delay, remaining, reset_after, PL.windows.state(ws, w)
+end
+
 -- `earliest_with_room`: the smallest window index >= `from` with room for `cost`.
 local function earliest_with_room(ws, from, cost, limit)
   local candidate = from
@@ -107,23 +132,5 @@ PL.alg.fixed_window = function(p, s, now, op, cost, max_wait)
   local ws = PL.windows.load(s, w, current)
   local slot = earliest_with_room(ws, current, cost, limit)
   local delay = math.max(slot * w - now, 0)
-  local admit
-  if op == 'peek' then
-    admit = false
-  elseif op == 'limit' then
-    admit = slot == current
-  elseif max_wait and delay > max_wait then
-    local remaining, reset_after = outlook(ws, limit, w, now)
-    return false, PL.retry_after_max_wait(delay, max_wait), remaining, reset_after, nil
-  else
-    admit = true
-  end
-  if not admit then
-    -- A peek or a rejected `limit`: the stored state stays as it was (not even pruned).
-    local remaining, reset_after = outlook(ws, limit, w, now)
-    return slot == current, delay, remaining, reset_after, nil
-  end
-  PL.windows.add(ws, slot, cost)
-  local remaining, reset_after = outlook(ws, limit, w, now)
-  return true, delay, remaining, reset_after, PL.windows.state(ws, w)
+  return PL.windows.settle(ws, limit, w, now, op, cost, max_wait, slot == current, delay, slot, outlook)
 end

@@ -114,23 +114,5 @@ PL.alg.sliding_window = function(p, s, now, op, cost, max_wait)
     slot = slot_of(ws, w, limit, now, cost)
   end
   local delay = slot - now
-  local admit
-  if op == 'peek' then
-    admit = false
-  elseif op == 'limit' then
-    admit = now_fits
-  elseif max_wait and delay > max_wait then
-    local remaining, reset_after = outlook(ws, limit, w, now)
-    return false, PL.retry_after_max_wait(delay, max_wait), remaining, reset_after, nil
-  else
-    admit = true
-  end
-  if not admit then
-    -- A peek or a rejected `limit`: the stored state stays as it was (not even pruned).
-    local remaining, reset_after = outlook(ws, limit, w, now)
-    return now_fits, delay, remaining, reset_after, nil
-  end
-  PL.windows.add(ws, math.floor(slot / w), cost)
-  local remaining, reset_after = outlook(ws, limit, w, now)
-  return true, delay, remaining, reset_after, PL.windows.state(ws, w)
+  return PL.windows.settle(ws, limit, w, now, op, cost, max_wait, now_fits, delay, math.floor(slot / w), outlook)
 end

@@ -210,6 +210,38 @@ pub(super) fn add_at(windows: &mut Vec<(u64, u64)>, index: u64, cost: u64) {
     }
 }
 
+/// How a request to either window algorithm ends, once it is known whether it fits now
+/// (`fits_now`), how long until it would (`delay`, µs) and which window it would count in
+/// (`window`): the decision, built by `decision(windows, allowed, delay)`, and the windows
+/// to store if the request is admitted. A peek or a rejection stores nothing.
+pub(super) fn settle(
+    windows: Vec<(u64, u64)>,
+    op: Op,
+    cost: u64,
+    fits_now: bool,
+    delay: f64,
+    window: u64,
+    decision: impl Fn(&[(u64, u64)], bool, f64) -> Decision,
+) -> (Decision, Option<Vec<(u64, u64)>>) {
+    let admit = match op {
+        Op::Peek => false,
+        Op::Limit => fits_now,
+        Op::Pace {
+            max_wait: Some(max),
+        } if delay > duration_to_micros(max) => {
+            let retry = retry_after_max_wait(delay, duration_to_micros(max));
+            return (decision(&windows, false, retry), None);
+        }
+        Op::Pace { .. } => true,
+    };
+    if !admit {
+        return (decision(&windows, fits_now, delay), None);
+    }
+    let mut windows = windows;
+    add_at(&mut windows, window, cost);
+    (decision(&windows, true, delay), Some(windows))
+}
+
 /// The smallest window index `>= from` whose count leaves room for `cost` under `limit`.
 fn earliest_with_room(windows: &[(u64, u64)], from: u64, cost: u64, limit: u64) -> u64 {
     let mut candidate = from;
@@ -261,30 +293,22 @@ impl Algorithm for FixedWindow {
             .map_or_else(Vec::new, |s| rebucket(s.window_us, &s.windows, w, current));
         let slot = earliest_with_room(&windows, current, cost, self.limit);
         let delay = slot.saturating_mul(w).saturating_sub(now) as f64;
-        let admit = |state: &mut Option<State>| {
-            let mut windows = windows.clone();
-            add_at(&mut windows, slot, cost);
-            let decision = self.decision(&windows, now, true, delay);
+        let (decision, admitted) = settle(
+            windows,
+            op,
+            cost,
+            slot == current,
+            delay,
+            slot,
+            |windows, allowed, delay| self.decision(windows, now, allowed, delay),
+        );
+        if let Some(windows) = admitted {
             *state = Some(State {
                 window_us: w,
                 windows,
             });
-            decision
-        };
-        match op {
-            Op::Peek => self.decision(&windows, now, slot == current, delay),
-            Op::Limit if slot == current => admit(state),
-            Op::Limit => self.decision(&windows, now, false, delay),
-            Op::Pace {
-                max_wait: Some(max),
-            } if delay > duration_to_micros(max) => self.decision(
-                &windows,
-                now,
-                false,
-                retry_after_max_wait(delay, duration_to_micros(max)),
-            ),
-            Op::Pace { .. } => admit(state),
         }
+        decision
     }
 }
 

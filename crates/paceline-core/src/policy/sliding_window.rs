@@ -77,10 +77,8 @@
 
 use std::time::Duration;
 
-use super::fixed_window::{add_at, checked_duration, checked_limit, count_at, rebucket};
-use super::util::retry_after_max_wait;
+use super::fixed_window::{checked_duration, checked_limit, count_at, rebucket, settle};
 use super::Algorithm;
-use crate::decision::duration_to_micros;
 use crate::spec::{format_duration, parse_count, parse_duration, Params};
 use crate::{Decision, InputError, Op};
 
@@ -272,30 +270,22 @@ impl Algorithm for SlidingWindow {
             self.slot(&windows, now, cost)
         };
         let delay = (slot - now) as f64;
-        let admit = |state: &mut Option<State>| {
-            let mut windows = windows.clone();
-            add_at(&mut windows, slot / w, cost);
-            let decision = self.decision(&windows, now, true, delay);
+        let (decision, admitted) = settle(
+            windows,
+            op,
+            cost,
+            now_fits,
+            delay,
+            slot / w,
+            |windows, allowed, delay| self.decision(windows, now, allowed, delay),
+        );
+        if let Some(windows) = admitted {
             *state = Some(State {
                 window_us: w,
                 windows,
             });
-            decision
-        };
-        match op {
-            Op::Peek => self.decision(&windows, now, now_fits, delay),
-            Op::Limit if now_fits => admit(state),
-            Op::Limit => self.decision(&windows, now, false, delay),
-            Op::Pace {
-                max_wait: Some(max),
-            } if delay > duration_to_micros(max) => self.decision(
-                &windows,
-                now,
-                false,
-                retry_after_max_wait(delay, duration_to_micros(max)),
-            ),
-            Op::Pace { .. } => admit(state),
         }
+        decision
     }
 }
 
