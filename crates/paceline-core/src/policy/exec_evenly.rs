@@ -289,13 +289,9 @@ mod tests {
     use crate::Policy;
     use std::time::Duration;
 
-    const MS: u64 = 1_000;
+    use crate::policy::test_util::{policy, MS};
     /// An arbitrary start, so that nothing depends on aligned windows.
     const T0: u64 = 1_700_000_000_123_456;
-
-    fn policy(spec: &str) -> Policy {
-        spec.parse().unwrap()
-    }
 
     fn delays_ms(p: &Policy, s: &mut Option<crate::State>, now: u64, n: usize) -> Vec<u128> {
         (0..n)

@@ -248,11 +248,7 @@ mod tests {
     use crate::Policy;
     use std::time::Duration;
 
-    const MS: u64 = 1_000;
-
-    fn policy(spec: &str) -> Policy {
-        spec.parse().unwrap()
-    }
+    use crate::policy::test_util::{policy, MS};
 
     #[test]
     fn limit_admits_a_burst_then_one_per_interval() {

@@ -270,11 +270,7 @@ mod tests {
     use crate::Policy;
     use std::time::Duration;
 
-    const MS: u64 = 1_000;
-
-    fn policy(spec: &str) -> Policy {
-        spec.parse().unwrap()
-    }
+    use crate::policy::test_util::{policy, MS};
 
     fn delays_ms(p: &Policy, s: &mut Option<crate::State>, now: u64, n: usize, op: Op) -> Vec<f64> {
         (0..n)
