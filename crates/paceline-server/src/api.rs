@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Extension;
@@ -112,28 +112,28 @@ impl Live {
         }
     }
 
-    /// An inline spec's policy and key namespace, parsed once.
-    fn inline(&self, spec: &str) -> Result<(Policy, String), ApiError> {
-        if let Some(known) = self
+    /// An inline spec's policy, parsed once, and the store's key for `key` under it.
+    fn inline(&self, spec: &str, key: &str) -> Result<(Policy, String), ApiError> {
+        if let Some((policy, namespace)) = self
             .inline
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(spec)
         {
-            return Ok(known.clone());
+            return Ok((policy.clone(), store_key(namespace, key)));
         }
         let policy: Policy = spec.parse().map_err(|e: paceline::InputError| {
             ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
         })?;
         // The canonical spec keeps equal policies on the same keys.
         let namespace = format!("~{policy}");
-        let parsed = (policy, namespace);
+        let store_key = store_key(&namespace, key);
         let mut cache = self.inline.write().unwrap_or_else(PoisonError::into_inner);
         if cache.len() >= INLINE_CACHE {
             cache.clear();
         }
-        cache.insert(spec.to_string(), parsed.clone());
-        Ok(parsed)
+        cache.insert(spec.to_string(), (policy.clone(), namespace));
+        Ok((policy, store_key))
     }
 }
 
@@ -392,42 +392,25 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
     let key = text("key")?.ok_or_else(|| ApiError::invalid("key", "is required"))?;
     check_key(key)?;
     let op_name = text("op")?.unwrap_or("pace");
-    let cost = match fields.get("cost") {
-        None | Some(Value::Null) => 1,
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(c) if c >= 1 => c,
-            _ => {
-                return Err(ApiError::invalid(
-                    "cost",
-                    format!("{n} is not allowed; use a whole number of at least 1"),
-                ))
-            }
+    let cost = number_field(
+        fields,
+        "cost",
+        "a whole number",
+        "use a whole number of at least 1",
+        |n| n.as_u64().filter(|&c| c >= 1),
+    )?
+    .unwrap_or(1);
+    let max_wait = number_field(
+        fields,
+        "max_wait_ms",
+        "a number",
+        "use milliseconds from 0 to 1e13",
+        |n| {
+            n.as_f64()
+                .filter(|ms| (0.0..=1e13).contains(ms))
+                .map(|ms| Duration::from_secs_f64(ms / 1000.0))
         },
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "cost",
-                format!("must be a whole number, not {}", kind(other)),
-            ))
-        }
-    };
-    let max_wait = match fields.get("max_wait_ms") {
-        None | Some(Value::Null) => None,
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(ms) if (0.0..=1e13).contains(&ms) => Some(Duration::from_secs_f64(ms / 1000.0)),
-            _ => {
-                return Err(ApiError::invalid(
-                    "max_wait_ms",
-                    format!("{n} is not allowed; use milliseconds from 0 to 1e13"),
-                ))
-            }
-        },
-        Some(other) => {
-            return Err(ApiError::invalid(
-                "max_wait_ms",
-                format!("must be a number, not {}", kind(other)),
-            ))
-        }
-    };
+    )?;
     let op = match (op_name, max_wait) {
         ("pace", None) => Op::pace(),
         ("pace", Some(w)) => Op::pace_within(w),
@@ -443,8 +426,8 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
             ))
         }
     };
-    let (name, policy, namespace) = match live.policies.get(spec) {
-        Some(p) => (spec.to_string(), p.clone(), spec.to_string()),
+    let (name, policy, store_key) = match live.policies.get(spec) {
+        Some(p) => (spec.to_string(), p.clone(), store_key(spec, key)),
         None if spec.contains(':') => {
             if !live.allow_inline_policies {
                 return Err(ApiError::new(
@@ -454,8 +437,8 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
                     "inline policy specs are turned off on this service; use a configured policy's name (GET /v1/policies)",
                 ));
             }
-            let (policy, namespace) = live.inline(spec)?;
-            ("inline".to_string(), policy, namespace)
+            let (policy, store_key) = live.inline(spec, key)?;
+            ("inline".to_string(), policy, store_key)
         }
         None => return Err(ApiError::unknown_policy(spec)),
     };
@@ -463,12 +446,37 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
         .check_cost(op, cost)
         .map_err(|e| ApiError::invalid(e.field().to_string(), e.message().to_string()))?;
     Ok(Ask {
-        store_key: store_key(&namespace, key),
         name,
         policy,
+        store_key,
         op,
         cost,
     })
+}
+
+/// A number field of a request: `None` if absent or null, else what `convert` makes of it,
+/// which refuses a number by returning `None` (the error then says what is `allowed`).
+fn number_field<T>(
+    fields: &Map<String, Value>,
+    name: &str,
+    noun: &str,
+    allowed: &str,
+    convert: impl Fn(&serde_json::Number) -> Option<T>,
+) -> Result<Option<T>, ApiError> {
+    match fields.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => match convert(n) {
+            Some(value) => Ok(Some(value)),
+            None => Err(ApiError::invalid(
+                name,
+                format!("{n} is not allowed; {allowed}"),
+            )),
+        },
+        Some(other) => Err(ApiError::invalid(
+            name,
+            format!("must be {noun}, not {}", kind(other)),
+        )),
+    }
 }
 
 /// Keys are 1 to [`MAX_KEY`] bytes.
@@ -503,6 +511,32 @@ fn ms(d: Duration) -> f64 {
     paceline::round_to_micros(d) as f64 / 1000.0
 }
 
+/// The API error for a store call that failed.
+fn store_failure(e: Error) -> ApiError {
+    match e {
+        Error::Input(e) => ApiError::invalid(e.field().to_string(), e.message().to_string()),
+        Error::Store(e) => {
+            let code = if e.kind() == StoreErrorKind::Capacity {
+                "store_full"
+            } else {
+                "store_unavailable"
+            };
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                code,
+                "store",
+                e.message().to_string(),
+            )
+        }
+        other => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "store",
+            other.to_string(),
+        ),
+    }
+}
+
 /// Counts a decision in the metrics and turns a failure into its API error.
 fn settle(
     state: &AppState,
@@ -517,31 +551,10 @@ fn settle(
                 outcome: "error",
             };
             state.metrics.decisions.get_or_create(&labels).inc();
-            return Err(match e {
-                Error::Input(e) => {
-                    ApiError::invalid(e.field().to_string(), e.message().to_string())
-                }
-                Error::Store(e) => {
-                    state.metrics.store_errors.inc();
-                    let code = if e.kind() == StoreErrorKind::Capacity {
-                        "store_full"
-                    } else {
-                        "store_unavailable"
-                    };
-                    ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        code,
-                        "store",
-                        e.message().to_string(),
-                    )
-                }
-                other => ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "store",
-                    other.to_string(),
-                ),
-            });
+            if matches!(e, Error::Store(_)) {
+                state.metrics.store_errors.inc();
+            }
+            return Err(store_failure(e));
         }
     };
     let outcome = match (decision.fallback, decision.allowed) {
@@ -581,19 +594,23 @@ fn status_of(decision: &Decision) -> StatusCode {
     }
 }
 
-/// `RateLimit-Policy`, `RateLimit` and, for a rejection, `Retry-After`.
-fn rate_limit_headers(name: &str, decision: &Decision) -> HeaderMap {
-    let mut headers = HeaderMap::new();
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// Adds `RateLimit-Policy`, `RateLimit` and, for a rejection, `Retry-After`.
+fn add_rate_limit_headers(headers: &mut HeaderMap, name: &str, decision: &Decision) {
     let seconds_up = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    if let Ok(v) = HeaderValue::from_str(&format!("\"{name}\";q={}", decision.limit)) {
-        headers.insert("ratelimit-policy", v);
+    // The values are taken as they are built, without a copy.
+    let value = |text: String| HeaderValue::from_maybe_shared(Bytes::from(text));
+    if let Ok(v) = value(format!("\"{name}\";q={}", decision.limit)) {
+        headers.insert(RATELIMIT_POLICY, v);
     }
-    if let Ok(v) = HeaderValue::from_str(&format!(
+    if let Ok(v) = value(format!(
         "\"{name}\";r={};t={}",
         decision.remaining,
         seconds_up(decision.reset_after)
     )) {
-        headers.insert("ratelimit", v);
+        headers.insert(RATELIMIT, v);
     }
     if !decision.allowed {
         headers.insert(
@@ -601,7 +618,6 @@ fn rate_limit_headers(name: &str, decision: &Decision) -> HeaderMap {
             HeaderValue::from(seconds_up(decision.delay).max(1)),
         );
     }
-    headers
 }
 
 async fn decision(
@@ -620,12 +636,12 @@ async fn decision(
         .await;
     state.metrics.observe_store(started.elapsed());
     match settle(&state, &ask, outcome) {
-        Ok(d) => (
-            status_of(&d),
-            rate_limit_headers(&ask.name, &d),
-            Json(DecisionBody::new(&ask.name, &d, None)),
-        )
-            .into_response(),
+        Ok(d) => {
+            let mut response =
+                (status_of(&d), Json(DecisionBody::new(&ask.name, &d, None))).into_response();
+            add_rate_limit_headers(response.headers_mut(), &ask.name, &d);
+            response
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -661,24 +677,23 @@ async fn batch(
         state.metrics.observe_store(started.elapsed());
     }
     // One result per request, in order: its decision, or why it has none.
-    let settled: Vec<Result<Decision, ApiError>> = asks
+    let settled: Vec<Result<(&str, Decision), ApiError>> = asks
         .iter()
         .map(|ask| match ask {
             Ok(ask) => {
                 let outcome = outcomes.next().unwrap_or_else(|| {
                     Err(paceline::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
                 });
-                settle(&state, ask, outcome)
+                settle(&state, ask, outcome).map(|d| (ask.name.as_str(), d))
             }
             Err(e) => Err(e.clone()),
         })
         .collect();
-    let items: Vec<BatchItem> = asks
+    // The answers borrow from the results above.
+    let items: Vec<BatchItem> = settled
         .iter()
-        .zip(&settled)
-        .map(|(ask, result)| match result {
-            Ok(d) => {
-                let name = ask.as_ref().map_or("", |a| a.name.as_str());
+        .map(|result| match result {
+            Ok((name, d)) => {
                 BatchItem::Decision(DecisionBody::new(name, d, Some(status_of(d).as_u16())))
             }
             Err(e) => BatchItem::Error {
@@ -703,13 +718,7 @@ async fn reset_key(
     }
     match state.backend.reset(&store_key(&policy, &key)).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
-            "store",
-            e.to_string(),
-        )
-        .into_response(),
+        Err(e) => store_failure(e).into_response(),
     }
 }
 
