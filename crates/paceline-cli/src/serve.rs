@@ -9,16 +9,32 @@ use crate::ServeArgs;
 
 /// Merges the config file and the flags (flags win) into settings.
 fn settings(args: &ServeArgs) -> Result<Settings, ConfigError> {
-    let mut s = Settings::default();
-    if let Some(path) = &args.config {
-        s.apply_file(config::read_file(path)?);
-        s.config_file = Some(path.clone());
-    }
     let flag = |field: &str, message: String| ConfigError {
         source: "command line".into(),
         field: field.into(),
         message,
     };
+    let mut s = Settings::default();
+    // What a reload can change: the flags are kept, so that they win at every reload.
+    if let Some(v) = &args.auth_token {
+        if v.is_empty() {
+            return Err(flag("--auth-token", "must not be empty".into()));
+        }
+        s.flags.auth_token = Some(v.clone());
+    }
+    if args.allow_inline_policies {
+        s.flags.allow_inline_policies = Some(true);
+    }
+    if args.no_allow_inline_policies {
+        s.flags.allow_inline_policies = Some(false);
+    }
+    match &args.config {
+        Some(path) => {
+            s.apply_file(config::read_file(path)?);
+            s.config_file = Some(path.clone());
+        }
+        None => s.apply_live(config::FileSettings::default()),
+    }
     if let Some(v) = args.listen {
         s.listen = v;
     }
@@ -29,18 +45,6 @@ fn settings(args: &ServeArgs) -> Result<Settings, ConfigError> {
         s.failure_policy = v
             .parse()
             .map_err(|e: paceline::InputError| flag("--failure-policy", e.message().to_string()))?;
-    }
-    if let Some(v) = &args.auth_token {
-        if v.is_empty() {
-            return Err(flag("--auth-token", "must not be empty".into()));
-        }
-        s.auth_token = Some(v.clone());
-    }
-    if args.allow_inline_policies {
-        s.allow_inline_policies = true;
-    }
-    if args.no_allow_inline_policies {
-        s.allow_inline_policies = false;
     }
     if !matches!(args.log_format.as_str(), "text" | "json") {
         return Err(flag(

@@ -433,6 +433,57 @@ fn reload_applies_a_good_file_and_keeps_the_old_one_on_a_bad_file() {
 }
 
 #[test]
+fn flags_win_over_the_file_at_every_reload_and_a_removed_setting_goes_back_to_its_default() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let with_token = "auth_token = \"from-file\"\nallow_inline_policies = true\n";
+    let config = write(dir.path(), "paceline.toml", with_token);
+    let ask = r#"{"policy": "gcra:rate=100/s,burst=100", "key": "k", "op": "limit"}"#;
+    let send = |port: u16, token: &str| {
+        let bearer = format!("Bearer {token}");
+        http(
+            port,
+            "POST",
+            "/v1/decisions",
+            &[
+                ("Content-Type", "application/json"),
+                ("Authorization", &bearer),
+            ],
+            ask.as_bytes(),
+        )
+        .status
+    };
+
+    // The flag's token wins over the file's, before and after a reload.
+    let s = start(&["--config", &config, "--auth-token", "from-flag"]);
+    for round in ["start", "reload"] {
+        if round == "reload" {
+            assert_eq!(post_with(s.port, "/v1/reload", "from-flag"), 200);
+        }
+        assert_eq!(send(s.port, "from-flag"), 200, "{round}");
+        assert_eq!(send(s.port, "from-file"), 401, "{round}");
+    }
+    drop(s);
+
+    // Without the flag the file's token holds; once removed from the file, a reload drops it.
+    let s = start(&["--config", &config]);
+    assert_eq!(send(s.port, "from-file"), 200);
+    assert_eq!(post(s.port, "/v1/decisions", ask).status, 401);
+    write(
+        dir.path(),
+        "paceline.toml",
+        "allow_inline_policies = true\n",
+    );
+    assert_eq!(post_with(s.port, "/v1/reload", "from-file"), 200);
+    assert_eq!(post(s.port, "/v1/decisions", ask).status, 200);
+}
+
+/// A POST with a bearer token and an empty body; the status.
+fn post_with(port: u16, path: &str, token: &str) -> u16 {
+    let bearer = format!("Bearer {token}");
+    http(port, "POST", path, &[("Authorization", &bearer)], b"").status
+}
+
+#[test]
 fn sigterm_lets_an_in_flight_request_finish() {
     let mut s = start(&[]);
     let body = br#"{"policy": "gcra:rate=10/s", "key": "k"}"#;

@@ -42,6 +42,21 @@ pub struct Settings {
     pub policies: BTreeMap<String, Policy>,
     /// The file the settings came from, if any (reloaded on SIGHUP).
     pub config_file: Option<PathBuf>,
+    /// What the command line set of what a reload can change: it wins over the file, at
+    /// start-up and at every reload.
+    pub flags: LiveFlags,
+}
+
+/// The settings a reload can change that were given on the command line (`None`: not
+/// given). A reload takes each from here if given, else from the file, else the default, so
+/// a flag keeps winning over the file and a setting removed from the file goes back to its
+/// default.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveFlags {
+    /// `--auth-token`.
+    pub auth_token: Option<String>,
+    /// `--allow-inline-policies` / `--no-allow-inline-policies`.
+    pub allow_inline_policies: Option<bool>,
 }
 
 impl Default for Settings {
@@ -54,6 +69,7 @@ impl Default for Settings {
             allow_inline_policies: true,
             policies: BTreeMap::new(),
             config_file: None,
+            flags: LiveFlags::default(),
         }
     }
 }
@@ -109,16 +125,23 @@ impl Settings {
         self.apply_live(file);
     }
 
-    /// Lays what a reload can change over these settings: the policies, and the token and
-    /// the inline rule where the file sets them.
+    /// Sets what a reload can change from `file` under [`Settings::flags`]: the policies,
+    /// and the token and the inline rule from the flags if given, else from the file, else
+    /// their defaults.
     pub fn apply_live(&mut self, file: FileSettings) {
+        let defaults = Settings::default();
         self.policies = file.policies;
-        if let Some(v) = file.auth_token {
-            self.auth_token = Some(v);
-        }
-        if let Some(v) = file.allow_inline_policies {
-            self.allow_inline_policies = v;
-        }
+        self.auth_token = self
+            .flags
+            .auth_token
+            .clone()
+            .or(file.auth_token)
+            .or(defaults.auth_token);
+        self.allow_inline_policies = self
+            .flags
+            .allow_inline_policies
+            .or(file.allow_inline_policies)
+            .unwrap_or(defaults.allow_inline_policies);
     }
 }
 
