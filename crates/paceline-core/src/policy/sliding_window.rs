@@ -603,7 +603,7 @@ mod tests {
                 if !d.allowed {
                     // Durations hold nanoseconds rounded through f64: round back to whole
                     // microseconds (delays beyond 2^53 ns, about 104 days, are not exact).
-                    let retry = now + ((d.delay.as_nanos() + 500) / 1_000) as u64;
+                    let retry = now + crate::round_to_micros(d.delay);
                     if retry > crate::policy::MAX_NOW_US {
                         continue;
                     }

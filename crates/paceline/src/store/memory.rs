@@ -388,11 +388,10 @@ impl MemoryStore {
             if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
                 return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
             }
-            if !self.full() {
-                return self.insert(&mut inner, policy, hash, key, now, op, cost);
+            if self.full() {
+                // Full: try this shard's idle keys first.
+                self.sweep(&mut inner, now);
             }
-            // Full: try this shard's idle keys first.
-            self.sweep(&mut inner, now);
             if !self.full() {
                 return self.insert(&mut inner, policy, hash, key, now, op, cost);
             }
@@ -505,8 +504,9 @@ fn apply_to_slot(
         Slot::Other(other) => {
             let other = other_mut(other);
             let decision = apply_to_other(policy, other, now, op, cost)?;
-            if let Some(State::Gcra(g)) = &other.state {
-                *slot = Slot::Gcra(AtomicU64::new(g.tat.to_bits()));
+            if matches!(other.state, Some(State::Gcra(_))) {
+                let (state, expires_at) = (other.state.take(), other.expires_at);
+                *slot = Slot::new(state, expires_at);
             }
             Ok(decision)
         }
