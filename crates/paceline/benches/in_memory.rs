@@ -5,35 +5,15 @@
 //! (`-- --quick` for a faster, noisier pass). BENCHMARKS.md records the results.
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use governor::{Quota, RateLimiter};
+use governor::RateLimiter;
 use paceline::{Limiter, MemoryStore, Policy};
 
-/// Both limiters admit a million per second with bursts of 1,000: the benchmark measures the
-/// decision, mostly admissions, not a wall of rejections.
-const RATE: u32 = 1_000_000;
-const BURST: u32 = 1_000;
-const KEYS: usize = 10_000;
-
-fn paceline_gcra() -> Limiter {
-    let policy: Policy = format!("gcra:rate={RATE}/s,burst={BURST}")
-        .parse()
-        .expect("valid spec");
-    Limiter::with_store(policy, Arc::new(MemoryStore::new()))
-}
-
-fn quota() -> Quota {
-    Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
-        .allow_burst(NonZeroU32::new(BURST).expect("non-zero"))
-}
-
-fn keys() -> Vec<String> {
-    (0..KEYS).map(|i| format!("user:{i}")).collect()
-}
+mod common;
+use common::{keys, paceline_gcra, quota, KEYS};
 
 fn gcra_vs_governor(c: &mut Criterion) {
     let mut group = c.benchmark_group("gcra");

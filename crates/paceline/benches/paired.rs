@@ -9,16 +9,12 @@
 //! `PACELINE_BENCH_ROUNDS` sets the rounds per case, 300 by default).
 
 use std::hint::black_box;
-use std::num::NonZeroU32;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use governor::{Quota, RateLimiter};
-use paceline::{Limiter, MemoryStore, Policy};
+use governor::RateLimiter;
 
-const RATE: u32 = 1_000_000;
-const BURST: u32 = 1_000;
-const KEYS: usize = 10_000;
+mod common;
+use common::{keys, paceline_gcra, quota};
 /// Decisions per limiter per round (per thread in the two-thread case).
 const PER_ROUND: u64 = 20_000;
 
@@ -95,12 +91,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .filter(|&n: &usize| n >= 4)
         .unwrap_or(300);
-    let policy: Policy = format!("gcra:rate={RATE}/s,burst={BURST}")
-        .parse()
-        .expect("valid spec");
-    let quota = Quota::per_second(NonZeroU32::new(RATE).expect("non-zero"))
-        .allow_burst(NonZeroU32::new(BURST).expect("non-zero"));
-    let keys: Vec<String> = (0..KEYS).map(|i| format!("user:{i}")).collect();
+    let keys = keys();
 
     println!("{rounds} rounds per case; ratio = governor's time / paceline's (above 1: paceline is faster)");
     println!(
@@ -112,8 +103,8 @@ fn main() {
         ("1 key, 2 threads", 2, false),
     ];
     for (name, threads, many) in cases {
-        let pl = Limiter::with_store(policy.clone(), Arc::new(MemoryStore::new()));
-        let gov = RateLimiter::keyed(quota);
+        let pl = paceline_gcra();
+        let gov = RateLimiter::keyed(quota());
         // Both look their key up the same way.
         let keys: &[String] = if many { &keys } else { &keys[42..43] };
         let paceline = |i: u64| {
