@@ -276,37 +276,12 @@ impl RedisStore {
         let nodes = self.node_map();
         let groups = self.groups(requests, nodes.as_deref());
         let stale = AtomicBool::new(false);
-        let outcomes =
-            futures_util::future::join_all(groups.into_iter().map(|(group, indices)| {
-                let stale = &stale;
-                async move {
-                    let spread = matches!(group, Group::Node(_));
-                    let mut outcomes = Vec::with_capacity(indices.len());
-                    for chunk in indices.chunks(MAX_DECISIONS_PER_CALL) {
-                        let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
-                        match self.call(&batch, now, spread).await {
-                            // The slot map was stale (a slot moved): the call failed reading its
-                            // keys, before any write, so it is safe to send again, per slot.
-                            Err(e) if spread && is_redirect(&e) => {
-                                stale.store(true, Ordering::Relaxed);
-                                for indices in self.groups(&batch, None).into_values() {
-                                    let part: Vec<&Request> =
-                                        indices.iter().map(|&i| batch[i]).collect();
-                                    let outcome = self.call(&part, now, false).await;
-                                    fan_out(
-                                        &mut outcomes,
-                                        indices.iter().map(|&i| chunk[i]),
-                                        outcome,
-                                    );
-                                }
-                            }
-                            outcome => fan_out(&mut outcomes, chunk.iter().copied(), outcome),
-                        }
-                    }
-                    outcomes
-                }
-            }))
-            .await;
+        let outcomes = futures_util::future::join_all(
+            groups
+                .into_iter()
+                .map(|(group, indices)| self.run_group(requests, group, indices, now, &stale)),
+        )
+        .await;
         if stale.load(Ordering::Relaxed) {
             self.refresh_node_map().await;
         }
@@ -315,6 +290,37 @@ impl RedisStore {
             results[i] = Some(outcome);
         }
         collect(results)
+    }
+
+    /// Runs one group's requests (`indices` into `requests`), in order, at most
+    /// [`MAX_DECISIONS_PER_CALL`] per call; sets `stale` if the slot map proved stale.
+    async fn run_group(
+        &self,
+        requests: &[&Request<'_>],
+        group: Group,
+        indices: Vec<usize>,
+        now: Option<u64>,
+        stale: &AtomicBool,
+    ) -> Vec<(usize, Result<Decision, StoreError>)> {
+        let spread = matches!(group, Group::Node(_));
+        let mut outcomes = Vec::with_capacity(indices.len());
+        for chunk in indices.chunks(MAX_DECISIONS_PER_CALL) {
+            let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
+            match self.call(&batch, now, spread).await {
+                // The slot map was stale (a slot moved): the call failed reading its keys,
+                // before any write, so it is safe to send again, per slot.
+                Err(e) if spread && is_redirect(&e) => {
+                    stale.store(true, Ordering::Relaxed);
+                    for indices in self.groups(&batch, None).into_values() {
+                        let part: Vec<&Request> = indices.iter().map(|&i| batch[i]).collect();
+                        let outcome = self.call(&part, now, false).await;
+                        fan_out(&mut outcomes, indices.iter().map(|&i| chunk[i]), outcome);
+                    }
+                }
+                outcome => fan_out(&mut outcomes, chunk.iter().copied(), outcome),
+            }
+        }
+        outcomes
     }
 
     /// `requests`' indices by the group that must run them, each in order: by node when
