@@ -16,6 +16,12 @@ use std::sync::Arc;
 mod serve;
 mod simulate;
 
+/// The service allocates a few small buffers per request on every core; mimalloc's
+/// per-thread free lists serve them without the locking and consolidation of glibc's
+/// allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Distributed rate limiting and pacing: may I act now, and if not, when?
 #[derive(Parser, Debug)]
 #[command(name = "paceline", version, about, long_about = None)]

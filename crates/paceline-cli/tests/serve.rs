@@ -375,7 +375,21 @@ fn a_token_guards_the_api_but_not_health() {
         ask,
     );
     assert_eq!(right.status, 200, "{}", right.body);
-    assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
+    // Every endpoint under /v1 asks for the token, before looking at the request.
+    for (method, path, body) in [
+        ("POST", "/v1/decisions/batch", &b"[]"[..]),
+        ("POST", "/v1/decisions", b"{not json"),
+        ("DELETE", "/v1/keys/nope/k", b""),
+        ("GET", "/v1/policies", b""),
+        ("POST", "/v1/reload", b""),
+    ] {
+        let r = http(s.port, method, path, &[], body);
+        assert_eq!(r.status, 401, "{method} {path}: {}", r.body);
+        assert_eq!(r.header("www-authenticate"), Some("Bearer"), "{path}");
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(http(s.port, "GET", path, &[], b"").status, 200, "{path}");
+    }
 }
 
 #[test]
@@ -394,6 +408,8 @@ fn reload_applies_a_good_file_and_keeps_the_old_one_on_a_bad_file() {
     let r = post(s.port, "/v1/reload", "");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(post(s.port, "/v1/decisions", ask).status, 200);
+    // Reloading the same file keeps the keys' state (and the metrics' counts, below).
+    assert_eq!(post(s.port, "/v1/reload", "").status, 200);
 
     // A bad file: refused, with the reason, and the running config stays.
     write(
@@ -416,6 +432,14 @@ fn reload_applies_a_good_file_and_keeps_the_old_one_on_a_bad_file() {
         429,
         "uploads still configured (and limited)"
     );
+    // One policy's counts go on across reloads.
+    let metrics = http(s.port, "GET", "/metrics", &[], b"").body;
+    for count in [
+        "paceline_decisions_total{policy=\"uploads\",outcome=\"allowed\"} 1",
+        "paceline_decisions_total{policy=\"uploads\",outcome=\"rejected\"} 1",
+    ] {
+        assert!(metrics.contains(count), "{count} in {metrics}");
+    }
 
     // SIGHUP reloads too.
     write(dir.path(), "paceline.toml", CONFIG);

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::Extension;
 use axum::{Json, Router};
 use paceline::{Decision, Error, MemoryStore, Op, Policy, Store, StoreErrorKind};
 use paceline_redis::{RedisStore, Request};
@@ -18,7 +18,8 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::config::Settings;
-use crate::metrics::{DecisionLabels, Metrics, PolicyLabel};
+use crate::metrics::{Metrics, PolicyMetrics};
+use crate::request::{Batch, Field, Item, RawAsk, FIELDS};
 
 /// The largest body of `POST /v1/decisions`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -57,7 +58,7 @@ impl Backend {
     }
 
     /// Decides `asks` in order: on Redis in one round trip per node, in memory one by one.
-    async fn decide_batch(&self, asks: &[&Ask]) -> Vec<Result<Decision, Error>> {
+    async fn decide_batch(&self, asks: &[&Ask<'_>]) -> Vec<Result<Decision, Error>> {
         match self {
             Backend::Redis(store) => {
                 let requests: Vec<Request> = asks
@@ -90,24 +91,49 @@ impl Backend {
     }
 }
 
+/// The name of inline specs in responses and metrics.
+const INLINE: &str = "inline";
+
 /// The most inline specs remembered parsed; beyond, the memory starts over.
 const INLINE_CACHE: usize = 1_024;
 
+/// A configured policy and its metrics.
+pub(crate) struct Configured {
+    policy: Policy,
+    metrics: PolicyMetrics,
+}
+
 /// What a reload can change: the policies and the access rules.
 pub(crate) struct Live {
-    pub(crate) policies: BTreeMap<String, Policy>,
+    pub(crate) policies: BTreeMap<String, Configured>,
     pub(crate) auth_token: Option<String>,
     pub(crate) allow_inline_policies: bool,
+    /// The metrics of decisions by inline specs, all named `inline`.
+    inline_metrics: PolicyMetrics,
     /// Inline specs already parsed: the policy and its key namespace.
     inline: RwLock<HashMap<String, (Policy, String)>>,
 }
 
 impl Live {
-    pub(crate) fn from(settings: &Settings) -> Live {
+    pub(crate) fn new(settings: &Settings, metrics: &Metrics) -> Live {
         Live {
-            policies: settings.policies.clone(),
+            policies: settings
+                .policies
+                .iter()
+                .map(|(name, policy)| {
+                    let metrics = metrics.policy(name);
+                    (
+                        name.clone(),
+                        Configured {
+                            policy: policy.clone(),
+                            metrics,
+                        },
+                    )
+                })
+                .collect(),
             auth_token: settings.auth_token.clone(),
             allow_inline_policies: settings.allow_inline_policies,
+            inline_metrics: metrics.policy(INLINE),
             inline: RwLock::new(HashMap::new()),
         }
     }
@@ -166,11 +192,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/keys/{policy}/{key}", delete(reset_key))
         .route("/v1/policies", get(policies))
-        .route("/v1/reload", post(reload))
-        .route_layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            authenticate,
-        ));
+        .route("/v1/reload", post(reload));
     Router::new()
         .merge(v1)
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
@@ -284,6 +306,49 @@ impl<'a> DecisionBody<'a> {
             status,
         }
     }
+
+    /// The body exactly as its `Serialize` prints it (a test holds the two equal), written
+    /// directly: the single-decision endpoint answers this on every request.
+    fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(160 + self.policy.len());
+        let mut float = zmij::Buffer::new();
+        let mut whole = itoa::Buffer::new();
+        let mut ms = |out: &mut Vec<u8>, v: f64| {
+            // `ms` makes finite numbers; serde_json prints others as null.
+            let text = if v.is_finite() {
+                float.format_finite(v)
+            } else {
+                "null"
+            };
+            out.extend_from_slice(text.as_bytes());
+        };
+        out.extend_from_slice(if self.allowed {
+            b"{\"allowed\":true,\"delay_ms\":"
+        } else {
+            b"{\"allowed\":false,\"delay_ms\":"
+        });
+        ms(&mut out, self.delay_ms);
+        if let Some(fallback) = self.fallback {
+            out.extend_from_slice(b",\"fallback\":\"");
+            out.extend_from_slice(fallback.as_bytes());
+            out.push(b'"');
+        }
+        out.extend_from_slice(b",\"limit\":");
+        out.extend_from_slice(whole.format(self.limit).as_bytes());
+        out.extend_from_slice(b",\"policy\":");
+        // Writing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, self.policy);
+        out.extend_from_slice(b",\"remaining\":");
+        out.extend_from_slice(whole.format(self.remaining).as_bytes());
+        out.extend_from_slice(b",\"reset_after_ms\":");
+        ms(&mut out, self.reset_after_ms);
+        if let Some(status) = self.status {
+            out.extend_from_slice(b",\"status\":");
+            out.extend_from_slice(whole.format(status).as_bytes());
+        }
+        out.push(b'}');
+        out
+    }
 }
 
 /// One answer of a batch: a decision, or an error, each with its status.
@@ -294,45 +359,52 @@ enum BatchItem<'a> {
     Error { error: ErrorBody<'a>, status: u16 },
 }
 
-/// Checks the token, and hands the handler the configuration it was checked against.
-async fn authenticate(
-    State(state): State<Arc<AppState>>,
-    mut request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let live = state.live();
-    if let Some(token) = &live.auth_token {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
-            let mut response = ApiError::new(
-                StatusCode::UNAUTHORIZED,
-                "unauthenticated",
-                "authorization",
-                "send the service's token as `Authorization: Bearer TOKEN`",
-            )
-            .into_response();
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return response;
+/// The live configuration, for a request whose token it accepts: every `/v1` handler
+/// takes one, so that none runs unauthenticated, and all of a request is decided under
+/// the one configuration its token was checked against.
+struct Authorized(Arc<Live>);
+
+impl FromRequestParts<Arc<AppState>> for Authorized {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<Authorized, Response> {
+        let live = state.live();
+        if let Some(token) = &live.auth_token {
+            let given = parts
+                .headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+                let mut response = ApiError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "unauthenticated",
+                    "authorization",
+                    "send the service's token as `Authorization: Bearer TOKEN`",
+                )
+                .into_response();
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                return Err(response);
+            }
         }
+        Ok(Authorized(live))
     }
-    request.extensions_mut().insert(live);
-    next.run(request).await
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// A validated request.
-struct Ask {
+/// A validated request, borrowing from the configuration it was checked against.
+struct Ask<'a> {
     /// The name in responses and metrics: the configured name, or `inline`.
-    name: String,
+    name: &'a str,
+    metrics: &'a PolicyMetrics,
     policy: Policy,
     /// The key in the store: namespaced by policy.
     store_key: String,
@@ -340,9 +412,9 @@ struct Ask {
     cost: u64,
 }
 
-/// Reads a body as JSON, turning a too-large body into 413.
-fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Value, ApiError> {
-    let bytes = body.map_err(|rejection| {
+/// A body's bytes, turning a too-large body into 413.
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -353,47 +425,61 @@ fn json_body(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Value,
         } else {
             ApiError::invalid("body", rejection.body_text())
         }
-    })?;
-    serde_json::from_slice(&bytes)
+    })
+}
+
+/// Reads a body as JSON into `T`, saying where it is malformed.
+fn parse<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
         .map_err(|e| ApiError::invalid("body", format!("not valid JSON: {e}")))
 }
 
 /// Validates one request object against the live policies.
-fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
-    let Value::Object(fields) = value else {
-        return Err(ApiError::invalid(
-            "body",
-            "must be a JSON object with `policy` and `key`",
-        ));
+fn validate<'a>(live: &'a Live, item: &Item<'_>) -> Result<Ask<'a>, ApiError> {
+    let fields = match item {
+        Item::Object(fields) => fields,
+        Item::Not(_) => {
+            return Err(ApiError::invalid(
+                "body",
+                "must be a JSON object with `policy` and `key`",
+            ))
+        }
     };
-    const FIELDS: &[&str] = &["policy", "key", "op", "cost", "max_wait_ms"];
-    if let Some(unknown) = fields.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+    let RawAsk {
+        policy,
+        key,
+        op,
+        cost,
+        max_wait_ms,
+        unknown,
+    } = fields;
+    if let Some(unknown) = unknown {
         return Err(ApiError::invalid(
             unknown.as_str(),
             format!("unknown field; the fields are {}", FIELDS.join(", ")),
         ));
     }
-    let text = |name: &str| -> Result<Option<&str>, ApiError> {
-        match fields.get(name) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(ApiError::invalid(
+    fn text<'f>(name: &str, field: &'f Field<'_>) -> Result<Option<&'f str>, ApiError> {
+        match field {
+            Field::Missing => Ok(None),
+            Field::Str(s) => Ok(Some(s)),
+            other => Err(ApiError::invalid(
                 name,
-                format!("must be a string, not {}", kind(other)),
+                format!("must be a string, not {}", other.kind()),
             )),
         }
-    };
-    let spec = text("policy")?.ok_or_else(|| {
+    }
+    let spec = text("policy", policy)?.ok_or_else(|| {
         ApiError::invalid(
             "policy",
             "is required: a configured policy's name or a spec",
         )
     })?;
-    let key = text("key")?.ok_or_else(|| ApiError::invalid("key", "is required"))?;
+    let key = text("key", key)?.ok_or_else(|| ApiError::invalid("key", "is required"))?;
     check_key(key)?;
-    let op_name = text("op")?.unwrap_or("pace");
+    let op_name = text("op", op)?.unwrap_or("pace");
     let cost = number_field(
-        fields,
+        cost,
         "cost",
         "a whole number",
         "use a whole number of at least 1",
@@ -401,7 +487,7 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
     )?
     .unwrap_or(1);
     let max_wait = number_field(
-        fields,
+        max_wait_ms,
         "max_wait_ms",
         "a number",
         "use milliseconds from 0 to 1e13",
@@ -426,8 +512,13 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
             ))
         }
     };
-    let (name, policy, store_key) = match live.policies.get(spec) {
-        Some(p) => (spec.to_string(), p.clone(), store_key(spec, key)),
+    let (name, metrics, policy, store_key) = match live.policies.get_key_value(spec) {
+        Some((name, c)) => (
+            name.as_str(),
+            &c.metrics,
+            c.policy.clone(),
+            store_key(spec, key),
+        ),
         None if spec.contains(':') => {
             if !live.allow_inline_policies {
                 return Err(ApiError::new(
@@ -438,7 +529,7 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
                 ));
             }
             let (policy, store_key) = live.inline(spec, key)?;
-            ("inline".to_string(), policy, store_key)
+            (INLINE, &live.inline_metrics, policy, store_key)
         }
         None => return Err(ApiError::unknown_policy(spec)),
     };
@@ -447,6 +538,7 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
         .map_err(|e| ApiError::invalid(e.field().to_string(), e.message().to_string()))?;
     Ok(Ask {
         name,
+        metrics,
         policy,
         store_key,
         op,
@@ -457,24 +549,24 @@ fn validate(live: &Live, value: &Value) -> Result<Ask, ApiError> {
 /// A number field of a request: `None` if absent or null, else what `convert` makes of it,
 /// which refuses a number by returning `None` (the error then says what is `allowed`).
 fn number_field<T>(
-    fields: &Map<String, Value>,
+    field: &Field<'_>,
     name: &str,
     noun: &str,
     allowed: &str,
     convert: impl Fn(&serde_json::Number) -> Option<T>,
 ) -> Result<Option<T>, ApiError> {
-    match fields.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => match convert(n) {
+    match field {
+        Field::Missing => Ok(None),
+        Field::Number(n) => match convert(n) {
             Some(value) => Ok(Some(value)),
             None => Err(ApiError::invalid(
                 name,
                 format!("{n} is not allowed; {allowed}"),
             )),
         },
-        Some(other) => Err(ApiError::invalid(
+        other => Err(ApiError::invalid(
             name,
-            format!("must be {noun}, not {}", kind(other)),
+            format!("must be {noun}, not {}", other.kind()),
         )),
     }
 }
@@ -492,18 +584,11 @@ fn check_key(key: &str) -> Result<(), ApiError> {
 
 /// The store's key for `key` under a policy's namespace (its name, or `~SPEC` inline).
 fn store_key(namespace: &str, key: &str) -> String {
-    format!("{namespace}:{key}")
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
+    let mut out = String::with_capacity(namespace.len() + 1 + key.len());
+    out.push_str(namespace);
+    out.push(':');
+    out.push_str(key);
+    out
 }
 
 /// Milliseconds with microsecond precision.
@@ -540,49 +625,25 @@ fn store_failure(e: Error) -> ApiError {
 /// Counts a decision in the metrics and turns a failure into its API error.
 fn settle(
     state: &AppState,
-    ask: &Ask,
+    ask: &Ask<'_>,
     outcome: Result<Decision, Error>,
 ) -> Result<Decision, ApiError> {
-    let decision = match outcome {
-        Ok(d) => d,
+    match outcome {
+        Ok(decision) => {
+            if decision.fallback.is_some() {
+                state.metrics.store_errors.inc();
+            }
+            ask.metrics.decided(&decision);
+            Ok(decision)
+        }
         Err(e) => {
-            let labels = DecisionLabels {
-                policy: ask.name.clone(),
-                outcome: "error",
-            };
-            state.metrics.decisions.get_or_create(&labels).inc();
+            ask.metrics.failed();
             if matches!(e, Error::Store(_)) {
                 state.metrics.store_errors.inc();
             }
-            return Err(store_failure(e));
+            Err(store_failure(e))
         }
-    };
-    let outcome = match (decision.fallback, decision.allowed) {
-        (Some(f), _) => f.name(),
-        (None, true) => "allowed",
-        (None, false) => "rejected",
-    };
-    if decision.fallback.is_some() {
-        state.metrics.store_errors.inc();
     }
-    state
-        .metrics
-        .decisions
-        .get_or_create(&DecisionLabels {
-            policy: ask.name.clone(),
-            outcome,
-        })
-        .inc();
-    if decision.allowed {
-        state
-            .metrics
-            .delay
-            .get_or_create(&PolicyLabel {
-                policy: ask.name.clone(),
-            })
-            .observe(decision.delay.as_secs_f64());
-    }
-    Ok(decision)
 }
 
 /// 200 admitted, 429 rejected.
@@ -594,22 +655,35 @@ fn status_of(decision: &Decision) -> StatusCode {
     }
 }
 
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
 const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Adds `RateLimit-Policy`, `RateLimit` and, for a rejection, `Retry-After`.
 fn add_rate_limit_headers(headers: &mut HeaderMap, name: &str, decision: &Decision) {
     let seconds_up = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    // The values are taken as they are built, without a copy.
-    let value = |text: String| HeaderValue::from_maybe_shared(Bytes::from(text));
-    if let Ok(v) = value(format!("\"{name}\";q={}", decision.limit)) {
+    // `"NAME";` then `key=number` pairs; the value is taken as it is built, without a copy.
+    let value = |pairs: &[(&str, u64)]| {
+        let mut text = String::with_capacity(name.len() + 16 + 24 * pairs.len());
+        text.push('"');
+        text.push_str(name);
+        text.push('"');
+        let mut digits = itoa::Buffer::new();
+        for (key, number) in pairs {
+            text.push(';');
+            text.push_str(key);
+            text.push('=');
+            text.push_str(digits.format(*number));
+        }
+        HeaderValue::from_maybe_shared(Bytes::from(text))
+    };
+    if let Ok(v) = value(&[("q", decision.limit)]) {
         headers.insert(RATELIMIT_POLICY, v);
     }
-    if let Ok(v) = value(format!(
-        "\"{name}\";r={};t={}",
-        decision.remaining,
-        seconds_up(decision.reset_after)
-    )) {
+    if let Ok(v) = value(&[
+        ("r", decision.remaining),
+        ("t", seconds_up(decision.reset_after)),
+    ]) {
         headers.insert(RATELIMIT, v);
     }
     if !decision.allowed {
@@ -622,10 +696,14 @@ fn add_rate_limit_headers(headers: &mut HeaderMap, name: &str, decision: &Decisi
 
 async fn decision(
     State(state): State<Arc<AppState>>,
-    Extension(live): Extension<Arc<Live>>,
+    Authorized(live): Authorized,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let ask = match json_body(body, MAX_BODY).and_then(|v| validate(&live, &v)) {
+    let bytes = match body_bytes(body, MAX_BODY) {
+        Ok(bytes) => bytes,
+        Err(e) => return e.into_response(),
+    };
+    let ask = match parse::<Item>(&bytes).and_then(|item| validate(&live, &item)) {
         Ok(ask) => ask,
         Err(e) => return e.into_response(),
     };
@@ -637,9 +715,10 @@ async fn decision(
     state.metrics.observe_store(started.elapsed());
     match settle(&state, &ask, outcome) {
         Ok(d) => {
-            let mut response =
-                (status_of(&d), Json(DecisionBody::new(&ask.name, &d, None))).into_response();
-            add_rate_limit_headers(response.headers_mut(), &ask.name, &d);
+            let body = DecisionBody::new(ask.name, &d, None).to_json();
+            let content_type = [(header::CONTENT_TYPE, APPLICATION_JSON)];
+            let mut response = (status_of(&d), content_type, body).into_response();
+            add_rate_limit_headers(response.headers_mut(), ask.name, &d);
             response
         }
         Err(e) => e.into_response(),
@@ -648,15 +727,19 @@ async fn decision(
 
 async fn batch(
     State(state): State<Arc<AppState>>,
-    Extension(live): Extension<Arc<Live>>,
+    Authorized(live): Authorized,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let items = match json_body(body, MAX_BATCH_BODY) {
-        Ok(Value::Array(items)) => items,
-        Ok(other) => {
+    let bytes = match body_bytes(body, MAX_BATCH_BODY) {
+        Ok(bytes) => bytes,
+        Err(e) => return e.into_response(),
+    };
+    let items = match parse::<Batch>(&bytes) {
+        Ok(Batch::Array(items)) => items,
+        Ok(Batch::Not(kind)) => {
             return ApiError::invalid(
                 "body",
-                format!("must be a JSON array of requests, not {}", kind(&other)),
+                format!("must be a JSON array of requests, not {kind}"),
             )
             .into_response();
         }
@@ -684,7 +767,7 @@ async fn batch(
                 let outcome = outcomes.next().unwrap_or_else(|| {
                     Err(paceline::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
                 });
-                settle(&state, ask, outcome).map(|d| (ask.name.as_str(), d))
+                settle(&state, ask, outcome).map(|d| (ask.name, d))
             }
             Err(e) => Err(e.clone()),
         })
@@ -707,7 +790,7 @@ async fn batch(
 
 async fn reset_key(
     State(state): State<Arc<AppState>>,
-    Extension(live): Extension<Arc<Live>>,
+    Authorized(live): Authorized,
     Path((policy, key)): Path<(String, String)>,
 ) -> Response {
     if !live.policies.contains_key(&policy) {
@@ -722,11 +805,11 @@ async fn reset_key(
     }
 }
 
-async fn policies(Extension(live): Extension<Arc<Live>>) -> Json<Value> {
+async fn policies(Authorized(live): Authorized) -> Json<Value> {
     let policies: Map<String, Value> = live
         .policies
         .iter()
-        .map(|(name, p)| {
+        .map(|(name, Configured { policy: p, .. })| {
             (
                 name.clone(),
                 json!({"spec": p.to_string(), "algorithm": p.algorithm(), "limit": p.limit()}),
@@ -736,7 +819,7 @@ async fn policies(Extension(live): Extension<Arc<Live>>) -> Json<Value> {
     Json(json!({"policies": policies, "allow_inline_policies": live.allow_inline_policies}))
 }
 
-async fn reload(State(state): State<Arc<AppState>>) -> Response {
+async fn reload(State(state): State<Arc<AppState>>, _: Authorized) -> Response {
     match state.reload() {
         Ok(message) => Json(json!({"reloaded": true, "message": message})).into_response(),
         Err(message) => ApiError::new(
@@ -769,4 +852,43 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.metrics.render(),
     )
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paceline::Fallback;
+
+    #[test]
+    fn a_decision_body_written_directly_is_what_serde_prints() {
+        // Microseconds: zero, below a microsecond, fractional, large, and saturating.
+        let times = [0.0, 0.001, 1.0, 1_500.5, 120_000.0, 3.15e13, f64::MAX];
+        let names = ["discord-roles", "inline", "", "quote\"back\\slash\u{1}é"];
+        for (i, &delay) in times.iter().enumerate() {
+            for (j, name) in names.iter().enumerate() {
+                let reset_after = times[(i + j) % times.len()];
+                for (allowed, fallback, status) in [
+                    (true, None, None),
+                    (false, None, Some(429)),
+                    (true, Some(Fallback::FailOpen), Some(200)),
+                    (true, Some(Fallback::Local), None),
+                ] {
+                    let mut decision = Decision::from_micros(
+                        allowed,
+                        delay,
+                        (i * 7 + j) as u64,
+                        reset_after,
+                        u64::MAX - i as u64,
+                    );
+                    decision.fallback = fallback;
+                    let body = DecisionBody::new(name, &decision, status);
+                    let serde = serde_json::to_vec(&body).unwrap_or_default();
+                    assert_eq!(
+                        String::from_utf8_lossy(&body.to_json()),
+                        String::from_utf8_lossy(&serde)
+                    );
+                }
+            }
+        }
+    }
 }

@@ -28,6 +28,7 @@
 mod api;
 pub mod config;
 mod metrics;
+mod request;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -107,7 +108,8 @@ impl AppState {
         let mut next = base.clone();
         next.apply_live(file);
         let count = next.policies.len();
-        *self.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(Live::from(&next));
+        *self.live.write().unwrap_or_else(PoisonError::into_inner) =
+            Arc::new(Live::new(&next, &self.metrics));
         let mut message = format!("{count} policies loaded from {}", path.display());
         for note in notes {
             message.push_str("; ");
@@ -133,10 +135,11 @@ impl Server {
             .await
             .map_err(ServerError::Listen)?;
         let store = paceline_redis::without_credentials(&settings.store);
+        let metrics = metrics::Metrics::new();
         let state = Arc::new(AppState {
-            live: RwLock::new(Arc::new(Live::from(&settings))),
+            live: RwLock::new(Arc::new(Live::new(&settings, &metrics))),
             backend,
-            metrics: metrics::Metrics::new(),
+            metrics,
             base: Mutex::new(settings),
         });
         Ok(Server {

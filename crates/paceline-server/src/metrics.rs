@@ -11,6 +11,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use paceline::Decision;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct DecisionLabels {
     pub(crate) policy: String,
@@ -21,6 +23,40 @@ pub(crate) struct DecisionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PolicyLabel {
     pub(crate) policy: String,
+}
+
+/// One policy's series, looked up once per policy and configuration, so that counting a
+/// decision is an atomic add rather than a hash of its labels under the family's lock.
+/// The handles share their values with the family's: `/metrics` shows every count.
+pub(crate) struct PolicyMetrics {
+    allowed: Counter<u64, AtomicU64>,
+    rejected: Counter<u64, AtomicU64>,
+    fail_open: Counter<u64, AtomicU64>,
+    local: Counter<u64, AtomicU64>,
+    error: Counter<u64, AtomicU64>,
+    delay: Histogram,
+}
+
+impl PolicyMetrics {
+    /// Counts a decision by its outcome and, if it admits, records its delay.
+    pub(crate) fn decided(&self, decision: &Decision) {
+        let counter = match (decision.fallback, decision.allowed) {
+            (Some(paceline::Fallback::Local), _) => &self.local,
+            // `fail_open`, the only other fallback.
+            (Some(_), _) => &self.fail_open,
+            (None, true) => &self.allowed,
+            (None, false) => &self.rejected,
+        };
+        counter.inc();
+        if decision.allowed {
+            self.delay.observe(decision.delay.as_secs_f64());
+        }
+    }
+
+    /// Counts a decision the store could not make.
+    pub(crate) fn failed(&self) {
+        self.error.inc();
+    }
 }
 
 /// The service's metrics.
@@ -78,6 +114,32 @@ impl Metrics {
             delay,
             store_latency,
             store_errors,
+        }
+    }
+
+    /// The series of the policy called `name` in responses (`inline` for inline specs).
+    /// Each starts at zero, so a policy's rate of rejections exists before the first one.
+    pub(crate) fn policy(&self, name: &str) -> PolicyMetrics {
+        let counter = |outcome: &'static str| {
+            self.decisions
+                .get_or_create(&DecisionLabels {
+                    policy: name.to_string(),
+                    outcome,
+                })
+                .clone()
+        };
+        PolicyMetrics {
+            allowed: counter("allowed"),
+            rejected: counter("rejected"),
+            fail_open: counter("fail_open"),
+            local: counter("local"),
+            error: counter("error"),
+            delay: self
+                .delay
+                .get_or_create(&PolicyLabel {
+                    policy: name.to_string(),
+                })
+                .clone(),
         }
     }
 
