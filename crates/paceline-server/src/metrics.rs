@@ -1,14 +1,15 @@
 //! Prometheus metrics: decisions by policy and outcome, the delays handed out, the store's
 //! latency and errors.
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 use paceline::Decision;
@@ -23,6 +24,82 @@ pub(crate) struct DecisionLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct PolicyLabel {
     pub(crate) policy: String,
+}
+
+/// A histogram that records without a lock: a count per bucket and the sum, each an
+/// atomic. Every decision records into one (its policy's delays) and every request into
+/// another (the store's latency); behind a mutex, as in `prometheus_client`'s own, the
+/// service's threads would queue on it.
+///
+/// A scrape reads the buckets one by one, so under traffic it may count an observation
+/// whose value is not yet in the sum; each series stays monotonic.
+#[derive(Clone, Debug)]
+pub(crate) struct Histogram(Arc<HistogramCells>);
+
+#[derive(Debug)]
+struct HistogramCells {
+    /// Upper bounds, ascending, the last one infinite.
+    bounds: Box<[f64]>,
+    /// Observations per bucket (not cumulative).
+    counts: Box<[AtomicU64]>,
+    /// The sum of the values, as `f64` bits.
+    sum: AtomicU64,
+}
+
+impl Histogram {
+    /// A histogram with these finite upper bounds (ascending) and `+Inf`.
+    pub(crate) fn new(bounds: impl IntoIterator<Item = f64>) -> Histogram {
+        let bounds: Box<[f64]> = bounds.into_iter().chain([f64::INFINITY]).collect();
+        let counts = bounds.iter().map(|_| AtomicU64::new(0)).collect();
+        Histogram(Arc::new(HistogramCells {
+            bounds,
+            counts,
+            sum: AtomicU64::new(0f64.to_bits()),
+        }))
+    }
+
+    /// Records one value (NaN counts in `+Inf` only).
+    pub(crate) fn observe(&self, value: f64) {
+        let cells = &*self.0;
+        let last = cells.counts.len() - 1;
+        let bucket = cells
+            .bounds
+            .iter()
+            .position(|&bound| value <= bound)
+            .unwrap_or(last);
+        cells.counts[bucket].fetch_add(1, Ordering::Relaxed);
+        if !value.is_nan() {
+            // The closure always answers, so the update cannot fail.
+            let _ = cells
+                .sum
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                    Some((f64::from_bits(bits) + value).to_bits())
+                });
+        }
+    }
+}
+
+impl TypedMetric for Histogram {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl EncodeMetric for Histogram {
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), std::fmt::Error> {
+        let cells = &*self.0;
+        let buckets: Vec<(f64, u64)> = cells
+            .bounds
+            .iter()
+            .zip(cells.counts.iter())
+            .map(|(&bound, count)| (bound, count.load(Ordering::Relaxed)))
+            .collect();
+        let count = buckets.iter().map(|(_, n)| n).sum();
+        let sum = f64::from_bits(cells.sum.load(Ordering::Relaxed));
+        encoder.encode_histogram::<NoLabelSet>(sum, count, &buckets, None)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        Self::TYPE
+    }
 }
 
 /// One policy's series, looked up once per policy and configuration, so that counting a
@@ -153,5 +230,63 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renders one registered histogram.
+    fn render(register: impl FnOnce(&mut Registry)) -> String {
+        let mut registry = Registry::default();
+        register(&mut registry);
+        let mut out = String::new();
+        encode(&mut out, &registry).unwrap_or_default();
+        out
+    }
+
+    #[test]
+    fn the_lock_free_histogram_reads_as_prometheus_clients_own() {
+        let bounds = || [0.0, 0.001, 0.25, 1.0, 1e3];
+        let ours = Histogram::new(bounds());
+        let theirs = prometheus_client::metrics::histogram::Histogram::new(bounds());
+        let values = [0.0, 0.0005, 0.001, 0.0011, 0.3, 1.0, 7.5, 1e3, 1e9, 0.1];
+        for v in values {
+            ours.observe(v);
+            theirs.observe(v);
+        }
+        let text = render(|r| r.register("h", "help", ours.clone()));
+        assert!(text.contains("h_bucket{le=\"+Inf\"} 10"), "{text}");
+        assert!(text.contains("h_bucket{le=\"0.001\"} 3"), "{text}");
+        assert_eq!(text, render(|r| r.register("h", "help", theirs.clone())));
+        // NaN (never a duration) counts in +Inf and, unlike there, leaves the sum a number.
+        ours.observe(f64::NAN);
+        let text = render(|r| r.register("h", "help", ours.clone()));
+        assert!(text.contains("h_bucket{le=\"+Inf\"} 11"), "{text}");
+        assert!(text.contains("h_sum 1000001008.9026"), "{text}");
+    }
+
+    #[test]
+    fn observations_from_many_threads_are_all_counted() {
+        let h = Histogram::new([0.5]);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for i in 0..10_000 {
+                        h.observe(if i % 2 == 0 { 0.25 } else { 1.0 });
+                    }
+                });
+            }
+        });
+        let text = render(|r| r.register("h", "help", h.clone()));
+        for line in [
+            "h_count 40000",
+            "h_sum 25000.0",
+            "h_bucket{le=\"0.5\"} 20000",
+            "h_bucket{le=\"+Inf\"} 40000",
+        ] {
+            assert!(text.contains(line), "{line} in {text}");
+        }
     }
 }
