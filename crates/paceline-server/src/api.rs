@@ -218,7 +218,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
 }
 
 /// A JSON error: `{"error": {"code", "field", "message"}}` with its status.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub(crate) struct ApiError {
     status: StatusCode,
     code: &'static str,
@@ -761,15 +761,13 @@ async fn batch(
     }
     // One result per request, in order: its decision, or why it has none.
     let settled: Vec<Result<(&str, Decision), ApiError>> = asks
-        .iter()
-        .map(|ask| match ask {
-            Ok(ask) => {
-                let outcome = outcomes.next().unwrap_or_else(|| {
-                    Err(paceline::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
-                });
-                settle(&state, ask, outcome).map(|d| (ask.name, d))
-            }
-            Err(e) => Err(e.clone()),
+        .into_iter()
+        .map(|ask| {
+            let ask = ask?;
+            let outcome = outcomes.next().unwrap_or_else(|| {
+                Err(paceline::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
+            });
+            settle(&state, &ask, outcome).map(|d| (ask.name, d))
         })
         .collect();
     // The answers borrow from the results above.

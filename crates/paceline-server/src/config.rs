@@ -112,11 +112,11 @@ pub struct FileSettings {
 
 impl Settings {
     /// Lays every setting `file` holds over these settings.
-    pub fn apply_file(&mut self, file: FileSettings) {
+    pub fn apply_file(&mut self, mut file: FileSettings) {
         if let Some(v) = file.listen {
             self.listen = v;
         }
-        if let Some(v) = file.store.clone() {
+        if let Some(v) = file.store.take() {
             self.store = v;
         }
         if let Some(v) = file.failure_policy {

@@ -43,11 +43,9 @@ pub use config::{ConfigError, Settings, DEFAULT_PORT};
 
 use api::{AppState, Backend, Live};
 
-/// A failure to start the service.
+/// A failure to start the service (settings are validated before, as [`ConfigError`]s).
 #[derive(Debug)]
 pub enum ServerError {
-    /// The settings are invalid.
-    Config(ConfigError),
     /// The store cannot be reached or configured.
     Store(paceline::Error),
     /// The address cannot be listened on.
@@ -57,7 +55,6 @@ pub enum ServerError {
 impl std::fmt::Display for ServerError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ServerError::Config(e) => write!(f, "{e}"),
             ServerError::Store(e) => write!(f, "store: {e}"),
             ServerError::Listen(e) => write!(f, "cannot listen: {e}"),
         }
