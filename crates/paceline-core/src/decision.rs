@@ -177,10 +177,7 @@ pub fn micros_to_duration(us: f64) -> Duration {
         return Duration::from_nanos(nanos as u64);
     }
     // Below 2^63 a signed conversion is exact and a single instruction.
-    let nanos = nanos as i64 as u64;
-    let secs = nanos / 1_000_000_000;
-    // `nanos - secs * 1e9` is below 1e9, so it fits a u32 and `Duration::new` never carries.
-    Duration::new(secs, (nanos - secs * 1_000_000_000) as u32)
+    Duration::from_nanos(nanos as i64 as u64)
 }
 
 /// A [`Duration`] in whole microseconds, rounded to the nearest (half up), saturating: how

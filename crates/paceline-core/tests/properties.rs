@@ -1,5 +1,5 @@
 //! Cross-cutting property tests: every algorithm, driven only through spec strings and
-//! [`Policy::apply`], against the contract in `SEMANTICS.md`.
+//! [`Policy::apply`], against the contract in the `policy` module's documentation.
 //!
 //! Each test generates a policy (random parameters), a start time near today's Unix time in
 //! microseconds (so the f64 arithmetic of the algorithms sees realistic magnitudes) and a
@@ -1000,7 +1000,7 @@ pace_test!(
     b_smooth_bursty_slots_are_one_earlier_cost_apart,
     smooth_bursty(&[Some(0.0)])
 );
-// Not in SEMANTICS.md's words but implied by Guava's model: stored permits of a warming-up
+// Not in the contract's words but implied by Guava's model: stored permits of a warming-up
 // limiter cost at least the stable interval each, so its slots are spaced at least as much.
 pace_test!(
     b_smooth_warming_up_slots_are_at_least_one_earlier_cost_apart,
@@ -1017,7 +1017,7 @@ pace_test!(
 
 // (e) idle after reset_after. Not for smooth_bursty: a fresh Guava SmoothBursty limiter has
 // no stored permits while a fully replenished one has maxPermits, so an idle key and a new
-// key differ by design (SEMANTICS.md: "a key's limiter is created at its first request with
+// key differ by design (the contract: "a key's limiter is created at its first request with
 // no stored permits").
 reset_test!(e_pacer_state_is_idle_after_reset_after, pacer(PACER_BURSTS));
 reset_test!(e_gcra_state_is_idle_after_reset_after, gcra(1..=5));

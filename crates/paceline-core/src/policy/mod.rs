@@ -163,8 +163,12 @@ macro_rules! policies {
                 }
             }
 
+            /// [`Policy::apply`] for a request whose `cost` has passed
+            /// [`Policy::check_cost`] for `op` and whose `now` has passed [`check_now`]:
+            /// for stores that check a request once, before deciding how to apply it.
+            /// Unchecked input gives unspecified (but memory-safe) decisions.
             #[inline]
-            fn apply_validated(
+            pub fn apply_validated(
                 &self,
                 state: &mut Option<State>,
                 now: u64,

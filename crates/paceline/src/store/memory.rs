@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 use paceline_core::policy::{gcra, Gcra};
-use paceline_core::{
-    Clock, Decision, Error, InputError, Op, Policy, Sleep, State, StoreError, StoreErrorKind,
-};
+use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::shards::Shards;
@@ -109,16 +107,15 @@ const _: () = assert!(std::mem::size_of::<Entry>() == 32);
 
 impl StoredKey {
     fn new(key: &str) -> StoredKey {
-        match u8::try_from(key.len() + 1).ok().and_then(NonZeroU8::new) {
-            Some(len_plus_one) if key.len() <= INLINE_KEY => {
-                let mut bytes = [0; INLINE_KEY];
-                bytes[..key.len()].copy_from_slice(key.as_bytes());
-                StoredKey::Inline {
-                    len_plus_one,
-                    bytes,
-                }
-            }
-            _ => StoredKey::Heap(Box::new(key.into())),
+        if key.len() > INLINE_KEY {
+            return StoredKey::Heap(Box::new(key.into()));
+        }
+        let mut bytes = [0; INLINE_KEY];
+        bytes[..key.len()].copy_from_slice(key.as_bytes());
+        StoredKey::Inline {
+            // At most INLINE_KEY + 1, so the `as u8` is exact.
+            len_plus_one: NonZeroU8::MIN.saturating_add(key.len() as u8),
+            bytes,
         }
     }
 
@@ -258,8 +255,8 @@ impl MemoryStoreBuilder {
         });
         MemoryStore {
             shards,
-            // Shards are chosen by the top bits of the hash; `u64 >> 64` would overflow.
-            shard_shift: 64 - count.trailing_zeros().min(63),
+            // One shard: a shift of 64, which `shard_for` maps to shard 0.
+            shard_shift: 64 - count.trailing_zeros(),
             hasher: foldhash::fast::RandomState::default(),
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
             max_keys: self.max_keys,
@@ -346,11 +343,7 @@ impl MemoryStore {
     /// bits, every key of a shard would share a tag and each lookup would compare keys with
     /// every entry it probes). Tables pick buckets by the low bits.
     fn shard_for(&self, hash: u64) -> usize {
-        if self.shards.len() == 1 {
-            0
-        } else {
-            ((hash << 7) >> self.shard_shift) as usize
-        }
+        (hash << 7).checked_shr(self.shard_shift).unwrap_or(0) as usize
     }
 
     /// Drops the keys that are idle at `now`.
@@ -370,7 +363,8 @@ impl MemoryStore {
     fn decide_now(&self, policy: &Policy, key: &str, op: Op, cost: u64) -> Result<Decision, Error> {
         policy.check_cost(op, cost)?;
         let now = self.clock.now_micros();
-        // Every path checks it, the gcra fast path included.
+        // Checked once here for every path (the gcra fast path included); below, policies
+        // apply validated requests.
         paceline_core::policy::check_now(now)?;
         let hash = self.hasher.hash_one(key.as_bytes());
         let shard = self.shard_for(hash);
@@ -379,14 +373,14 @@ impl MemoryStore {
             let inner = self.shards.read(shard);
             if let Some(entry) = inner.table.find(hash, |e| e.key.is(key)) {
                 if let Some(decision) = apply_shared(policy, &entry.slot, now, op, cost) {
-                    return Ok(decision?);
+                    return Ok(decision);
                 }
             }
         }
         {
             let mut inner = self.shards.write(shard);
             if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
-                return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
+                return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost));
             }
             if self.full() {
                 // Full: try this shard's idle keys first.
@@ -400,7 +394,7 @@ impl MemoryStore {
         self.purge_idle();
         let mut inner = self.shards.write(shard);
         if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
-            return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost)?);
+            return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost));
         }
         if self.full() && op != Op::Peek {
             return Err(StoreError::new(
@@ -429,7 +423,7 @@ impl MemoryStore {
         cost: u64,
     ) -> Result<Decision, Error> {
         let mut state = None;
-        let decision = policy.apply(&mut state, now, op, cost)?;
+        let decision = policy.apply_validated(&mut state, now, op, cost);
         if let Some(state) = state {
             if inner.table.len() >= inner.sweep_at {
                 self.sweep(inner, now.saturating_sub(SWEEP_GRACE_US));
@@ -461,15 +455,9 @@ impl MemoryStore {
 /// policy on a `gcra` slot, any other on any other slot. `None` when the request may change
 /// the slot's kind, which takes the exclusive lock ([`apply_to_slot`]).
 #[inline(always)]
-fn apply_shared(
-    policy: &Policy,
-    slot: &Slot,
-    now: u64,
-    op: Op,
-    cost: u64,
-) -> Option<Result<Decision, InputError>> {
+fn apply_shared(policy: &Policy, slot: &Slot, now: u64, op: Op, cost: u64) -> Option<Decision> {
     match (slot, policy) {
-        (Slot::Gcra(tat), Policy::Gcra(gcra)) => Some(Ok(gcra_cas(gcra, tat, now, op, cost))),
+        (Slot::Gcra(tat), Policy::Gcra(gcra)) => Some(gcra_cas(gcra, tat, now, op, cost)),
         (Slot::Other(other), policy) if !matches!(policy, Policy::Gcra(_)) => {
             Some(apply_to_other(policy, &mut lock(other), now, op, cost))
         }
@@ -479,54 +467,42 @@ fn apply_shared(
 
 /// Applies a request to an existing key's slot under the exclusive lock, changing the slot's
 /// kind where the new state calls for it.
-fn apply_to_slot(
-    policy: &Policy,
-    slot: &mut Slot,
-    now: u64,
-    op: Op,
-    cost: u64,
-) -> Result<Decision, InputError> {
+fn apply_to_slot(policy: &Policy, slot: &mut Slot, now: u64, op: Op, cost: u64) -> Decision {
     match slot {
         Slot::Gcra(tat) => {
             if let Policy::Gcra(gcra) = policy {
-                return Ok(gcra_cas(gcra, tat, now, op, cost));
+                return gcra_cas(gcra, tat, now, op, cost);
             }
-            // Another algorithm on a gcra key: decide on a copy, replace only on a write.
+            // Another algorithm on a gcra key: decide on a copy, replace only on a write
+            // (which leaves the policy's own state where the gcra state was).
             let tat = f64::from_bits(*tat.get_mut());
             let mut state = (tat > now as f64).then_some(State::Gcra(gcra::State { tat }));
-            let before = state.clone();
-            let decision = policy.apply(&mut state, now, op, cost)?;
-            if state != before {
+            let decision = policy.apply_validated(&mut state, now, op, cost);
+            if state.as_ref().is_some_and(|s| policy.owns(s)) {
                 *slot = Slot::new(state, expiry(now, decision.reset_after));
             }
-            Ok(decision)
+            decision
         }
         Slot::Other(other) => {
             let other = other_mut(other);
-            let decision = apply_to_other(policy, other, now, op, cost)?;
+            let decision = apply_to_other(policy, other, now, op, cost);
             if matches!(other.state, Some(State::Gcra(_))) {
                 let (state, expires_at) = (other.state.take(), other.expires_at);
                 *slot = Slot::new(state, expires_at);
             }
-            Ok(decision)
+            decision
         }
     }
 }
 
 /// Applies a request to a non-`gcra` slot's state, treating an idle state as none.
 #[inline]
-fn apply_to_other(
-    policy: &Policy,
-    other: &mut OtherSlot,
-    now: u64,
-    op: Op,
-    cost: u64,
-) -> Result<Decision, InputError> {
+fn apply_to_other(policy: &Policy, other: &mut OtherSlot, now: u64, op: Op, cost: u64) -> Decision {
     if other.expires_at <= now {
         other.state = None;
     }
     let foreign = other.state.as_ref().is_some_and(|s| !policy.owns(s));
-    let decision = policy.apply(&mut other.state, now, op, cost)?;
+    let decision = policy.apply_validated(&mut other.state, now, op, cost);
     match &other.state {
         // A state of another algorithm that this request did not replace keeps its expiry.
         Some(s) if foreign && !policy.owns(s) => {}
@@ -538,7 +514,7 @@ fn apply_to_other(
         // Idle: expired at once; the next sweep drops the entry.
         None => other.expires_at = now,
     }
-    Ok(decision)
+    decision
 }
 
 /// The first microsecond at which a state with `reset_after` left is idle.
