@@ -101,7 +101,7 @@ for i = 1, #keys do
       state = nil
     end
   end
-  local allowed, delay, remaining, reset_after, new_state =
+  local allowed, delay, remaining, reset_after, new_state, idle_at =
     policy.f(policy.p, state, now, op, cost, max_wait, max_wait_us)
   local own = state ~= nil
   if new_state or own then
@@ -114,12 +114,13 @@ for i = 1, #keys do
     local exp = math.max(keep, PL.expiry(now, reset_after))
     if new_state == nil then
       new_state = state
-    elseif alg == 'gcra' then
-      -- ceil(TAT): the other terms never exceed it, so the record is idle exactly when
-      -- its TAT has passed (`now` is a whole number of µs).
-      exp = math.max(exp, math.ceil(new_state[1]))
+    elseif idle_at then
+      -- ceil(idle_at): for `gcra` the other terms never exceed it, so the record is idle
+      -- exactly when its TAT has passed (`now` is a whole number of µs).
+      exp = math.max(exp, math.ceil(idle_at))
     end
-    if new_state ~= state or exp > (old_exp or 0) then
+    -- An unchanged state is the key's own, so `old_exp` is set.
+    if new_state ~= state or exp > old_exp then
       if exp > now then
         local ttl = math.ceil((exp - now) / 1000) + slack
         local record = cmsgpack.pack(alg, exp, new_state)

@@ -19,10 +19,10 @@ PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
   local window_end = start + duration
   local after = consumed + cost
   local fits = after <= points
+  local k = points - after + 2
 
   local delay = 0
   if fits and consumed > 0 then
-    local k = points - after + 2
     local step = ee_spread_ms(window_end, now, k) * 1000
     if step < min_delay then
       delay = after * min_delay
@@ -54,7 +54,6 @@ PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
     local max_us = max_wait_us
     if delay > max_us then
       local at = window_end
-      local k = points - after + 2
       -- The earliest t in [now, end) with d1(t) <= limit_ms, or nil (d1 never grows with t).
       local function first(limit_ms)
         local lo, hi = now, window_end - 1

@@ -31,5 +31,9 @@ PL.alg.gcra = function(p, s, now, op, cost, max_wait)
   end
   local ttl = (write and new_tat or tat) - now
   local remaining = PL.floor_count((burst * interval - ttl) * cells_per_micro + CELL_EPSILON)
-  return allowed, delay, remaining, ttl, write and { new_tat } or nil
+  if write then
+    -- Idle once its TAT has passed.
+    return allowed, delay, remaining, ttl, { new_tat }, new_tat
+  end
+  return allowed, delay, remaining, ttl, nil
 end

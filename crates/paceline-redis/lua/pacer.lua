@@ -4,24 +4,25 @@
 -- State: { watermark, last_drip, next_shot }, the last two in µs.
 local PACER_EPSILON = 1e-9
 
+-- Zero-delay cost-1 requests left at `now` for a watermark and next free slot.
+local function pacer_remaining(max_burst, now, watermark, next_shot)
+  if next_shot > now then
+    return 0
+  end
+  return PL.floor_count(max_burst - watermark + PACER_EPSILON) + 1
+end
+
+-- Time from `now` until the state is idle, leaking at the slowest factor any op may use
+-- (`configured`, else 0.5).
+local function pacer_reset_after(interval, configured, now, watermark, last_drip, next_shot)
+  local slowest = configured or 0.5
+  local empty_at = math.max(last_drip, next_shot) + watermark * interval / slowest
+  return math.max(math.max(next_shot, empty_at) - now, 0)
+end
+
 PL.alg.pacer = function(p, s, now, op, cost, max_wait)
   local interval, max_burst, configured = p[1], p[2], p[3]
   local factor = configured or (op == 'pace' and 0.5 or 1.0)
-
-  -- Zero-delay cost-1 requests left for a watermark and next free slot.
-  local function remaining(watermark, next_shot)
-    if next_shot > now then
-      return 0
-    end
-    return PL.floor_count(max_burst - watermark + PACER_EPSILON) + 1
-  end
-
-  -- Time until the state is idle, leaking at the slowest factor any op may use.
-  local function reset_after(watermark, last_drip, next_shot)
-    local slowest = configured or 0.5
-    local empty_at = math.max(last_drip, next_shot) + watermark * interval / slowest
-    return math.max(math.max(next_shot, empty_at) - now, 0)
-  end
 
   -- Steps 1 and 2: the key as it stands at `now`, before this request.
   local watermark, next_shot = 0, now
@@ -63,13 +64,14 @@ PL.alg.pacer = function(p, s, now, op, cost, max_wait)
     save = true
   end
   if save then
-    return true, delay, remaining(new_watermark, new_next_shot),
-      reset_after(new_watermark, now, new_next_shot), { new_watermark, now, new_next_shot }
+    return true, delay, pacer_remaining(max_burst, now, new_watermark, new_next_shot),
+      pacer_reset_after(interval, configured, now, new_watermark, now, new_next_shot),
+      { new_watermark, now, new_next_shot }
   end
   -- Unchanged: remaining from the drained view, reset_after from the stored state.
   if allowed == nil then
     allowed = delay == 0
   end
-  return allowed, delay, remaining(cur_watermark, cur_next_shot),
-    s and reset_after(s[1], s[2], s[3]) or 0, nil
+  return allowed, delay, pacer_remaining(max_burst, now, cur_watermark, cur_next_shot),
+    s and pacer_reset_after(interval, configured, now, s[1], s[2], s[3]) or 0, nil
 end

@@ -3,16 +3,19 @@
 -- Each algorithm file adds one function to `PL.alg`:
 --
 --   PL.alg[name] = function(p, s, now, op, cost, max_wait, max_wait_us)
---     -> allowed (boolean), delay (µs), remaining (count), reset_after (µs), new_state
+--     -> allowed (boolean), delay (µs), remaining (count), reset_after (µs), new_state,
+--        idle_at (optional)
 --
 -- `p` holds the policy's parameters (numbers, in the order the Rust store sends them), `s`
 -- the key's state table or nil when the key is idle, `now` the time in microseconds since
 -- the Unix epoch, `op` one of 'pace', 'limit', 'peek', `cost` a positive integer and
 -- `max_wait` the longest acceptable delay of a `pace` in µs (nil: any; `max_wait_us` is the
--- same in whole µs, rounded down, for twins of Rust code that uses `Duration::as_micros`). `new_state` is the
--- state to store, or nil when the request changes nothing. Every twin repeats the float
--- operations of its Rust original in the same order, so both give bit-identical results:
--- Redis's Lua numbers are IEEE doubles like Rust's f64.
+-- same in whole µs, rounded down, for twins of Rust code that uses `Duration::as_micros`).
+-- `new_state` is the state to store, or nil when the request changes nothing. `idle_at`,
+-- given with a new state by an algorithm whose state has no expiry of its own (`gcra`), is
+-- the time in µs from which that state is idle: its record lives at least until then.
+-- Every twin repeats the float operations of its Rust original in the same order, so both
+-- give bit-identical results: Redis's Lua numbers are IEEE doubles like Rust's f64.
 local PL = { alg = {} }
 
 -- Rust's `util::floor_count`: a non-negative count, truncated.
