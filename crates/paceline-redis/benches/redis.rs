@@ -194,10 +194,11 @@ async fn paceline(
         latencies.extend(task.await.expect("a task finishes"));
     }
     let elapsed = start.elapsed().as_secs_f64();
-    summarize(String::new(), concurrency, latencies, elapsed)
+    summarize(concurrency, latencies, elapsed)
 }
 
-fn summarize(what: String, concurrency: usize, mut latencies: Vec<f64>, seconds: f64) -> Row {
+/// A row without its label (the caller names it).
+fn summarize(concurrency: usize, mut latencies: Vec<f64>, seconds: f64) -> Row {
     latencies.sort_by(f64::total_cmp);
     let pct = |p: f64| {
         latencies
@@ -206,7 +207,7 @@ fn summarize(what: String, concurrency: usize, mut latencies: Vec<f64>, seconds:
             .unwrap_or(0.0)
     };
     Row {
-        what,
+        what: String::new(),
         concurrency,
         per_second: latencies.len() as f64 / seconds,
         p50_us: pct(0.5),

@@ -4,71 +4,113 @@
 //! to the identical double; derived values (an emission interval, a permit cap) are sent as
 //! Rust computed them, so the twins never recompute them differently.
 
-use paceline::Policy;
+use std::io::Write as _;
 
-/// Appends `policy`'s algorithm name, parameter count and parameters to `out`.
-pub(crate) fn push_policy(policy: &Policy, out: &mut Vec<String>) {
-    let params: Vec<String> = match policy {
-        Policy::Pacer(p) => vec![
-            float(p.rate().interval_micros()),
-            float(p.max_burst()),
-            p.burst_allowance_factor().map(float).unwrap_or_default(),
-        ],
-        Policy::Gcra(g) => vec![float(g.rate().interval_micros()), g.burst().to_string()],
-        Policy::FixedWindow(f) => vec![f.limit().to_string(), micros(f.window())],
-        Policy::ExecEvenly(e) => vec![
-            e.points().to_string(),
-            e.duration_micros().to_string(),
-            e.min_delay_micros().to_string(),
-        ],
-        Policy::SlidingLog(l) => vec![
-            l.limit().to_string(),
-            micros(l.window()),
-            micros(l.min_interval()),
-            u8::from(l.count_blocked()).to_string(),
-        ],
-        Policy::SlidingWindow(w) => vec![w.limit().to_string(), micros(w.window())],
+use paceline::Policy;
+use redis::{Cmd, RedisWrite, ToRedisArgs};
+
+/// Appends `policy`'s algorithm name, parameter count and parameters to `cmd`, each written
+/// straight into the command's buffer.
+pub(crate) fn push_policy(policy: &Policy, cmd: &mut Cmd) {
+    cmd.arg(policy.algorithm());
+    match policy {
+        Policy::Pacer(p) => {
+            cmd.arg(3)
+                .arg(Float(p.rate().interval_micros()))
+                .arg(Float(p.max_burst()));
+            match p.burst_allowance_factor() {
+                Some(factor) => cmd.arg(Float(factor)),
+                None => cmd.arg(""),
+            }
+        }
+        Policy::Gcra(g) => cmd
+            .arg(2)
+            .arg(Float(g.rate().interval_micros()))
+            .arg(g.burst()),
+        // Windows are whole microseconds (the spec parser works in µs).
+        Policy::FixedWindow(f) => cmd.arg(2).arg(f.limit()).arg(f.window().as_micros()),
+        Policy::ExecEvenly(e) => cmd
+            .arg(3)
+            .arg(e.points())
+            .arg(e.duration_micros())
+            .arg(e.min_delay_micros()),
+        Policy::SlidingLog(l) => cmd
+            .arg(4)
+            .arg(l.limit())
+            .arg(l.window().as_micros())
+            .arg(l.min_interval().as_micros())
+            .arg(u8::from(l.count_blocked())),
+        Policy::SlidingWindow(w) => cmd.arg(2).arg(w.limit()).arg(w.window().as_micros()),
         // The Guava twins recompute their configuration from the same inputs as Rust's
         // `guava::Config` (`stable = 1e6 / per_second`, not `interval_micros`).
-        Policy::SmoothBursty(b) => vec![float(b.rate().per_second()), float(b.max_burst_seconds())],
-        Policy::SmoothWarmingUp(w) => vec![
-            float(w.rate().per_second()),
-            w.warmup_micros().to_string(),
-            float(w.cold_factor()),
-        ],
+        Policy::SmoothBursty(b) => cmd
+            .arg(2)
+            .arg(Float(b.rate().per_second()))
+            .arg(Float(b.max_burst_seconds())),
+        Policy::SmoothWarmingUp(w) => cmd
+            .arg(3)
+            .arg(Float(w.rate().per_second()))
+            .arg(w.warmup_micros())
+            .arg(Float(w.cold_factor())),
         // `Policy` is non-exhaustive; an algorithm without a Lua twin is refused by the
         // script with an error naming it.
-        _ => Vec::new(),
+        _ => cmd.arg(0),
     };
-    out.push(policy.algorithm().to_string());
-    out.push(params.len().to_string());
-    out.extend(params);
 }
 
-/// A float in the shortest form that reads back to the same double.
-pub(crate) fn float(x: f64) -> String {
-    format!("{x:?}")
+/// A float as an argument, in the shortest form that reads back to the same double (Lua's
+/// `tonumber` gives the identical value).
+pub(crate) struct Float(pub(crate) f64);
+
+impl ToRedisArgs for Float {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(format_args!("{:?}", self.0));
+    }
 }
 
-fn micros(d: std::time::Duration) -> String {
-    // Windows are whole microseconds (the spec parser works in µs).
-    d.as_micros().to_string()
+/// A key under the store's prefix as one argument, without building it as a `String`.
+pub(crate) struct Prefixed<'a>(pub(crate) &'a str, pub(crate) &'a str);
+
+impl ToRedisArgs for Prefixed<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        // The writer appends to the command's buffer, which cannot fail.
+        let _ = arg.write_all(self.0.as_bytes());
+        let _ = arg.write_all(self.1.as_bytes());
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// The arguments `write` puts into a command, as text.
+    fn written(write: impl FnOnce(&mut Cmd)) -> Vec<String> {
+        let mut cmd = Cmd::new();
+        write(&mut cmd);
+        cmd.args_iter()
+            .map(|arg| match arg {
+                redis::Arg::Simple(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+                _ => "<not a plain argument>".to_string(),
+            })
+            .collect()
+    }
+
     #[test]
     fn floats_round_trip_and_params_are_counted() {
         for x in [0.1, 1e-7, 1e16, 123_456.789_012_345_67, 2.0f64.powi(53)] {
-            assert_eq!(float(x).parse::<f64>().unwrap(), x);
+            let out = written(|cmd| {
+                cmd.arg(Float(x));
+            });
+            assert_eq!(out[0].parse::<f64>().unwrap(), x);
         }
-        let mut out = Vec::new();
-        push_policy(&"gcra:rate=10/s,burst=3".parse().unwrap(), &mut out);
+        let out = written(|cmd| push_policy(&"gcra:rate=10/s,burst=3".parse().unwrap(), cmd));
         assert_eq!(out, ["gcra", "2", "100000.0", "3"]);
-        let mut out = Vec::new();
-        push_policy(&"pacer:rate=4/s".parse().unwrap(), &mut out);
+        let out = written(|cmd| push_policy(&"pacer:rate=4/s".parse().unwrap(), cmd));
         assert_eq!(out, ["pacer", "3", "250000.0", "0.0", ""]);
+        let out = written(|cmd| {
+            cmd.arg(Prefixed("paceline:v1:", "user:42"));
+        });
+        assert_eq!(out, ["paceline:v1:user:42"]);
     }
 }

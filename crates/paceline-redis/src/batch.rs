@@ -10,7 +10,6 @@
 //! which the same requests, made one after another, give the same decisions.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use paceline::{Decision, Op, Policy, StoreError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -34,14 +33,16 @@ pub(crate) struct Job {
 /// The queue into the batching task; the task ends when every sender is dropped.
 pub(crate) type Queue = mpsc::UnboundedSender<Job>;
 
-/// Starts the batching task for `store` (a handle without a queue of its own).
-pub(crate) fn spawn(store: RedisStore, linger: Duration) -> Queue {
+/// Starts the batching task for `store` (a handle without a queue of its own), with the
+/// store's linger.
+pub(crate) fn spawn(store: RedisStore) -> Queue {
     let (sender, receiver) = mpsc::unbounded_channel();
-    tokio::spawn(run(store, receiver, linger));
+    tokio::spawn(run(store, receiver));
     sender
 }
 
-async fn run(store: RedisStore, mut queue: mpsc::UnboundedReceiver<Job>, linger: Duration) {
+async fn run(store: RedisStore, mut queue: mpsc::UnboundedReceiver<Job>) {
+    let linger = store.linger();
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     while let Some(first) = queue.recv().await {
         // Wait for a free slot before gathering: what queues meanwhile joins this batch.

@@ -12,7 +12,7 @@ use paceline::{
 };
 use redis::{RedisResult, Value};
 
-use crate::args::push_policy;
+use crate::args::{push_policy, Prefixed};
 use crate::batch::{self, Job, Queue};
 use crate::connection::{crc16, error_kind, prefixed_slot, Connection, Target, SLOTS};
 use crate::failure::FailurePolicy;
@@ -457,10 +457,6 @@ impl RedisStore {
                 }
             });
         }
-        let mut policy_args = Vec::with_capacity(policies.len() * 6);
-        for policy in &policies {
-            push_policy(policy, &mut policy_args);
-        }
         // The arguments go straight into the command (see `lua/decide.lua` for the layout).
         let mut call = if self.inner.functions {
             let mut call = redis::cmd("FCALL");
@@ -471,12 +467,20 @@ impl RedisStore {
             call.arg(DECIDE.get_hash());
             call
         };
-        let keys: Vec<String> = batch.iter().map(|r| self.redis_key(r.key)).collect();
-        let spread = spread && self.inner.functions && batch.len() > 1;
+        // The keys, each written under the prefix straight into the command.
+        let prefix = self.inner.key_prefix.as_str();
+        let push_keys = |call: &mut redis::Cmd| {
+            call.arg(batch.len());
+            for r in batch {
+                call.arg(Prefixed(prefix, r.key));
+            }
+        };
+        // (Node groups exist only on clusters running the library as functions.)
+        let spread = spread && batch.len() > 1;
         if spread {
-            call.arg(1).arg(&keys[0]);
+            call.arg(1).arg(Prefixed(prefix, batch[0].key));
         } else {
-            call.arg(keys.len()).arg(&keys);
+            push_keys(&mut call);
         }
         match now {
             Some(now) => call.arg(now),
@@ -484,11 +488,14 @@ impl RedisStore {
         };
         call.arg(self.inner.ttl_slack_ms);
         if spread {
-            call.arg(keys.len()).arg(&keys);
+            push_keys(&mut call);
         } else {
             call.arg(0);
         }
-        call.arg(policies.len()).arg(&policy_args);
+        call.arg(policies.len());
+        for policy in &policies {
+            push_policy(policy, &mut call);
+        }
         for (r, number) in batch.iter().zip(numbers) {
             call.arg(number).arg(r.op.name()).arg(r.cost);
             // Seconds and nanoseconds, exact: the script derives both the fractional and the
@@ -545,6 +552,11 @@ impl RedisStore {
         } else {
             0
         }
+    }
+
+    /// The auto-batching linger (zero when off).
+    pub(crate) fn linger(&self) -> Duration {
+        self.inner.linger
     }
 
     fn in_backoff(&self, group: usize) -> bool {
@@ -691,8 +703,9 @@ impl RedisStoreBuilder {
     }
 
     /// Coalesces concurrent decisions into one call per Redis node (as
-    /// [`decide_batch`](RedisStore::decide_batch) groups them): a decision waits at most `linger` (at most 10 ms; e.g. 200 µs) for others
-    /// to join its batch; with zero it leaves with those already queued. Batches also form
+    /// [`decide_batch`](RedisStore::decide_batch) groups them): a decision waits at most
+    /// `linger` (at most 10 ms; e.g. 200 µs) for others to join its batch; with zero it
+    /// leaves with those already queued. Batches also form
     /// by themselves under load, while earlier ones are in flight. Decisions are exactly
     /// those of sequential calls. Off by default: the lowest latency for a single caller is
     /// one call per decision; under many concurrent callers, batching multiplies the
@@ -797,8 +810,8 @@ impl RedisStoreBuilder {
             }),
         };
         store.refresh_node_map().await;
-        if let Some(linger) = self.auto_batch {
-            store.queue = Some(batch::spawn(store.clone(), linger));
+        if self.auto_batch.is_some() {
+            store.queue = Some(batch::spawn(store.clone()));
         }
         Ok(store)
     }

@@ -286,10 +286,7 @@ impl RedisServer {
             match self.spawn() {
                 Ok(()) => return Ok(()),
                 // The old socket may linger for a moment.
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    thread::sleep(Duration::from_millis(50));
-                }
+                Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
                 Err(e) => return Err(e),
             }
         }
