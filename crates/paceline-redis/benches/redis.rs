@@ -79,8 +79,8 @@ fn main() {
     }
     for &concurrency in concurrencies {
         for (algorithm, spec) in [
-            ("gcra", "gcra:rate=1000000000/s,burst=1000000"),
-            ("pacer", "pacer:rate=1000000000/s,max_burst=1000000"),
+            ("gcra", "gcra:rate=1000000/s,burst=1000000"),
+            ("pacer", "pacer:rate=1000000/s,max_burst=1000000"),
         ] {
             for batched in [false, true] {
                 let how = if batched {
@@ -118,7 +118,7 @@ fn main() {
             let cluster = RedisCluster::start_with(primaries).expect("a private Redis Cluster");
             let row = runtime.block_on(paceline(
                 &cluster.url(),
-                "gcra:rate=1000000000/s,burst=1000000",
+                "gcra:rate=1000000/s,burst=1000000",
                 true,
                 512,
                 duration,

@@ -14,17 +14,9 @@
 -- the times in nanoseconds, rounded as Rust's `micros_to_duration` rounds (an integer, or
 -- beyond 2^62 ns a float in a string).
 --
--- A key holds `cmsgpack.pack(algorithm, expires_at, state)`. As in the memory store, a
--- record another algorithm wrote is idle to this one, and a record is idle once it expired;
--- a `gcra` state has no expiry of its own there (it is idle once its TAT has passed), so
--- here a `gcra` record expires at ceil(TAT), which is the same rule.
-local now
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-else
-  now = tonumber(ARGV[1])
-end
+-- A key holds the record `PL.pack` writes (see the prelude). As in the memory store, a
+-- record another algorithm wrote is idle to this one, and a record is idle once it expired.
+local now = PL.clock(ARGV[1])
 local slack = tonumber(ARGV[2])
 
 -- Read and check every policy and decision before touching any key, so a malformed call
@@ -85,52 +77,20 @@ for i = 1, #keys do
   local policy = policies[tonumber(ARGV[b])]
   local alg = policy.alg
   local op, cost = ARGV[b + 1], tonumber(ARGV[b + 2])
-  -- `max_wait` in µs as Rust's `duration_to_micros` computes it, and in whole µs as
-  -- `Duration::as_micros` does: algorithms compare with one or the other.
-  local max_wait, max_wait_us
-  local mw_secs, mw_nanos = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4])
-  if mw_secs then
-    max_wait = mw_secs * 1e6 + mw_nanos / 1000
-    max_wait_us = mw_secs * 1000000 + math.floor(mw_nanos / 1000)
-  end
-  local old_alg, old_exp, state
+  local max_wait, max_wait_us = PL.max_wait(ARGV[b + 3], ARGV[b + 4])
+  local state, old_exp
   local raw = records[key]
   if raw then
-    old_alg, old_exp, state = cmsgpack.unpack(raw)
-    if old_alg ~= alg or old_exp <= now then
-      state = nil
+    local old_alg, exp, s = PL.unpack(raw)
+    if old_alg == alg and exp > now then
+      state, old_exp = s, exp
     end
   end
   local allowed, delay, remaining, reset_after, new_state, idle_at =
     policy.f(policy.p, state, now, op, cost, max_wait, max_wait_us)
-  local own = state ~= nil
-  if new_state or own then
-    -- As in the memory store: the key's own state never expires earlier than before; a
-    -- state replacing another algorithm's starts with an expiry of its own.
-    local keep = 0
-    if own then
-      keep = old_exp
-    end
-    local exp = math.max(keep, PL.expiry(now, reset_after))
-    if new_state == nil then
-      new_state = state
-    elseif idle_at then
-      -- ceil(idle_at): for `gcra` the other terms never exceed it, so the record is idle
-      -- exactly when its TAT has passed (`now` is a whole number of µs).
-      exp = math.max(exp, math.ceil(idle_at))
-    end
-    -- An unchanged state is the key's own, so `old_exp` is set.
-    if new_state ~= state or exp > old_exp then
-      if exp > now then
-        local ttl = math.ceil((exp - now) / 1000) + slack
-        local record = cmsgpack.pack(alg, exp, new_state)
-        redis.call('SET', key, record, 'PX', ttl)
-        records[key] = record
-      else
-        redis.call('DEL', key)
-        records[key] = false
-      end
-    end
+  local written = PL.save(key, alg, state, old_exp, new_state, reset_after, idle_at, now, slack)
+  if written ~= nil then
+    records[key] = written
   end
   out[#out + 1] = allowed and 1 or 0
   out[#out + 1] = PL.nanos(delay)

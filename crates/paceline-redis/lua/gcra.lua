@@ -5,33 +5,37 @@ local CELL_EPSILON = 1e-9
 -- Below a nanosecond, a delay is float residue: none (Rust's DELAY_EPSILON).
 local DELAY_EPSILON = 1e-3
 
-PL.alg.gcra = function(p, s, now, op, cost, max_wait)
-  local interval, burst = p[1], p[2]
-  local cells_per_micro = 1 / interval
+-- Rust's `Gcra::plan` over a bare TAT (nil: idle): allowed, delay, the TAT seen (raised to
+-- `now`), and the TAT to write (nil: nothing changes).
+function PL.gcra_plan(interval, burst, stored_tat, now, op, cost, max_wait)
   local tat = now
-  if s then
-    tat = math.max(s[1], now)
+  if stored_tat then
+    tat = math.max(stored_tat, now)
   end
   local new_tat = tat + cost * interval
   local delay = math.max(new_tat - burst * interval - now, 0)
   if delay < DELAY_EPSILON then
     delay = 0
   end
-  local allowed, write
   if op == 'peek' then
-    allowed = delay == 0
+    return delay == 0, delay, tat, nil
   elseif op == 'limit' then
-    allowed = delay == 0
-    write = allowed
+    if delay == 0 then
+      return true, delay, tat, new_tat
+    end
+    return false, delay, tat, nil
   elseif max_wait and delay > max_wait then
-    allowed = false
-    delay = PL.retry_after_max_wait(delay, max_wait)
-  else
-    allowed, write = true, true
+    return false, PL.retry_after_max_wait(delay, max_wait), tat, nil
   end
-  local ttl = (write and new_tat or tat) - now
-  local remaining = PL.floor_count((burst * interval - ttl) * cells_per_micro + CELL_EPSILON)
-  if write then
+  return true, delay, tat, new_tat
+end
+
+PL.alg.gcra = function(p, s, now, op, cost, max_wait)
+  local interval, burst = p[1], p[2]
+  local allowed, delay, tat, new_tat = PL.gcra_plan(interval, burst, s and s[1], now, op, cost, max_wait)
+  local ttl = (new_tat or tat) - now
+  local remaining = PL.floor_count((burst * interval - ttl) * (1 / interval) + CELL_EPSILON)
+  if new_tat then
     -- Idle once its TAT has passed.
     return allowed, delay, remaining, ttl, { new_tat }, new_tat
   end

@@ -55,3 +55,103 @@ end
 function PL.expiry(now, reset_after)
   return now + math.ceil(round_nanos(reset_after) / 1000)
 end
+
+-- The time of a call: ARGV's time in µs when the client gives one (an injected clock), else
+-- the server's `TIME`, which is returned too (its reply, two strings).
+function PL.clock(arg)
+  if arg == '' then
+    local t = redis.call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2]), t
+  end
+  return tonumber(arg), nil
+end
+
+-- A `pace`'s `max_wait`, sent as whole seconds and the nanoseconds beyond them ('' and ''
+-- for none): in µs as Rust's `duration_to_micros` computes it, and in whole µs as
+-- `Duration::as_micros` does (algorithms compare with one or the other).
+function PL.max_wait(secs, nanos)
+  local s = tonumber(secs)
+  if not s then
+    return nil, nil
+  end
+  local n = tonumber(nanos)
+  return s * 1e6 + n / 1000, s * 1000000 + math.floor(n / 1000)
+end
+
+-- A key's record. `gcra` keeps a tag byte ('g') and its TAT as a little-endian double; it
+-- is idle once the TAT has passed, so its expiry is ceil(TAT). `pacer` keeps a tag byte
+-- ('p') and four little-endian doubles: expiry, watermark, last_drip, next_shot. The other
+-- algorithms keep `cmsgpack.pack(algorithm, expiry, state)`, which starts with the name's
+-- string header (0xa0 and up): the three forms never look alike. Doubles in binary are
+-- exact, and cheaper for the server than text.
+local GCRA_TAG, GCRA_LAYOUT = 103, '<Bd'
+local PACER_TAG, PACER_LAYOUT = 112, '<Bdddd'
+
+-- A `gcra` record.
+function PL.pack_tat(tat)
+  return struct.pack(GCRA_LAYOUT, GCRA_TAG, tat)
+end
+
+function PL.pack(alg, exp, state)
+  if alg == 'gcra' then
+    return PL.pack_tat(state[1])
+  elseif alg == 'pacer' then
+    return struct.pack(PACER_LAYOUT, PACER_TAG, exp, state[1], state[2], state[3])
+  end
+  return cmsgpack.pack(alg, exp, state)
+end
+
+-- The TAT of a `gcra` record, or nil for another algorithm's.
+function PL.gcra_tat(raw)
+  if string.byte(raw) == GCRA_TAG then
+    local _, tat = struct.unpack(GCRA_LAYOUT, raw)
+    return tat
+  end
+  return nil
+end
+
+-- The algorithm, expiry (µs) and state of a record `PL.pack` wrote.
+function PL.unpack(raw)
+  local tag = string.byte(raw)
+  if tag == GCRA_TAG then
+    local _, tat = struct.unpack(GCRA_LAYOUT, raw)
+    return 'gcra', math.ceil(tat), { tat }
+  elseif tag == PACER_TAG then
+    local _, exp, watermark, last_drip, next_shot = struct.unpack(PACER_LAYOUT, raw)
+    return 'pacer', exp, { watermark, last_drip, next_shot }
+  end
+  return cmsgpack.unpack(raw)
+end
+
+-- Stores a key's record after a decision, as the memory store keeps a key. `state` is the
+-- key's own live state before the decision (nil if idle or another algorithm's), `old_exp`
+-- its expiry, `new_state` what the algorithm returned (nil: unchanged). The key's own state
+-- never expires earlier than before; a state replacing another algorithm's starts with an
+-- expiry of its own. Returns the record written (or false when the key was deleted), or nil when nothing was written.
+function PL.save(key, alg, state, old_exp, new_state, reset_after, idle_at, now, slack)
+  if new_state == nil and state == nil then
+    return nil
+  end
+  local exp = PL.expiry(now, reset_after)
+  if state and old_exp > exp then
+    exp = old_exp
+  end
+  if new_state == nil then
+    new_state = state
+  elseif idle_at then
+    -- ceil(idle_at): for `gcra` the other terms never exceed it, so the record is idle
+    -- exactly when its TAT has passed (`now` is a whole number of µs).
+    exp = math.max(exp, math.ceil(idle_at))
+  end
+  -- An unchanged state is the key's own, so `old_exp` is set.
+  if new_state == state and exp <= old_exp then
+    return nil
+  end
+  if exp > now then
+    local record = PL.pack(alg, exp, new_state)
+    redis.call('SET', key, record, 'PX', math.ceil((exp - now) / 1000) + slack)
+    return record
+  end
+  redis.call('DEL', key)
+  return false
+end

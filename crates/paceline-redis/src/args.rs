@@ -6,55 +6,78 @@
 
 use std::io::Write as _;
 
-use paceline::Policy;
+use paceline::{Op, Policy};
 use redis::{Cmd, RedisWrite, ToRedisArgs};
 
 /// Appends `policy`'s algorithm name, parameter count and parameters to `cmd`, each written
 /// straight into the command's buffer.
 pub(crate) fn push_policy(policy: &Policy, cmd: &mut Cmd) {
-    cmd.arg(policy.algorithm());
+    cmd.arg(policy.algorithm()).arg(param_count(policy));
+    push_params(policy, cmd);
+}
+
+/// How many parameters [`push_params`] writes for `policy`.
+fn param_count(policy: &Policy) -> usize {
+    match policy {
+        Policy::Gcra(_)
+        | Policy::FixedWindow(_)
+        | Policy::SlidingWindow(_)
+        | Policy::SmoothBursty(_) => 2,
+        Policy::Pacer(_) | Policy::ExecEvenly(_) | Policy::SmoothWarmingUp(_) => 3,
+        Policy::SlidingLog(_) => 4,
+        _ => 0,
+    }
+}
+
+/// Appends `policy`'s parameters to `cmd`, in the order its Lua twin reads them.
+pub(crate) fn push_params(policy: &Policy, cmd: &mut Cmd) {
     match policy {
         Policy::Pacer(p) => {
-            cmd.arg(3)
-                .arg(Float(p.rate().interval_micros()))
+            cmd.arg(Float(p.rate().interval_micros()))
                 .arg(Float(p.max_burst()));
             match p.burst_allowance_factor() {
                 Some(factor) => cmd.arg(Float(factor)),
                 None => cmd.arg(""),
             }
         }
-        Policy::Gcra(g) => cmd
-            .arg(2)
-            .arg(Float(g.rate().interval_micros()))
-            .arg(g.burst()),
+        Policy::Gcra(g) => cmd.arg(Float(g.rate().interval_micros())).arg(g.burst()),
         // Windows are whole microseconds (the spec parser works in µs).
-        Policy::FixedWindow(f) => cmd.arg(2).arg(f.limit()).arg(f.window().as_micros()),
+        Policy::FixedWindow(f) => cmd.arg(f.limit()).arg(f.window().as_micros()),
         Policy::ExecEvenly(e) => cmd
-            .arg(3)
             .arg(e.points())
             .arg(e.duration_micros())
             .arg(e.min_delay_micros()),
         Policy::SlidingLog(l) => cmd
-            .arg(4)
             .arg(l.limit())
             .arg(l.window().as_micros())
             .arg(l.min_interval().as_micros())
             .arg(u8::from(l.count_blocked())),
-        Policy::SlidingWindow(w) => cmd.arg(2).arg(w.limit()).arg(w.window().as_micros()),
+        Policy::SlidingWindow(w) => cmd.arg(w.limit()).arg(w.window().as_micros()),
         // The Guava twins recompute their configuration from the same inputs as Rust's
         // `guava::Config` (`stable = 1e6 / per_second`, not `interval_micros`).
         Policy::SmoothBursty(b) => cmd
-            .arg(2)
             .arg(Float(b.rate().per_second()))
             .arg(Float(b.max_burst_seconds())),
         Policy::SmoothWarmingUp(w) => cmd
-            .arg(3)
             .arg(Float(w.rate().per_second()))
             .arg(w.warmup_micros())
             .arg(Float(w.cold_factor())),
         // `Policy` is non-exhaustive; an algorithm without a Lua twin is refused by the
         // script with an error naming it.
-        _ => cmd.arg(0),
+        _ => cmd,
+    };
+}
+
+/// Appends a request's op, cost and `max_wait` (whole seconds and the nanoseconds beyond
+/// them, exact: the script derives both the fractional and the whole microseconds the Rust
+/// algorithms compare with; `''` and `''` for none).
+pub(crate) fn push_request(op: Op, cost: u64, cmd: &mut Cmd) {
+    cmd.arg(op.name()).arg(cost);
+    match op {
+        Op::Pace {
+            max_wait: Some(max),
+        } => cmd.arg(max.as_secs()).arg(max.subsec_nanos()),
+        _ => cmd.arg("").arg(""),
     };
 }
 
@@ -83,6 +106,7 @@ impl ToRedisArgs for Prefixed<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// The arguments `write` puts into a command, as text.
     fn written(write: impl FnOnce(&mut Cmd)) -> Vec<String> {
@@ -109,8 +133,41 @@ mod tests {
         let out = written(|cmd| push_policy(&"pacer:rate=4/s".parse().unwrap(), cmd));
         assert_eq!(out, ["pacer", "3", "250000.0", "0.0", ""]);
         let out = written(|cmd| {
-            cmd.arg(Prefixed("paceline:v1:", "user:42"));
+            cmd.arg(Prefixed("paceline:v2:", "user:42"));
         });
-        assert_eq!(out, ["paceline:v1:user:42"]);
+        assert_eq!(out, ["paceline:v2:user:42"]);
+    }
+
+    #[test]
+    fn the_count_matches_the_parameters_written() {
+        let mut seen = Vec::new();
+        for spec in [
+            "pacer:rate=4/s,max_burst=2,burst_allowance_factor=0.5",
+            "gcra:rate=10/s",
+            "fixed_window:limit=3,window=1s",
+            "exec_evenly:points=3,duration=1s",
+            "sliding_log:limit=3,window=1s",
+            "sliding_window:limit=3,window=1s",
+            "smooth_bursty:rate=5/s",
+            "smooth_warming_up:rate=5/s,warmup=2s",
+        ] {
+            let policy: Policy = spec.parse().unwrap();
+            seen.push(policy.algorithm());
+            let out = written(|cmd| push_policy(&policy, cmd));
+            assert_eq!(out[0], policy.algorithm());
+            assert_eq!(out[1].parse::<usize>().unwrap(), out.len() - 2, "{spec}");
+        }
+        seen.sort_unstable();
+        let mut all = paceline::ALGORITHMS.to_vec();
+        all.sort_unstable();
+        assert_eq!(seen, all, "every algorithm is checked");
+    }
+
+    #[test]
+    fn requests_carry_max_wait_exactly() {
+        let out = written(|cmd| push_request(Op::pace_within(Duration::new(2, 5)), 3, cmd));
+        assert_eq!(out, ["pace", "3", "2", "5"]);
+        let out = written(|cmd| push_request(Op::Limit, 1, cmd));
+        assert_eq!(out, ["limit", "1", "", ""]);
     }
 }

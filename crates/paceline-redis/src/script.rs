@@ -1,12 +1,14 @@
 //! The Lua library the store runs: the twins of all eight algorithms and the decision entry
 //! point, loaded as a Redis function library (`FCALL`, Redis 7+) or, where that is not
-//! possible, as a script called by its SHA1 (`EVALSHA`, reloaded after `NOSCRIPT`).
+//! possible, as a script called by its SHA1 (`EVALSHA`, reloaded after `NOSCRIPT`). The
+//! library also holds lean single-decision entry points for `gcra` and `pacer`.
 
 use std::sync::LazyLock;
 
 use std::time::Duration;
 
-use paceline::{Decision, StoreError, StoreErrorKind};
+use paceline::policy::{check_now, pacer};
+use paceline::{Decision, Op, Policy, State, StoreError, StoreErrorKind};
 use redis::Value;
 
 /// The files, in load order: the shared helpers, the algorithms, the entry point.
@@ -24,6 +26,9 @@ const SOURCES: &[&str] = &[
     include_str!("../lua/decide.lua"),
 ];
 
+/// The single-decision entry points (`lua/single.lua`), in the library only.
+const SINGLE: &str = include_str!("../lua/single.lua");
+
 /// The decision script (see `lua/decide.lua` for its arguments and reply), for `EVALSHA`.
 pub(crate) static DECIDE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&SOURCES.join("\n")));
@@ -36,23 +41,42 @@ pub(crate) static DECIDE: LazyLock<redis::Script> =
 pub(crate) struct Library {
     /// The function to `FCALL`, with the same arguments and reply as the script.
     pub(crate) function: String,
+    /// The single-decision entry point of `gcra` (see `lua/single.lua`).
+    pub(crate) single_gcra: String,
+    /// The single-decision entry point of `pacer`.
+    pub(crate) single_pacer: String,
     /// The library's source for `FUNCTION LOAD`.
     pub(crate) code: String,
 }
 
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    // The name carries the code's hash, so different versions of paceline sharing a server
-    // each find their own library.
-    let hash = &DECIDE.get_hash()[..16];
     let (entry, library) = SOURCES.split_last().unwrap_or((&"", &[]));
+    let library = library.join("\n");
+    let body = format!("{library}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n{SINGLE}\n");
+    // The names carry the code's hash, so different versions of paceline sharing a server
+    // each find their own library.
+    let hash = redis::Script::new(&body).get_hash()[..16].to_string();
     let function = format!("paceline_decide_{hash}");
+    let single_gcra = format!("paceline_gcra_{hash}");
+    let single_pacer = format!("paceline_pacer_{hash}");
+    let register = |name: &str, callback: &str, flags: &str| {
+        format!(
+            "redis.register_function{{function_name = '{name}', callback = {callback}, \
+             flags = {{ {flags} }}}}\n"
+        )
+    };
     let code = format!(
-        "#!lua name=paceline_{hash}\n{}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n\
-         redis.register_function{{function_name = '{function}', callback = decide, \
-         flags = {{ 'allow-cross-slot-keys' }}}}\n",
-        library.join("\n")
+        "#!lua name=paceline_{hash}\n{body}{}{}{}",
+        register(&function, "decide", "'allow-cross-slot-keys'"),
+        register(&single_gcra, "single_gcra", ""),
+        register(&single_pacer, "single_pacer", ""),
     );
-    Library { function, code }
+    Library {
+        function,
+        single_gcra,
+        single_pacer,
+        code,
+    }
 });
 
 /// Values the script returns per decision.
@@ -126,6 +150,118 @@ fn nanos(value: &Value, field: &str) -> Result<Duration, StoreError> {
     }
 }
 
+/// The decision a single-decision entry point's reply stands for (see `lua/single.lua`):
+/// the Rust algorithm applied to the state the script saw, at the time it used (`now`, or
+/// the server's time from the reply). The script must have admitted exactly when the Rust
+/// algorithm does.
+pub(crate) fn single_decision(
+    reply: Value,
+    policy: &Policy,
+    op: Op,
+    cost: u64,
+    now: Option<u64>,
+) -> Result<Decision, StoreError> {
+    let Value::BulkString(bytes) = reply else {
+        return Err(protocol(format!("expected a string, got {reply:?}")));
+    };
+    let (admitted, rest) = match bytes.split_first() {
+        Some((b'1', rest)) => (true, rest),
+        Some((b'0', rest)) => (false, rest),
+        _ => return Err(protocol(format!("no admission flag in {bytes:?}"))),
+    };
+    let (now, record) = match now {
+        Some(now) => (now, rest),
+        None => server_time(rest)?,
+    };
+    check_now(now).map_err(|e| protocol(format!("the server's time: {e}")))?;
+    let decision = match policy {
+        Policy::Gcra(gcra) => gcra.step(gcra_tat(record)?, now, op, cost).0,
+        Policy::Pacer(_) => {
+            let mut state = pacer_state(record)?.map(State::Pacer);
+            policy.apply_validated(&mut state, now, op, cost)
+        }
+        other => {
+            return Err(protocol(format!(
+                "`{}` has no single-decision entry point",
+                other.algorithm()
+            )))
+        }
+    };
+    if decision.allowed != admitted {
+        return Err(protocol(format!(
+            "the script {} a {} request that paceline's Rust algorithm {} at {now} µs: the \
+             library and the crate are out of step (report it as a bug)",
+            if admitted { "admitted" } else { "refused" },
+            policy.algorithm(),
+            if decision.allowed {
+                "admits"
+            } else {
+                "refuses"
+            },
+        )));
+    }
+    Ok(decision)
+}
+
+/// The server's `TIME` at the head of a reply, "SECONDS MICROSECONDS ", in µs, and the rest.
+fn server_time(reply: &[u8]) -> Result<(u64, &[u8]), StoreError> {
+    let bad = || protocol(format!("no server time in {reply:?}"));
+    let mut parts = reply.splitn(3, |&b| b == b' ');
+    let mut number = || {
+        parts
+            .next()
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(|p| p.parse::<u64>().ok())
+    };
+    let (seconds, micros) = (number().ok_or_else(bad)?, number().ok_or_else(bad)?);
+    let record = parts.next().ok_or_else(bad)?;
+    let now = seconds
+        .checked_mul(1_000_000)
+        .and_then(|s| s.checked_add(micros))
+        .ok_or_else(bad)?;
+    Ok((now, record))
+}
+
+/// A record's little-endian doubles after its tag byte, if it has `tag` and `N` of them.
+fn doubles<const N: usize>(record: &[u8], tag: u8) -> Option<[f64; N]> {
+    let (&first, rest) = record.split_first()?;
+    if first != tag || rest.len() != N * 8 {
+        return None;
+    }
+    let mut out = [0.0; N];
+    for (x, bytes) in out.iter_mut().zip(rest.chunks_exact(8)) {
+        *x = f64::from_le_bytes(bytes.try_into().ok()?);
+    }
+    Some(out)
+}
+
+/// The TAT of a `gcra` record (`'g'` and one double); none for an empty one.
+fn gcra_tat(record: &[u8]) -> Result<Option<f64>, StoreError> {
+    if record.is_empty() {
+        return Ok(None);
+    }
+    match doubles::<1>(record, b'g') {
+        Some([tat]) => Ok(Some(tat)),
+        None => Err(protocol(format!("not a gcra record: {record:?}"))),
+    }
+}
+
+/// The state of a `pacer` record (`'p'`, then expiry, watermark, last_drip and next_shot
+/// as doubles); none for an empty one.
+fn pacer_state(record: &[u8]) -> Result<Option<pacer::State>, StoreError> {
+    if record.is_empty() {
+        return Ok(None);
+    }
+    match doubles::<4>(record, b'p') {
+        Some([_expiry, watermark, last_drip, next_shot]) => Ok(Some(pacer::State {
+            watermark,
+            last_drip,
+            next_shot,
+        })),
+        None => Err(protocol(format!("not a pacer record: {record:?}"))),
+    }
+}
+
 fn protocol(message: String) -> StoreError {
     StoreError::new(
         StoreErrorKind::Protocol,
@@ -178,5 +314,70 @@ mod tests {
         assert!(d[0].allowed);
         assert_eq!(d[0].reset_after, Duration::from_secs(1));
         assert_eq!(d[0].limit, 1);
+    }
+
+    /// A single-decision reply: flag, then the server's time if given, then the record.
+    fn reply(flag: &str, time: Option<&str>, record: &[u8]) -> Value {
+        let mut bytes = flag.as_bytes().to_vec();
+        if let Some(time) = time {
+            bytes.extend_from_slice(time.as_bytes());
+        }
+        bytes.extend_from_slice(record);
+        Value::BulkString(bytes)
+    }
+
+    fn tat_record(tat: f64) -> Vec<u8> {
+        let mut r = vec![b'g'];
+        r.extend_from_slice(&tat.to_le_bytes());
+        r
+    }
+
+    #[test]
+    fn single_replies_are_decided_by_the_rust_algorithm() {
+        let gcra: Policy = "gcra:rate=10/s,burst=2".parse().unwrap();
+        // An idle key at the server's time 12.000005 s: admitted, one cell left.
+        let d = single_decision(reply("1", Some("12 5 "), b""), &gcra, Op::Limit, 1, None).unwrap();
+        assert!(d.allowed);
+        assert_eq!(
+            (d.remaining, d.reset_after),
+            (1, Duration::from_millis(100))
+        );
+        // A TAT 150 ms ahead of an injected `now`: a second cell fits after 50 ms.
+        let now = 1_000_000;
+        let record = tat_record(1_150_000.0);
+        let d = single_decision(reply("0", None, &record), &gcra, Op::Limit, 1, Some(now)).unwrap();
+        assert!(!d.allowed);
+        assert_eq!(d.delay, Duration::from_millis(50));
+        // `pacer`: a record's expiry is skipped, the state read.
+        let pacer: Policy = "pacer:rate=4/s".parse().unwrap();
+        let mut record = vec![b'p'];
+        for x in [2e6, 0.0, 1e6, 1.25e6] {
+            record.extend_from_slice(&f64::to_le_bytes(x));
+        }
+        let d =
+            single_decision(reply("1", None, &record), &pacer, Op::pace(), 1, Some(now)).unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.delay, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn malformed_or_disagreeing_single_replies_are_protocol_errors() {
+        let gcra: Policy = "gcra:rate=10/s,burst=2".parse().unwrap();
+        let bad = |reply: Value, now: Option<u64>| {
+            let e = single_decision(reply, &gcra, Op::Limit, 1, now).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Protocol);
+            e.message().to_string()
+        };
+        assert!(bad(Value::Int(1), Some(0)).contains("expected a string"));
+        assert!(bad(reply("x", None, b""), Some(0)).contains("admission flag"));
+        assert!(bad(reply("1", Some("12 "), b""), None).contains("server time"));
+        assert!(bad(reply("1", Some("a b "), b""), None).contains("server time"));
+        assert!(bad(reply("1", None, b"g123"), Some(0)).contains("not a gcra record"));
+        // The script refused what the Rust algorithm admits: out of step.
+        assert!(bad(reply("0", None, b""), Some(0)).contains("out of step"));
+        // No single entry point for other algorithms.
+        let window: Policy = "fixed_window:limit=1,window=1s".parse().unwrap();
+        let e = single_decision(reply("1", None, b""), &window, Op::Limit, 1, Some(0));
+        assert_eq!(e.unwrap_err().kind(), StoreErrorKind::Protocol);
     }
 }

@@ -12,15 +12,15 @@ use paceline::{
 };
 use redis::{RedisResult, Value};
 
-use crate::args::{push_policy, Prefixed};
+use crate::args::{push_params, push_policy, push_request, Prefixed};
 use crate::batch::{self, Job, Queue};
 use crate::connection::{crc16, error_kind, prefixed_slot, Connection, Target, SLOTS};
 use crate::failure::FailurePolicy;
-use crate::script::{parse_reply, DECIDE, LIBRARY};
+use crate::script::{parse_reply, single_decision, DECIDE, LIBRARY};
 
 /// The format version in every key: a change of the stored layout changes it, so an old
 /// layout is never misread.
-const FORMAT_VERSION: &str = "v1";
+const FORMAT_VERSION: &str = "v2";
 
 /// The most decisions sent in one script call; larger batches are split, so one call never
 /// holds the server for long.
@@ -49,13 +49,16 @@ pub struct Request<'a> {
 ///   (the twin of the Rust algorithm, held equal to it by differential tests), on one key,
 ///   atomically: `FCALL` of a Redis function where the server has functions (Redis 7+;
 ///   loaded at connect and again whenever a server lacks it), else `EVALSHA` of the same code
-///   as a script (reloaded after `NOSCRIPT`). Many decisions can share one call:
-///   [`decide_batch`](Self::decide_batch).
+///   as a script (reloaded after `NOSCRIPT`). With functions, a single `gcra` or `pacer`
+///   decision goes to a lean entry point that answers with the key's state before the call,
+///   from which this crate derives the decision with the same Rust code the memory store
+///   runs. Many decisions can share one call: [`decide_batch`](Self::decide_batch).
 /// * **Time** comes from the Redis server's `TIME` (client clocks may be skewed), unless a
 ///   [`clock`](RedisStoreBuilder::clock) is injected for simulation and tests.
-/// * **Keys** are `PREFIX:v1:KEY` (prefix `paceline` by default). State is stored exactly
-///   (integers, and doubles in binary) and expires when the key is idle, so Redis holds only
-///   active keys. In a cluster, keys spread over slots by the caller's key; a hash tag in it
+/// * **Keys** are `PREFIX:v2:KEY` (prefix `paceline` by default). State is stored exactly
+///   (integers, and doubles in binary: `gcra` keeps its TAT, `pacer` its expiry and three
+///   times, the others a MessagePack record) and expires when the key is idle, so Redis
+///   holds only active keys. In a cluster, keys spread over slots by the caller's key; a hash tag in it
 ///   (`"{tenant42}:upload"`) pins related keys to one slot.
 /// * **Failures** follow the [`FailurePolicy`] chosen when the store is built. A failure is
 ///   never reported as a rejection, and a call waits for Redis at most the
@@ -94,7 +97,7 @@ pub struct RedisStore {
 
 struct Inner {
     connection: Connection,
-    /// `PREFIX:v1:`.
+    /// `PREFIX:v2:`.
     key_prefix: String,
     /// CRC16 of `key_prefix`, so a key's cluster slot needs no joined string.
     prefix_crc: u16,
@@ -198,7 +201,7 @@ impl RedisStore {
     /// let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
     ///     .connect()
     ///     .await?;
-    /// assert_eq!(store.redis_key("user:42"), "paceline:v1:user:42");
+    /// assert_eq!(store.redis_key("user:42"), "paceline:v2:user:42");
     /// # Ok(()) }
     /// ```
     pub fn redis_key(&self, key: &str) -> String {
@@ -497,21 +500,54 @@ impl RedisStore {
             push_policy(policy, &mut call);
         }
         for (r, number) in batch.iter().zip(numbers) {
-            call.arg(number).arg(r.op.name()).arg(r.cost);
-            // Seconds and nanoseconds, exact: the script derives both the fractional and the
-            // whole microseconds the Rust algorithms compare with.
-            match r.op {
-                Op::Pace {
-                    max_wait: Some(max),
-                } => call.arg(max.as_secs()).arg(max.subsec_nanos()),
-                _ => call.arg("").arg(""),
-            };
+            call.arg(number);
+            push_request(r.op, r.cost, &mut call);
         }
         let mut connection = self.inner.connection.clone();
         let reply = self
             .bounded(run_decide(&mut connection, &call), "a decision")
             .await?;
         parse_reply(reply, batch.iter().map(|r| r.policy.limit()))
+    }
+
+    /// The single-decision entry point for `policy`'s algorithm, if the server has one
+    /// (`gcra` and `pacer`, run as functions).
+    fn single_entry(&self, policy: &Policy) -> Option<&'static str> {
+        if !self.inner.functions {
+            return None;
+        }
+        match policy {
+            Policy::Gcra(_) => Some(&LIBRARY.single_gcra),
+            Policy::Pacer(_) => Some(&LIBRARY.single_pacer),
+            _ => None,
+        }
+    }
+
+    /// One decision by a single-decision entry point (`function`, see `lua/single.lua`):
+    /// the server applies it and answers with the state it saw, from which the Rust
+    /// algorithm derives the decision.
+    async fn call_single(
+        &self,
+        function: &str,
+        r: &Request<'_>,
+        now: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let mut call = redis::cmd("FCALL");
+        call.arg(function)
+            .arg(1)
+            .arg(Prefixed(&self.inner.key_prefix, r.key));
+        match now {
+            Some(now) => call.arg(now),
+            None => call.arg(""),
+        };
+        call.arg(self.inner.ttl_slack_ms);
+        push_request(r.op, r.cost, &mut call);
+        push_params(r.policy, &mut call);
+        let mut connection = self.inner.connection.clone();
+        let reply = self
+            .bounded(run_decide(&mut connection, &call), "a decision")
+            .await?;
+        single_decision(reply, r.policy, r.op, r.cost, now)
     }
 
     /// Awaits `f` for at most the response timeout.
@@ -656,7 +692,7 @@ impl RedisStore {
 }
 
 impl RedisStoreBuilder {
-    /// Prefixes every key with `PREFIX:v1:` (default `paceline`). Give each application
+    /// Prefixes every key with `PREFIX:v2:` (default `paceline`). Give each application
     /// sharing a Redis its own prefix. Braces are not allowed: they would form a hash tag.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
@@ -836,9 +872,10 @@ impl Store for RedisStore {
         if self.in_backoff(self.group_of(key)) {
             return self.fall_back(self.backoff_error(), &request);
         }
-        let outcome = match &self.queue {
-            Some(queue) => self.through_queue(queue, &request, now).await,
-            None => self
+        let outcome = match (&self.queue, self.single_entry(policy)) {
+            (Some(queue), _) => self.through_queue(queue, &request, now).await,
+            (None, Some(function)) => self.call_single(function, &request, now).await,
+            (None, None) => self
                 .call(&[&request], now, false)
                 .await
                 .and_then(|mut decisions| {
