@@ -55,7 +55,12 @@ fn main() {
     let duration = Duration::from_secs_f64(seconds);
     let concurrencies: &[usize] = if full { &[1, 64, 512] } else { &[1, 64] };
     let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+        .worker_threads(
+            std::env::var("PACELINE_BENCH_THREADS")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(2),
+        )
         .enable_all()
         .build()
         .expect("a tokio runtime");

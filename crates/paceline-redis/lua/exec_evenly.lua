@@ -2,11 +2,11 @@
 -- Parameters: p[1] = points, p[2] = duration (µs), p[3] = min_delay (µs), all integers.
 -- State: { start, consumed }: the window's start (µs) and the points consumed in it.
 -- Rust's u64 arithmetic is exact here: every value stays below 2^53, and integer division
--- is math.floor(a / b).
+-- is floor(a / b).
 
 -- `spread_ms`: d1(t) = ceil(((end - t) / 1000) / k) whole milliseconds.
 local function ee_spread_ms(window_end, t, k)
-  return math.ceil(math.max(window_end - t, 0) / 1000 / k)
+  return ceil(max(window_end - t, 0) / 1000 / k)
 end
 
 PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
@@ -30,12 +30,12 @@ PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
       delay = step
     end
   end
-  local until_end = math.max(window_end - now, 0)
+  local until_end = max(window_end - now, 0)
 
   -- What the key looks like if this request changes nothing.
   local function unchanged(allowed, d)
     if active then
-      return allowed, d, math.max(points - s[2], 0), until_end, nil
+      return allowed, d, max(points - s[2], 0), until_end, nil
     end
     return allowed, d, points, 0, nil
   end
@@ -61,7 +61,7 @@ PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
           return nil
         end
         while lo < hi do
-          local mid = lo + math.floor((hi - lo) / 2)
+          local mid = lo + floor((hi - lo) / 2)
           if ee_spread_ms(window_end, mid, k) <= limit_ms then
             hi = mid
           else
@@ -70,11 +70,11 @@ PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
         end
         return lo
       end
-      local within_ms = math.floor(max_us / 1000)
-      local below_min_ms = math.floor(math.max(min_delay - 1, 0) / 1000)
+      local within_ms = floor(max_us / 1000)
+      local below_min_ms = floor(max(min_delay - 1, 0) / 1000)
       if after * min_delay <= max_us then
         -- Both branches of the delay fit once d1 <= max(within_ms, below_min_ms).
-        at = first(math.max(within_ms, below_min_ms)) or window_end
+        at = first(max(within_ms, below_min_ms)) or window_end
       else
         -- Only d1 * 1000 fits: below_min_ms < d1 <= within_ms.
         local fit, too_low = first(within_ms), first(below_min_ms)
@@ -82,7 +82,7 @@ PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
           at = fit
         end
       end
-      return unchanged(false, math.max(at - now, 0))
+      return unchanged(false, max(at - now, 0))
     end
   end
   return true, delay, points - after, until_end, { start, after }

@@ -5,7 +5,7 @@
 -- index. `PL.windows` holds the helpers `sliding_window` shares (`fixed_window::rebucket`,
 -- `count_at`, `add_at`).
 --
--- Integers are doubles below 2^53 here, where `math.floor(a / b)` is u64 division.
+-- Integers are doubles below 2^53 here, where `floor(a / b)` is u64 division.
 
 -- Window counts being worked on: `idx`, the window indices in increasing order, and `cnt`,
 -- index -> count (absent: 0).
@@ -24,7 +24,7 @@ function PL.windows.load(s, w, first)
       local index, count = flat[k], flat[k + 1]
       if count > 0 then
         if old_w ~= w then
-          index = math.floor(index * old_w / w)
+          index = floor(index * old_w / w)
         end
         if index >= first then
           if cnt[index] then
@@ -117,20 +117,20 @@ end
 
 -- `FixedWindow::decision`: remaining and reset_after for `ws` at `now`.
 local function outlook(ws, limit, w, now)
-  local remaining = math.max(limit - PL.windows.count(ws, math.floor(now / w)), 0)
+  local remaining = max(limit - PL.windows.count(ws, floor(now / w)), 0)
   local last = PL.windows.last(ws)
   local reset_after = 0
   if last then
-    reset_after = math.max(last * w + w - now, 0)
+    reset_after = max(last * w + w - now, 0)
   end
   return remaining, reset_after
 end
 
 PL.alg.fixed_window = function(p, s, now, op, cost, max_wait)
   local limit, w = p[1], p[2]
-  local current = math.floor(now / w)
+  local current = floor(now / w)
   local ws = PL.windows.load(s, w, current)
   local slot = earliest_with_room(ws, current, cost, limit)
-  local delay = math.max(slot * w - now, 0)
+  local delay = max(slot * w - now, 0)
   return PL.windows.settle(ws, limit, w, now, op, cost, max_wait, slot == current, delay, slot, outlook)
 end

@@ -23,17 +23,17 @@ local function trunc(x)
   elseif x <= I64_MIN then
     return I64_MIN
   elseif x >= 0 then
-    return math.floor(x)
+    return floor(x)
   end
-  return math.ceil(x)
+  return ceil(x)
 end
 
 -- i64 `saturating_add` and `saturating_sub`.
 local function add(a, b)
-  return math.min(math.max(a + b, I64_MIN), I64_MAX)
+  return min(max(a + b, I64_MIN), I64_MAX)
 end
 local function sub(a, b)
-  return math.min(math.max(a - b, I64_MIN), I64_MAX)
+  return min(max(a - b, I64_MIN), I64_MAX)
 end
 
 local function copy(l)
@@ -75,7 +75,7 @@ end
 local function resync(l, now)
   if now > l[2] then
     local new_permits = sub(now, l[2]) / l[4]
-    l[1] = math.min(l[3], l[1] + new_permits)
+    l[1] = min(l[3], l[1] + new_permits)
     l[2] = now
   end
 end
@@ -90,7 +90,7 @@ local function reset_at(l)
   local function full_after(fill)
     return stored + fill / cool_down >= max_permits
   end
-  local fill = math.ceil(short * cool_down)
+  local fill = ceil(short * cool_down)
   if fill >= 1 and full_after(fill - 1) then
     fill = fill - 1
   elseif not full_after(fill) then
@@ -108,7 +108,7 @@ local function stored_permits_to_wait_time(c, stored, take)
   local above = stored - c.threshold
   local micros = 0
   if above > 0 then
-    local from_above = math.min(above, take)
+    local from_above = min(above, take)
     local length = (stable + above * slope) + (stable + (above - from_above) * slope)
     micros = trunc(from_above * length / 2)
     take = take - from_above
@@ -133,7 +133,7 @@ end
 local function reserve(c, l, permits, now)
   resync(l, now)
   local moment = l[2]
-  local spend = math.min(permits, l[1])
+  local spend = min(permits, l[1])
   local fresh = permits - spend
   local wait = add(stored_permits_to_wait_time(c, l[1], spend), trunc(fresh * c.stable))
   l[2] = add(l[2], wait)
@@ -149,7 +149,7 @@ local function remaining(c, l, now)
   if c.slope then
     return 1
   end
-  return math.min(PL.floor_count(l[1] + PERMIT_EPSILON) + 1, c.limit)
+  return min(PL.floor_count(l[1] + PERMIT_EPSILON) + 1, c.limit)
 end
 
 -- `Config::apply` with configuration `c` (from `G.bursty` or `G.warming_up`).
@@ -183,7 +183,7 @@ function G.apply(c, s, now, op, cost, max_wait, max_wait_us)
   local function admit()
     local l = copy(view)
     local moment = reserve(c, l, cost, now)
-    return true, math.max(sub(moment, now), 0), remaining(c, l, now), sub(reset_at(l), now), l
+    return true, max(sub(moment, now), 0), remaining(c, l, now), sub(reset_at(l), now), l
   end
   -- Guava's `canAcquire` with `timeout` µs, and the retry-after of its rejection.
   local function try_acquire(timeout)

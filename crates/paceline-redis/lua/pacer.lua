@@ -16,26 +16,28 @@ end
 -- (`configured`, else 0.5).
 local function pacer_reset_after(interval, configured, now, watermark, last_drip, next_shot)
   local slowest = configured or 0.5
-  local empty_at = math.max(last_drip, next_shot) + watermark * interval / slowest
-  return math.max(math.max(next_shot, empty_at) - now, 0)
+  local empty_at = max(last_drip, next_shot) + watermark * interval / slowest
+  return max(max(next_shot, empty_at) - now, 0)
 end
 
-PL.alg.pacer = function(p, s, now, op, cost, max_wait)
-  local interval, max_burst, configured = p[1], p[2], p[3]
+-- The algorithm over bare numbers, without tables: `w`, `l`, `n` are the key's live state
+-- (`w` nil: idle). Returns allowed, delay, remaining, reset_after and, if the request
+-- changes the key, its new watermark, last_drip and next_shot.
+function PL.pacer_step(interval, max_burst, configured, w, l, n, now, op, cost, max_wait)
   local factor = configured or (op == 'pace' and 0.5 or 1.0)
 
   -- Steps 1 and 2: the key as it stands at `now`, before this request.
   local watermark, next_shot = 0, now
-  if s then
-    watermark, next_shot = s[1], math.max(s[3], now)
+  if w then
+    watermark, next_shot = w, max(n, now)
   end
   if next_shot <= now then
     -- Leak only over idle time, since the *stored* last_drip/next_shot (not the clamped one).
     local idle_since = now
-    if s then
-      idle_since = math.max(s[2], s[3])
+    if w then
+      idle_since = max(l, n)
     end
-    watermark = watermark - math.max(now - idle_since, 0) / interval * factor
+    watermark = watermark - max(now - idle_since, 0) / interval * factor
     if watermark * interval / factor < 1 then
       watermark = 0
     end
@@ -49,7 +51,7 @@ PL.alg.pacer = function(p, s, now, op, cost, max_wait)
     shot = new_next_shot
     new_next_shot = shot + cost * interval
   end
-  new_watermark = math.min(new_watermark, max_burst)
+  new_watermark = min(new_watermark, max_burst)
   local delay = shot - now
 
   local save, allowed
@@ -66,12 +68,25 @@ PL.alg.pacer = function(p, s, now, op, cost, max_wait)
   if save then
     return true, delay, pacer_remaining(max_burst, now, new_watermark, new_next_shot),
       pacer_reset_after(interval, configured, now, new_watermark, now, new_next_shot),
-      { new_watermark, now, new_next_shot }
+      new_watermark, now, new_next_shot
   end
   -- Unchanged: remaining from the drained view, reset_after from the stored state.
   if allowed == nil then
     allowed = delay == 0
   end
   return allowed, delay, pacer_remaining(max_burst, now, cur_watermark, cur_next_shot),
-    s and pacer_reset_after(interval, configured, now, s[1], s[2], s[3]) or 0, nil
+    w and pacer_reset_after(interval, configured, now, w, l, n) or 0
+end
+
+PL.alg.pacer = function(p, s, now, op, cost, max_wait)
+  local w, l, n
+  if s then
+    w, l, n = s[1], s[2], s[3]
+  end
+  local allowed, delay, remaining, reset_after, new_w, new_l, new_n =
+    PL.pacer_step(p[1], p[2], p[3], w, l, n, now, op, cost, max_wait)
+  if new_w then
+    return allowed, delay, remaining, reset_after, { new_w, new_l, new_n }
+  end
+  return allowed, delay, remaining, reset_after, nil
 end

@@ -18,17 +18,22 @@
 -- give bit-identical results: Redis's Lua numbers are IEEE doubles like Rust's f64.
 local PL = { alg = {} }
 
+-- `math`'s functions as upvalues, which every function here reads faster than a global.
+-- A function library's load cannot see `math`, so `PL.clock`, which every entry point calls
+-- first, sets them at the first call.
+local max, min, floor, ceil
+
 -- Rust's `util::floor_count`: a non-negative count, truncated.
 function PL.floor_count(x)
   if x ~= x or x <= 0 then
     return 0
   end
-  return math.floor(x)
+  return floor(x)
 end
 
 -- Rust's `util::retry_after_max_wait`.
 function PL.retry_after_max_wait(delay, max_wait)
-  return math.max(delay - max_wait, 0)
+  return max(delay - max_wait, 0)
 end
 
 -- Rust's `micros_to_duration`, in nanoseconds: negative and NaN are 0, the rest rounds
@@ -37,7 +42,7 @@ local function round_nanos(us)
   if us ~= us or us <= 0 then
     return 0
   end
-  return math.floor(us * 1000 + 0.5)
+  return floor(us * 1000 + 0.5)
 end
 
 -- A time for the reply, in nanoseconds: an integer reply is exact below 2^62; larger
@@ -53,12 +58,15 @@ end
 -- Microseconds, rounded to the nearest nanosecond then up to the next whole microsecond,
 -- as the memory store turns a `reset_after` into an expiry time.
 function PL.expiry(now, reset_after)
-  return now + math.ceil(round_nanos(reset_after) / 1000)
+  return now + ceil(round_nanos(reset_after) / 1000)
 end
 
 -- The time of a call: ARGV's time in µs when the client gives one (an injected clock), else
 -- the server's `TIME`, which is returned too (its reply, two strings).
 function PL.clock(arg)
+  if not ceil then
+    max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
+  end
   if arg == '' then
     local t = redis.call('TIME')
     return tonumber(t[1]) * 1000000 + tonumber(t[2]), t
@@ -75,7 +83,7 @@ function PL.max_wait(secs, nanos)
     return nil, nil
   end
   local n = tonumber(nanos)
-  return s * 1e6 + n / 1000, s * 1000000 + math.floor(n / 1000)
+  return s * 1e6 + n / 1000, s * 1000000 + floor(n / 1000)
 end
 
 -- A key's record. `gcra` keeps a tag byte ('g') and its TAT as a little-endian double; it
@@ -92,11 +100,16 @@ function PL.pack_tat(tat)
   return struct.pack(GCRA_LAYOUT, GCRA_TAG, tat)
 end
 
+-- A `pacer` record.
+function PL.pack_pacer(exp, watermark, last_drip, next_shot)
+  return struct.pack(PACER_LAYOUT, PACER_TAG, exp, watermark, last_drip, next_shot)
+end
+
 function PL.pack(alg, exp, state)
   if alg == 'gcra' then
     return PL.pack_tat(state[1])
   elseif alg == 'pacer' then
-    return struct.pack(PACER_LAYOUT, PACER_TAG, exp, state[1], state[2], state[3])
+    return PL.pack_pacer(exp, state[1], state[2], state[3])
   end
   return cmsgpack.pack(alg, exp, state)
 end
@@ -110,12 +123,24 @@ function PL.gcra_tat(raw)
   return nil
 end
 
+-- The watermark, last_drip, next_shot and expiry of a live `pacer` record at `now`, or
+-- nothing for an expired one or another algorithm's.
+function PL.pacer_state(raw, now)
+  if string.byte(raw) == PACER_TAG then
+    local _, exp, watermark, last_drip, next_shot = struct.unpack(PACER_LAYOUT, raw)
+    if exp > now then
+      return watermark, last_drip, next_shot, exp
+    end
+  end
+  return nil
+end
+
 -- The algorithm, expiry (µs) and state of a record `PL.pack` wrote.
 function PL.unpack(raw)
   local tag = string.byte(raw)
   if tag == GCRA_TAG then
     local _, tat = struct.unpack(GCRA_LAYOUT, raw)
-    return 'gcra', math.ceil(tat), { tat }
+    return 'gcra', ceil(tat), { tat }
   elseif tag == PACER_TAG then
     local _, exp, watermark, last_drip, next_shot = struct.unpack(PACER_LAYOUT, raw)
     return 'pacer', exp, { watermark, last_drip, next_shot }
@@ -123,35 +148,49 @@ function PL.unpack(raw)
   return cmsgpack.unpack(raw)
 end
 
--- Stores a key's record after a decision, as the memory store keeps a key. `state` is the
--- key's own live state before the decision (nil if idle or another algorithm's), `old_exp`
--- its expiry, `new_state` what the algorithm returned (nil: unchanged). The key's own state
--- never expires earlier than before; a state replacing another algorithm's starts with an
--- expiry of its own. Returns the record written (or false when the key was deleted), or nil when nothing was written.
-function PL.save(key, alg, state, old_exp, new_state, reset_after, idle_at, now, slack)
-  if new_state == nil and state == nil then
-    return nil
-  end
+-- When a key's record expires after a decision, as the memory store keeps a key: at the
+-- decision's `reset_after`, never earlier than the key's own live record did (`old_exp`,
+-- nil for none: a state replacing another algorithm's starts with an expiry of its own),
+-- and for a new state of an algorithm whose state has no expiry of its own (`gcra`), not
+-- before its `idle_at` (ceil(idle_at): for `gcra` the other terms never exceed it, so the
+-- record is idle exactly when its TAT has passed; `now` is a whole number of µs).
+function PL.keep_until(now, reset_after, old_exp, idle_at)
   local exp = PL.expiry(now, reset_after)
-  if state and old_exp > exp then
+  if old_exp and old_exp > exp then
     exp = old_exp
   end
-  if new_state == nil then
-    new_state = state
-  elseif idle_at then
-    -- ceil(idle_at): for `gcra` the other terms never exceed it, so the record is idle
-    -- exactly when its TAT has passed (`now` is a whole number of µs).
-    exp = math.max(exp, math.ceil(idle_at))
+  if idle_at then
+    exp = max(exp, ceil(idle_at))
   end
-  -- An unchanged state is the key's own, so `old_exp` is set.
-  if new_state == state and exp <= old_exp then
-    return nil
-  end
+  return exp
+end
+
+-- Writes `record` to live until `exp`, or deletes the key if `exp` has come. Returns what
+-- the key now holds (false: nothing).
+function PL.put(key, record, exp, now, slack)
   if exp > now then
-    local record = PL.pack(alg, exp, new_state)
-    redis.call('SET', key, record, 'PX', math.ceil((exp - now) / 1000) + slack)
+    redis.call('SET', key, record, 'PX', ceil((exp - now) / 1000) + slack)
     return record
   end
   redis.call('DEL', key)
   return false
+end
+
+-- Stores a key's record after a decision. `state` is the key's own live state before the
+-- decision (nil if idle or another algorithm's) and `old_exp` its expiry, `new_state` what
+-- the algorithm returned (nil: unchanged; the record is rewritten only to live longer).
+-- Returns what the key now holds (a record, or false), or nil when nothing was written.
+function PL.save(key, alg, state, old_exp, new_state, reset_after, idle_at, now, slack)
+  if new_state == nil then
+    if state == nil then
+      return nil
+    end
+    local exp = PL.keep_until(now, reset_after, old_exp, nil)
+    if exp <= old_exp then
+      return nil
+    end
+    return PL.put(key, PL.pack(alg, exp, state), exp, now, slack)
+  end
+  local exp = PL.keep_until(now, reset_after, old_exp, idle_at)
+  return PL.put(key, PL.pack(alg, exp, new_state), exp, now, slack)
 end

@@ -31,16 +31,9 @@ local function single_gcra(KEYS, ARGV)
   local allowed, _, _, new_tat = PL.gcra_plan(tonumber(ARGV[7]), tonumber(ARGV[8]), stored, now,
     ARGV[3], tonumber(ARGV[4]), PL.max_wait(ARGV[5], ARGV[6]))
   if new_tat then
-    -- The record is idle once its TAT has passed; it lives until then. A TAT at `now` (an
-    -- interval below the resolution of `now` in a double) is idle at once: as `decide`
-    -- does, delete the key, whichever algorithm's record it held.
-    local idle_at = math.ceil(new_tat)
-    if idle_at > now then
-      local ttl = math.ceil((idle_at - now) / 1000) + tonumber(ARGV[2])
-      redis.call('SET', key, PL.pack_tat(new_tat), 'PX', ttl)
-    elseif raw then
-      redis.call('DEL', key)
-    end
+    -- The record lives until its TAT has passed (a TAT at `now`, from an interval below
+    -- the resolution of `now` in a double, is idle at once: the key is deleted).
+    PL.put(key, PL.pack_tat(new_tat), ceil(new_tat), now, tonumber(ARGV[2]))
   end
   return single_reply(allowed, t, stored and raw or '')
 end
@@ -49,16 +42,23 @@ local function single_pacer(KEYS, ARGV)
   local now, t = PL.clock(ARGV[1])
   local key = KEYS[1]
   local raw = redis.call('GET', key)
-  local state, old_exp
+  local w, l, n, old_exp
   if raw then
-    local alg, exp, s = PL.unpack(raw)
-    if alg == 'pacer' and exp > now then
-      state, old_exp = s, exp
+    w, l, n, old_exp = PL.pacer_state(raw, now)
+  end
+  local slack = tonumber(ARGV[2])
+  local allowed, _, _, reset_after, new_w, new_l, new_n = PL.pacer_step(tonumber(ARGV[7]),
+    tonumber(ARGV[8]), tonumber(ARGV[9]), w, l, n, now, ARGV[3], tonumber(ARGV[4]),
+    PL.max_wait(ARGV[5], ARGV[6]))
+  -- `PL.save`'s rules, without tables.
+  if new_w then
+    local exp = PL.keep_until(now, reset_after, old_exp, nil)
+    PL.put(key, PL.pack_pacer(exp, new_w, new_l, new_n), exp, now, slack)
+  elseif w then
+    local exp = PL.keep_until(now, reset_after, old_exp, nil)
+    if exp > old_exp then
+      PL.put(key, PL.pack_pacer(exp, w, l, n), exp, now, slack)
     end
   end
-  local p = { tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9]) }
-  local allowed, _, _, reset_after, new_state =
-    PL.alg.pacer(p, state, now, ARGV[3], tonumber(ARGV[4]), PL.max_wait(ARGV[5], ARGV[6]))
-  PL.save(key, 'pacer', state, old_exp, new_state, reset_after, nil, now, tonumber(ARGV[2]))
-  return single_reply(allowed, t, state and raw or '')
+  return single_reply(allowed, t, w and raw or '')
 end

@@ -22,7 +22,7 @@ local function sl_at(s, now, window)
     end
   end
   if n > 0 then
-    newest = math.max(times[n], newest)
+    newest = max(times[n], newest)
   end
   return times, costs, n, newest
 end
@@ -51,7 +51,7 @@ local function sl_earliest(limit, window, min_interval, times, costs, n, newest,
   if newest then
     t_interval = newest + min_interval
   end
-  return math.max(now, t_interval, t_count)
+  return max(now, t_interval, t_count)
 end
 
 -- Logs `cost` at `time`, keeping the entries sorted and merged; returns the new count and
@@ -69,7 +69,7 @@ local function sl_record(times, costs, n, newest, time, cost)
     n = n + 1
   end
   if newest then
-    newest = math.max(newest, time)
+    newest = max(newest, time)
   else
     newest = time
   end
@@ -94,17 +94,17 @@ PL.alg.sliding_log = function(p, s, now, op, cost, max_wait)
     if newest and now < newest + min_interval then
       free = 0
     else
-      free = math.max(limit - sl_total(costs, n), 0)
+      free = max(limit - sl_total(costs, n), 0)
     end
     local remaining = free
     if min_interval > 0 then
-      remaining = math.min(free, 1)
+      remaining = min(free, 1)
     end
     local idle_at = 0
     if newest then
-      idle_at = newest + math.max(window, min_interval)
+      idle_at = newest + max(window, min_interval)
     end
-    return allowed, delay, remaining, math.max(idle_at - now, 0)
+    return allowed, delay, remaining, max(idle_at - now, 0)
   end
 
   local t = sl_earliest(limit, window, min_interval, times, costs, n, newest, now, cost)

@@ -23,7 +23,7 @@ local function first_true(lo, hi, guess, ok)
   elseif guess >= hi then
     g = hi
   else
-    g = math.floor(guess)
+    g = floor(guess)
   end
   if ok(g) then
     hi = g
@@ -41,7 +41,7 @@ local function first_true(lo, hi, guess, ok)
     lo = lo + 1
   end
   while lo < hi do
-    local mid = lo + math.floor((hi - lo) / 2)
+    local mid = lo + floor((hi - lo) / 2)
     if ok(mid) then
       hi = mid
     else
@@ -53,7 +53,7 @@ end
 
 -- `parts`: count(j-1), count(j) and W - elapsed for the time t.
 local function parts(ws, w, t)
-  local j = math.floor(t / w)
+  local j = floor(t / w)
   local prev = 0
   if j >= 1 then
     prev = PL.windows.count(ws, j - 1)
@@ -64,11 +64,11 @@ end
 -- `slot`: the smallest t >= now at which a request of `cost` is admitted, scanning the
 -- windows from now's; it ends, at the latest, two windows after the last one holding cost.
 local function slot_of(ws, w, limit, now, cost)
-  cost = math.min(cost, limit)
-  local j = math.floor(now / w)
+  cost = min(cost, limit)
+  local j = floor(now / w)
   while true do
     local start = j * w
-    local first = math.max(now, start) - start
+    local first = max(now, start) - start
     local cur = PL.windows.count(ws, j)
     local prev = 0
     if j >= 1 then
@@ -84,7 +84,7 @@ local function slot_of(ws, w, limit, now, cost)
       if ok(w - 1) then
         local room = limit - cost - cur
         -- Rust: (w - room * w / prev).ceil(), in this order.
-        local guess = math.ceil(w - room * w / prev)
+        local guess = ceil(w - room * w / prev)
         return start + first_true(first, w - 1, guess, ok)
       end
     end
@@ -95,18 +95,18 @@ end
 -- `SlidingWindow::decision`: remaining and reset_after for `ws` at `now`.
 local function outlook(ws, limit, w, now)
   local prev, cur, left = parts(ws, w, now)
-  local remaining = math.max(math.max(limit - cur, 0) - math.ceil(share(prev, left, w)), 0)
+  local remaining = max(max(limit - cur, 0) - ceil(share(prev, left, w)), 0)
   local last = PL.windows.last(ws)
   local reset_after = 0
   if last then
-    reset_after = math.max((last + 2) * w - now, 0)
+    reset_after = max((last + 2) * w - now, 0)
   end
   return remaining, reset_after
 end
 
 PL.alg.sliding_window = function(p, s, now, op, cost, max_wait)
   local limit, w = p[1], p[2]
-  local ws = PL.windows.load(s, w, math.max(math.floor(now / w) - 1, 0))
+  local ws = PL.windows.load(s, w, max(floor(now / w) - 1, 0))
   local prev, cur, left = parts(ws, w, now)
   local now_fits = fits(share(prev, left, w), cur, cost, limit)
   local slot = now
@@ -114,5 +114,5 @@ PL.alg.sliding_window = function(p, s, now, op, cost, max_wait)
     slot = slot_of(ws, w, limit, now, cost)
   end
   local delay = slot - now
-  return PL.windows.settle(ws, limit, w, now, op, cost, max_wait, now_fits, delay, math.floor(slot / w), outlook)
+  return PL.windows.settle(ws, limit, w, now, op, cost, max_wait, now_fits, delay, floor(slot / w), outlook)
 end
