@@ -8,8 +8,11 @@
 //! temporary folder first), or `cargo bench -p paceline-redis --bench redis` (without (b)
 //! unless `PACELINE_RLF_NODE_PATH` names a `node_modules` holding both). Each cell runs
 //! `PACELINE_BENCH_SECONDS` (default 3) on 10,000 keys with limits high enough that nearly
-//! every decision admits; `PACELINE_BENCH_ONLY` picks cells by label (see `main`). Under
-//! `cargo test` it runs a short smoke pass instead.
+//! every decision admits, at (a)'s emission interval of 1 µs (so every admitted decision
+//! writes its key's state, as (a) does); `PACELINE_BENCH_ONLY` picks cells by label (see
+//! `main`). The client runs on a tokio runtime of `PACELINE_BENCH_THREADS` workers (default
+//! 1: Redis takes one of the VM's two cores, and both anchors' clients run one thread too).
+//! Under `cargo test` it runs a short smoke pass instead.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -59,7 +62,8 @@ fn main() {
             std::env::var("PACELINE_BENCH_THREADS")
                 .ok()
                 .and_then(|s| s.parse().ok())
-                .unwrap_or(2),
+                .filter(|&n: &usize| n > 0)
+                .unwrap_or(1),
         )
         .enable_all()
         .build()

@@ -1,6 +1,8 @@
 -- paceline's Lua library: the helpers every algorithm twin shares.
 --
--- Each algorithm file adds one function to `PL.alg`:
+-- Each algorithm file adds one function to `PL.alg` (`gcra` and `pacer` also export their
+-- arithmetic over bare numbers, `PL.gcra_plan` and `PL.pacer_step`, for the single-decision
+-- entry points):
 --
 --   PL.alg[name] = function(p, s, now, op, cost, max_wait, max_wait_us)
 --     -> allowed (boolean), delay (µs), remaining (count), reset_after (µs), new_state,

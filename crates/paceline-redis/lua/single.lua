@@ -11,9 +11,13 @@
 --
 -- Returns one string: '1' if admitted, else '0'; then, when the time is the server's, its
 -- TIME as "SECONDS MICROSECONDS "; then the key's record as it was before the call if it
--- held this algorithm's live state, else nothing. The client derives the decision's delay,
+-- held this algorithm's state (for `gcra` any TAT, even a passed one, which the algorithm
+-- treats as idle; for `pacer` only a live record), else nothing. The client derives the decision's delay,
 -- remaining and reset_after from that state with the Rust algorithm (the same code the
 -- memory store runs), and checks that it admits exactly when the script did.
+--
+-- Like `decide`, each entry point calls `PL.clock` first: it also sets the prelude's `math`
+-- upvalues.
 local function single_reply(allowed, t, record)
   local flag = allowed and '1' or '0'
   if t then

@@ -53,24 +53,25 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let (entry, library) = SOURCES.split_last().unwrap_or((&"", &[]));
     let library = library.join("\n");
     let body = format!("{library}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n{SINGLE}\n");
-    // The names carry the code's hash, so different versions of paceline sharing a server
-    // each find their own library.
-    let hash = redis::Script::new(&body).get_hash()[..16].to_string();
-    let function = format!("paceline_decide_{hash}");
-    let single_gcra = format!("paceline_gcra_{hash}");
-    let single_pacer = format!("paceline_pacer_{hash}");
-    let register = |name: &str, callback: &str, flags: &str| {
-        format!(
-            "redis.register_function{{function_name = '{name}', callback = {callback}, \
-             flags = {{ {flags} }}}}\n"
-        )
-    };
-    let code = format!(
-        "#!lua name=paceline_{hash}\n{body}{}{}{}",
-        register(&function, "decide", "'allow-cross-slot-keys'"),
-        register(&single_gcra, "single_gcra", ""),
-        register(&single_pacer, "single_pacer", ""),
-    );
+    // Each function: its name's stem, its callback in `body`, its flags.
+    let functions = [
+        ("decide", "decide", "'allow-cross-slot-keys'"),
+        ("gcra", "single_gcra", ""),
+        ("pacer", "single_pacer", ""),
+    ];
+    // The names carry the hash of the code and of how it is registered, so different
+    // versions of paceline sharing a server each find their own library.
+    let hash = redis::Script::new(&format!("{body}{functions:?}")).get_hash()[..16].to_string();
+    let name = |stem: &str| format!("paceline_{stem}_{hash}");
+    let mut code = format!("#!lua name=paceline_{hash}\n{body}");
+    for (stem, callback, flags) in functions {
+        code.push_str(&format!(
+            "redis.register_function{{function_name = '{}', callback = {callback}, \
+             flags = {{ {flags} }}}}\n",
+            name(stem)
+        ));
+    }
+    let (function, single_gcra, single_pacer) = (name("decide"), name("gcra"), name("pacer"));
     Library {
         function,
         single_gcra,

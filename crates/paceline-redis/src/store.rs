@@ -49,17 +49,18 @@ pub struct Request<'a> {
 ///   (the twin of the Rust algorithm, held equal to it by differential tests), on one key,
 ///   atomically: `FCALL` of a Redis function where the server has functions (Redis 7+;
 ///   loaded at connect and again whenever a server lacks it), else `EVALSHA` of the same code
-///   as a script (reloaded after `NOSCRIPT`). With functions, a single `gcra` or `pacer`
-///   decision goes to a lean entry point that answers with the key's state before the call,
-///   from which this crate derives the decision with the same Rust code the memory store
-///   runs. Many decisions can share one call: [`decide_batch`](Self::decide_batch).
+///   as a script (reloaded after `NOSCRIPT`). With functions and without auto-batching, a
+///   single `gcra` or `pacer` decision goes to a lean entry point that answers with the
+///   key's state before the call, from which this crate derives the decision with the same
+///   Rust code the memory store runs. Many decisions can share one call:
+///   [`decide_batch`](Self::decide_batch).
 /// * **Time** comes from the Redis server's `TIME` (client clocks may be skewed), unless a
 ///   [`clock`](RedisStoreBuilder::clock) is injected for simulation and tests.
 /// * **Keys** are `PREFIX:v2:KEY` (prefix `paceline` by default). State is stored exactly
 ///   (integers, and doubles in binary: `gcra` keeps its TAT, `pacer` its expiry and three
 ///   times, the others a MessagePack record) and expires when the key is idle, so Redis
-///   holds only active keys. In a cluster, keys spread over slots by the caller's key; a hash tag in it
-///   (`"{tenant42}:upload"`) pins related keys to one slot.
+///   holds only active keys. In a cluster, keys spread over slots by the caller's key; a
+///   hash tag in it (`"{tenant42}:upload"`) pins related keys to one slot.
 /// * **Failures** follow the [`FailurePolicy`] chosen when the store is built. A failure is
 ///   never reported as a rejection, and a call waits for Redis at most the
 ///   [`response timeout`](RedisStoreBuilder::response_timeout) (with auto-batching, a
