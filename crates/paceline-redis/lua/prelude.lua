@@ -125,41 +125,50 @@ function PL.gcra_tat(raw)
   return nil
 end
 
--- The watermark, last_drip, next_shot and expiry of a live `pacer` record at `now`, or
--- nothing for an expired one or another algorithm's.
-function PL.pacer_state(raw, now)
+-- The expiry, watermark, last_drip and next_shot of a `pacer` record, or nothing for
+-- another algorithm's.
+function PL.pacer_record(raw)
   if string.byte(raw) == PACER_TAG then
     local _, exp, watermark, last_drip, next_shot = struct.unpack(PACER_LAYOUT, raw)
-    if exp > now then
-      return watermark, last_drip, next_shot, exp
-    end
+    return exp, watermark, last_drip, next_shot
   end
   return nil
 end
 
 -- The algorithm, expiry (µs) and state of a record `PL.pack` wrote.
 function PL.unpack(raw)
-  local tag = string.byte(raw)
-  if tag == GCRA_TAG then
-    local _, tat = struct.unpack(GCRA_LAYOUT, raw)
+  local tat = PL.gcra_tat(raw)
+  if tat then
     return 'gcra', ceil(tat), { tat }
-  elseif tag == PACER_TAG then
-    local _, exp, watermark, last_drip, next_shot = struct.unpack(PACER_LAYOUT, raw)
+  end
+  local exp, watermark, last_drip, next_shot = PL.pacer_record(raw)
+  if exp then
     return 'pacer', exp, { watermark, last_drip, next_shot }
   end
   return cmsgpack.unpack(raw)
 end
 
--- When a key's record expires after a decision, as the memory store keeps a key: at the
--- decision's `reset_after`, never earlier than the key's own live record did (`old_exp`,
--- nil for none: a state replacing another algorithm's starts with an expiry of its own),
--- and for a new state of an algorithm whose state has no expiry of its own (`gcra`), not
--- before its `idle_at` (ceil(idle_at): for `gcra` the other terms never exceed it, so the
--- record is idle exactly when its TAT has passed; `now` is a whole number of µs).
-function PL.keep_until(now, reset_after, old_exp, idle_at)
+-- When a key's record must expire after a decision, as the memory store keeps a key, or
+-- nil when the record is not to be written. `changed`: the decision wrote a new state, which
+-- expires at the decision's `reset_after`, never earlier than the key's own live record did
+-- (`old_exp`, nil for none: a state replacing another algorithm's starts with an expiry of
+-- its own), and for an algorithm whose state has no expiry of its own (`gcra`), not before
+-- its `idle_at` (ceil(idle_at): for `gcra` the other terms never exceed it, so the record is
+-- idle exactly when its TAT has passed; `now` is a whole number of µs). Unchanged, the key's
+-- own live record is rewritten only to live longer.
+function PL.next_expiry(now, reset_after, old_exp, idle_at, changed)
+  if not changed and not old_exp then
+    return nil
+  end
   local exp = PL.expiry(now, reset_after)
   if old_exp and old_exp > exp then
     exp = old_exp
+  end
+  if not changed then
+    if exp <= old_exp then
+      return nil
+    end
+    return exp
   end
   if idle_at then
     exp = max(exp, ceil(idle_at))
@@ -180,19 +189,12 @@ end
 
 -- Stores a key's record after a decision. `state` is the key's own live state before the
 -- decision (nil if idle or another algorithm's) and `old_exp` its expiry, `new_state` what
--- the algorithm returned (nil: unchanged; the record is rewritten only to live longer).
--- Returns what the key now holds (a record, or false), or nil when nothing was written.
+-- the algorithm returned (nil: unchanged). Returns what the key now holds (a record, or
+-- false), or nil when nothing was written.
 function PL.save(key, alg, state, old_exp, new_state, reset_after, idle_at, now, slack)
-  if new_state == nil then
-    if state == nil then
-      return nil
-    end
-    local exp = PL.keep_until(now, reset_after, old_exp, nil)
-    if exp <= old_exp then
-      return nil
-    end
-    return PL.put(key, PL.pack(alg, exp, state), exp, now, slack)
+  local exp = PL.next_expiry(now, reset_after, old_exp, idle_at, new_state ~= nil)
+  if not exp then
+    return nil
   end
-  local exp = PL.keep_until(now, reset_after, old_exp, idle_at)
-  return PL.put(key, PL.pack(alg, exp, new_state), exp, now, slack)
+  return PL.put(key, PL.pack(alg, exp, new_state or state), exp, now, slack)
 end

@@ -46,23 +46,23 @@ local function single_pacer(KEYS, ARGV)
   local now, t = PL.clock(ARGV[1])
   local key = KEYS[1]
   local raw = redis.call('GET', key)
+  -- The key's own live state, if any.
   local w, l, n, old_exp
   if raw then
-    w, l, n, old_exp = PL.pacer_state(raw, now)
+    local exp, watermark, last_drip, next_shot = PL.pacer_record(raw)
+    if exp and exp > now then
+      w, l, n, old_exp = watermark, last_drip, next_shot, exp
+    end
   end
-  local slack = tonumber(ARGV[2])
   local allowed, _, _, reset_after, new_w, new_l, new_n = PL.pacer_step(tonumber(ARGV[7]),
     tonumber(ARGV[8]), tonumber(ARGV[9]), w, l, n, now, ARGV[3], tonumber(ARGV[4]),
     PL.max_wait(ARGV[5], ARGV[6]))
-  -- `PL.save`'s rules, without tables.
-  if new_w then
-    local exp = PL.keep_until(now, reset_after, old_exp, nil)
-    PL.put(key, PL.pack_pacer(exp, new_w, new_l, new_n), exp, now, slack)
-  elseif w then
-    local exp = PL.keep_until(now, reset_after, old_exp, nil)
-    if exp > old_exp then
-      PL.put(key, PL.pack_pacer(exp, w, l, n), exp, now, slack)
+  local exp = PL.next_expiry(now, reset_after, old_exp, nil, new_w ~= nil)
+  if exp then
+    if not new_w then
+      new_w, new_l, new_n = w, l, n
     end
+    PL.put(key, PL.pack_pacer(exp, new_w, new_l, new_n), exp, now, tonumber(ARGV[2]))
   end
   return single_reply(allowed, t, w and raw or '')
 end

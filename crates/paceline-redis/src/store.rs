@@ -486,11 +486,7 @@ impl RedisStore {
         } else {
             push_keys(&mut call);
         }
-        match now {
-            Some(now) => call.arg(now),
-            None => call.arg(""),
-        };
-        call.arg(self.inner.ttl_slack_ms);
+        self.push_clock(&mut call, now);
         if spread {
             push_keys(&mut call);
         } else {
@@ -509,6 +505,16 @@ impl RedisStore {
             .bounded(run_decide(&mut connection, &call), "a decision")
             .await?;
         parse_reply(reply, batch.iter().map(|r| r.policy.limit()))
+    }
+
+    /// Appends the arguments every entry point starts with (`ARGV[1]` and `ARGV[2]`): the
+    /// injected clock's time, or `''` for the server's, and the TTL slack.
+    fn push_clock(&self, call: &mut redis::Cmd, now: Option<u64>) {
+        match now {
+            Some(now) => call.arg(now),
+            None => call.arg(""),
+        };
+        call.arg(self.inner.ttl_slack_ms);
     }
 
     /// The single-decision entry point for `policy`'s algorithm, if the server has one
@@ -537,11 +543,7 @@ impl RedisStore {
         call.arg(function)
             .arg(1)
             .arg(Prefixed(&self.inner.key_prefix, r.key));
-        match now {
-            Some(now) => call.arg(now),
-            None => call.arg(""),
-        };
-        call.arg(self.inner.ttl_slack_ms);
+        self.push_clock(&mut call, now);
         push_request(r.op, r.cost, &mut call);
         push_params(r.policy, &mut call);
         let mut connection = self.inner.connection.clone();
