@@ -10,10 +10,10 @@ local DELAY_EPSILON = 1e-3
 function PL.gcra_plan(interval, burst, stored_tat, now, op, cost, max_wait)
   local tat = now
   if stored_tat then
-    tat = max(stored_tat, now)
+    tat = now > stored_tat and now or stored_tat
   end
   local new_tat = tat + cost * interval
-  local delay = max(new_tat - burst * interval - now, 0)
+  local delay = new_tat - burst * interval - now
   if delay < DELAY_EPSILON then
     delay = 0
   end

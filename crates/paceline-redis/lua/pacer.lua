@@ -16,8 +16,9 @@ end
 -- (`configured`, else 0.5).
 local function pacer_reset_after(interval, configured, now, watermark, last_drip, next_shot)
   local slowest = configured or 0.5
-  local empty_at = max(last_drip, next_shot) + watermark * interval / slowest
-  return max(max(next_shot, empty_at) - now, 0)
+  local empty_at = (next_shot > last_drip and next_shot or last_drip) + watermark * interval / slowest
+  local reset_after = (empty_at > next_shot and empty_at or next_shot) - now
+  return 0 > reset_after and 0 or reset_after
 end
 
 -- The algorithm over bare numbers, without tables: `w`, `l`, `n` are the key's live state
@@ -29,15 +30,16 @@ function PL.pacer_step(interval, max_burst, configured, w, l, n, now, op, cost, 
   -- Steps 1 and 2: the key as it stands at `now`, before this request.
   local watermark, next_shot = 0, now
   if w then
-    watermark, next_shot = w, max(n, now)
+    watermark, next_shot = w, now > n and now or n
   end
   if next_shot <= now then
     -- Leak only over idle time, since the *stored* last_drip/next_shot (not the clamped one).
     local idle_since = now
     if w then
-      idle_since = max(l, n)
+      idle_since = n > l and n or l
     end
-    watermark = watermark - max(now - idle_since, 0) / interval * factor
+    local idle = now - idle_since
+    watermark = watermark - (0 > idle and 0 or idle) / interval * factor
     if watermark * interval / factor < 1 then
       watermark = 0
     end
@@ -51,7 +53,7 @@ function PL.pacer_step(interval, max_burst, configured, w, l, n, now, op, cost, 
     shot = new_next_shot
     new_next_shot = shot + cost * interval
   end
-  new_watermark = min(new_watermark, max_burst)
+  new_watermark = max_burst < new_watermark and max_burst or new_watermark
   local delay = shot - now
 
   local save, allowed

@@ -22,7 +22,9 @@ local PL = { alg = {} }
 
 -- `math`'s functions as upvalues, which every function here reads faster than a global.
 -- A function library's load cannot see `math`, so `PL.clock`, which every entry point calls
--- first, sets them at the first call.
+-- first, sets them at the first call. The hottest paths (`gcra` and `pacer`) compare
+-- inline instead: `b > a and b or a` is exactly `max(a, b)` (which keeps `a` unless `b` is
+-- greater), `b < a and b or a` exactly `min(a, b)`, and saves a C call.
 local max, min, floor, ceil
 
 -- Rust's `util::floor_count`: a non-negative count, truncated.
@@ -118,7 +120,7 @@ end
 
 -- The TAT of a `gcra` record, or nil for another algorithm's.
 function PL.gcra_tat(raw)
-  if string.byte(raw) == GCRA_TAG then
+  if string.byte(raw) == GCRA_TAG and #raw == 9 then
     local _, tat = struct.unpack(GCRA_LAYOUT, raw)
     return tat
   end
@@ -128,7 +130,7 @@ end
 -- The expiry, watermark, last_drip and next_shot of a `pacer` record, or nothing for
 -- another algorithm's.
 function PL.pacer_record(raw)
-  if string.byte(raw) == PACER_TAG then
+  if string.byte(raw) == PACER_TAG and #raw == 33 then
     local _, exp, watermark, last_drip, next_shot = struct.unpack(PACER_LAYOUT, raw)
     return exp, watermark, last_drip, next_shot
   end
@@ -176,11 +178,24 @@ function PL.next_expiry(now, reset_after, old_exp, idle_at, changed)
   return exp
 end
 
+-- Time-to-live arguments below 1024 ms as text, made once: Redis would format a number
+-- argument anew at every call, and most records live a few ms.
+local px_text = {}
+
 -- Writes `record` to live until `exp`, or deletes the key if `exp` has come. Returns what
 -- the key now holds (false: nothing).
 function PL.put(key, record, exp, now, slack)
   if exp > now then
-    redis.call('SET', key, record, 'PX', ceil((exp - now) / 1000) + slack)
+    local ms = ceil((exp - now) / 1000) + slack
+    if ms < 1024 then
+      local text = px_text[ms]
+      if not text then
+        text = tostring(ms)
+        px_text[ms] = text
+      end
+      ms = text
+    end
+    redis.call('SET', key, record, 'PX', ms)
     return record
   end
   redis.call('DEL', key)
@@ -197,4 +212,96 @@ function PL.save(key, alg, state, old_exp, new_state, reset_after, idle_at, now,
     return nil
   end
   return PL.put(key, PL.pack(alg, exp, new_state or state), exp, now, slack)
+end
+
+-- The requests of a batch call (`decide` and the lean batch take the same arguments):
+--
+-- KEYS[i]   the i-th decision's Redis key; or only the first decision's key, when the
+--           keys are listed in ARGV (a cluster batch over several slots of one node).
+-- ARGV[1]   now in µs since the Unix epoch, or '' to read the server's TIME.
+-- ARGV[2]   milliseconds added to every key's time-to-live (0 when time is the server's).
+-- ARGV[3]   k: 0 when the keys are KEYS; otherwise k keys follow, the i-th decision's
+--           first. Then the number of distinct policies m, and m times: algorithm, the
+--           number of parameters n, and the n parameters.
+-- Then the number of runs r, and r times: how many consecutive decisions the run holds,
+-- their policy's number (1 to m), op, cost, and max_wait as whole seconds and the
+-- nanoseconds beyond them ('' and '' for none). A batch from one limiter is one run.
+--
+-- Returns the keys, whether they were listed in ARGV, and the runs, each a table { count,
+-- policy, op, cost, max_wait, max_wait_us } (`policy`: { alg, f, p }); or nil and an error
+-- message for a malformed call, which must then change nothing.
+function PL.read_batch(KEYS, ARGV)
+  local keys, a = KEYS, 4
+  local listed = tonumber(ARGV[3])
+  if listed > 0 then
+    keys = {}
+    for i = 1, listed do
+      keys[i] = ARGV[3 + i]
+    end
+    a = 4 + listed
+  end
+  local policies = {}
+  local m = tonumber(ARGV[a])
+  a = a + 1
+  for i = 1, m do
+    local alg = ARGV[a]
+    local f = PL.alg[alg]
+    if not f then
+      return nil, 'paceline: unknown algorithm ' .. tostring(alg)
+    end
+    local n = tonumber(ARGV[a + 1])
+    local p = {}
+    for j = 1, n do
+      p[j] = tonumber(ARGV[a + 1 + j])
+    end
+    policies[i] = { alg = alg, f = f, p = p }
+    a = a + 2 + n
+  end
+  local runs, total = {}, 0
+  for r = 1, tonumber(ARGV[a]) do
+    local b = a + 1 + (r - 1) * 6
+    local count, policy, op = tonumber(ARGV[b]), policies[tonumber(ARGV[b + 1])], ARGV[b + 2]
+    if not count or count < 1 or count % 1 ~= 0 then
+      return nil, 'paceline: a run of ' .. tostring(ARGV[b]) .. ' decisions'
+    end
+    if not policy then
+      return nil, 'paceline: no policy ' .. tostring(ARGV[b + 1])
+    end
+    if op ~= 'pace' and op ~= 'limit' and op ~= 'peek' then
+      return nil, 'paceline: unknown op ' .. tostring(op)
+    end
+    local max_wait, max_wait_us = PL.max_wait(ARGV[b + 4], ARGV[b + 5])
+    runs[r] = { count = count, policy = policy, op = op, cost = tonumber(ARGV[b + 3]),
+      max_wait = max_wait, max_wait_us = max_wait_us }
+    total = total + count
+  end
+  if total ~= #keys then
+    return nil, 'paceline: ' .. total .. ' decisions for ' .. #keys .. ' keys'
+  end
+  return keys, listed > 0, runs
+end
+
+-- Every key's record (false: none), read before anything is written: a key this node does
+-- not serve fails the call here, with nothing changed. One MGET when the keys were declared
+-- (they share a slot, or the server is not a cluster); one GET each when listed, since they
+-- may span slots, which one command may not.
+function PL.read_records(keys, listed)
+  local records = {}
+  if listed then
+    for i = 1, #keys do
+      local key = keys[i]
+      if records[key] == nil then
+        records[key] = redis.call('GET', key)
+      end
+    end
+    return records
+  end
+  local raws = redis.call('MGET', unpack(keys))
+  for i = 1, #keys do
+    local key = keys[i]
+    if records[key] == nil then
+      records[key] = raws[i]
+    end
+  end
+  return records
 end

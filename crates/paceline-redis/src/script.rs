@@ -1,7 +1,8 @@
 //! The Lua library the store runs: the twins of all eight algorithms and the decision entry
 //! point, loaded as a Redis function library (`FCALL`, Redis 7+) or, where that is not
 //! possible, as a script called by its SHA1 (`EVALSHA`, reloaded after `NOSCRIPT`). The
-//! library also holds lean single-decision entry points for `gcra` and `pacer`.
+//! library also holds lean entry points for `gcra` and `pacer`, one decision or a batch,
+//! which answer with the state each decision saw (see `lua/lean.lua`).
 
 use std::sync::LazyLock;
 
@@ -10,6 +11,8 @@ use std::time::Duration;
 use paceline::policy::{check_now, pacer};
 use paceline::{Decision, Op, Policy, State, StoreError, StoreErrorKind};
 use redis::Value;
+
+use crate::store::Request;
 
 /// The files, in load order: the shared helpers, the algorithms, the entry point.
 const SOURCES: &[&str] = &[
@@ -26,8 +29,8 @@ const SOURCES: &[&str] = &[
     include_str!("../lua/decide.lua"),
 ];
 
-/// The single-decision entry points (`lua/single.lua`), in the library only.
-const SINGLE: &str = include_str!("../lua/single.lua");
+/// The lean entry points (`lua/lean.lua`), in the library only.
+const LEAN: &str = include_str!("../lua/lean.lua");
 
 /// The decision script (see `lua/decide.lua` for its arguments and reply), for `EVALSHA`.
 pub(crate) static DECIDE: LazyLock<redis::Script> =
@@ -41,10 +44,13 @@ pub(crate) static DECIDE: LazyLock<redis::Script> =
 pub(crate) struct Library {
     /// The function to `FCALL`, with the same arguments and reply as the script.
     pub(crate) function: String,
-    /// The single-decision entry point of `gcra` (see `lua/single.lua`).
+    /// The single-decision entry point of `gcra` (see `lua/lean.lua`).
     pub(crate) single_gcra: String,
     /// The single-decision entry point of `pacer`.
     pub(crate) single_pacer: String,
+    /// The lean batch of `gcra` and `pacer` decisions: the arguments of `function`, the
+    /// answers of the single entry points.
+    pub(crate) lean_batch: String,
     /// The library's source for `FUNCTION LOAD`.
     pub(crate) code: String,
 }
@@ -52,12 +58,13 @@ pub(crate) struct Library {
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let (entry, library) = SOURCES.split_last().unwrap_or((&"", &[]));
     let library = library.join("\n");
-    let body = format!("{library}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n{SINGLE}\n");
+    let body = format!("{library}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n{LEAN}\n");
     // Each function: its name's stem, its callback in `body`, its flags.
     let functions = [
         ("decide", "decide", "'allow-cross-slot-keys'"),
         ("gcra", "single_gcra", ""),
         ("pacer", "single_pacer", ""),
+        ("lean", "lean_batch", "'allow-cross-slot-keys'"),
     ];
     // The names carry the hash of the code and of how it is registered, so different
     // versions of paceline sharing a server each find their own library.
@@ -71,11 +78,11 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
             name(stem)
         ));
     }
-    let (function, single_gcra, single_pacer) = (name("decide"), name("gcra"), name("pacer"));
     Library {
-        function,
-        single_gcra,
-        single_pacer,
+        function: name("decide"),
+        single_gcra: name("gcra"),
+        single_pacer: name("pacer"),
+        lean_batch: name("lean"),
         code,
     }
 });
@@ -151,10 +158,14 @@ fn nanos(value: &Value, field: &str) -> Result<Duration, StoreError> {
     }
 }
 
-/// The decision a single-decision entry point's reply stands for (see `lua/single.lua`):
-/// the Rust algorithm applied to the state the script saw, at the time it used (`now`, or
-/// the server's time from the reply). The script must have admitted exactly when the Rust
-/// algorithm does.
+/// True for the algorithms with lean entry points (`gcra` and `pacer`).
+pub(crate) fn has_lean_entry(policy: &Policy) -> bool {
+    matches!(policy, Policy::Gcra(_) | Policy::Pacer(_))
+}
+
+/// The decision a single-decision entry point's reply stands for (see `lua/lean.lua`): its
+/// admission flag, then the server's time unless `now` was injected, then the record the
+/// decision saw.
 pub(crate) fn single_decision(
     reply: Value,
     policy: &Policy,
@@ -170,11 +181,79 @@ pub(crate) fn single_decision(
         Some((b'0', rest)) => (false, rest),
         _ => return Err(protocol(format!("no admission flag in {bytes:?}"))),
     };
-    let (now, record) = match now {
-        Some(now) => (now, rest),
-        None => server_time(rest)?,
+    let (now, record) = reply_time(rest, now)?;
+    derive(admitted, record, policy, op, cost, now)
+}
+
+/// The decisions a lean batch's reply stands for, one per request of `batch`, in order (see
+/// `lua/lean.lua`): the server's time unless `now` was injected, then per decision its
+/// admission flag and the record it saw.
+pub(crate) fn lean_decisions(
+    reply: Value,
+    batch: &[&Request<'_>],
+    now: Option<u64>,
+) -> Result<Vec<Decision>, StoreError> {
+    let Value::BulkString(bytes) = reply else {
+        return Err(protocol(format!("expected a string, got {reply:?}")));
+    };
+    let (now, mut rest) = reply_time(&bytes, now)?;
+    let mut decisions = Vec::with_capacity(batch.len());
+    for r in batch {
+        let (admitted, after) = match rest.split_first() {
+            Some((b'1', after)) => (true, after),
+            Some((b'0', after)) => (false, after),
+            _ => {
+                return Err(protocol(format!(
+                    "no admission flag for decision {} of {} in {bytes:?}",
+                    decisions.len() + 1,
+                    batch.len()
+                )))
+            }
+        };
+        // A record's tag tells its length; any other byte is the next decision's flag.
+        let length = match after.first() {
+            Some(b'g') => GCRA_RECORD,
+            Some(b'p') => PACER_RECORD,
+            _ => 0,
+        };
+        let Some((record, next)) = after.split_at_checked(length) else {
+            return Err(protocol(format!("a truncated record in {bytes:?}")));
+        };
+        decisions.push(derive(admitted, record, r.policy, r.op, r.cost, now)?);
+        rest = next;
+    }
+    if !rest.is_empty() {
+        return Err(protocol(format!(
+            "{} bytes after {} decisions in {bytes:?}",
+            rest.len(),
+            batch.len()
+        )));
+    }
+    Ok(decisions)
+}
+
+/// The time a lean reply's decisions were made at: `now` if injected, else the server's
+/// time at the head of `reply`; and the rest of the reply.
+fn reply_time(reply: &[u8], now: Option<u64>) -> Result<(u64, &[u8]), StoreError> {
+    let (now, rest) = match now {
+        Some(now) => (now, reply),
+        None => server_time(reply)?,
     };
     check_now(now).map_err(|e| protocol(format!("the server's time: {e}")))?;
+    Ok((now, rest))
+}
+
+/// The decision a lean entry point made on a key holding `record` (empty: idle) at `now`:
+/// the Rust algorithm applied to that state. The script must have admitted exactly when the
+/// Rust algorithm does.
+fn derive(
+    admitted: bool,
+    record: &[u8],
+    policy: &Policy,
+    op: Op,
+    cost: u64,
+    now: u64,
+) -> Result<Decision, StoreError> {
     let decision = match policy {
         Policy::Gcra(gcra) => gcra.step(gcra_tat(record)?, now, op, cost).0,
         Policy::Pacer(_) => {
@@ -183,7 +262,7 @@ pub(crate) fn single_decision(
         }
         other => {
             return Err(protocol(format!(
-                "`{}` has no single-decision entry point",
+                "`{}` has no lean entry point",
                 other.algorithm()
             )))
         }
@@ -222,6 +301,11 @@ fn server_time(reply: &[u8]) -> Result<(u64, &[u8]), StoreError> {
         .ok_or_else(bad)?;
     Ok((now, record))
 }
+
+/// The length of a `gcra` record: its tag and one double.
+const GCRA_RECORD: usize = 9;
+/// The length of a `pacer` record: its tag and four doubles.
+const PACER_RECORD: usize = 33;
 
 /// A record's little-endian doubles after its tag byte, if it has `tag` and `N` of them.
 fn doubles<const N: usize>(record: &[u8], tag: u8) -> Option<[f64; N]> {
@@ -333,6 +417,14 @@ mod tests {
         r
     }
 
+    fn pacer_record(expiry: f64, watermark: f64, last_drip: f64, next_shot: f64) -> Vec<u8> {
+        let mut r = vec![b'p'];
+        for x in [expiry, watermark, last_drip, next_shot] {
+            r.extend_from_slice(&x.to_le_bytes());
+        }
+        r
+    }
+
     #[test]
     fn single_replies_are_decided_by_the_rust_algorithm() {
         let gcra: Policy = "gcra:rate=10/s,burst=2".parse().unwrap();
@@ -351,14 +443,68 @@ mod tests {
         assert_eq!(d.delay, Duration::from_millis(50));
         // `pacer`: a record's expiry is skipped, the state read.
         let pacer: Policy = "pacer:rate=4/s".parse().unwrap();
-        let mut record = vec![b'p'];
-        for x in [2e6, 0.0, 1e6, 1.25e6] {
-            record.extend_from_slice(&f64::to_le_bytes(x));
-        }
+        let record = pacer_record(2e6, 0.0, 1e6, 1.25e6);
         let d =
             single_decision(reply("1", None, &record), &pacer, Op::pace(), 1, Some(now)).unwrap();
         assert!(d.allowed);
         assert_eq!(d.delay, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn lean_batch_replies_hold_each_decision_s_flag_and_record() {
+        let gcra: Policy = "gcra:rate=10/s,burst=2".parse().unwrap();
+        let pacer: Policy = "pacer:rate=4/s".parse().unwrap();
+        let request = |policy, key| Request {
+            policy,
+            key,
+            op: Op::Limit,
+            cost: 1,
+        };
+        let batch = [
+            request(&gcra, "a"),
+            request(&pacer, "b"),
+            request(&gcra, "a"),
+        ];
+        let refs: Vec<&Request> = batch.iter().collect();
+        // At the server's time 1 s: `a` idle, `b` idle, then `a` with the TAT the first
+        // decision wrote (1.1 s), which leaves one cell.
+        let mut bytes = b"1 0 111".to_vec();
+        bytes.extend_from_slice(&tat_record(1_100_000.0));
+        let d = lean_decisions(Value::BulkString(bytes), &refs, None).unwrap();
+        assert_eq!(d.len(), 3);
+        assert!(d.iter().all(|d| d.allowed));
+        assert_eq!((d[0].remaining, d[2].remaining), (1, 0));
+        assert_eq!(d[2].reset_after, Duration::from_millis(200));
+        // A `pacer` record first (its next slot 250 ms away: refused), on an injected clock.
+        let mut bytes = b"0".to_vec();
+        bytes.extend_from_slice(&pacer_record(2e6, 0.0, 1e6, 1.25e6));
+        bytes.extend_from_slice(b"01");
+        let refs = [&batch[1], &batch[0], &batch[0]];
+        let now = Some(1_000_000);
+        let batch_reply = |bytes: Vec<u8>| lean_decisions(Value::BulkString(bytes), &refs, now);
+        let err = batch_reply(bytes.clone()).unwrap_err();
+        // The second `gcra` decision on an idle key must admit: the script is out of step.
+        assert!(err.message().contains("out of step"), "{}", err.message());
+        bytes[34] = b'1';
+        let d = batch_reply(bytes.clone()).unwrap();
+        assert_eq!(d.len(), 3);
+        assert!(!d[0].allowed && d[1].allowed && d[2].allowed);
+        assert_eq!(d[0].delay, Duration::from_millis(250));
+        // Truncated, too long, or a record of the wrong kind: protocol errors.
+        let bad = |bytes: Vec<u8>| {
+            let e = batch_reply(bytes).unwrap_err();
+            assert_eq!(e.kind(), StoreErrorKind::Protocol);
+            e.message().to_string()
+        };
+        assert!(bad(bytes[..20].to_vec()).contains("truncated"));
+        assert!(bad(bytes[..34].to_vec()).contains("no admission flag"));
+        let mut long = bytes.clone();
+        long.push(b'1');
+        assert!(bad(long).contains("1 bytes after 3 decisions"));
+        let mut wrong = b"1".to_vec();
+        wrong.extend_from_slice(&tat_record(1.0));
+        wrong.extend_from_slice(b"11");
+        assert!(bad(wrong).contains("not a pacer record"));
     }
 
     #[test]

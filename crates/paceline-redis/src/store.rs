@@ -16,7 +16,9 @@ use crate::args::{push_params, push_policy, push_request, Prefixed};
 use crate::batch::{self, Job, Queue};
 use crate::connection::{crc16, error_kind, prefixed_slot, Connection, Target, SLOTS};
 use crate::failure::FailurePolicy;
-use crate::script::{parse_reply, single_decision, DECIDE, LIBRARY};
+use crate::script::{
+    has_lean_entry, lean_decisions, parse_reply, single_decision, DECIDE, LIBRARY,
+};
 
 /// The format version in every key: a change of the stored layout changes it, so an old
 /// layout is never misread.
@@ -49,10 +51,10 @@ pub struct Request<'a> {
 ///   (the twin of the Rust algorithm, held equal to it by differential tests), on one key,
 ///   atomically: `FCALL` of a Redis function where the server has functions (Redis 7+;
 ///   loaded at connect and again whenever a server lacks it), else `EVALSHA` of the same code
-///   as a script (reloaded after `NOSCRIPT`). With functions and without auto-batching, a
-///   single `gcra` or `pacer` decision goes to a lean entry point that answers with the
-///   key's state before the call, from which this crate derives the decision with the same
-///   Rust code the memory store runs. Many decisions can share one call:
+///   as a script (reloaded after `NOSCRIPT`). With functions, `gcra` and `pacer` decisions
+///   (single, or a batch of only these two) go to lean entry points that answer with each
+///   key's state before its decision, from which this crate derives the decision with the
+///   same Rust code the memory store runs. Many decisions can share one call:
 ///   [`decide_batch`](Self::decide_batch).
 /// * **Time** comes from the Redis server's `TIME` (client clocks may be skewed), unless a
 ///   [`clock`](RedisStoreBuilder::clock) is injected for simulation and tests.
@@ -461,8 +463,14 @@ impl RedisStore {
                 }
             });
         }
-        // The arguments go straight into the command (see `lua/decide.lua` for the layout).
-        let mut call = if self.inner.functions {
+        // The lean batch answers `gcra` and `pacer` decisions with less work for the server;
+        // it takes the same arguments (see `PL.read_batch` in `lua/prelude.lua`).
+        let lean = self.inner.functions && policies.iter().all(|p| has_lean_entry(p));
+        let mut call = if lean {
+            let mut call = redis::cmd("FCALL");
+            call.arg(&LIBRARY.lean_batch);
+            call
+        } else if self.inner.functions {
             let mut call = redis::cmd("FCALL");
             call.arg(&LIBRARY.function);
             call
@@ -496,15 +504,34 @@ impl RedisStore {
         for policy in &policies {
             push_policy(policy, &mut call);
         }
-        for (r, number) in batch.iter().zip(numbers) {
-            call.arg(number);
-            push_request(r.op, r.cost, &mut call);
+        // Consecutive decisions with the same policy, op and cost go as one run.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (i, (r, &number)) in batch.iter().zip(&numbers).enumerate() {
+            match runs.last_mut() {
+                Some((start, count))
+                    if numbers[*start] == number
+                        && batch[*start].op == r.op
+                        && batch[*start].cost == r.cost =>
+                {
+                    *count += 1
+                }
+                _ => runs.push((i, 1)),
+            }
+        }
+        call.arg(runs.len());
+        for (start, count) in runs {
+            call.arg(count).arg(numbers[start]);
+            push_request(batch[start].op, batch[start].cost, &mut call);
         }
         let mut connection = self.inner.connection.clone();
         let reply = self
             .bounded(run_decide(&mut connection, &call), "a decision")
             .await?;
-        parse_reply(reply, batch.iter().map(|r| r.policy.limit()))
+        if lean {
+            lean_decisions(reply, batch, now)
+        } else {
+            parse_reply(reply, batch.iter().map(|r| r.policy.limit()))
+        }
     }
 
     /// Appends the arguments every entry point starts with (`ARGV[1]` and `ARGV[2]`): the
@@ -530,7 +557,7 @@ impl RedisStore {
         }
     }
 
-    /// One decision by a single-decision entry point (`function`, see `lua/single.lua`):
+    /// One decision by a single-decision entry point (`function`, see `lua/lean.lua`):
     /// the server applies it and answers with the state it saw, from which the Rust
     /// algorithm derives the decision.
     async fn call_single(

@@ -1,0 +1,128 @@
+//! The library's own checks: a malformed call to a batch entry point (`decide` or the lean
+//! batch) is refused with an error naming what is wrong, and changes nothing.
+
+use std::sync::Arc;
+
+use paceline::Limiter;
+use paceline_redis::{FailurePolicy, RedisStore};
+use paceline_testkit::RedisServer;
+use redis::AsyncCommands as _;
+
+/// The names of paceline's functions on `server`, once a decision has loaded the library:
+/// (`decide`, the lean batch).
+async fn functions(connection: &mut redis::aio::MultiplexedConnection) -> (String, String) {
+    let listed: redis::Value = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(connection)
+        .await
+        .expect("FUNCTION LIST");
+    let text = format!("{listed:?}");
+    let find = |stem: &str| {
+        let start = text
+            .find(stem)
+            .unwrap_or_else(|| panic!("no {stem} in {text}"));
+        text[start..]
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .next()
+            .expect("a function name")
+            .to_string()
+    };
+    (find("paceline_decide_"), find("paceline_lean_"))
+}
+
+#[tokio::test]
+async fn malformed_batch_calls_are_refused_and_change_nothing() {
+    let server = RedisServer::start().expect("a private redis-server");
+    let store = RedisStore::builder(server.url(), FailurePolicy::FailClosed)
+        .connect()
+        .await
+        .expect("connect");
+    assert!(
+        store.runs_as_functions(),
+        "Redis 7 runs the library as functions"
+    );
+    let limiter = Limiter::with_store("gcra:rate=10/s".parse().expect("spec"), Arc::new(store));
+    limiter.limit("loaded", 1).await.expect("a decision");
+    let client = redis::Client::open(server.url()).expect("a client");
+    let mut connection = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection");
+    let (decide, lean) = functions(&mut connection).await;
+    let before: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut connection)
+        .await
+        .expect("DBSIZE");
+
+    // A well-formed call's arguments for keys `x:1` and `x:2`: one policy, one run of two.
+    let good = [
+        "2", "x:1", "x:2", "", "0", "0", "1", "gcra", "2", "1000.0", "5", "1", "2", "1", "limit",
+        "1", "", "",
+    ];
+    let with = |at: usize, value: &str| {
+        let mut args: Vec<String> = good.iter().map(|s| s.to_string()).collect();
+        args[at] = value.to_string();
+        args
+    };
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (with(12, "1"), "1 decisions for 2 keys"),
+        (with(12, "0"), "a run of 0 decisions"),
+        (with(12, "1.5"), "a run of 1.5 decisions"),
+        (with(13, "2"), "no policy 2"),
+        (with(14, "grab"), "unknown op grab"),
+        (with(7, "leaky"), "unknown algorithm leaky"),
+    ];
+    for function in [&decide, &lean] {
+        for (args, expected) in &cases {
+            let outcome: redis::RedisResult<redis::Value> = redis::cmd("FCALL")
+                .arg(function)
+                .arg(args)
+                .query_async(&mut connection)
+                .await;
+            let error = outcome
+                .expect_err("a malformed call is refused")
+                .to_string();
+            assert!(
+                error.contains(expected),
+                "{function} {args:?}: expected an error naming {expected:?}, got {error}"
+            );
+        }
+    }
+    // Only the lean batch refuses the other algorithms.
+    let mut window = good.map(String::from).to_vec();
+    window.splice(
+        7..11,
+        ["fixed_window", "2", "5", "1000000"].map(String::from),
+    );
+    let outcome: redis::RedisResult<redis::Value> = redis::cmd("FCALL")
+        .arg(&lean)
+        .arg(&window)
+        .query_async(&mut connection)
+        .await;
+    let error = outcome
+        .expect_err("the lean batch refuses fixed_window")
+        .to_string();
+    assert!(
+        error.contains("no lean entry point for fixed_window"),
+        "{error}"
+    );
+    let ok: redis::Value = redis::cmd("FCALL")
+        .arg(&decide)
+        .arg(&window)
+        .query_async(&mut connection)
+        .await
+        .expect("decide takes fixed_window");
+    assert!(
+        matches!(ok, redis::Value::Array(ref v) if v.len() == 8),
+        "{ok:?}"
+    );
+
+    // Nothing but that last call wrote a key.
+    let after: u64 = redis::cmd("DBSIZE")
+        .query_async(&mut connection)
+        .await
+        .expect("DBSIZE");
+    assert_eq!(after, before + 2);
+    let written: Vec<Option<Vec<u8>>> = connection.mget(&["x:1", "x:2"]).await.expect("MGET");
+    assert!(written.iter().all(Option::is_some));
+}
