@@ -7,8 +7,7 @@
 --
 -- A key holds the record `PL.pack` writes (see the prelude). As in the memory store, a
 -- record another algorithm wrote is idle to this one, and a record is idle once it expired.
-local now = PL.clock(ARGV[1])
-local slack = tonumber(ARGV[2])
+local now, _, slack = PL.clock(ARGV[1])
 
 -- Read and check every policy and decision before touching any key, so a malformed call
 -- changes nothing.

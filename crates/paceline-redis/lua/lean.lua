@@ -39,7 +39,7 @@ local function pacer_decision(p1, p2, p3, raw, now, op, cost, max_wait)
       w, l, n, old_exp = watermark, last_drip, next_shot, exp
     end
   end
-  local allowed, _, _, reset_after, new_w, new_l, new_n =
+  local allowed, _, reset_after, new_w, new_l, new_n =
     PL.pacer_step(p1, p2, p3, w, l, n, now, op, cost, max_wait)
   local seen = w and raw or ''
   local exp = PL.next_expiry(now, reset_after, old_exp, nil, new_w ~= nil)
@@ -64,22 +64,20 @@ end
 
 -- One decision on KEYS[1].
 --
--- ARGV[1]   now in µs since the Unix epoch, or '' to read the server's TIME.
--- ARGV[2]   milliseconds added to the key's time-to-live (0 when time is the server's).
--- ARGV[3]   op; ARGV[4] cost; ARGV[5], ARGV[6] max_wait as whole seconds and the
---           nanoseconds beyond them ('' and '' for none).
--- ARGV[7..] the policy's parameters, as `decide` takes them.
+-- ARGV[1]   the clock, as `PL.clock` reads it.
+-- ARGV[2]   op; ARGV[3] cost; ARGV[4] max_wait, as `PL.max_wait` reads it.
+-- ARGV[5..] the policy's parameters, as `decide` takes them.
 --
 -- Returns one string: the decision's answer, with the server's time between its flag and
 -- its record when the time is the server's.
 local function single(decision, KEYS, ARGV)
-  local now, t = PL.clock(ARGV[1])
+  local now, t, slack = PL.clock(ARGV[1])
   local key = KEYS[1]
-  local allowed, seen, record, exp = decision(tonumber(ARGV[7]), tonumber(ARGV[8]),
-    tonumber(ARGV[9]), redis.call('GET', key), now, ARGV[3], tonumber(ARGV[4]),
-    PL.max_wait(ARGV[5], ARGV[6]))
+  local allowed, seen, record, exp = decision(PL.num(ARGV[5]), PL.num(ARGV[6]),
+    PL.num(ARGV[7]), redis.call('GET', key), now, ARGV[2], PL.num(ARGV[3]),
+    PL.max_wait(ARGV[4]))
   if exp then
-    PL.put(key, record, exp, now, tonumber(ARGV[2]))
+    PL.put(key, record, exp, now, slack)
   end
   return (allowed and '1' or '0') .. time_text(t) .. seen
 end
@@ -99,8 +97,7 @@ end
 -- injected time), then each decision's answer in order. A decision sees the earlier ones'
 -- effects; each key is written once, after the last decision on it.
 local function lean_batch(KEYS, ARGV)
-  local now, t = PL.clock(ARGV[1])
-  local slack = tonumber(ARGV[2])
+  local now, t, slack = PL.clock(ARGV[1])
   local keys, listed, runs = PL.read_batch(KEYS, ARGV)
   if not keys then
     return redis.error_reply(listed)

@@ -22,8 +22,10 @@ local function pacer_reset_after(interval, configured, now, watermark, last_drip
 end
 
 -- The algorithm over bare numbers, without tables: `w`, `l`, `n` are the key's live state
--- (`w` nil: idle). Returns allowed, delay, remaining, reset_after and, if the request
--- changes the key, its new watermark, last_drip and next_shot.
+-- (`w` nil: idle). Returns allowed, delay, reset_after; if the request changes the key,
+-- its new watermark, last_drip and next_shot (else three nils); then the watermark and
+-- next_shot that `remaining` counts from (`pacer_remaining`, left to the callers that
+-- answer with it).
 function PL.pacer_step(interval, max_burst, configured, w, l, n, now, op, cost, max_wait)
   local factor = configured or (op == 'pace' and 0.5 or 1.0)
 
@@ -68,16 +70,16 @@ function PL.pacer_step(interval, max_burst, configured, w, l, n, now, op, cost, 
     save = true
   end
   if save then
-    return true, delay, pacer_remaining(max_burst, now, new_watermark, new_next_shot),
+    return true, delay,
       pacer_reset_after(interval, configured, now, new_watermark, now, new_next_shot),
-      new_watermark, now, new_next_shot
+      new_watermark, now, new_next_shot, new_watermark, new_next_shot
   end
   -- Unchanged: remaining from the drained view, reset_after from the stored state.
   if allowed == nil then
     allowed = delay == 0
   end
-  return allowed, delay, pacer_remaining(max_burst, now, cur_watermark, cur_next_shot),
-    w and pacer_reset_after(interval, configured, now, w, l, n) or 0
+  return allowed, delay, w and pacer_reset_after(interval, configured, now, w, l, n) or 0,
+    nil, nil, nil, cur_watermark, cur_next_shot
 end
 
 PL.alg.pacer = function(p, s, now, op, cost, max_wait)
@@ -85,8 +87,9 @@ PL.alg.pacer = function(p, s, now, op, cost, max_wait)
   if s then
     w, l, n = s[1], s[2], s[3]
   end
-  local allowed, delay, remaining, reset_after, new_w, new_l, new_n =
+  local allowed, delay, reset_after, new_w, new_l, new_n, seen_w, seen_n =
     PL.pacer_step(p[1], p[2], p[3], w, l, n, now, op, cost, max_wait)
+  local remaining = pacer_remaining(p[2], now, seen_w, seen_n)
   if new_w then
     return allowed, delay, remaining, reset_after, { new_w, new_l, new_n }
   end

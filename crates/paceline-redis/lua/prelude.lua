@@ -65,28 +65,52 @@ function PL.expiry(now, reset_after)
   return now + ceil(round_nanos(reset_after) / 1000)
 end
 
--- The time of a call: ARGV's time in µs when the client gives one (an injected clock), else
--- the server's `TIME`, which is returned too (its reply, two strings).
+-- The time of a call and the milliseconds to add to every time-to-live it writes, from
+-- its first argument: '' for the server's `TIME` (whose reply, two strings, is returned
+-- too) and no slack, else an injected time in µs and the slack, as "NOW SLACK".
 function PL.clock(arg)
   if not ceil then
     max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
   end
   if arg == '' then
     local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000000 + tonumber(t[2]), t
+    -- Arithmetic reads each string as `tonumber` does, once (`tonumber` reads it twice).
+    return t[1] * 1000000 + t[2], t, 0
   end
-  return tonumber(arg), nil
+  local now, slack = string.match(arg, '^(%d+) (%d+)$')
+  return tonumber(now), nil, tonumber(slack)
 end
 
--- A `pace`'s `max_wait`, sent as whole seconds and the nanoseconds beyond them ('' and ''
--- for none): in µs as Rust's `duration_to_micros` computes it, and in whole µs as
--- `Duration::as_micros` does (algorithms compare with one or the other).
-function PL.max_wait(secs, nanos)
-  local s = tonumber(secs)
-  if not s then
+-- Numbers the client repeats call after call (parameters, costs, counts), read once:
+-- `tonumber` parses a string twice, a lookup costs less. At most 1024 are kept.
+local numbers, numbers_kept = {}, 0
+
+-- `tonumber(text)`, remembered (nil for text that is not a number).
+function PL.num(text)
+  local x = numbers[text]
+  if x == nil then
+    if text == nil then
+      return nil
+    end
+    x = tonumber(text) or false
+    if numbers_kept == 1024 then
+      numbers, numbers_kept = {}, 0
+    end
+    numbers[text] = x
+    numbers_kept = numbers_kept + 1
+  end
+  return x or nil
+end
+
+-- A `pace`'s `max_wait`, sent as "SECONDS NANOSECONDS" (the nanoseconds beyond the whole
+-- seconds; '' for none): in µs as Rust's `duration_to_micros` computes it, and in whole µs
+-- as `Duration::as_micros` does (algorithms compare with one or the other).
+function PL.max_wait(arg)
+  if arg == '' then
     return nil, nil
   end
-  local n = tonumber(nanos)
+  local secs, nanos = string.match(arg, '^(%d+) (%d+)$')
+  local s, n = tonumber(secs), tonumber(nanos)
   return s * 1e6 + n / 1000, s * 1000000 + floor(n / 1000)
 end
 
@@ -218,30 +242,29 @@ end
 --
 -- KEYS[i]   the i-th decision's Redis key; or only the first decision's key, when the
 --           keys are listed in ARGV (a cluster batch over several slots of one node).
--- ARGV[1]   now in µs since the Unix epoch, or '' to read the server's TIME.
--- ARGV[2]   milliseconds added to every key's time-to-live (0 when time is the server's).
--- ARGV[3]   k: 0 when the keys are KEYS; otherwise k keys follow, the i-th decision's
+-- ARGV[1]   the clock, as `PL.clock` reads it.
+-- ARGV[2]   k: 0 when the keys are KEYS; otherwise k keys follow, the i-th decision's
 --           first. Then the number of distinct policies m, and m times: algorithm, the
 --           number of parameters n, and the n parameters.
 -- Then the number of runs r, and r times: how many consecutive decisions the run holds,
--- their policy's number (1 to m), op, cost, and max_wait as whole seconds and the
--- nanoseconds beyond them ('' and '' for none). A batch from one limiter is one run.
+-- their policy's number (1 to m), op, cost, and max_wait (as `PL.max_wait` reads it). A
+-- batch from one limiter is one run.
 --
 -- Returns the keys, whether they were listed in ARGV, and the runs, each a table { count,
 -- policy, op, cost, max_wait, max_wait_us } (`policy`: { alg, f, p }); or nil and an error
 -- message for a malformed call, which must then change nothing.
 function PL.read_batch(KEYS, ARGV)
-  local keys, a = KEYS, 4
-  local listed = tonumber(ARGV[3])
+  local keys, a = KEYS, 3
+  local listed = PL.num(ARGV[2])
   if listed > 0 then
     keys = {}
     for i = 1, listed do
-      keys[i] = ARGV[3 + i]
+      keys[i] = ARGV[2 + i]
     end
-    a = 4 + listed
+    a = 3 + listed
   end
   local policies = {}
-  local m = tonumber(ARGV[a])
+  local m = PL.num(ARGV[a])
   a = a + 1
   for i = 1, m do
     local alg = ARGV[a]
@@ -249,18 +272,18 @@ function PL.read_batch(KEYS, ARGV)
     if not f then
       return nil, 'paceline: unknown algorithm ' .. tostring(alg)
     end
-    local n = tonumber(ARGV[a + 1])
+    local n = PL.num(ARGV[a + 1])
     local p = {}
     for j = 1, n do
-      p[j] = tonumber(ARGV[a + 1 + j])
+      p[j] = PL.num(ARGV[a + 1 + j])
     end
     policies[i] = { alg = alg, f = f, p = p }
     a = a + 2 + n
   end
   local runs, total = {}, 0
-  for r = 1, tonumber(ARGV[a]) do
-    local b = a + 1 + (r - 1) * 6
-    local count, policy, op = tonumber(ARGV[b]), policies[tonumber(ARGV[b + 1])], ARGV[b + 2]
+  for r = 1, PL.num(ARGV[a]) do
+    local b = a + 1 + (r - 1) * 5
+    local count, policy, op = PL.num(ARGV[b]), policies[PL.num(ARGV[b + 1])], ARGV[b + 2]
     if not count or count < 1 or count % 1 ~= 0 then
       return nil, 'paceline: a run of ' .. tostring(ARGV[b]) .. ' decisions'
     end
@@ -270,8 +293,8 @@ function PL.read_batch(KEYS, ARGV)
     if op ~= 'pace' and op ~= 'limit' and op ~= 'peek' then
       return nil, 'paceline: unknown op ' .. tostring(op)
     end
-    local max_wait, max_wait_us = PL.max_wait(ARGV[b + 4], ARGV[b + 5])
-    runs[r] = { count = count, policy = policy, op = op, cost = tonumber(ARGV[b + 3]),
+    local max_wait, max_wait_us = PL.max_wait(ARGV[b + 4])
+    runs[r] = { count = count, policy = policy, op = op, cost = PL.num(ARGV[b + 3]),
       max_wait = max_wait, max_wait_us = max_wait_us }
     total = total + count
   end

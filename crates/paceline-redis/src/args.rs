@@ -68,17 +68,36 @@ pub(crate) fn push_params(policy: &Policy, cmd: &mut Cmd) {
     };
 }
 
-/// Appends a request's op, cost and `max_wait` (whole seconds and the nanoseconds beyond
-/// them, exact: the script derives both the fractional and the whole microseconds the Rust
-/// algorithms compare with; `''` and `''` for none).
+/// Appends a request's op, cost and `max_wait`: "SECONDS NANOSECONDS" (the nanoseconds
+/// beyond the whole seconds, exact: the script derives both the fractional and the whole
+/// microseconds the Rust algorithms compare with), or `''` for none.
 pub(crate) fn push_request(op: Op, cost: u64, cmd: &mut Cmd) {
     cmd.arg(op.name()).arg(cost);
     match op {
         Op::Pace {
             max_wait: Some(max),
-        } => cmd.arg(max.as_secs()).arg(max.subsec_nanos()),
-        _ => cmd.arg("").arg(""),
+        } => cmd.arg(Pair(max.as_secs(), u64::from(max.subsec_nanos()))),
+        _ => cmd.arg(""),
     };
+}
+
+/// Appends the clock argument every entry point starts with (`PL.clock` in
+/// `lua/prelude.lua`): `''` for the server's time, else the injected time in µs and the
+/// milliseconds of TTL slack, as "NOW SLACK".
+pub(crate) fn push_clock(now: Option<u64>, slack_ms: u64, cmd: &mut Cmd) {
+    match now {
+        Some(now) => cmd.arg(Pair(now, slack_ms)),
+        None => cmd.arg(""),
+    };
+}
+
+/// Two numbers as one argument, "A B".
+struct Pair(u64, u64);
+
+impl ToRedisArgs for Pair {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        out.write_arg_fmt(format_args!("{} {}", self.0, self.1));
+    }
 }
 
 /// A float as an argument, in the shortest form that reads back to the same double (Lua's
@@ -166,8 +185,17 @@ mod tests {
     #[test]
     fn requests_carry_max_wait_exactly() {
         let out = written(|cmd| push_request(Op::pace_within(Duration::new(2, 5)), 3, cmd));
-        assert_eq!(out, ["pace", "3", "2", "5"]);
+        assert_eq!(out, ["pace", "3", "2 5"]);
         let out = written(|cmd| push_request(Op::Limit, 1, cmd));
-        assert_eq!(out, ["limit", "1", "", ""]);
+        assert_eq!(out, ["limit", "1", ""]);
+        let out = written(|cmd| push_request(Op::pace(), 1, cmd));
+        assert_eq!(out, ["pace", "1", ""]);
+    }
+
+    #[test]
+    fn the_clock_is_the_server_s_or_an_injected_time_with_its_slack() {
+        assert_eq!(written(|cmd| push_clock(None, 0, cmd)), [""]);
+        let out = written(|cmd| push_clock(Some(1_700_000_000_000_001), 60_000, cmd));
+        assert_eq!(out, ["1700000000000001 60000"]);
     }
 }

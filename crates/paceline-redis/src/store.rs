@@ -12,7 +12,7 @@ use paceline::{
 };
 use redis::{RedisResult, Value};
 
-use crate::args::{push_params, push_policy, push_request, Prefixed};
+use crate::args::{push_clock, push_params, push_policy, push_request, Prefixed};
 use crate::batch::{self, Job, Queue};
 use crate::connection::{crc16, error_kind, prefixed_slot, Connection, Target, SLOTS};
 use crate::failure::FailurePolicy;
@@ -494,7 +494,7 @@ impl RedisStore {
         } else {
             push_keys(&mut call);
         }
-        self.push_clock(&mut call, now);
+        push_clock(now, self.inner.ttl_slack_ms, &mut call);
         if spread {
             push_keys(&mut call);
         } else {
@@ -534,16 +534,6 @@ impl RedisStore {
         }
     }
 
-    /// Appends the arguments every entry point starts with (`ARGV[1]` and `ARGV[2]`): the
-    /// injected clock's time, or `''` for the server's, and the TTL slack.
-    fn push_clock(&self, call: &mut redis::Cmd, now: Option<u64>) {
-        match now {
-            Some(now) => call.arg(now),
-            None => call.arg(""),
-        };
-        call.arg(self.inner.ttl_slack_ms);
-    }
-
     /// The single-decision entry point for `policy`'s algorithm, if the server has one
     /// (`gcra` and `pacer`, run as functions).
     fn single_entry(&self, policy: &Policy) -> Option<&'static str> {
@@ -570,7 +560,7 @@ impl RedisStore {
         call.arg(function)
             .arg(1)
             .arg(Prefixed(&self.inner.key_prefix, r.key));
-        self.push_clock(&mut call, now);
+        push_clock(now, self.inner.ttl_slack_ms, &mut call);
         push_request(r.op, r.cost, &mut call);
         push_params(r.policy, &mut call);
         let mut connection = self.inner.connection.clone();

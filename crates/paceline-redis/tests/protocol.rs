@@ -56,8 +56,8 @@ async fn malformed_batch_calls_are_refused_and_change_nothing() {
 
     // A well-formed call's arguments for keys `x:1` and `x:2`: one policy, one run of two.
     let good = [
-        "2", "x:1", "x:2", "", "0", "0", "1", "gcra", "2", "1000.0", "5", "1", "2", "1", "limit",
-        "1", "", "",
+        "2", "x:1", "x:2", "", "0", "1", "gcra", "2", "1000.0", "5", "1", "2", "1", "limit", "1",
+        "",
     ];
     let with = |at: usize, value: &str| {
         let mut args: Vec<String> = good.iter().map(|s| s.to_string()).collect();
@@ -65,12 +65,12 @@ async fn malformed_batch_calls_are_refused_and_change_nothing() {
         args
     };
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (with(12, "1"), "1 decisions for 2 keys"),
-        (with(12, "0"), "a run of 0 decisions"),
-        (with(12, "1.5"), "a run of 1.5 decisions"),
-        (with(13, "2"), "no policy 2"),
-        (with(14, "grab"), "unknown op grab"),
-        (with(7, "leaky"), "unknown algorithm leaky"),
+        (with(11, "1"), "1 decisions for 2 keys"),
+        (with(11, "0"), "a run of 0 decisions"),
+        (with(11, "1.5"), "a run of 1.5 decisions"),
+        (with(12, "2"), "no policy 2"),
+        (with(13, "grab"), "unknown op grab"),
+        (with(6, "leaky"), "unknown algorithm leaky"),
     ];
     for function in [&decide, &lean] {
         for (args, expected) in &cases {
@@ -91,7 +91,7 @@ async fn malformed_batch_calls_are_refused_and_change_nothing() {
     // Only the lean batch refuses the other algorithms.
     let mut window = good.map(String::from).to_vec();
     window.splice(
-        7..11,
+        6..10,
         ["fixed_window", "2", "5", "1000000"].map(String::from),
     );
     let outcome: redis::RedisResult<redis::Value> = redis::cmd("FCALL")
