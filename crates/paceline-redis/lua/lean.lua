@@ -68,8 +68,7 @@ end
 -- ARGV[2]   op; ARGV[3] cost; ARGV[4] max_wait, as `PL.max_wait` reads it.
 -- ARGV[5..] the policy's parameters, as `decide` takes them.
 --
--- Returns one string: the decision's answer, with the server's time between its flag and
--- its record when the time is the server's.
+-- Returns one string, as the lean batch's for one decision.
 local function single(decision, KEYS, ARGV)
   local now, t, slack = PL.clock(ARGV[1])
   local key = KEYS[1]
@@ -79,7 +78,7 @@ local function single(decision, KEYS, ARGV)
   if exp then
     PL.put(key, record, exp, now, slack)
   end
-  return (allowed and '1' or '0') .. time_text(t) .. seen
+  return time_text(t) .. (allowed and '1' or '0') .. seen
 end
 
 local function single_gcra(KEYS, ARGV)

@@ -1,8 +1,8 @@
 -- paceline's Lua library: the helpers every algorithm twin shares.
 --
 -- Each algorithm file adds one function to `PL.alg` (`gcra` and `pacer` also export their
--- arithmetic over bare numbers, `PL.gcra_plan` and `PL.pacer_step`, for the single-decision
--- entry points):
+-- arithmetic over bare numbers, `PL.gcra_plan` and `PL.pacer_step`, for the lean entry
+-- points in `lean.lua`):
 --
 --   PL.alg[name] = function(p, s, now, op, cost, max_wait, max_wait_us)
 --     -> allowed (boolean), delay (µs), remaining (count), reset_after (µs), new_state,
@@ -111,6 +111,10 @@ function PL.max_wait(arg)
   end
   local secs, nanos = string.match(arg, '^(%d+) (%d+)$')
   local s, n = tonumber(secs), tonumber(nanos)
+  if not s then
+    -- Malformed: the batch reader refuses it.
+    return nil, nil
+  end
   return s * 1e6 + n / 1000, s * 1000000 + floor(n / 1000)
 end
 
@@ -248,7 +252,7 @@ end
 --           number of parameters n, and the n parameters.
 -- Then the number of runs r, and r times: how many consecutive decisions the run holds,
 -- their policy's number (1 to m), op, cost, and max_wait (as `PL.max_wait` reads it). A
--- batch from one limiter is one run.
+-- batch of one limiter's requests with one op and cost is one run.
 --
 -- Returns the keys, whether they were listed in ARGV, and the runs, each a table { count,
 -- policy, op, cost, max_wait, max_wait_us } (`policy`: { alg, f, p }); or nil and an error
@@ -273,9 +277,17 @@ function PL.read_batch(KEYS, ARGV)
       return nil, 'paceline: unknown algorithm ' .. tostring(alg)
     end
     local n = PL.num(ARGV[a + 1])
+    if not n then
+      return nil, 'paceline: ' .. alg .. ' with ' .. tostring(ARGV[a + 1]) .. ' parameters'
+    end
     local p = {}
     for j = 1, n do
-      p[j] = PL.num(ARGV[a + 1 + j])
+      local text = ARGV[a + 1 + j]
+      p[j] = PL.num(text)
+      -- '' leaves an optional parameter unset.
+      if not p[j] and text ~= '' then
+        return nil, 'paceline: ' .. alg .. ' parameter ' .. j .. ' is ' .. tostring(text)
+      end
     end
     policies[i] = { alg = alg, f = f, p = p }
     a = a + 2 + n
@@ -293,9 +305,16 @@ function PL.read_batch(KEYS, ARGV)
     if op ~= 'pace' and op ~= 'limit' and op ~= 'peek' then
       return nil, 'paceline: unknown op ' .. tostring(op)
     end
+    local cost = PL.num(ARGV[b + 3])
+    if not cost or cost < 1 or cost % 1 ~= 0 then
+      return nil, 'paceline: a cost of ' .. tostring(ARGV[b + 3])
+    end
     local max_wait, max_wait_us = PL.max_wait(ARGV[b + 4])
-    runs[r] = { count = count, policy = policy, op = op, cost = PL.num(ARGV[b + 3]),
-      max_wait = max_wait, max_wait_us = max_wait_us }
+    if ARGV[b + 4] ~= '' and not max_wait then
+      return nil, 'paceline: a max_wait of ' .. tostring(ARGV[b + 4])
+    end
+    runs[r] = { count = count, policy = policy, op = op, cost = cost, max_wait = max_wait,
+      max_wait_us = max_wait_us }
     total = total + count
   end
   if total ~= #keys then
@@ -310,6 +329,9 @@ end
 -- may span slots, which one command may not.
 function PL.read_records(keys, listed)
   local records = {}
+  if #keys == 0 then
+    return records
+  end
   if listed then
     for i = 1, #keys do
       local key = keys[i]

@@ -32,7 +32,8 @@ const SOURCES: &[&str] = &[
 /// The lean entry points (`lua/lean.lua`), in the library only.
 const LEAN: &str = include_str!("../lua/lean.lua");
 
-/// The decision script (see `lua/decide.lua` for its arguments and reply), for `EVALSHA`.
+/// The decision script (its arguments: `PL.read_batch` in `lua/prelude.lua`; its reply:
+/// `lua/decide.lua`), for `EVALSHA`.
 pub(crate) static DECIDE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&SOURCES.join("\n")));
 
@@ -48,8 +49,8 @@ pub(crate) struct Library {
     pub(crate) single_gcra: String,
     /// The single-decision entry point of `pacer`.
     pub(crate) single_pacer: String,
-    /// The lean batch of `gcra` and `pacer` decisions: the arguments of `function`, the
-    /// answers of the single entry points.
+    /// The lean batch of `gcra` and `pacer` decisions: the arguments of `function`, one
+    /// string as the answer (see `lua/lean.lua`).
     pub(crate) lean_batch: String,
     /// The library's source for `FUNCTION LOAD`.
     pub(crate) code: String,
@@ -163,9 +164,8 @@ pub(crate) fn has_lean_entry(policy: &Policy) -> bool {
     matches!(policy, Policy::Gcra(_) | Policy::Pacer(_))
 }
 
-/// The decision a single-decision entry point's reply stands for (see `lua/lean.lua`): its
-/// admission flag, then the server's time unless `now` was injected, then the record the
-/// decision saw.
+/// The decision a single-decision entry point's reply stands for (see `lua/lean.lua`): a
+/// lean batch's reply for one decision.
 pub(crate) fn single_decision(
     reply: Value,
     policy: &Policy,
@@ -173,16 +173,16 @@ pub(crate) fn single_decision(
     cost: u64,
     now: Option<u64>,
 ) -> Result<Decision, StoreError> {
-    let Value::BulkString(bytes) = reply else {
-        return Err(protocol(format!("expected a string, got {reply:?}")));
+    let request = Request {
+        policy,
+        key: "",
+        op,
+        cost,
     };
-    let (admitted, rest) = match bytes.split_first() {
-        Some((b'1', rest)) => (true, rest),
-        Some((b'0', rest)) => (false, rest),
-        _ => return Err(protocol(format!("no admission flag in {bytes:?}"))),
-    };
-    let (now, record) = reply_time(rest, now)?;
-    derive(admitted, record, policy, op, cost, now)
+    let mut decisions = lean_decisions(reply, &[&request], now)?;
+    decisions
+        .pop()
+        .ok_or_else(|| protocol("no decision in the reply".to_string()))
 }
 
 /// The decisions a lean batch's reply stands for, one per request of `batch`, in order (see
@@ -197,6 +197,7 @@ pub(crate) fn lean_decisions(
         return Err(protocol(format!("expected a string, got {reply:?}")));
     };
     let (now, mut rest) = reply_time(&bytes, now)?;
+    let bytes = Shown(&bytes);
     let mut decisions = Vec::with_capacity(batch.len());
     for r in batch {
         let (admitted, after) = match rest.split_first() {
@@ -204,7 +205,7 @@ pub(crate) fn lean_decisions(
             Some((b'0', after)) => (false, after),
             _ => {
                 return Err(protocol(format!(
-                    "no admission flag for decision {} of {} in {bytes:?}",
+                    "no admission flag for decision {} of {} in {bytes}",
                     decisions.len() + 1,
                     batch.len()
                 )))
@@ -217,14 +218,14 @@ pub(crate) fn lean_decisions(
             _ => 0,
         };
         let Some((record, next)) = after.split_at_checked(length) else {
-            return Err(protocol(format!("a truncated record in {bytes:?}")));
+            return Err(protocol(format!("a truncated record in {bytes}")));
         };
         decisions.push(derive(admitted, record, r.policy, r.op, r.cost, now)?);
         rest = next;
     }
     if !rest.is_empty() {
         return Err(protocol(format!(
-            "{} bytes after {} decisions in {bytes:?}",
+            "{} bytes after {} decisions in {bytes}",
             rest.len(),
             batch.len()
         )));
@@ -285,7 +286,7 @@ fn derive(
 
 /// The server's `TIME` at the head of a reply, "SECONDS MICROSECONDS ", in µs, and the rest.
 fn server_time(reply: &[u8]) -> Result<(u64, &[u8]), StoreError> {
-    let bad = || protocol(format!("no server time in {reply:?}"));
+    let bad = || protocol(format!("no server time in {}", Shown(reply)));
     let mut parts = reply.splitn(3, |&b| b == b' ');
     let mut number = || {
         parts
@@ -347,6 +348,22 @@ fn pacer_state(record: &[u8]) -> Result<Option<pacer::State>, StoreError> {
     }
 }
 
+/// A reply in an error message: its first bytes and its length when it is long (a batch's
+/// can be many kilobytes).
+struct Shown<'a>(&'a [u8]);
+
+impl std::fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const HEAD: usize = 80;
+        match self.0.get(..HEAD) {
+            Some(head) if self.0.len() > HEAD => {
+                write!(f, "{head:?}... ({} bytes)", self.0.len())
+            }
+            _ => write!(f, "{:?}", self.0),
+        }
+    }
+}
+
 fn protocol(message: String) -> StoreError {
     StoreError::new(
         StoreErrorKind::Protocol,
@@ -401,12 +418,10 @@ mod tests {
         assert_eq!(d[0].limit, 1);
     }
 
-    /// A single-decision reply: flag, then the server's time if given, then the record.
+    /// A single-decision reply: the server's time if given, the flag, then the record.
     fn reply(flag: &str, time: Option<&str>, record: &[u8]) -> Value {
-        let mut bytes = flag.as_bytes().to_vec();
-        if let Some(time) = time {
-            bytes.extend_from_slice(time.as_bytes());
-        }
+        let mut bytes = time.unwrap_or("").as_bytes().to_vec();
+        bytes.extend_from_slice(flag.as_bytes());
         bytes.extend_from_slice(record);
         Value::BulkString(bytes)
     }
@@ -519,7 +534,9 @@ mod tests {
         assert!(bad(reply("x", None, b""), Some(0)).contains("admission flag"));
         assert!(bad(reply("1", Some("12 "), b""), None).contains("server time"));
         assert!(bad(reply("1", Some("a b "), b""), None).contains("server time"));
-        assert!(bad(reply("1", None, b"g123"), Some(0)).contains("not a gcra record"));
+        assert!(bad(reply("1", None, b"g123"), Some(0)).contains("truncated record"));
+        let pacer = [b"p".as_slice(), &[0; 32]].concat();
+        assert!(bad(reply("1", None, &pacer), Some(0)).contains("not a gcra record"));
         // The script refused what the Rust algorithm admits: out of step.
         assert!(bad(reply("0", None, b""), Some(0)).contains("out of step"));
         // No single entry point for other algorithms.

@@ -504,20 +504,7 @@ impl RedisStore {
         for policy in &policies {
             push_policy(policy, &mut call);
         }
-        // Consecutive decisions with the same policy, op and cost go as one run.
-        let mut runs: Vec<(usize, usize)> = Vec::new();
-        for (i, (r, &number)) in batch.iter().zip(&numbers).enumerate() {
-            match runs.last_mut() {
-                Some((start, count))
-                    if numbers[*start] == number
-                        && batch[*start].op == r.op
-                        && batch[*start].cost == r.cost =>
-                {
-                    *count += 1
-                }
-                _ => runs.push((i, 1)),
-            }
-        }
+        let runs = runs(batch, &numbers);
         call.arg(runs.len());
         for (start, count) in runs {
             call.arg(count).arg(numbers[start]);
@@ -973,6 +960,26 @@ fn slot_map(reply: &Value) -> Option<Arc<[u16]>> {
 
 /// True if Redis refused a call because its keys are not (all) served by the node it
 /// reached: the call changed nothing (the library reads every key before writing).
+/// A batch's consecutive requests with the same policy (by its number in the call), op
+/// (`max_wait` included) and cost, as (the first one's index, how many): each run is sent
+/// once (see `PL.read_batch` in `lua/prelude.lua`).
+fn runs(batch: &[&Request<'_>], numbers: &[usize]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, (r, &number)) in batch.iter().zip(numbers).enumerate() {
+        match runs.last_mut() {
+            Some((start, count))
+                if numbers[*start] == number
+                    && batch[*start].op == r.op
+                    && batch[*start].cost == r.cost =>
+            {
+                *count += 1
+            }
+            _ => runs.push((i, 1)),
+        }
+    }
+    runs
+}
+
 fn is_redirect(e: &StoreError) -> bool {
     let m = e.message();
     ["CROSSSLOT", "MOVED ", "ASK ", "TRYAGAIN", "non local key"]
@@ -1081,6 +1088,36 @@ mod tests {
         assert_eq!((partial[99], partial[100]), (0, NO_NODE));
         assert!(slot_map(&Value::Array(vec![range(0, 16384, "h", 1)])).is_none());
         assert!(slot_map(&Value::Nil).is_none());
+    }
+
+    #[test]
+    fn consecutive_alike_requests_form_runs() {
+        let policy: Policy = "gcra:rate=10/s".parse().unwrap();
+        let request = |op: Op, cost: u64| Request {
+            policy: &policy,
+            key: "k",
+            op,
+            cost,
+        };
+        let within = |ms: u64| Op::pace_within(Duration::from_millis(ms));
+        let batch = [
+            request(Op::Limit, 1),
+            request(Op::Limit, 1),
+            request(Op::Limit, 2),
+            request(within(5), 1),
+            request(within(5), 1),
+            request(within(6), 1),
+            request(within(6), 1),
+            request(Op::Limit, 1),
+        ];
+        let refs: Vec<&Request> = batch.iter().collect();
+        // The last request under another policy number: a run of its own.
+        let numbers = [1, 1, 1, 1, 1, 1, 1, 2];
+        assert_eq!(
+            runs(&refs, &numbers),
+            [(0, 2), (2, 1), (3, 2), (5, 2), (7, 1)]
+        );
+        assert!(runs(&[], &[]).is_empty());
     }
 
     #[test]

@@ -324,6 +324,10 @@ impl Stores {
             let first = match first {
                 Recorded::Reset(k) => {
                     self.redis.reset(&key(explicit, *k)).await.expect("reset");
+                    self.redis_scripts
+                        .reset(&key(explicit, *k))
+                        .await
+                        .expect("reset");
                     self.cluster.reset(&key(explicit, *k)).await.expect("reset");
                     self.redis_batched
                         .reset(&key(auto, *k))
@@ -364,7 +368,12 @@ impl Stores {
                 })
                 .collect();
             let auto_keys: Vec<String> = segment.iter().map(|e| key(auto, e.key)).collect();
-            for (name, store) in [("redis", &self.redis), ("cluster", &self.cluster)] {
+            // `gcra` and `pacer` batches take the lean batch on functions, `decide` as scripts.
+            for (name, store) in [
+                ("redis", &self.redis),
+                ("redis (scripts)", &self.redis_scripts),
+                ("cluster", &self.cluster),
+            ] {
                 let got = store.decide_batch(&requests).await;
                 compare(name, "decide_batch", &segment, got)?;
             }

@@ -41,7 +41,8 @@ async fn malformed_batch_calls_are_refused_and_change_nothing() {
         store.runs_as_functions(),
         "Redis 7 runs the library as functions"
     );
-    let limiter = Limiter::with_store("gcra:rate=10/s".parse().expect("spec"), Arc::new(store));
+    // A key that outlives the test, so the count of keys below holds still.
+    let limiter = Limiter::with_store("gcra:rate=1/h".parse().expect("spec"), Arc::new(store));
     limiter.limit("loaded", 1).await.expect("a decision");
     let client = redis::Client::open(server.url()).expect("a client");
     let mut connection = client
@@ -71,6 +72,21 @@ async fn malformed_batch_calls_are_refused_and_change_nothing() {
         (with(12, "2"), "no policy 2"),
         (with(13, "grab"), "unknown op grab"),
         (with(6, "leaky"), "unknown algorithm leaky"),
+        (with(7, "x"), "gcra with x parameters"),
+        (with(8, "fast"), "gcra parameter 1 is fast"),
+        (with(14, "0"), "a cost of 0"),
+        (with(14, "2.5"), "a cost of 2.5"),
+        (with(15, "soon"), "a max_wait of soon"),
+        // The first run is sound, the second is not: nothing of the first may be written.
+        (
+            [
+                "2", "x:1", "x:2", "", "0", "1", "gcra", "2", "1000.0", "5", "2", "1", "1",
+                "limit", "1", "", "1", "1", "limit", "0", "",
+            ]
+            .map(String::from)
+            .to_vec(),
+            "a cost of 0",
+        ),
     ];
     for function in [&decide, &lean] {
         for (args, expected) in &cases {
@@ -87,6 +103,20 @@ async fn malformed_batch_calls_are_refused_and_change_nothing() {
                 "{function} {args:?}: expected an error naming {expected:?}, got {error}"
             );
         }
+    }
+    // A call without decisions (here at an injected time) answers with none.
+    for function in [&decide, &lean] {
+        let empty: redis::Value = redis::cmd("FCALL")
+            .arg(function)
+            .arg(&["0", "1000000 0", "0", "1", "gcra", "2", "1000.0", "5", "0"])
+            .query_async(&mut connection)
+            .await
+            .expect("an empty batch is no error");
+        assert!(
+            matches!(&empty, redis::Value::Array(v) if v.is_empty())
+                || matches!(&empty, redis::Value::BulkString(b) if b.is_empty()),
+            "{function}: {empty:?}"
+        );
     }
     // Only the lean batch refuses the other algorithms.
     let mut window = good.map(String::from).to_vec();
