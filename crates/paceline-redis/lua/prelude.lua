@@ -65,6 +65,12 @@ function PL.expiry(now, reset_after)
   return now + ceil(round_nanos(reset_after) / 1000)
 end
 
+-- Two whole numbers sent as one argument, "A B" (nil and nil if malformed).
+local function pair(text)
+  local a, b = string.match(text, '^(%d+) (%d+)$')
+  return tonumber(a), tonumber(b)
+end
+
 -- The time of a call and the milliseconds to add to every time-to-live it writes, from
 -- its first argument: '' for the server's `TIME` (whose reply, two strings, is returned
 -- too) and no slack, else an injected time in µs and the slack, as "NOW SLACK".
@@ -77,8 +83,8 @@ function PL.clock(arg)
     -- Arithmetic reads each string as `tonumber` does, once (`tonumber` reads it twice).
     return t[1] * 1000000 + t[2], t, 0
   end
-  local now, slack = string.match(arg, '^(%d+) (%d+)$')
-  return tonumber(now), nil, tonumber(slack)
+  local now, slack = pair(arg)
+  return now, nil, slack
 end
 
 -- Numbers the client repeats call after call (parameters, costs, counts), read once:
@@ -109,8 +115,7 @@ function PL.max_wait(arg)
   if arg == '' then
     return nil, nil
   end
-  local secs, nanos = string.match(arg, '^(%d+) (%d+)$')
-  local s, n = tonumber(secs), tonumber(nanos)
+  local s, n = pair(arg)
   if not s then
     -- Malformed: the batch reader refuses it.
     return nil, nil

@@ -102,7 +102,7 @@ impl ToRedisArgs for Pair {
 
 /// A float as an argument, in the shortest form that reads back to the same double (Lua's
 /// `tonumber` gives the identical value).
-pub(crate) struct Float(pub(crate) f64);
+struct Float(f64);
 
 impl ToRedisArgs for Float {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {

@@ -56,6 +56,18 @@ pub(crate) struct Library {
     pub(crate) code: String,
 }
 
+impl Library {
+    /// The single-decision entry point for `policy`'s algorithm, if it has lean entry points
+    /// (`gcra` and `pacer`; they also take the lean batch).
+    pub(crate) fn single(&self, policy: &Policy) -> Option<&str> {
+        match policy {
+            Policy::Gcra(_) => Some(&self.single_gcra),
+            Policy::Pacer(_) => Some(&self.single_pacer),
+            _ => None,
+        }
+    }
+}
+
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let (entry, library) = SOURCES.split_last().unwrap_or((&"", &[]));
     let library = library.join("\n");
@@ -159,27 +171,14 @@ fn nanos(value: &Value, field: &str) -> Result<Duration, StoreError> {
     }
 }
 
-/// True for the algorithms with lean entry points (`gcra` and `pacer`).
-pub(crate) fn has_lean_entry(policy: &Policy) -> bool {
-    matches!(policy, Policy::Gcra(_) | Policy::Pacer(_))
-}
-
 /// The decision a single-decision entry point's reply stands for (see `lua/lean.lua`): a
 /// lean batch's reply for one decision.
 pub(crate) fn single_decision(
     reply: Value,
-    policy: &Policy,
-    op: Op,
-    cost: u64,
+    request: &Request<'_>,
     now: Option<u64>,
 ) -> Result<Decision, StoreError> {
-    let request = Request {
-        policy,
-        key: "",
-        op,
-        cost,
-    };
-    let mut decisions = lean_decisions(reply, &[&request], now)?;
+    let mut decisions = lean_decisions(reply, &[request], now)?;
     decisions
         .pop()
         .ok_or_else(|| protocol("no decision in the reply".to_string()))
@@ -233,15 +232,17 @@ pub(crate) fn lean_decisions(
     Ok(decisions)
 }
 
-/// The time a lean reply's decisions were made at: `now` if injected, else the server's
-/// time at the head of `reply`; and the rest of the reply.
+/// The time a lean reply's decisions were made at: `now` if injected (the store checked it),
+/// else the server's time at the head of `reply`; and the rest of the reply.
 fn reply_time(reply: &[u8], now: Option<u64>) -> Result<(u64, &[u8]), StoreError> {
-    let (now, rest) = match now {
-        Some(now) => (now, reply),
-        None => server_time(reply)?,
-    };
-    check_now(now).map_err(|e| protocol(format!("the server's time: {e}")))?;
-    Ok((now, rest))
+    match now {
+        Some(now) => Ok((now, reply)),
+        None => {
+            let (now, rest) = server_time(reply)?;
+            check_now(now).map_err(|e| protocol(format!("the server's time: {e}")))?;
+            Ok((now, rest))
+        }
+    }
 }
 
 /// The decision a lean entry point made on a key holding `record` (empty: idle) at `now`:
@@ -418,6 +419,23 @@ mod tests {
         assert_eq!(d[0].limit, 1);
     }
 
+    /// `single_decision` for one request on key "k".
+    fn single(
+        reply: Value,
+        policy: &Policy,
+        op: Op,
+        cost: u64,
+        now: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let request = Request {
+            policy,
+            key: "k",
+            op,
+            cost,
+        };
+        single_decision(reply, &request, now)
+    }
+
     /// A single-decision reply: the server's time if given, the flag, then the record.
     fn reply(flag: &str, time: Option<&str>, record: &[u8]) -> Value {
         let mut bytes = time.unwrap_or("").as_bytes().to_vec();
@@ -444,7 +462,7 @@ mod tests {
     fn single_replies_are_decided_by_the_rust_algorithm() {
         let gcra: Policy = "gcra:rate=10/s,burst=2".parse().unwrap();
         // An idle key at the server's time 12.000005 s: admitted, one cell left.
-        let d = single_decision(reply("1", Some("12 5 "), b""), &gcra, Op::Limit, 1, None).unwrap();
+        let d = single(reply("1", Some("12 5 "), b""), &gcra, Op::Limit, 1, None).unwrap();
         assert!(d.allowed);
         assert_eq!(
             (d.remaining, d.reset_after),
@@ -453,14 +471,13 @@ mod tests {
         // A TAT 150 ms ahead of an injected `now`: a second cell fits after 50 ms.
         let now = 1_000_000;
         let record = tat_record(1_150_000.0);
-        let d = single_decision(reply("0", None, &record), &gcra, Op::Limit, 1, Some(now)).unwrap();
+        let d = single(reply("0", None, &record), &gcra, Op::Limit, 1, Some(now)).unwrap();
         assert!(!d.allowed);
         assert_eq!(d.delay, Duration::from_millis(50));
         // `pacer`: a record's expiry is skipped, the state read.
         let pacer: Policy = "pacer:rate=4/s".parse().unwrap();
         let record = pacer_record(2e6, 0.0, 1e6, 1.25e6);
-        let d =
-            single_decision(reply("1", None, &record), &pacer, Op::pace(), 1, Some(now)).unwrap();
+        let d = single(reply("1", None, &record), &pacer, Op::pace(), 1, Some(now)).unwrap();
         assert!(d.allowed);
         assert_eq!(d.delay, Duration::from_millis(250));
     }
@@ -526,7 +543,7 @@ mod tests {
     fn malformed_or_disagreeing_single_replies_are_protocol_errors() {
         let gcra: Policy = "gcra:rate=10/s,burst=2".parse().unwrap();
         let bad = |reply: Value, now: Option<u64>| {
-            let e = single_decision(reply, &gcra, Op::Limit, 1, now).unwrap_err();
+            let e = single(reply, &gcra, Op::Limit, 1, now).unwrap_err();
             assert_eq!(e.kind(), StoreErrorKind::Protocol);
             e.message().to_string()
         };
@@ -541,7 +558,7 @@ mod tests {
         assert!(bad(reply("0", None, b""), Some(0)).contains("out of step"));
         // No single entry point for other algorithms.
         let window: Policy = "fixed_window:limit=1,window=1s".parse().unwrap();
-        let e = single_decision(reply("1", None, b""), &window, Op::Limit, 1, Some(0));
+        let e = single(reply("1", None, b""), &window, Op::Limit, 1, Some(0));
         assert_eq!(e.unwrap_err().kind(), StoreErrorKind::Protocol);
     }
 }

@@ -16,9 +16,7 @@ use crate::args::{push_clock, push_params, push_policy, push_request, Prefixed};
 use crate::batch::{self, Job, Queue};
 use crate::connection::{crc16, error_kind, prefixed_slot, Connection, Target, SLOTS};
 use crate::failure::FailurePolicy;
-use crate::script::{
-    has_lean_entry, lean_decisions, parse_reply, single_decision, DECIDE, LIBRARY,
-};
+use crate::script::{lean_decisions, parse_reply, single_decision, DECIDE, LIBRARY};
 
 /// The format version in every key: a change of the stored layout changes it, so an old
 /// layout is never misread.
@@ -465,14 +463,14 @@ impl RedisStore {
         }
         // The lean batch answers `gcra` and `pacer` decisions with less work for the server;
         // it takes the same arguments (see `PL.read_batch` in `lua/prelude.lua`).
-        let lean = self.inner.functions && policies.iter().all(|p| has_lean_entry(p));
-        let mut call = if lean {
+        let lean = self.inner.functions && policies.iter().all(|p| LIBRARY.single(p).is_some());
+        let mut call = if self.inner.functions {
             let mut call = redis::cmd("FCALL");
-            call.arg(&LIBRARY.lean_batch);
-            call
-        } else if self.inner.functions {
-            let mut call = redis::cmd("FCALL");
-            call.arg(&LIBRARY.function);
+            call.arg(if lean {
+                &LIBRARY.lean_batch
+            } else {
+                &LIBRARY.function
+            });
             call
         } else {
             let mut call = redis::cmd("EVALSHA");
@@ -527,11 +525,7 @@ impl RedisStore {
         if !self.inner.functions {
             return None;
         }
-        match policy {
-            Policy::Gcra(_) => Some(&LIBRARY.single_gcra),
-            Policy::Pacer(_) => Some(&LIBRARY.single_pacer),
-            _ => None,
-        }
+        LIBRARY.single(policy)
     }
 
     /// One decision by a single-decision entry point (`function`, see `lua/lean.lua`):
@@ -554,7 +548,7 @@ impl RedisStore {
         let reply = self
             .bounded(run_decide(&mut connection, &call), "a decision")
             .await?;
-        single_decision(reply, r.policy, r.op, r.cost, now)
+        single_decision(reply, r, now)
     }
 
     /// Awaits `f` for at most the response timeout.
@@ -958,8 +952,6 @@ fn slot_map(reply: &Value) -> Option<Arc<[u16]>> {
     Some(map.into())
 }
 
-/// True if Redis refused a call because its keys are not (all) served by the node it
-/// reached: the call changed nothing (the library reads every key before writing).
 /// A batch's consecutive requests with the same policy (by its number in the call), op
 /// (`max_wait` included) and cost, as (the first one's index, how many): each run is sent
 /// once (see `PL.read_batch` in `lua/prelude.lua`).
@@ -980,6 +972,8 @@ fn runs(batch: &[&Request<'_>], numbers: &[usize]) -> Vec<(usize, usize)> {
     runs
 }
 
+/// True if Redis refused a call because its keys are not (all) served by the node it
+/// reached: the call changed nothing (the library reads every key before writing).
 fn is_redirect(e: &StoreError) -> bool {
     let m = e.message();
     ["CROSSSLOT", "MOVED ", "ASK ", "TRYAGAIN", "non local key"]

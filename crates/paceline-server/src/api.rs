@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use paceline::{Decision, Error, MemoryStore, Op, Policy, Store, StoreErrorKind};
+use paceline::{Decision, Error, InputError, MemoryStore, Op, Policy, Store, StoreErrorKind};
 use paceline_redis::{RedisStore, Request};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -148,7 +148,7 @@ impl Live {
         {
             return Ok((policy.clone(), store_key(namespace, key)));
         }
-        let policy: Policy = spec.parse().map_err(|e: paceline::InputError| {
+        let policy: Policy = spec.parse().map_err(|e: InputError| {
             ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
         })?;
         // The canonical spec keeps equal policies on the same keys.
@@ -243,6 +243,11 @@ impl ApiError {
 
     fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", field, message)
+    }
+
+    /// Bad input, named by its field.
+    fn input(e: &InputError) -> ApiError {
+        ApiError::invalid(e.field(), e.message())
     }
 
     fn unknown_policy(name: &str) -> ApiError {
@@ -535,7 +540,7 @@ fn validate<'a>(live: &'a Live, item: &Item<'_>) -> Result<Ask<'a>, ApiError> {
     };
     policy
         .check_cost(op, cost)
-        .map_err(|e| ApiError::invalid(e.field().to_string(), e.message().to_string()))?;
+        .map_err(|e| ApiError::input(&e))?;
     Ok(Ask {
         name,
         metrics,
@@ -599,7 +604,7 @@ fn ms(d: Duration) -> f64 {
 /// The API error for a store call that failed.
 fn store_failure(e: Error) -> ApiError {
     match e {
-        Error::Input(e) => ApiError::invalid(e.field().to_string(), e.message().to_string()),
+        Error::Input(e) => ApiError::input(&e),
         Error::Store(e) => {
             let code = if e.kind() == StoreErrorKind::Capacity {
                 "store_full"

@@ -15,14 +15,14 @@ use prometheus_client::registry::Registry;
 use paceline::Decision;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct DecisionLabels {
+struct DecisionLabels {
     pub(crate) policy: String,
     /// `allowed`, `rejected`, `fail_open`, `local`, or `error`.
     pub(crate) outcome: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct PolicyLabel {
+struct PolicyLabel {
     pub(crate) policy: String,
 }
 
@@ -68,7 +68,9 @@ impl Histogram {
             .position(|&bound| value <= bound)
             .unwrap_or(last);
         cells.counts[bucket].fetch_add(1, Ordering::Relaxed);
-        if !value.is_nan() {
+        // Adding zero leaves the sum (+0.0 at the start, never -0.0) as it is: most admitted
+        // decisions have no delay, and skip the update of a cell every thread shares.
+        if !value.is_nan() && value != 0.0 {
             // The closure always answers, so the update cannot fail.
             let _ = cells
                 .sum
@@ -139,8 +141,8 @@ impl PolicyMetrics {
 /// The service's metrics.
 pub(crate) struct Metrics {
     registry: Registry,
-    pub(crate) decisions: Family<DecisionLabels, Counter<u64, AtomicU64>>,
-    pub(crate) delay: Family<PolicyLabel, Histogram, fn() -> Histogram>,
+    decisions: Family<DecisionLabels, Counter<u64, AtomicU64>>,
+    delay: Family<PolicyLabel, Histogram, fn() -> Histogram>,
     pub(crate) store_latency: Histogram,
     pub(crate) store_errors: Counter<u64, AtomicU64>,
 }
@@ -208,8 +210,8 @@ impl Metrics {
         PolicyMetrics {
             allowed: counter("allowed"),
             rejected: counter("rejected"),
-            fail_open: counter("fail_open"),
-            local: counter("local"),
+            fail_open: counter(paceline::Fallback::FailOpen.name()),
+            local: counter(paceline::Fallback::Local.name()),
             error: counter("error"),
             delay: self
                 .delay
