@@ -9,8 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use paceline::{Clock, ManualClock, MemoryStore, Policy, SystemClock};
-use paceline_redis::{FailurePolicy, RedisStore};
+use paceline_store::{open, Clock, FailurePolicy, ManualClock, Policy, StoreOptions, SystemClock};
 use std::sync::Arc;
 
 mod serve;
@@ -118,51 +117,44 @@ fn main() -> ExitCode {
     }
 }
 
+/// The exit code of `paceline simulate` when the store fails (cannot be reached, or fails
+/// during the run): neither bad input (2) nor a file that cannot be read or written (1).
+const EXIT_STORE_FAILED: u8 = 3;
+
 /// Runs the script on the store named by `--store`; on failure the message is printed and
 /// the exit code returned.
 async fn simulate_on(store: &str, policy: Policy, script: &str) -> Result<String, ExitCode> {
     let clock = ManualClock::new(0);
-    let result = if store == "memory" {
-        let memory = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
-        simulate::run_on(policy, script, memory, &clock).await
-    } else if store.contains("://") {
-        // A prefix of this run's own, so runs never see each other's keys.
-        let run_id = format!(
-            "paceline-simulate-{}-{}",
-            std::process::id(),
-            SystemClock::new().now_micros()
-        );
-        let redis = RedisStore::builder(store, FailurePolicy::FailClosed)
-            .prefix(run_id)
-            .clock(Arc::new(clock.clone()))
-            .connect()
-            .await;
-        match redis {
-            Ok(redis) => simulate::run_on(policy, script, Arc::new(redis), &clock).await,
-            Err(paceline::Error::Input(e)) => {
-                eprintln!("error: invalid `--store`: {}", e.message());
-                return Err(ExitCode::from(2));
-            }
-            Err(e) => {
-                eprintln!("error: --store: {e}");
-                return Err(ExitCode::from(1));
-            }
+    // A prefix of this run's own (Redis), so runs never see each other's keys.
+    let run_id = format!(
+        "paceline-simulate-{}-{}",
+        std::process::id(),
+        SystemClock::new().now_micros()
+    );
+    let options = StoreOptions::new()
+        .failure_policy(FailurePolicy::FailClosed)
+        .prefix(run_id)
+        .clock(Arc::new(clock.clone()));
+    let store = match open(store, &options).await {
+        Ok(store) => store,
+        Err(paceline_store::Error::Input(e)) => {
+            eprintln!("error: invalid `--store`: {}", e.message());
+            return Err(ExitCode::from(2));
         }
-    } else {
-        eprintln!(
-            "error: invalid `--store`: `{store}`; use `memory`, `redis://HOST:PORT[/DB]` or \
-             `redis-cluster://HOST:PORT[,HOST:PORT...]`"
-        );
-        return Err(ExitCode::from(2));
+        Err(e) => {
+            eprintln!("error: --store: the store failed: {e}");
+            return Err(ExitCode::from(EXIT_STORE_FAILED));
+        }
     };
-    result.map_err(|e| {
-        eprintln!("error: {e}");
-        if e.field == "store" {
-            ExitCode::from(1)
-        } else {
-            ExitCode::from(2)
-        }
-    })
+    simulate::run_on(policy, script, store, &clock)
+        .await
+        .map_err(|e| {
+            eprintln!("error: {e}");
+            match e.kind {
+                simulate::Failure::Input => ExitCode::from(2),
+                simulate::Failure::Store => ExitCode::from(EXIT_STORE_FAILED),
+            }
+        })
 }
 
 fn run_simulate(

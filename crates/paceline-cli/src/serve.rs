@@ -42,9 +42,9 @@ fn settings(args: &ServeArgs) -> Result<Settings, ConfigError> {
         s.store = v.clone();
     }
     if let Some(v) = &args.failure_policy {
-        s.failure_policy = v
-            .parse()
-            .map_err(|e: paceline::InputError| flag("--failure-policy", e.message().to_string()))?;
+        s.failure_policy = v.parse().map_err(|e: paceline_store::InputError| {
+            flag("--failure-policy", e.message().to_string())
+        })?;
     }
     if !matches!(args.log_format.as_str(), "text" | "json") {
         return Err(flag(
@@ -83,7 +83,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 eprintln!("error: {e}");
                 // A malformed store URL is bad input, like a bad config; an unreachable
                 // store or a taken port is not.
-                let bad_input = matches!(e, ServerError::Store(paceline::Error::Input(_)));
+                let bad_input = matches!(e, ServerError::Store(paceline_store::Error::Input(_)));
                 return ExitCode::from(if bad_input { 2 } else { 1 });
             }
         };
@@ -136,7 +136,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
 
 /// Logs through `tracing` (set up by [`init_logs`]).
 fn log(message: &str) {
-    tracing::info!(target: "paceline::serve", "{message}");
+    tracing::info!(target: "paceline_store::serve", "{message}");
 }
 
 /// Structured logs on standard error: human-readable text, or one JSON object per line.

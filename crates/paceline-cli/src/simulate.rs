@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use paceline::{Clock, Decision, Limiter, ManualClock, Policy, Store};
+use paceline_store::{Clock, Decision, Limiter, ManualClock, Policy, SharedStore, Store};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
@@ -20,15 +20,29 @@ pub struct ScriptError {
     pub line: usize,
     pub field: String,
     pub message: String,
+    /// Whose fault it is: the script's, or the store's.
+    pub kind: Failure,
+}
+
+/// Why a run stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A line of the script (or the policy) is invalid.
+    Input,
+    /// The store failed while deciding the line: not the script's fault.
+    Store,
 }
 
 impl fmt::Display for ScriptError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "line {}: invalid `{}`: {}",
-            self.line, self.field, self.message
-        )
+        match self.kind {
+            Failure::Input => write!(
+                f,
+                "line {}: invalid `{}`: {}",
+                self.line, self.field, self.message
+            ),
+            Failure::Store => write!(f, "line {}: the store failed: {}", self.line, self.message),
+        }
     }
 }
 
@@ -89,7 +103,7 @@ impl From<&Decision> for DecisionRecord {
 
 /// The latest virtual time, 2^53 µs after the epoch: times stay exact, and within what the
 /// engine accepts.
-const MAX_CLOCK_US: u64 = paceline::policy::MAX_NOW_US;
+const MAX_CLOCK_US: u64 = paceline_store::policy::MAX_NOW_US;
 
 /// Moves the virtual clock forward by `us`, refusing to pass [`MAX_CLOCK_US`].
 fn advance(clock: &ManualClock, us: u64) -> Result<(), String> {
@@ -106,7 +120,7 @@ fn advance(clock: &ManualClock, us: u64) -> Result<(), String> {
 
 /// Milliseconds with microsecond precision.
 fn duration_ms(d: std::time::Duration) -> f64 {
-    paceline::round_to_micros(d) as f64 / 1_000.0
+    paceline_core::round_to_micros(d) as f64 / 1_000.0
 }
 
 fn micros_ms(us: u64) -> f64 {
@@ -133,7 +147,7 @@ enum Line {
 pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> {
     let clock = ManualClock::new(0);
     let store = Arc::new(
-        paceline::MemoryStore::builder()
+        paceline_store::MemoryStore::builder()
             .clock(clock.clone())
             .build(),
     );
@@ -143,6 +157,7 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
             line: 0,
             field: "runtime".into(),
             message: e.to_string(),
+            kind: Failure::Input,
         })?;
     runtime.block_on(run_on(default_policy, script, store, &clock))
 }
@@ -150,10 +165,10 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
 /// Runs `script` through `default_policy` on `store`, whose clock must be `clock` (starting
 /// at 0), returning the output (one JSON object per line). The keys the script touched are
 /// reset at the end, so a shared store keeps nothing of the run.
-pub async fn run_on<S: Store>(
+pub async fn run_on(
     default_policy: Policy,
     script: &str,
-    store: Arc<S>,
+    store: SharedStore,
     clock: &ManualClock,
 ) -> Result<String, ScriptError> {
     let default = Limiter::with_store(default_policy, Arc::clone(&store));
@@ -166,14 +181,14 @@ pub async fn run_on<S: Store>(
     result
 }
 
-async fn replay<S: Store>(
-    default: &Limiter<S>,
+async fn replay(
+    default: &Limiter<dyn Store>,
     script: &str,
-    store: &Arc<S>,
+    store: &SharedStore,
     clock: &ManualClock,
     touched: &mut BTreeSet<String>,
 ) -> Result<String, ScriptError> {
-    let mut limiters: HashMap<String, Limiter<S>> = HashMap::new();
+    let mut limiters: HashMap<String, Limiter<dyn Store>> = HashMap::new();
     let mut out = String::new();
     for (index, text) in script.lines().enumerate() {
         let number = index + 1;
@@ -185,6 +200,7 @@ async fn replay<S: Store>(
             line: number,
             field: field.to_string(),
             message,
+            kind: Failure::Input,
         };
         match parse_line(trimmed).map_err(|(field, message)| fail(&field, message))? {
             Line::Sleep(us) => {
@@ -209,9 +225,10 @@ async fn replay<S: Store>(
                     None => default,
                     Some(spec) => {
                         if !limiters.contains_key(spec) {
-                            let policy: Policy = spec
-                                .parse()
-                                .map_err(|e: paceline::InputError| fail("policy", e.to_string()))?;
+                            let policy: Policy =
+                                spec.parse().map_err(|e: paceline_store::InputError| {
+                                    fail("policy", e.to_string())
+                                })?;
                             limiters.insert(
                                 spec.clone(),
                                 Limiter::with_store(policy, Arc::clone(store)),
@@ -238,15 +255,18 @@ async fn replay<S: Store>(
                     }
                 };
                 let decision = result.map_err(|e| match e {
-                    paceline::Error::Input(input) => {
+                    paceline_store::Error::Input(input) => {
                         fail(input.field(), input.message().to_string())
                     }
-                    other => fail("store", other.to_string()),
+                    other => ScriptError {
+                        kind: Failure::Store,
+                        ..fail("store", other.to_string())
+                    },
                 })?;
                 if let (SimOp::Acquire, Some(d)) = (req.op, &decision) {
                     if d.allowed {
                         // The same rounding (to the nearest microsecond) as `delay_ms`.
-                        advance(clock, paceline::round_to_micros(d.delay))
+                        advance(clock, paceline_core::round_to_micros(d.delay))
                             .map_err(|message| fail("op", format!("acquire {message}")))?;
                     }
                 }

@@ -47,7 +47,7 @@ fn simulate(args: &[String], input: &Path) -> std::process::Output {
 #[test]
 fn every_golden_script_reproduces_its_expected_output() {
     let scripts = scripts();
-    let algorithms: Vec<&str> = paceline::ALGORITHMS.to_vec();
+    let algorithms: Vec<&str> = paceline_store::ALGORITHMS.to_vec();
     for algorithm in &algorithms {
         assert!(
             scripts.iter().any(|s| args_of(s)
@@ -141,10 +141,42 @@ fn an_unreachable_or_malformed_store_is_a_clear_error() {
     let url = server.url();
     server.kill();
     let unreachable = with_store(&url);
-    assert_eq!(unreachable.status.code(), Some(1));
+    // A store failure is neither bad input (2) nor a file error (1): exit code 3.
+    assert_eq!(unreachable.status.code(), Some(3));
     let stderr = String::from_utf8_lossy(&unreachable.stderr);
     assert!(stderr.contains("cannot connect to Redis"), "{stderr}");
+    assert!(stderr.contains("the store failed"), "{stderr}");
+    assert!(!stderr.contains("invalid"), "{stderr}");
     assert!(unreachable.stdout.is_empty());
+}
+
+#[test]
+fn a_store_failing_during_the_run_is_a_store_failure_not_bad_input() {
+    // A server that connects but cannot run paceline's Lua: every decision fails.
+    let server = paceline_testkit::RedisServer::start_with(&[
+        "--rename-command",
+        "EVALSHA",
+        "paceline-test-no-evalsha",
+        "--rename-command",
+        "FUNCTION",
+        "paceline-test-no-function",
+    ])
+    .expect("a private redis-server");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("one.jsonl");
+    std::fs::write(&script, "{\"op\": \"limit\"}\n").expect("writable");
+    let args = [
+        "--policy".to_string(),
+        "gcra:rate=1/s".to_string(),
+        "--store".to_string(),
+        server.url(),
+    ];
+    let out = simulate(&args, &script);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("line 1: the store failed"), "{stderr}");
+    assert!(!stderr.contains("invalid `store`"), "{stderr}");
+    assert!(out.stdout.is_empty());
 }
 
 #[test]

@@ -579,7 +579,7 @@ fn a_bad_config_or_flag_exits_2_naming_file_policy_and_field() {
         .output()
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not a Redis URL"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a store URL"));
     let port = free_port();
     let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
         .args(["serve", "--store", &format!("redis://127.0.0.1:{port}")])

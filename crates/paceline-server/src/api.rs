@@ -12,8 +12,9 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use paceline::{Decision, Error, InputError, MemoryStore, Op, Policy, Store, StoreErrorKind};
-use paceline_redis::{RedisStore, Request};
+use paceline_store::{
+    Decision, Error, InputError, Op, Policy, Request, SharedStore, StoreErrorKind,
+};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -29,67 +30,6 @@ pub const MAX_BATCH_BODY: usize = 1024 * 1024;
 pub const MAX_BATCH: usize = 1_000;
 /// The longest key, in bytes.
 pub const MAX_KEY: usize = 512;
-
-/// Where keys' state lives.
-pub(crate) enum Backend {
-    Memory(MemoryStore),
-    Redis(RedisStore),
-}
-
-impl Backend {
-    async fn decide(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        cost: u64,
-    ) -> Result<Decision, Error> {
-        match self {
-            Backend::Memory(s) => s.decide(policy, key, op, cost).await,
-            Backend::Redis(s) => s.decide(policy, key, op, cost).await,
-        }
-    }
-
-    async fn reset(&self, key: &str) -> Result<(), Error> {
-        match self {
-            Backend::Memory(s) => s.reset(key).await,
-            Backend::Redis(s) => s.reset(key).await,
-        }
-    }
-
-    /// Decides `asks` in order: on Redis in one round trip per node, in memory one by one.
-    async fn decide_batch(&self, asks: &[&Ask<'_>]) -> Vec<Result<Decision, Error>> {
-        match self {
-            Backend::Redis(store) => {
-                let requests: Vec<Request> = asks
-                    .iter()
-                    .map(|a| Request {
-                        policy: &a.policy,
-                        key: &a.store_key,
-                        op: a.op,
-                        cost: a.cost,
-                    })
-                    .collect();
-                store.decide_batch(&requests).await
-            }
-            Backend::Memory(store) => {
-                let mut out = Vec::with_capacity(asks.len());
-                for a in asks {
-                    out.push(store.decide(&a.policy, &a.store_key, a.op, a.cost).await);
-                }
-                out
-            }
-        }
-    }
-
-    /// Whether the store answers (Redis: a `PING`).
-    async fn ready(&self) -> Result<(), String> {
-        match self {
-            Backend::Memory(_) => Ok(()),
-            Backend::Redis(store) => store.ping().await.map_err(|e| e.to_string()),
-        }
-    }
-}
 
 /// The name of inline specs in responses and metrics.
 const INLINE: &str = "inline";
@@ -166,7 +106,8 @@ impl Live {
 /// Shared by every request.
 pub(crate) struct AppState {
     pub(crate) live: RwLock<Arc<Live>>,
-    pub(crate) backend: Backend,
+    /// Where keys' state lives: any store, opened from the configured URL.
+    pub(crate) store: SharedStore,
     pub(crate) metrics: Metrics,
     /// The settings the service started with (flags and file); a reload lays the file's
     /// policies and access rules over them. The lock also makes reloads one at a time.
@@ -538,9 +479,7 @@ fn validate<'a>(live: &'a Live, item: &Item<'_>) -> Result<Ask<'a>, ApiError> {
         }
         None => return Err(ApiError::unknown_policy(spec)),
     };
-    policy
-        .check_cost(op, cost)
-        .map_err(|e| ApiError::input(&e))?;
+    // The cost is checked against the policy by the store, once, as it decides.
     Ok(Ask {
         name,
         metrics,
@@ -598,7 +537,7 @@ fn store_key(namespace: &str, key: &str) -> String {
 
 /// Milliseconds with microsecond precision.
 fn ms(d: Duration) -> f64 {
-    paceline::round_to_micros(d) as f64 / 1000.0
+    paceline_core::round_to_micros(d) as f64 / 1000.0
 }
 
 /// The API error for a store call that failed.
@@ -641,6 +580,9 @@ fn settle(
             ask.metrics.decided(&decision);
             Ok(decision)
         }
+        // Bad input (a cost the policy can never admit) is the request's fault, not a
+        // failed decision.
+        Err(e @ Error::Input(_)) => Err(store_failure(e)),
         Err(e) => {
             ask.metrics.failed();
             if matches!(e, Error::Store(_)) {
@@ -714,7 +656,7 @@ async fn decision(
     };
     let started = Instant::now();
     let outcome = state
-        .backend
+        .store
         .decide(&ask.policy, &ask.store_key, ask.op, ask.cost)
         .await;
     state.metrics.observe_store(started.elapsed());
@@ -760,7 +702,11 @@ async fn batch(
     let asks: Vec<Result<Ask, ApiError>> = items.iter().map(|item| validate(&live, item)).collect();
     let valid: Vec<&Ask> = asks.iter().filter_map(|a| a.as_ref().ok()).collect();
     let started = Instant::now();
-    let mut outcomes = state.backend.decide_batch(&valid).await.into_iter();
+    let requests: Vec<Request> = valid
+        .iter()
+        .map(|a| Request::new(&a.policy, &a.store_key, a.op, a.cost))
+        .collect();
+    let mut outcomes = state.store.decide_batch(&requests).await.into_iter();
     if !valid.is_empty() {
         state.metrics.observe_store(started.elapsed());
     }
@@ -770,7 +716,7 @@ async fn batch(
         .map(|ask| {
             let ask = ask?;
             let outcome = outcomes.next().unwrap_or_else(|| {
-                Err(paceline::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
+                Err(paceline_store::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
             });
             settle(&state, &ask, outcome).map(|d| (ask.name, d))
         })
@@ -802,7 +748,7 @@ async fn reset_key(
     if let Err(e) = check_key(&key) {
         return e.into_response();
     }
-    match state.backend.reset(&store_key(&policy, &key)).await {
+    match state.store.reset(&store_key(&policy, &key)).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => store_failure(e).into_response(),
     }
@@ -836,11 +782,11 @@ async fn reload(State(state): State<Arc<AppState>>, _: Authorized) -> Response {
 }
 
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    match state.backend.ready().await {
+    match state.store.ready().await {
         Ok(()) => Json(json!({"status": "ready"})).into_response(),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unavailable", "message": why})),
+            Json(json!({"status": "unavailable", "message": why.to_string()})),
         )
             .into_response(),
     }
@@ -860,7 +806,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use paceline::Fallback;
+    use paceline_store::Fallback;
 
     #[test]
     fn a_decision_body_written_directly_is_what_serde_prints() {

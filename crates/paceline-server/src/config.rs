@@ -18,8 +18,9 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use paceline::Policy;
-use paceline_redis::FailurePolicy;
+use std::time::Duration;
+
+use paceline_store::{FailurePolicy, Policy};
 use serde::Deserialize as _;
 
 /// The port `paceline serve` listens on when none is given.
@@ -34,6 +35,11 @@ pub struct Settings {
     pub store: String,
     /// What a Redis store does when Redis fails.
     pub failure_policy: FailurePolicy,
+    /// Redis: coalesce concurrent decisions into one call per node, each waiting at most
+    /// this long for others to join (`None`: one call per decision). Default: on, with no
+    /// linger (batches form from the decisions already waiting, while earlier ones are in
+    /// flight), since a service's normal load is many concurrent requests.
+    pub redis_auto_batch: Option<Duration>,
     /// Requests to `/v1/...` must carry `Authorization: Bearer TOKEN` when set.
     pub auth_token: Option<String>,
     /// Accept spec strings (`"gcra:rate=10/s"`) as the `policy` of a request.
@@ -65,6 +71,7 @@ impl Default for Settings {
             listen: SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT)),
             store: "memory".to_string(),
             failure_policy: FailurePolicy::FailClosed,
+            redis_auto_batch: Some(Duration::ZERO),
             auth_token: None,
             allow_inline_policies: true,
             policies: BTreeMap::new(),
@@ -204,10 +211,10 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
             "store" => out.store = Some(text_value(value)?),
             "failure_policy" => {
                 let s = text_value(value)?;
-                out.failure_policy = Some(
-                    s.parse()
-                        .map_err(|e: paceline::InputError| err(name, e.message().to_string()))?,
-                );
+                out.failure_policy =
+                    Some(s.parse().map_err(|e: paceline_store::InputError| {
+                        err(name, e.message().to_string())
+                    })?);
             }
             "auth_token" => {
                 let s = text_value(value)?;

@@ -34,20 +34,19 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
-use paceline::MemoryStore;
-use paceline_redis::RedisStore;
+use paceline_store::{open, StoreOptions};
 use tokio::net::TcpListener;
 
 pub use api::{MAX_BATCH, MAX_BATCH_BODY, MAX_BODY, MAX_KEY};
 pub use config::{ConfigError, Settings, DEFAULT_PORT};
 
-use api::{AppState, Backend, Live};
+use api::{AppState, Live};
 
 /// A failure to start the service (settings are validated before, as [`ConfigError`]s).
 #[derive(Debug)]
 pub enum ServerError {
     /// The store cannot be reached or configured.
-    Store(paceline::Error),
+    Store(paceline_store::Error),
     /// The address cannot be listened on.
     Listen(std::io::Error),
 }
@@ -119,30 +118,27 @@ impl AppState {
 impl Server {
     /// Connects the store and binds the listening socket.
     pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
-        let backend = if settings.store == "memory" {
-            Backend::Memory(MemoryStore::new())
-        } else {
-            let store = RedisStore::builder(settings.store.clone(), settings.failure_policy)
-                .connect()
-                .await
-                .map_err(ServerError::Store)?;
-            Backend::Redis(store)
-        };
+        let options = StoreOptions::new()
+            .failure_policy(settings.failure_policy)
+            .auto_batch(settings.redis_auto_batch);
+        let store = open(&settings.store, &options)
+            .await
+            .map_err(ServerError::Store)?;
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(ServerError::Listen)?;
-        let store = paceline_redis::without_credentials(&settings.store);
+        let store_description = paceline_store::without_credentials(&settings.store);
         let metrics = metrics::Metrics::new();
         let state = Arc::new(AppState {
             live: RwLock::new(Arc::new(Live::new(&settings, &metrics))),
-            backend,
+            store,
             metrics,
             base: Mutex::new(settings),
         });
         Ok(Server {
             listener,
             state,
-            store,
+            store: store_description,
         })
     }
 

@@ -12,7 +12,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
-use paceline::Decision;
+use paceline_store::Decision;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
@@ -120,7 +120,7 @@ impl PolicyMetrics {
     /// Counts a decision by its outcome and, if it admits, records its delay.
     pub(crate) fn decided(&self, decision: &Decision) {
         let counter = match (decision.fallback, decision.allowed) {
-            (Some(paceline::Fallback::Local), _) => &self.local,
+            (Some(paceline_store::Fallback::Local), _) => &self.local,
             // `fail_open`, the only other fallback.
             (Some(_), _) => &self.fail_open,
             (None, true) => &self.allowed,
@@ -210,8 +210,8 @@ impl Metrics {
         PolicyMetrics {
             allowed: counter("allowed"),
             rejected: counter("rejected"),
-            fail_open: counter(paceline::Fallback::FailOpen.name()),
-            local: counter(paceline::Fallback::Local.name()),
+            fail_open: counter(paceline_store::Fallback::FailOpen.name()),
+            local: counter(paceline_store::Fallback::Local.name()),
             error: counter("error"),
             delay: self
                 .delay

@@ -3,8 +3,8 @@
 //! Distributed rate limiting and pacing. A [`Limiter`] applies one of eight algorithms
 //! ([`Policy`]) to any number of keys whose state lives in a [`Store`]: in this process
 //! ([`MemoryStore`], the default), or in Redis / Redis Cluster, shared by many processes
-//! (`paceline_redis::RedisStore`, in the `paceline-redis` crate), behind the same [`Store`]
-//! trait and with the same decisions.
+//! ([`redis::RedisStore`], feature `redis`), behind the same trait and with the same
+//! decisions.
 //!
 //! * **pace**: never drop work; reserve a slot and get the delay to sleep, so that workers
 //!   together hold a target rate exactly;
@@ -25,22 +25,69 @@
 //! # Ok::<(), paceline::Error>(())
 //! ```
 //!
+//! ## Installation
+//!
+//! | you want | add |
+//! |---|---|
+//! | limits in one process | `cargo add paceline` |
+//! | limits shared through Redis / Redis Cluster | `cargo add paceline -F redis` |
+//!
+//! ## Any store, from a URL
+//!
+//! [`open`] gives a [`SharedStore`] (`Arc<dyn Store>`) for `memory`, `redis://...`,
+//! `rediss://...` or `redis-cluster://...`, so the choice of store can be configuration:
+//!
+//! ```
+//! use paceline::{open, Limiter, StoreOptions};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), paceline::Error> {
+//! let url = std::env::var("LIMITS_STORE").unwrap_or_else(|_| "memory".into());
+//! let store = open(&url, &StoreOptions::new()).await?;
+//! let limiter = Limiter::with_store("fixed_window:limit=10,window=10s".parse()?, store);
+//! assert!(limiter.limit("guild:42", 1).await?.allowed);
+//! # Ok(()) }
+//! ```
+//!
 //! Policies are written as specs (`ALGORITHM:name=value,...`) or serde tables; see
 //! [`policy`] for the algorithms, their parameters and the exact contract every store
 //! meets.
+//!
+//! ## The crates behind it
+//!
+//! `paceline` re-exports what users need from `paceline-core` (the policy engine: pure
+//! transitions with time passed in) and `paceline-store` (the [`Store`] seam, the memory and
+//! Redis stores, [`open`], the [`Limiter`]). Depend on those directly only to build a front
+//! end of your own on the seam.
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-mod clock;
-mod limiter;
-pub mod store;
-
-pub use clock::SystemClock;
-pub use limiter::Limiter;
-pub use paceline_core::{
-    duration_to_micros, micros_to_duration, policy, round_to_micros, spec, Clock, Decision, Error,
-    Fallback, InputError, ManualClock, Op, Policy, Rate, Sleep, State, StoreError, StoreErrorKind,
-    ALGORITHMS,
+pub use paceline_core::{policy, spec};
+pub use paceline_store::{
+    open, without_credentials, Clock, Decision, Error, FailurePolicy, Fallback, InputError,
+    Limiter, ManualClock, MemoryStore, MemoryStoreBuilder, Op, Policy, Rate, Request, SharedStore,
+    Sleep, State, Store, StoreError, StoreErrorKind, StoreFuture, StoreOptions, SyncStore,
+    SystemClock, ALGORITHMS,
 };
-pub use store::{MemoryStore, MemoryStoreBuilder, Store, SyncStore};
+
+/// The Redis and Redis Cluster store (feature `redis`).
+///
+/// ```no_run
+/// use paceline::redis::RedisStore;
+/// use paceline::{FailurePolicy, Limiter};
+/// use std::sync::Arc;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), paceline::Error> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
+///     .prefix("myapp")
+///     .auto_batch(std::time::Duration::ZERO)
+///     .connect()
+///     .await?;
+/// let limiter = Limiter::with_store("gcra:rate=10/s,burst=5".parse()?, Arc::new(store));
+/// println!("{:?}", limiter.limit("user:42", 1).await?);
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "redis")]
+pub mod redis {
+    pub use paceline_store::redis::{RedisStore, RedisStoreBuilder, MAX_DECISIONS_PER_CALL};
+}

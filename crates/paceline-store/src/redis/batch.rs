@@ -2,7 +2,7 @@
 //!
 //! Callers hand their request to one background task and wait for the answer. The task takes
 //! every request already queued (and, with a linger, those arriving within it), up to
-//! [`MAX_DECISIONS_PER_CALL`](crate::MAX_DECISIONS_PER_CALL), and sends them as one batch.
+//! [`MAX_DECISIONS_PER_CALL`](super::MAX_DECISIONS_PER_CALL), and sends them as one batch.
 //! At most [`MAX_IN_FLIGHT`] batches are in flight at once: while all are busy, new requests
 //! queue up and leave together in the next batch, so batches grow with the load by
 //! themselves. The queue is first in, first out and a batch is applied in queue order;
@@ -11,10 +11,11 @@
 
 use std::sync::Arc;
 
-use paceline::{Decision, Op, Policy, StoreError};
+use paceline_core::{Decision, Op, Policy, StoreError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use crate::store::{RedisStore, Request, MAX_DECISIONS_PER_CALL};
+use super::store::{RedisStore, MAX_DECISIONS_PER_CALL};
+use crate::Request;
 
 /// Batches in flight at once per store (each is one script call per node it touches).
 pub(crate) const MAX_IN_FLIGHT: usize = 4;

@@ -10,8 +10,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline::{Error, Fallback, Limiter, StoreErrorKind};
-use paceline_redis::{FailurePolicy, RedisStore};
+use paceline_store::{redis::RedisStore, FailurePolicy};
+use paceline_store::{Error, Fallback, Limiter, StoreErrorKind};
 use paceline_testkit::RedisServer;
 
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(300);
@@ -37,7 +37,7 @@ async fn bounded<T>(f: impl Future<Output = T>) -> T {
 }
 
 /// Polls `limiter` until Redis answers again (not a fallback), failing after a deadline.
-async fn until_redis_answers(limiter: &Limiter<RedisStore>, key: &str) -> paceline::Decision {
+async fn until_redis_answers(limiter: &Limiter<RedisStore>, key: &str) -> paceline_store::Decision {
     for _ in 0..400 {
         if let Ok(d) = bounded(limiter.peek(key, 1)).await {
             if d.fallback.is_none() {

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline::{Decision, Error, ManualClock, MemoryStore, Op, Policy, Store};
-use paceline_redis::{FailurePolicy, RedisStore, Request};
+use paceline_store::{redis::RedisStore, FailurePolicy, Request};
+use paceline_store::{Decision, Error, ManualClock, MemoryStore, Op, Policy, Store};
 use paceline_testkit::{shared_cluster, shared_server};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -423,7 +423,7 @@ fn compare(
     Ok(())
 }
 
-use paceline::Clock as _;
+use paceline_store::Clock as _;
 
 /// Identical decisions, or errors naming the same field.
 fn same(a: &Result<Decision, Error>, b: &Result<Decision, Error>) -> Result<(), String> {

@@ -11,9 +11,8 @@ use paceline_core::policy::{gcra, Gcra};
 use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::shards::Shards;
-use super::{Store, SyncStore};
-use crate::SystemClock;
+use crate::shards::Shards;
+use crate::{Request, Store, StoreFuture, SyncStore, SystemClock};
 
 /// A shard sweeps its idle keys when it grows to twice its size after the last sweep, and
 /// never below this many keys.
@@ -52,7 +51,7 @@ const SWEEP_GRACE_US: u64 = 1_000_000;
 ///   [`ManualClock`](paceline_core::ManualClock) for tests and simulations.
 ///
 /// ```
-/// use paceline::{Limiter, MemoryStore, ManualClock, Policy};
+/// use paceline_store::{Limiter, MemoryStore, ManualClock, Policy};
 /// use std::sync::Arc;
 /// let clock = ManualClock::new(0);
 /// let store = Arc::new(MemoryStore::builder().clock(clock.clone()).max_keys(10_000).build());
@@ -63,7 +62,7 @@ const SWEEP_GRACE_US: u64 = 1_000_000;
 /// clock.advance(std::time::Duration::from_secs(1));
 /// assert!(limiter.limit_sync("alice", 1)?.allowed);
 /// assert_eq!(store.len(), 1);
-/// # Ok::<(), paceline::Error>(())
+/// # Ok::<(), paceline_store::Error>(())
 /// ```
 pub struct MemoryStore {
     /// The key table's shards, each behind a lock whose shared side threads take without
@@ -310,7 +309,7 @@ impl MemoryStore {
     /// Drops every key now, idle or not: every key starts afresh.
     ///
     /// ```
-    /// use paceline::{MemoryStore, Limiter};
+    /// use paceline_store::{MemoryStore, Limiter};
     /// use std::sync::Arc;
     /// let store = Arc::new(MemoryStore::new());
     /// let limiter = Limiter::with_store("gcra:rate=1/h".parse()?, Arc::clone(&store));
@@ -319,7 +318,7 @@ impl MemoryStore {
     /// store.clear();
     /// assert!(store.is_empty());
     /// assert!(limiter.limit_sync("k", 1)?.allowed);
-    /// # Ok::<(), paceline::Error>(())
+    /// # Ok::<(), paceline_store::Error>(())
     /// ```
     pub fn clear(&self) {
         for index in 0..self.shards.len() {
@@ -529,19 +528,31 @@ fn expiry(now: u64, reset_after: Duration) -> u64 {
 }
 
 impl Store for MemoryStore {
-    fn decide(
-        &self,
-        policy: &Policy,
-        key: &str,
+    fn decide<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
         op: Op,
         cost: u64,
-    ) -> impl std::future::Future<Output = Result<Decision, Error>> + Send {
-        std::future::ready(self.decide_now(policy, key, op, cost))
+    ) -> StoreFuture<'a, Result<Decision, Error>> {
+        StoreFuture::ready(self.decide_now(policy, key, op, cost))
     }
 
-    fn reset(&self, key: &str) -> impl std::future::Future<Output = Result<(), Error>> + Send {
+    fn decide_batch<'a>(
+        &'a self,
+        requests: &'a [Request<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Decision, Error>>> {
+        StoreFuture::ready(
+            requests
+                .iter()
+                .map(|r| self.decide_now(r.policy, r.key, r.op, r.cost))
+                .collect(),
+        )
+    }
+
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {
         self.reset_now(key);
-        std::future::ready(Ok(()))
+        StoreFuture::ready(Ok(()))
     }
 
     fn sleep(&self, duration: Duration) -> Sleep {

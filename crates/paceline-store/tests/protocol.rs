@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use paceline::Limiter;
-use paceline_redis::{FailurePolicy, RedisStore};
+use paceline_store::Limiter;
+use paceline_store::{redis::RedisStore, FailurePolicy};
 use paceline_testkit::RedisServer;
 use redis::AsyncCommands as _;
 

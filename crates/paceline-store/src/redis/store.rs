@@ -3,20 +3,21 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use paceline::policy::check_now;
-use paceline::{
-    Clock, Decision, Error, Fallback, InputError, MemoryStore, Op, Policy, Sleep, Store,
-    StoreError, StoreErrorKind, SyncStore,
+use tokio::time::Instant;
+
+use paceline_core::policy::check_now;
+use paceline_core::{
+    Clock, Decision, Error, Fallback, InputError, Op, Policy, Sleep, StoreError, StoreErrorKind,
 };
 use redis::{RedisResult, Value};
 
-use crate::args::{push_clock, push_params, push_policy, push_request, Prefixed};
-use crate::batch::{self, Job, Queue};
-use crate::connection::{crc16, error_kind, prefixed_slot, Connection, Target, SLOTS};
-use crate::failure::FailurePolicy;
-use crate::script::{lean_decisions, parse_reply, single_decision, DECIDE, LIBRARY};
+use super::args::{push_clock, push_params, push_policy, push_request, Prefixed};
+use super::batch::{self, Job, Queue};
+use super::connection::{crc16, error_kind, prefixed_slot, Connection, Target, SLOTS};
+use super::script::{lean_decisions, parse_reply, single_decision, DECIDE, LIBRARY};
+use crate::{FailurePolicy, MemoryStore, Request, Store, StoreFuture, SyncStore};
 
 /// The format version in every key: a change of the stored layout changes it, so an old
 /// layout is never misread.
@@ -28,19 +29,6 @@ pub const MAX_DECISIONS_PER_CALL: usize = 512;
 
 /// The longest auto-batching linger allowed.
 const MAX_LINGER: Duration = Duration::from_millis(10);
-
-/// One request of a batch (see [`RedisStore::decide_batch`]).
-#[derive(Clone, Copy, Debug)]
-pub struct Request<'a> {
-    /// The policy applied to the key.
-    pub policy: &'a Policy,
-    /// The key, as the caller names it (the store adds its prefix).
-    pub key: &'a str,
-    /// What to do.
-    pub op: Op,
-    /// The request's weight (>= 1).
-    pub cost: u64,
-}
 
 /// A [`Store`] in Redis or Redis Cluster: any number of processes on any number of machines
 /// share one limit, with the same decisions as the in-memory store.
@@ -75,11 +63,10 @@ pub struct Request<'a> {
 ///   runtime it was connected in: its connection (and batching) tasks run there.
 ///
 /// ```no_run
-/// use paceline::Limiter;
-/// use paceline_redis::{FailurePolicy, RedisStore};
-/// use std::sync::{Arc, Mutex, PoisonError};
+/// use paceline_store::{redis::RedisStore, FailurePolicy, Limiter};
+/// use std::sync::Arc;
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), paceline::Error> {
+/// # async fn main() -> Result<(), paceline_store::Error> {
 /// let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
 ///     .prefix("myapp")
 ///     .connect()
@@ -117,7 +104,7 @@ struct Inner {
     outage: AtomicBool,
     /// The failure that started the current backoff, quoted by calls that skip Redis.
     last_failure: Mutex<Option<StoreError>>,
-    started: Instant,
+    started: std::time::Instant,
     /// The auto-batching linger (zero when off).
     linger: Duration,
     /// True when the server runs paceline's Lua as a Redis function (`FCALL`, Redis 7+);
@@ -197,8 +184,8 @@ impl RedisStore {
     /// The Redis key holding `key`'s state.
     ///
     /// ```no_run
-    /// # use paceline_redis::{FailurePolicy, RedisStore};
-    /// # async fn f() -> Result<(), paceline::Error> {
+    /// # use paceline_store::{redis::RedisStore, FailurePolicy};
+    /// # async fn f() -> Result<(), paceline_store::Error> {
     /// let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
     ///     .connect()
     ///     .await?;
@@ -220,9 +207,9 @@ impl RedisStore {
     /// error fails only that request).
     ///
     /// ```no_run
-    /// # use paceline_redis::{FailurePolicy, RedisStore, Request};
-    /// # use paceline::{Op, Policy};
-    /// # async fn f() -> Result<(), paceline::Error> {
+    /// # use paceline_store::{redis::RedisStore, FailurePolicy, Request};
+    /// # use paceline_store::{Op, Policy};
+    /// # async fn f() -> Result<(), paceline_store::Error> {
     /// let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
     ///     .connect()
     ///     .await?;
@@ -266,26 +253,76 @@ impl RedisStore {
         collect(results)
     }
 
+    /// Applies `op` with `cost` to `key` under `policy`: one call to Redis (or a place in
+    /// the next auto-batch), answered by the failure policy if Redis fails.
+    pub async fn decide(
+        &self,
+        policy: &Policy,
+        key: &str,
+        op: Op,
+        cost: u64,
+    ) -> Result<Decision, Error> {
+        let request = Request::new(policy, key, op, cost);
+        policy.check_cost(op, cost)?;
+        let now = self.now()?;
+        if self.in_backoff(self.group_of(key)) {
+            return self.fall_back(self.backoff_error(), &request);
+        }
+        let outcome = match (&self.queue, self.single_entry(policy)) {
+            (Some(queue), _) => self.through_queue(queue, &request, now).await,
+            (None, Some(function)) => self.call_single(function, &request, now).await,
+            (None, None) => {
+                let deadline = Instant::now() + self.inner.response_timeout;
+                self.call(&[&request], now, false, deadline)
+                    .await
+                    .and_then(|mut decisions| {
+                        decisions.pop().ok_or_else(|| {
+                            StoreError::new(
+                                StoreErrorKind::Protocol,
+                                "the script returned no decision",
+                            )
+                        })
+                    })
+            }
+        };
+        self.settle(outcome, &request)
+    }
+
+    /// Deletes the key. A store failure is returned whatever the failure policy (with
+    /// `local`, the in-process stand-in forgets the key too).
+    pub async fn reset(&self, key: &str) -> Result<(), Error> {
+        if let Some(local) = &self.inner.local {
+            local.reset_sync(key)?;
+        }
+        let mut connection = self.inner.connection.clone();
+        let mut del = redis::cmd("DEL");
+        del.arg(self.redis_key(key));
+        self.bounded(del.query_async::<i64>(&mut connection), "a reset")
+            .await?;
+        Ok(())
+    }
+
     /// Runs validated requests in as few calls as possible: grouped by the node that must
     /// run them (by slot in a cluster whose node map is unknown), in order, at most
     /// [`MAX_DECISIONS_PER_CALL`] per call. Groups run concurrently; a group's calls run
     /// one after another, since they may share keys. One result per request, in order.
+    /// The response timeout bounds the whole run, however many calls it takes.
     pub(crate) async fn run_valid(
         &self,
         requests: &[&Request<'_>],
         now: Option<u64>,
     ) -> Vec<Result<Decision, StoreError>> {
+        let deadline = Instant::now() + self.inner.response_timeout;
         // In a cluster whose slot map is known, one call per node: the library may touch
         // several slots of the node it runs on. Otherwise one call per slot.
         let nodes = self.node_map();
         let groups = self.groups(requests, nodes.as_deref());
         let stale = AtomicBool::new(false);
-        let outcomes = futures_util::future::join_all(
-            groups
-                .into_iter()
-                .map(|(group, indices)| self.run_group(requests, group, indices, now, &stale)),
-        )
-        .await;
+        let outcomes =
+            futures_util::future::join_all(groups.into_iter().map(|(group, indices)| {
+                self.run_group(requests, group, indices, now, deadline, &stale)
+            }))
+            .await;
         if stale.load(Ordering::Relaxed) {
             self.refresh_node_map().await;
         }
@@ -297,27 +334,29 @@ impl RedisStore {
     }
 
     /// Runs one group's requests (`indices` into `requests`), in order, at most
-    /// [`MAX_DECISIONS_PER_CALL`] per call; sets `stale` if the slot map proved stale.
+    /// [`MAX_DECISIONS_PER_CALL`] per call, all answered by `deadline`; sets `stale` if the
+    /// slot map proved stale.
     async fn run_group(
         &self,
         requests: &[&Request<'_>],
         group: Group,
         indices: Vec<usize>,
         now: Option<u64>,
+        deadline: Instant,
         stale: &AtomicBool,
     ) -> Vec<(usize, Result<Decision, StoreError>)> {
         let spread = matches!(group, Group::Node(_));
         let mut outcomes = Vec::with_capacity(indices.len());
         for chunk in indices.chunks(MAX_DECISIONS_PER_CALL) {
             let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
-            match self.call(&batch, now, spread).await {
+            match self.call(&batch, now, spread, deadline).await {
                 // The slot map was stale (a slot moved): the call failed reading its keys,
                 // before any write, so it is safe to send again, per slot.
                 Err(e) if spread && is_redirect(&e) => {
                     stale.store(true, Ordering::Relaxed);
                     for indices in self.groups(&batch, None).into_values() {
                         let part: Vec<&Request> = indices.iter().map(|&i| batch[i]).collect();
-                        let outcome = self.call(&part, now, false).await;
+                        let outcome = self.call(&part, now, false, deadline).await;
                         fan_out(&mut outcomes, indices.iter().map(|&i| chunk[i]), outcome);
                     }
                 }
@@ -445,6 +484,7 @@ impl RedisStore {
         batch: &[&Request<'_>],
         now: Option<u64>,
         spread: bool,
+        deadline: Instant,
     ) -> Result<Vec<Decision>, StoreError> {
         // Each distinct policy is sent once; decisions refer to it by number.
         let mut policies: Vec<&Policy> = Vec::new();
@@ -510,7 +550,7 @@ impl RedisStore {
         }
         let mut connection = self.inner.connection.clone();
         let reply = self
-            .bounded(run_decide(&mut connection, &call), "a decision")
+            .bounded_until(deadline, run_decide(&mut connection, &call), "a decision")
             .await?;
         if lean {
             lean_decisions(reply, batch, now)
@@ -557,7 +597,18 @@ impl RedisStore {
         f: impl std::future::Future<Output = redis::RedisResult<T>>,
         what: &str,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.inner.response_timeout, f).await {
+        let deadline = Instant::now() + self.inner.response_timeout;
+        self.bounded_until(deadline, f, what).await
+    }
+
+    /// Awaits `f` until `deadline` at the latest (set by the response timeout).
+    async fn bounded_until<T>(
+        &self,
+        deadline: Instant,
+        f: impl std::future::Future<Output = redis::RedisResult<T>>,
+        what: &str,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout_at(deadline, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(StoreError::new(
                 error_kind(&e),
@@ -716,9 +767,8 @@ impl RedisStoreBuilder {
 
     /// How long a call may wait for Redis's answer, reconnecting included (default 500 ms).
     /// Past it, the call fails with a [`StoreErrorKind::Timeout`] handled by the failure
-    /// policy. [`decide_batch`](RedisStore::decide_batch) sends more than
-    /// [`MAX_DECISIONS_PER_CALL`] requests for one node as several calls, each with this
-    /// timeout.
+    /// policy. It bounds a whole [`decide_batch`](RedisStore::decide_batch), however many
+    /// calls of [`MAX_DECISIONS_PER_CALL`] decisions it takes.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -840,7 +890,7 @@ impl RedisStoreBuilder {
                 down_until: (0..groups).map(|_| AtomicU64::new(0)).collect(),
                 outage: AtomicBool::new(false),
                 last_failure: Mutex::new(None),
-                started: Instant::now(),
+                started: std::time::Instant::now(),
                 linger: self.auto_batch.unwrap_or_default(),
                 functions,
                 nodes: RwLock::new(None),
@@ -855,51 +905,29 @@ impl RedisStoreBuilder {
 }
 
 impl Store for RedisStore {
-    async fn decide(
-        &self,
-        policy: &Policy,
-        key: &str,
+    fn decide<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
         op: Op,
         cost: u64,
-    ) -> Result<Decision, Error> {
-        let request = Request {
-            policy,
-            key,
-            op,
-            cost,
-        };
-        policy.check_cost(op, cost)?;
-        let now = self.now()?;
-        if self.in_backoff(self.group_of(key)) {
-            return self.fall_back(self.backoff_error(), &request);
-        }
-        let outcome = match (&self.queue, self.single_entry(policy)) {
-            (Some(queue), _) => self.through_queue(queue, &request, now).await,
-            (None, Some(function)) => self.call_single(function, &request, now).await,
-            (None, None) => self
-                .call(&[&request], now, false)
-                .await
-                .and_then(|mut decisions| {
-                    decisions.pop().ok_or_else(|| {
-                        StoreError::new(StoreErrorKind::Protocol, "the script returned no decision")
-                    })
-                }),
-        };
-        self.settle(outcome, &request)
+    ) -> StoreFuture<'a, Result<Decision, Error>> {
+        StoreFuture::boxed(RedisStore::decide(self, policy, key, op, cost))
     }
 
-    /// Deletes the key. A store failure is returned whatever the failure policy (with
-    /// `local`, the in-process stand-in forgets the key too).
-    async fn reset(&self, key: &str) -> Result<(), Error> {
-        if let Some(local) = &self.inner.local {
-            local.reset_sync(key)?;
-        }
-        let mut connection = self.inner.connection.clone();
-        let mut del = redis::cmd("DEL");
-        del.arg(self.redis_key(key));
-        self.bounded(del.query_async::<i64>(&mut connection), "a reset")
-            .await?;
-        Ok(())
+    fn decide_batch<'a>(
+        &'a self,
+        requests: &'a [Request<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Decision, Error>>> {
+        StoreFuture::boxed(RedisStore::decide_batch(self, requests))
+    }
+
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {
+        StoreFuture::boxed(RedisStore::reset(self, key))
+    }
+
+    fn ready(&self) -> StoreFuture<'_, Result<(), Error>> {
+        StoreFuture::boxed(async move { Ok(self.ping().await?) })
     }
 
     fn sleep(&self, duration: Duration) -> Sleep {

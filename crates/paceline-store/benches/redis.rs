@@ -5,7 +5,7 @@
 //! on a Redis Cluster of 1 and of 3 primaries.
 //!
 //! Run: `scripts/bench-redis` (installs rate-limiter-flexible and ioredis with npm into a
-//! temporary folder first), or `cargo bench -p paceline-redis --bench redis` (without (b)
+//! temporary folder first), or `cargo bench -p paceline-store --features redis --bench redis` (without (b)
 //! unless `PACELINE_RLF_NODE_PATH` names a `node_modules` holding both). Each cell runs
 //! `PACELINE_BENCH_SECONDS` (default 3) on 10,000 keys with limits high enough that nearly
 //! every decision admits, at (a)'s emission interval of 1 µs (so every admitted decision
@@ -18,8 +18,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use paceline::{Limiter, Policy};
-use paceline_redis::{FailurePolicy, RedisStore};
+use paceline_store::{redis::RedisStore, FailurePolicy};
+use paceline_store::{Limiter, Policy};
 use paceline_testkit::{RedisCluster, RedisServer};
 
 const KEYS: u64 = 10_000;

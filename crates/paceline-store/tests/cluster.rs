@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use paceline::{Limiter, Op, Policy};
-use paceline_redis::{FailurePolicy, RedisStore, Request};
+use paceline_store::{redis::RedisStore, FailurePolicy, Request};
+use paceline_store::{Limiter, Op, Policy};
 use paceline_testkit::{redis_cli, RedisCluster};
 
 #[tokio::test]

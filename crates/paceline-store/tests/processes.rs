@@ -13,8 +13,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline::{Limiter, ManualClock};
-use paceline_redis::{FailurePolicy, RedisStore};
+use paceline_store::{redis::RedisStore, FailurePolicy};
+use paceline_store::{Limiter, ManualClock};
 use paceline_testkit::RedisServer;
 
 const PROCESSES: usize = 4;

@@ -12,7 +12,7 @@ use paceline_core::{Clock, Sleep};
 /// [`Limiter::acquire`](crate::Limiter::acquire) needs a tokio runtime with the time driver.
 ///
 /// ```
-/// use paceline::{Clock, SystemClock};
+/// use paceline_store::{Clock, SystemClock};
 /// let clock = SystemClock::new();
 /// let a = clock.now_micros();
 /// let b = clock.now_micros();

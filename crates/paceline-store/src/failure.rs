@@ -3,26 +3,26 @@
 use std::fmt;
 use std::str::FromStr;
 
-use paceline::InputError;
+use paceline_core::InputError;
 
 /// What the store answers when Redis fails (cannot be reached, does not answer within the
 /// timeout, or is loading). Chosen explicitly for every store: there is no default, because
 /// each choice is wrong for some callers.
 ///
 /// * [`FailClosed`](FailurePolicy::FailClosed): return the failure as an
-///   [`Error::Store`](paceline::Error::Store). Safest for the protected service, visible to
+///   [`Error::Store`](paceline_core::Error::Store). Safest for the protected service, visible to
 ///   the caller; never confused with a rejection.
 /// * [`FailOpen`](FailurePolicy::FailOpen): admit at once, with
-///   [`Decision::fallback`](paceline::Decision::fallback) set to
-///   [`Fallback::FailOpen`](paceline::Fallback::FailOpen). Keeps traffic flowing and
+///   [`Decision::fallback`](paceline_core::Decision::fallback) set to
+///   [`Fallback::FailOpen`](paceline_core::Fallback::FailOpen). Keeps traffic flowing and
 ///   enforces nothing while Redis is down.
 /// * [`Local`](FailurePolicy::Local): decide with an in-process store of the same policy,
-///   flagged [`Fallback::Local`](paceline::Fallback::Local). Each process then enforces the
+///   flagged [`Fallback::Local`](paceline_core::Fallback::Local). Each process then enforces the
 ///   limit on its own traffic only (n processes admit up to n times the limit), and starts
 ///   from idle keys; back on Redis, the shared state is used again.
 ///
 /// ```
-/// use paceline_redis::FailurePolicy;
+/// use paceline_store::FailurePolicy;
 /// let p: FailurePolicy = "fail_open".parse().unwrap();
 /// assert_eq!(p, FailurePolicy::FailOpen);
 /// assert_eq!(p.to_string(), "fail_open");

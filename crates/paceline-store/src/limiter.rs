@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use paceline_core::{Decision, Error, InputError, Op, Policy};
 
-use crate::store::{MemoryStore, Store, SyncStore};
+use crate::{MemoryStore, Store, SyncStore};
 
 /// A rate limiter and pacer: one [`Policy`] applied to any number of keys, with state in a
 /// [`Store`].
@@ -33,9 +33,9 @@ use crate::store::{MemoryStore, Store, SyncStore};
 /// `"upload:alice"` / `"search:alice"`.
 ///
 /// ```
-/// use paceline::Limiter;
+/// use paceline_store::Limiter;
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), paceline::Error> {
+/// # async fn main() -> Result<(), paceline_store::Error> {
 /// // 10 role updates per 10 seconds per Discord guild.
 /// let limiter = Limiter::from_spec("fixed_window:limit=10,window=10s")?;
 /// let decision = limiter.limit("guild:42", 1).await?;
@@ -49,12 +49,12 @@ use crate::store::{MemoryStore, Store, SyncStore};
 /// # Ok(()) }
 /// ```
 #[derive(Debug)]
-pub struct Limiter<S = MemoryStore> {
+pub struct Limiter<S: ?Sized = MemoryStore> {
     policy: Arc<Policy>,
     store: Arc<S>,
 }
 
-impl<S> Clone for Limiter<S> {
+impl<S: ?Sized> Clone for Limiter<S> {
     fn clone(&self) -> Self {
         Limiter {
             policy: Arc::clone(&self.policy),
@@ -73,7 +73,7 @@ impl Limiter<MemoryStore> {
     /// `"gcra:rate=10/s,burst=5"`.
     ///
     /// ```
-    /// let err = paceline::Limiter::from_spec("gcra:rate=10/s,burst=0").unwrap_err();
+    /// let err = paceline_store::Limiter::from_spec("gcra:rate=10/s,burst=0").unwrap_err();
     /// assert_eq!(err.field(), "burst");
     /// ```
     pub fn from_spec(spec: &str) -> Result<Self, InputError> {
@@ -81,7 +81,7 @@ impl Limiter<MemoryStore> {
     }
 }
 
-impl<S: Store> Limiter<S> {
+impl<S: Store + ?Sized> Limiter<S> {
     /// A limiter applying `policy` to keys held in `store` (which other limiters may share).
     pub fn with_store(policy: Policy, store: Arc<S>) -> Self {
         Limiter {
@@ -170,7 +170,7 @@ impl<S: Store> Limiter<S> {
     }
 }
 
-impl<S: SyncStore> Limiter<S> {
+impl<S: SyncStore + ?Sized> Limiter<S> {
     /// [`pace`](Limiter::pace), synchronously.
     pub fn pace_sync(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         self.store.decide_sync(&self.policy, key, Op::pace(), cost)
@@ -190,12 +190,12 @@ impl<S: SyncStore> Limiter<S> {
     /// [`limit`](Limiter::limit), synchronously.
     ///
     /// ```
-    /// let limiter = paceline::Limiter::from_spec("gcra:rate=1/s,burst=2")?;
+    /// let limiter = paceline_store::Limiter::from_spec("gcra:rate=1/s,burst=2")?;
     /// assert!(limiter.limit_sync("k", 2)?.allowed);
     /// let rejected = limiter.limit_sync("k", 1)?;
     /// assert!(!rejected.allowed);
     /// assert!(rejected.retry_after().is_some());
-    /// # Ok::<(), paceline::Error>(())
+    /// # Ok::<(), paceline_store::Error>(())
     /// ```
     #[inline]
     pub fn limit_sync(&self, key: &str, cost: u64) -> Result<Decision, Error> {

@@ -6,7 +6,7 @@
 
 use std::io::Write as _;
 
-use paceline::{Op, Policy};
+use paceline_core::{Op, Policy};
 use redis::{Cmd, RedisWrite, ToRedisArgs};
 
 /// Appends `policy`'s algorithm name, parameter count and parameters to `cmd`, each written
@@ -177,7 +177,7 @@ mod tests {
             assert_eq!(out[1].parse::<usize>().unwrap(), out.len() - 2, "{spec}");
         }
         seen.sort_unstable();
-        let mut all = paceline::ALGORITHMS.to_vec();
+        let mut all = paceline_core::ALGORITHMS.to_vec();
         all.sort_unstable();
         assert_eq!(seen, all, "every algorithm is checked");
     }

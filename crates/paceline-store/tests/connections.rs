@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline::{Error, Limiter, StoreErrorKind};
-use paceline_redis::{FailurePolicy, RedisStore};
+use paceline_store::{redis::RedisStore, FailurePolicy};
+use paceline_store::{Error, Limiter, StoreErrorKind};
 use paceline_testkit::RedisServer;
 
 async fn connect(url: &str) -> Result<RedisStore, Error> {

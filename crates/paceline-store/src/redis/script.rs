@@ -8,29 +8,29 @@ use std::sync::LazyLock;
 
 use std::time::Duration;
 
-use paceline::policy::{check_now, pacer};
-use paceline::{Decision, Op, Policy, State, StoreError, StoreErrorKind};
+use paceline_core::policy::{check_now, pacer};
+use paceline_core::{Decision, Op, Policy, State, StoreError, StoreErrorKind};
 use redis::Value;
 
-use crate::store::Request;
+use crate::Request;
 
 /// The files, in load order: the shared helpers, the algorithms, the entry point.
 const SOURCES: &[&str] = &[
-    include_str!("../lua/prelude.lua"),
-    include_str!("../lua/pacer.lua"),
-    include_str!("../lua/gcra.lua"),
-    include_str!("../lua/fixed_window.lua"),
-    include_str!("../lua/exec_evenly.lua"),
-    include_str!("../lua/sliding_log.lua"),
-    include_str!("../lua/sliding_window.lua"),
-    include_str!("../lua/guava.lua"),
-    include_str!("../lua/smooth_bursty.lua"),
-    include_str!("../lua/smooth_warming_up.lua"),
-    include_str!("../lua/decide.lua"),
+    include_str!("../../lua/prelude.lua"),
+    include_str!("../../lua/pacer.lua"),
+    include_str!("../../lua/gcra.lua"),
+    include_str!("../../lua/fixed_window.lua"),
+    include_str!("../../lua/exec_evenly.lua"),
+    include_str!("../../lua/sliding_log.lua"),
+    include_str!("../../lua/sliding_window.lua"),
+    include_str!("../../lua/guava.lua"),
+    include_str!("../../lua/smooth_bursty.lua"),
+    include_str!("../../lua/smooth_warming_up.lua"),
+    include_str!("../../lua/decide.lua"),
 ];
 
 /// The lean entry points (`lua/lean.lua`), in the library only.
-const LEAN: &str = include_str!("../lua/lean.lua");
+const LEAN: &str = include_str!("../../lua/lean.lua");
 
 /// The decision script (its arguments: `PL.read_batch` in `lua/prelude.lua`; its reply:
 /// `lua/decide.lua`), for `EVALSHA`.
@@ -375,7 +375,7 @@ fn protocol(message: String) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use paceline::Policy;
+    use paceline_core::Policy;
 
     #[test]
     fn nanoseconds_come_as_integers_or_large_floats() {

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use paceline::{InputError, StoreError, StoreErrorKind};
+use paceline_core::{InputError, StoreError, StoreErrorKind};
+
+use crate::without_credentials;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -200,18 +202,6 @@ impl ConnectionLike for Connection {
             Connection::Single(c) => c.get_db(),
             Connection::Cluster(c) => c.get_db(),
         }
-    }
-}
-
-/// `url` without `user:password@`, for messages and logs.
-///
-/// ```
-/// assert_eq!(paceline_redis::without_credentials("redis://app:s3cret@db:6379/2"), "redis://db:6379/2");
-/// ```
-pub fn without_credentials(url: &str) -> String {
-    match (url.split_once("://"), url.rsplit_once('@')) {
-        (Some((scheme, _)), Some((_, hosts))) => format!("{scheme}://{hosts}"),
-        _ => url.to_string(),
     }
 }
 

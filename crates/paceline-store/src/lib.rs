@@ -1,0 +1,206 @@
+//! # paceline-store: where keys' state lives
+//!
+//! The [`Store`] seam and what stands on it: the in-process [`MemoryStore`], the Redis and
+//! Redis Cluster store ([`redis::RedisStore`], with the `redis` feature), [`open`] to get
+//! either from a URL as one [`SharedStore`], and the [`Limiter`] that applies one policy
+//! through any of them. Users add the `paceline` crate, which re-exports all of this; the
+//! front ends (the HTTP service, the CLI) build on this crate directly.
+//!
+//! A store persists each key's state and applies a policy to it atomically; it holds no
+//! algorithm logic of its own (that is `paceline-core`'s), so every store gives the same
+//! decisions.
+//!
+//! ```
+//! use paceline_store::{open, Request, StoreOptions};
+//! use paceline_store::{Op, Policy};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), paceline_store::Error> {
+//! // Any store, chosen by URL: "memory", "redis://...", "redis-cluster://...".
+//! let store = open("memory", &StoreOptions::default()).await?;
+//! let policy: Policy = "gcra:rate=10/s,burst=2".parse()?;
+//! let batch = [
+//!     Request::new(&policy, "alice", Op::Limit, 1),
+//!     Request::new(&policy, "alice", Op::Limit, 1),
+//!     Request::new(&policy, "alice", Op::Limit, 1),
+//! ];
+//! let decisions = store.decide_batch(&batch).await;
+//! let allowed: Vec<bool> = decisions
+//!     .into_iter()
+//!     .map(|d| d.map(|d| d.allowed))
+//!     .collect::<Result<_, _>>()?;
+//! assert_eq!(allowed, [true, true, false]); // a rejection is a decision, not an error
+//! # Ok(()) }
+//! ```
+
+#![deny(unsafe_code)]
+#![warn(missing_docs)]
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+mod clock;
+mod failure;
+mod limiter;
+mod memory;
+mod open;
+#[cfg(feature = "redis")]
+pub mod redis;
+#[allow(unsafe_code)]
+mod shards;
+
+pub use clock::SystemClock;
+pub use failure::FailurePolicy;
+pub use limiter::Limiter;
+pub use memory::{MemoryStore, MemoryStoreBuilder};
+pub use open::{open, without_credentials, StoreOptions};
+pub use paceline_core::{
+    policy, spec, Clock, Decision, Error, Fallback, InputError, ManualClock, Op, Policy, Rate,
+    Sleep, State, StoreError, StoreErrorKind, ALGORITHMS,
+};
+
+/// Any store, shared: what [`open`] returns and what front ends hold.
+pub type SharedStore = Arc<dyn Store>;
+
+/// One decision to make: `op` with `cost` on `key` under `policy`.
+///
+/// ```
+/// use paceline_store::{Op, Policy, Request};
+/// let policy: Policy = "fixed_window:limit=10,window=10s".parse()?;
+/// let request = Request::new(&policy, "guild:42", Op::Limit, 1);
+/// assert_eq!(request.key, "guild:42");
+/// # Ok::<(), paceline_store::InputError>(())
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// The policy applied to the key.
+    pub policy: &'a Policy,
+    /// The key, as the caller names it (a store may add a prefix of its own).
+    pub key: &'a str,
+    /// What to do.
+    pub op: Op,
+    /// The request's weight (>= 1).
+    pub cost: u64,
+}
+
+impl<'a> Request<'a> {
+    /// A request of `op` with `cost` on `key` under `policy`.
+    pub fn new(policy: &'a Policy, key: &'a str, op: Op, cost: u64) -> Request<'a> {
+        Request {
+            policy,
+            key,
+            op,
+            cost,
+        }
+    }
+}
+
+/// Persists keys' state and applies policies to it atomically.
+///
+/// Implementations apply one request per key at a time (no lost updates), read "now" from
+/// their clock, and treat a key whose `reset_after` has passed as idle (its state may then
+/// be dropped). Every request is validated by the store that decides it, once
+/// ([`Policy::check_cost`]): an invalid cost is that request's [`Error::Input`].
+///
+/// The trait is object safe: front ends hold a [`SharedStore`] (`Arc<dyn Store>`) and never
+/// ask which kind of store it is. Its futures are [`StoreFuture`]s, which cost no
+/// allocation when the answer is ready at once (the memory store).
+pub trait Store: Send + Sync + 'static {
+    /// Applies `op` with `cost` to `key` under `policy`.
+    fn decide<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        op: Op,
+        cost: u64,
+    ) -> StoreFuture<'a, Result<Decision, Error>>;
+
+    /// Decides `requests` in order, each with its own result, exactly as if they were made
+    /// one after another. The default makes them one after another; the Redis store sends
+    /// them in one call per Redis node.
+    fn decide_batch<'a>(
+        &'a self,
+        requests: &'a [Request<'a>],
+    ) -> StoreFuture<'a, Vec<Result<Decision, Error>>> {
+        StoreFuture::boxed(async move {
+            let mut out = Vec::with_capacity(requests.len());
+            for r in requests {
+                out.push(self.decide(r.policy, r.key, r.op, r.cost).await);
+            }
+            out
+        })
+    }
+
+    /// Forgets `key`: its next request finds it idle.
+    fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>>;
+
+    /// Whether the store can decide now (Redis: answers a `PING` within its response
+    /// timeout), for readiness probes. The memory store is always ready.
+    fn ready(&self) -> StoreFuture<'_, Result<(), Error>> {
+        StoreFuture::ready(Ok(()))
+    }
+
+    /// Waits `duration` in the store's time: a real sleep, or an advance of a virtual clock.
+    fn sleep(&self, duration: Duration) -> Sleep;
+}
+
+/// A store that answers without waiting on I/O (the in-memory store), so decisions can be
+/// made from synchronous code.
+pub trait SyncStore: Store {
+    /// Applies `op` with `cost` to `key` under `policy`, synchronously.
+    fn decide_sync(&self, policy: &Policy, key: &str, op: Op, cost: u64)
+        -> Result<Decision, Error>;
+
+    /// Forgets `key`, synchronously.
+    fn reset_sync(&self, key: &str) -> Result<(), Error>;
+}
+
+/// The future of a [`Store`] call: an answer already made (no allocation), or a boxed
+/// future that makes it.
+#[must_use = "a store call does nothing until awaited"]
+pub struct StoreFuture<'a, T>(Inner<'a, T>);
+
+enum Inner<'a, T> {
+    Ready(Option<T>),
+    Boxed(Pin<Box<dyn Future<Output = T> + Send + 'a>>),
+}
+
+impl<'a, T> StoreFuture<'a, T> {
+    /// A future that answers `value` at its first poll.
+    pub fn ready(value: T) -> Self {
+        StoreFuture(Inner::Ready(Some(value)))
+    }
+
+    /// A future that runs `future`.
+    pub fn boxed(future: impl Future<Output = T> + Send + 'a) -> Self {
+        StoreFuture(Inner::Boxed(Box::pin(future)))
+    }
+}
+
+// The value is moved out, never pinned in place, and the boxed future is pinned on the heap.
+impl<T> Unpin for StoreFuture<'_, T> {}
+
+impl<T> Future for StoreFuture<'_, T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match &mut self.get_mut().0 {
+            Inner::Ready(value) => match value.take() {
+                Some(value) => Poll::Ready(value),
+                None => panic!("a StoreFuture was polled after it completed"),
+            },
+            Inner::Boxed(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for StoreFuture<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Inner::Ready(_) => "StoreFuture::Ready",
+            Inner::Boxed(_) => "StoreFuture::Boxed",
+        })
+    }
+}
