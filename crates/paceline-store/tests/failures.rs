@@ -317,3 +317,47 @@ async fn idle_keys_expire_and_leave_nothing_behind() {
         server.dbsize()
     );
 }
+
+/// A batch larger than one call (`MAX_DECISIONS_PER_CALL`) on a frozen Redis: the response
+/// timeout bounds the whole batch, not each of its calls. Measured on tokio's clock, paused
+/// once the store is connected: while every task waits on the frozen socket, that clock
+/// jumps straight to the next timer, so the time the batch took is exactly the sum of the
+/// timeouts it waited through, whatever the machine's speed.
+#[tokio::test(flavor = "current_thread")]
+async fn the_response_timeout_bounds_a_whole_batch_on_a_frozen_redis() {
+    use paceline_store::redis::MAX_DECISIONS_PER_CALL;
+    use paceline_store::{Op, Policy, Request};
+
+    let server = RedisServer::start().expect("redis-server");
+    let store = store(&server, FailurePolicy::FailClosed).await;
+    let policy: Policy = "gcra:rate=1/h,burst=2".parse().expect("valid spec");
+    let keys: Vec<String> = (0..MAX_DECISIONS_PER_CALL * 3)
+        .map(|i| format!("k{i}"))
+        .collect();
+    let requests: Vec<Request> = keys
+        .iter()
+        .map(|key| Request::new(&policy, key, Op::Limit, 1))
+        .collect();
+
+    server.pause();
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
+    let results = store.decide_batch(&requests).await;
+    let took = started.elapsed();
+    tokio::time::resume();
+    server.resume();
+
+    assert_eq!(results.len(), requests.len());
+    for result in &results {
+        match result {
+            Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}"),
+            other => panic!("a frozen Redis must time out, got {other:?}"),
+        }
+    }
+    // Three calls' worth of decisions, one timeout for them all (tokio's timers round up
+    // to the millisecond); a timeout per call would have taken three.
+    assert!(
+        took >= RESPONSE_TIMEOUT && took <= RESPONSE_TIMEOUT + Duration::from_millis(5),
+        "virtual time the batch waited: {took:?}"
+    );
+}
