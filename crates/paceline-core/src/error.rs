@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::sync::Arc;
 
 /// A request or a policy that paceline cannot act on, naming the field at fault.
 ///
@@ -65,11 +66,24 @@ pub enum StoreErrorKind {
 }
 
 /// The store could not give an answer. Never a rate-limit rejection.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Where the failure came from a lower layer (a Redis client error), that error is kept as
+/// its [`source`](std::error::Error::source). Two store errors are equal when their kind and
+/// message are.
+#[derive(Clone, Debug)]
 pub struct StoreError {
     kind: StoreErrorKind,
     message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync + 'static>>,
 }
+
+impl PartialEq for StoreError {
+    fn eq(&self, other: &Self) -> bool {
+        self.kind == other.kind && self.message == other.message
+    }
+}
+
+impl Eq for StoreError {}
 
 impl StoreError {
     /// A store failure of `kind`; `message` says what happened and what to do next.
@@ -77,7 +91,23 @@ impl StoreError {
         StoreError {
             kind,
             message: message.into(),
+            source: None,
         }
+    }
+
+    /// The same error, caused by `source` (kept as its [`std::error::Error::source`]).
+    ///
+    /// ```
+    /// use paceline_core::{StoreError, StoreErrorKind};
+    /// use std::error::Error as _;
+    /// let io = std::io::Error::other("connection reset");
+    /// let e = StoreError::new(StoreErrorKind::Unavailable, "Redis failed a decision")
+    ///     .with_source(io);
+    /// assert_eq!(e.source().map(|s| s.to_string()).as_deref(), Some("connection reset"));
+    /// ```
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
     }
 
     /// What kind of failure this is.
@@ -103,7 +133,13 @@ impl fmt::Display for StoreError {
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// Everything a limiter call can fail with.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

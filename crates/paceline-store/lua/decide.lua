@@ -16,7 +16,10 @@ if not keys then
   return redis.error_reply(listed)
 end
 -- Later decisions on a key see the earlier ones' writes.
-local records = PL.read_records(keys, listed)
+local records, refused = PL.read_records(keys, listed)
+if not records then
+  return refused
+end
 
 local out = {}
 local i = 0

@@ -106,7 +106,10 @@ local function lean_batch(KEYS, ARGV)
       return redis.error_reply('paceline: no lean entry point for ' .. runs[r].policy.alg)
     end
   end
-  local records = PL.read_records(keys, listed)
+  local records, refused = PL.read_records(keys, listed)
+  if not records then
+    return refused
+  end
   local out = { time_text(t) }
   -- The keys written, in order, and each one's expiry.
   local written, exps = {}, {}

@@ -331,7 +331,9 @@ end
 -- Every key's record (false: none), read before anything is written: a key this node does
 -- not serve fails the call here, with nothing changed. One MGET when the keys were declared
 -- (they share a slot, or the server is not a cluster); one GET each when listed, since they
--- may span slots, which one command may not.
+-- may span slots, which one command may not. A listed key the node refuses (its slot moved)
+-- returns nil and an error reply of code PLREROUTE, which tells the client to send the
+-- batch again per slot.
 function PL.read_records(keys, listed)
   local records = {}
   if #keys == 0 then
@@ -341,7 +343,11 @@ function PL.read_records(keys, listed)
     for i = 1, #keys do
       local key = keys[i]
       if records[key] == nil then
-        records[key] = redis.call('GET', key)
+        local raw = redis.pcall('GET', key)
+        if type(raw) == 'table' and raw.err then
+          return nil, redis.error_reply('PLREROUTE a key of this batch is not served here: ' .. raw.err)
+        end
+        records[key] = raw
       end
     end
     return records

@@ -10,11 +10,13 @@
 //! which the same requests, made one after another, give the same decisions.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use paceline_core::{Decision, Op, Policy, StoreError};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 
-use super::store::{RedisStore, MAX_DECISIONS_PER_CALL};
+use super::routing::Router;
+use super::MAX_DECISIONS_PER_CALL;
 use crate::Request;
 
 /// Batches in flight at once per store (each is one script call per node it touches).
@@ -34,16 +36,15 @@ pub(crate) struct Job {
 /// The queue into the batching task; the task ends when every sender is dropped.
 pub(crate) type Queue = mpsc::UnboundedSender<Job>;
 
-/// Starts the batching task for `store` (a handle without a queue of its own), with the
-/// store's linger.
-pub(crate) fn spawn(store: RedisStore) -> Queue {
+/// Starts the batching task, sending batches through `router`, each waiting at most
+/// `linger` for more requests.
+pub(crate) fn spawn(router: Arc<Router>, linger: Duration) -> Queue {
     let (sender, receiver) = mpsc::unbounded_channel();
-    tokio::spawn(run(store, receiver));
+    tokio::spawn(run(router, linger, receiver));
     sender
 }
 
-async fn run(store: RedisStore, mut queue: mpsc::UnboundedReceiver<Job>) {
-    let linger = store.linger();
+async fn run(router: Arc<Router>, linger: Duration, mut queue: mpsc::UnboundedReceiver<Job>) {
     let slots = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     while let Some(first) = queue.recv().await {
         // Wait for a free slot before gathering: what queues meanwhile joins this batch.
@@ -66,9 +67,9 @@ async fn run(store: RedisStore, mut queue: mpsc::UnboundedReceiver<Job>) {
                 }
             }
         }
-        let store = store.clone();
+        let router = Arc::clone(&router);
         tokio::spawn(async move {
-            execute(&store, jobs).await;
+            execute(&router, jobs).await;
             drop(slot);
         });
     }
@@ -76,7 +77,7 @@ async fn run(store: RedisStore, mut queue: mpsc::UnboundedReceiver<Job>) {
 
 /// Runs `jobs` in order and answers each. Consecutive jobs made at the same injected time
 /// share a call; a change of time starts a new one.
-async fn execute(store: &RedisStore, mut jobs: Vec<Job>) {
+async fn execute(router: &Router, mut jobs: Vec<Job>) {
     // A caller that gave up waiting (and got its failure policy's answer) must not have its
     // request applied afterwards: drop it before it is sent.
     jobs.retain(|job| !job.reply.is_closed());
@@ -94,7 +95,7 @@ async fn execute(store: &RedisStore, mut jobs: Vec<Job>) {
             })
             .collect();
         let refs: Vec<&Request> = requests.iter().collect();
-        let outcomes = store.run_valid(&refs, now).await;
+        let outcomes = router.run_valid(&refs, now).await;
         drop(requests);
         for (job, outcome) in jobs.drain(..).zip(outcomes) {
             // A caller that gave up (timed out) no longer listens: nothing to do.

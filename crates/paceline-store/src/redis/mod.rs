@@ -25,8 +25,10 @@
 
 mod args;
 mod batch;
-mod connection;
+mod resilience;
+mod routing;
 mod script;
 mod store;
+mod transport;
 
 pub use store::{RedisStore, RedisStoreBuilder, MAX_DECISIONS_PER_CALL};

@@ -1,0 +1,157 @@
+//! Resilience: what a decision answers when Redis fails. The [`FailurePolicy`] chosen for
+//! the store, and a failure backoff per node group (every key on a single server, a slot in
+//! a cluster) during which calls answer by that policy at once instead of trying Redis.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use paceline_core::{Decision, Error, Fallback, StoreError, StoreErrorKind};
+
+use crate::{FailurePolicy, MemoryStore, Request, SyncStore};
+
+pub(crate) struct Resilience {
+    failure: FailurePolicy,
+    /// The stand-in for [`FailurePolicy::Local`].
+    local: Option<MemoryStore>,
+    backoff: Duration,
+    /// Per node group: microseconds after `started` before which Redis is not tried again
+    /// for those keys.
+    down_until: Box<[AtomicU64]>,
+    /// True from a failure until Redis answers again; the `local` stand-in starts afresh
+    /// at each new outage.
+    outage: AtomicBool,
+    /// The failure that started the current backoff, quoted by calls that skip Redis.
+    last_failure: Mutex<Option<StoreError>>,
+    started: Instant,
+}
+
+impl Resilience {
+    /// `groups` node groups; `local` is the in-process stand-in (for
+    /// [`FailurePolicy::Local`] only).
+    pub(crate) fn new(
+        failure: FailurePolicy,
+        local: Option<MemoryStore>,
+        backoff: Duration,
+        groups: usize,
+    ) -> Resilience {
+        Resilience {
+            failure,
+            local,
+            backoff,
+            down_until: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            outage: AtomicBool::new(false),
+            last_failure: Mutex::new(None),
+            started: Instant::now(),
+        }
+    }
+
+    pub(crate) fn failure_policy(&self) -> FailurePolicy {
+        self.failure
+    }
+
+    /// The in-process stand-in, if the failure policy is [`FailurePolicy::Local`].
+    pub(crate) fn local(&self) -> Option<&MemoryStore> {
+        self.local.as_ref()
+    }
+
+    fn elapsed_us(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// True while `group`'s node failed less than the backoff ago.
+    pub(crate) fn in_backoff(&self, group: usize) -> bool {
+        self.down_until
+            .get(group)
+            .is_some_and(|until| self.elapsed_us() < until.load(Ordering::Relaxed))
+    }
+
+    /// A request's outcome from Redis (its node in `group`): the decision, or the failure
+    /// policy's answer.
+    pub(crate) fn settle(
+        &self,
+        outcome: Result<Decision, StoreError>,
+        request: &Request<'_>,
+        group: usize,
+    ) -> Result<Decision, Error> {
+        match outcome {
+            Ok(decision) => {
+                if self.outage.load(Ordering::Relaxed) {
+                    self.outage.store(false, Ordering::Relaxed);
+                }
+                Ok(decision)
+            }
+            Err(e) => {
+                self.mark_down(group, &e);
+                self.fall_back(e, request)
+            }
+        }
+    }
+
+    fn mark_down(&self, group: usize, error: &StoreError) {
+        // A script or reply error is not an outage: retrying at once is right.
+        if !matches!(
+            error.kind(),
+            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+        ) {
+            return;
+        }
+        if !self.outage.swap(true, Ordering::Relaxed) {
+            // A new outage: the stand-in starts from idle keys, as documented, rather than
+            // from what it saw during an earlier one.
+            if let Some(local) = &self.local {
+                local.clear();
+            }
+        }
+        *self
+            .last_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(error.clone());
+        let backoff = u64::try_from(self.backoff.as_micros()).unwrap_or(u64::MAX);
+        if let Some(until) = self.down_until.get(group) {
+            until.store(self.elapsed_us().saturating_add(backoff), Ordering::Relaxed);
+        }
+    }
+
+    /// The error of a call that skipped Redis during the backoff, quoting the failure.
+    pub(crate) fn backoff_error(&self) -> StoreError {
+        let last = self
+            .last_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let (kind, cause) = match last {
+            Some(e) => (e.kind(), e.message().to_string()),
+            None => (StoreErrorKind::Unavailable, "unknown".to_string()),
+        };
+        StoreError::new(
+            kind,
+            format!(
+                "Redis failed less than {:?} ago and is not retried before the store's failure \
+                 backoff has passed; the failure: {cause}",
+                self.backoff
+            ),
+        )
+    }
+
+    /// The failure policy's answer to a failed request.
+    pub(crate) fn fall_back(&self, error: StoreError, r: &Request<'_>) -> Result<Decision, Error> {
+        match self.failure {
+            FailurePolicy::FailClosed => Err(error.into()),
+            FailurePolicy::FailOpen => Ok(Decision::from_micros(
+                true,
+                0.0,
+                r.policy.limit().saturating_sub(r.cost),
+                0.0,
+                r.policy.limit(),
+            )
+            .with_fallback(Fallback::FailOpen)),
+            FailurePolicy::Local => match &self.local {
+                Some(local) => local
+                    .decide_sync(r.policy, r.key, r.op, r.cost)
+                    .map(|d| d.with_fallback(Fallback::Local)),
+                None => Err(error.into()),
+            },
+        }
+    }
+}

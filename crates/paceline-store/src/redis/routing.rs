@@ -1,0 +1,388 @@
+//! Routing: which Redis node runs which decision. On a single server, all of them; in a
+//! cluster, each key's hash slot names its node. Batches are grouped by node (one call per
+//! node, across its slots, when the slot map is known) and sent again per slot when the map
+//! proved stale.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use crc16::{State, XMODEM};
+use paceline_core::{Decision, StoreError, StoreErrorKind};
+use redis::{ErrorKind, ServerErrorKind, Value};
+use tokio::time::Instant;
+
+use super::transport::{redis_cause, Transport};
+use super::MAX_DECISIONS_PER_CALL;
+use crate::Request;
+
+/// The number of hash slots in a Redis Cluster.
+pub(crate) const SLOTS: u16 = 16_384;
+
+/// A slot without a known node.
+const NO_NODE: u16 = u16::MAX;
+
+/// The code of the error paceline's library answers when a key of a spread batch is not
+/// served by the node it reached (a slot moved), before writing anything.
+const REROUTE: &str = "PLREROUTE";
+
+/// Which calls a request can share: one server, one cluster slot, or one cluster node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Group {
+    Single,
+    Slot(u16),
+    Node(u16),
+}
+
+/// Sends decisions to the node that must run them, over a [`Transport`].
+pub(crate) struct Router {
+    transport: Transport,
+    /// The CRC16 state after the key prefix, so a key's slot needs no joined string.
+    prefix_crc: State<XMODEM>,
+    /// In a cluster run with functions: which node (a small number) serves each slot.
+    nodes: RwLock<Option<Arc<[u16]>>>,
+}
+
+impl Router {
+    pub(crate) async fn new(transport: Transport) -> Router {
+        let mut prefix_crc = State::<XMODEM>::new();
+        prefix_crc.update(transport.key_prefix().as_bytes());
+        let router = Router {
+            transport,
+            prefix_crc,
+            nodes: RwLock::new(None),
+        };
+        router.refresh_node_map().await;
+        router
+    }
+
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.transport
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        self.transport.is_cluster()
+    }
+
+    /// The hash slot of `key`'s Redis key (in a cluster).
+    pub(crate) fn slot_of(&self, key: &str) -> u16 {
+        prefixed_slot(self.prefix_crc, key.as_bytes())
+    }
+
+    /// The failure group of `key`: its hash slot in a cluster, 0 on a single server.
+    pub(crate) fn group_of(&self, key: &str) -> usize {
+        if self.is_cluster() {
+            usize::from(self.slot_of(key))
+        } else {
+            0
+        }
+    }
+
+    /// How many failure groups there are ([`group_of`](Self::group_of)).
+    pub(crate) fn failure_groups(&self) -> usize {
+        if self.is_cluster() {
+            usize::from(SLOTS)
+        } else {
+            1
+        }
+    }
+
+    /// Runs validated requests in as few calls as possible: grouped by the node that must
+    /// run them (by slot in a cluster whose node map is unknown), in order, at most
+    /// [`MAX_DECISIONS_PER_CALL`] per call. Groups run concurrently; a group's calls run
+    /// one after another, since they may share keys. One result per request, in order.
+    /// The response timeout bounds the whole run, however many calls it takes.
+    pub(crate) async fn run_valid(
+        &self,
+        requests: &[&Request<'_>],
+        now: Option<u64>,
+    ) -> Vec<Result<Decision, StoreError>> {
+        let deadline = self.transport.deadline();
+        // In a cluster whose slot map is known, one call per node: the library may touch
+        // several slots of the node it runs on. Otherwise one call per slot.
+        let nodes = self.node_map();
+        let groups = self.groups(requests, nodes.as_deref());
+        let stale = AtomicBool::new(false);
+        let outcomes =
+            futures_util::future::join_all(groups.into_iter().map(|(group, indices)| {
+                self.run_group(requests, group, indices, now, deadline, &stale)
+            }))
+            .await;
+        if stale.load(Ordering::Relaxed) {
+            self.refresh_node_map().await;
+        }
+        let mut results: Vec<Option<Result<Decision, StoreError>>> = vec![None; requests.len()];
+        for (i, outcome) in outcomes.into_iter().flatten() {
+            results[i] = Some(outcome);
+        }
+        collect(results)
+    }
+
+    /// Runs one group's requests (`indices` into `requests`), in order, at most
+    /// [`MAX_DECISIONS_PER_CALL`] per call, all answered by `deadline`; sets `stale` if the
+    /// slot map proved stale.
+    async fn run_group(
+        &self,
+        requests: &[&Request<'_>],
+        group: Group,
+        indices: Vec<usize>,
+        now: Option<u64>,
+        deadline: Instant,
+        stale: &AtomicBool,
+    ) -> Vec<(usize, Result<Decision, StoreError>)> {
+        let spread = matches!(group, Group::Node(_));
+        let mut outcomes = Vec::with_capacity(indices.len());
+        for chunk in indices.chunks(MAX_DECISIONS_PER_CALL) {
+            let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
+            match self.transport.call(&batch, now, spread, deadline).await {
+                // The slot map was stale (a slot moved): the call failed reading its keys,
+                // before any write, so it is safe to send again, per slot.
+                Err(e) if spread && is_redirect(&e) => {
+                    stale.store(true, Ordering::Relaxed);
+                    for indices in self.groups(&batch, None).into_values() {
+                        let part: Vec<&Request> = indices.iter().map(|&i| batch[i]).collect();
+                        let outcome = self.transport.call(&part, now, false, deadline).await;
+                        fan_out(&mut outcomes, indices.iter().map(|&i| chunk[i]), outcome);
+                    }
+                }
+                outcome => fan_out(&mut outcomes, chunk.iter().copied(), outcome),
+            }
+        }
+        outcomes
+    }
+
+    /// `requests`' indices by the group that must run them, each in order: by node when
+    /// `nodes` (the slot-to-node map) is given, else by slot; one group on a single server.
+    fn groups(
+        &self,
+        requests: &[&Request<'_>],
+        nodes: Option<&[u16]>,
+    ) -> BTreeMap<Group, Vec<usize>> {
+        let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
+        for (i, r) in requests.iter().enumerate() {
+            let group = if self.is_cluster() {
+                let slot = self.slot_of(r.key);
+                match nodes.map(|n| n[usize::from(slot)]) {
+                    Some(node) if node != NO_NODE => Group::Node(node),
+                    _ => Group::Slot(slot),
+                }
+            } else {
+                Group::Single
+            };
+            groups.entry(group).or_default().push(i);
+        }
+        groups
+    }
+
+    /// The cluster's slot-to-node map, if known (cluster with functions only).
+    fn node_map(&self) -> Option<Arc<[u16]>> {
+        self.nodes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads the slot-to-node map from the cluster (`CLUSTER SLOTS`); on failure, forgets
+    /// it, so calls go per slot until the next refresh.
+    async fn refresh_node_map(&self) {
+        if !self.is_cluster() || !self.transport.runs_as_functions() {
+            return;
+        }
+        let reply: Result<Value, StoreError> = self
+            .transport
+            .query(redis::cmd("CLUSTER").arg("SLOTS"), "CLUSTER SLOTS")
+            .await;
+        let map = reply.ok().and_then(|v| slot_map(&v));
+        *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = map;
+    }
+}
+
+/// The slot-to-node map from a `CLUSTER SLOTS` reply: `[start, end, [host, port, ...],
+/// replicas...]` per range; nodes are numbered in order of first appearance.
+fn slot_map(reply: &Value) -> Option<Arc<[u16]>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let mut map = vec![NO_NODE; usize::from(SLOTS)];
+    let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(primary))) =
+            (fields.first(), fields.get(1), fields.get(2))
+        else {
+            return None;
+        };
+        let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+            (primary.first(), primary.get(1))
+        else {
+            return None;
+        };
+        let node = match nodes.iter().position(|(h, p)| h == host && p == port) {
+            Some(i) => i,
+            None => {
+                nodes.push((host.clone(), *port));
+                nodes.len() - 1
+            }
+        };
+        let node = u16::try_from(node).ok()?;
+        let start = usize::try_from(*start).ok()?;
+        let end = usize::try_from(*end).ok()?;
+        for slot in map.get_mut(start..=end)? {
+            *slot = node;
+        }
+    }
+    Some(map.into())
+}
+
+/// True if Redis refused a call because its keys are not (all) served by the node it
+/// reached, which changed nothing: a redirect or a cross-slot refusal, by redis-rs's error
+/// kinds, or the library's own [`REROUTE`] answer (it reads every key before writing).
+fn is_redirect(e: &StoreError) -> bool {
+    redis_cause(e).is_some_and(|e| {
+        matches!(
+            e.kind(),
+            ErrorKind::Server(
+                ServerErrorKind::Moved
+                    | ServerErrorKind::Ask
+                    | ServerErrorKind::TryAgain
+                    | ServerErrorKind::CrossSlot
+            )
+        ) || (e.kind() == ErrorKind::Extension && e.code() == Some(REROUTE))
+    })
+}
+
+/// The hash slot of a prefix followed by `key`, without joining them: `prefix_crc` is the
+/// CRC16 state after the prefix, which must hold no `{` (so a hash tag, if any, lies in
+/// `key`). A key's slot is CRC16 (XMODEM) of the key, or of its hash tag (the part between
+/// the first `{` and the next `}`, if not empty), modulo 16384.
+fn prefixed_slot(prefix_crc: State<XMODEM>, key: &[u8]) -> u16 {
+    match hash_tag(key) {
+        Some(tag) => State::<XMODEM>::calculate(tag) % SLOTS,
+        None => {
+            let mut crc = prefix_crc;
+            crc.update(key);
+            crc.get() % SLOTS
+        }
+    }
+}
+
+/// The part between the first `{` and the next `}`, if not empty.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    let close = rest.iter().position(|&b| b == b'}')?;
+    (close > 0).then(|| &rest[..close])
+}
+
+/// The error for a request left without an answer (which would be a bug).
+fn no_answer() -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, "no answer for a request")
+}
+
+/// Every request's result; a request left without one is an error.
+pub(crate) fn collect<E: From<StoreError>>(
+    results: Vec<Option<Result<Decision, E>>>,
+) -> Vec<Result<Decision, E>> {
+    results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|| Err(no_answer().into())))
+        .collect()
+}
+
+/// Records one call's outcome for the requests it carried (`indices`, in order).
+fn fan_out(
+    outcomes: &mut Vec<(usize, Result<Decision, StoreError>)>,
+    indices: impl Iterator<Item = usize>,
+    outcome: Result<Vec<Decision>, StoreError>,
+) {
+    match outcome {
+        Ok(decisions) => outcomes.extend(indices.zip(decisions.into_iter().map(Ok))),
+        Err(e) => outcomes.extend(indices.map(|i| (i, Err(e.clone())))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(key: &[u8]) -> u16 {
+        prefixed_slot(State::<XMODEM>::new(), key)
+    }
+
+    fn range(start: i64, end: i64, host: &str, port: i64) -> Value {
+        Value::Array(vec![
+            Value::Int(start),
+            Value::Int(end),
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+            ]),
+        ])
+    }
+
+    #[test]
+    fn the_slot_map_numbers_nodes_by_first_appearance() {
+        let reply = Value::Array(vec![
+            range(0, 5460, "127.0.0.1", 7000),
+            range(5461, 10922, "127.0.0.1", 7001),
+            range(10923, 16383, "127.0.0.1", 7000),
+        ]);
+        let map = slot_map(&reply).expect("a valid reply");
+        assert_eq!(
+            (map[0], map[5460], map[5461], map[10923], map[16383]),
+            (0, 0, 1, 0, 0)
+        );
+        // Slots nobody serves stay unknown; malformed replies give no map.
+        let partial = slot_map(&Value::Array(vec![range(0, 99, "h", 1)])).expect("valid");
+        assert_eq!((partial[99], partial[100]), (0, NO_NODE));
+        assert!(slot_map(&Value::Array(vec![range(0, 16384, "h", 1)])).is_none());
+        assert!(slot_map(&Value::Nil).is_none());
+    }
+
+    #[test]
+    fn only_refusals_before_any_write_count_as_redirects() {
+        let from = |e: redis::RedisError| {
+            StoreError::new(StoreErrorKind::Protocol, "Redis failed a decision").with_source(e)
+        };
+        let server = |code: &str, detail: &str| {
+            redis::make_extension_error(code.to_string(), Some(detail.to_string()))
+        };
+        assert!(is_redirect(&from(server(REROUTE, "a key moved"))));
+        assert!(!is_redirect(&from(server(
+            "ERR",
+            "paceline: unknown algorithm x"
+        ))));
+        assert!(!is_redirect(&from(server("OOM", "memory full"))));
+        // Without a Redis cause (a reply paceline could not read): never.
+        assert!(!is_redirect(&StoreError::new(
+            StoreErrorKind::Protocol,
+            "MOVED 1 h:1"
+        )));
+    }
+
+    #[test]
+    fn slots_match_redis_cluster_keyslot() {
+        // Values from `CLUSTER KEYSLOT` on a real server.
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"123456789"), 12739);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
+        assert_eq!(slot(b"foo{{bar}}zap"), slot(b"{bar"));
+        // A prefix's CRC carried over gives the slot of the joined key.
+        let prefix = b"paceline:v1:";
+        for key in [&b"user:1"[..], b"{tenant}:x", b"a{}b", b"a{b", b"x}{y}"] {
+            let joined = [&prefix[..], key].concat();
+            assert_eq!(
+                {
+                    let mut crc = State::<XMODEM>::new();
+                    crc.update(prefix);
+                    prefixed_slot(crc, key)
+                },
+                slot(&joined)
+            );
+        }
+    }
+}
