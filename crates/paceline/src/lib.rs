@@ -29,7 +29,7 @@
 //! [`policy`] for the algorithms, their parameters and the exact contract every store
 //! meets.
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 mod clock;

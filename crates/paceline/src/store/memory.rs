@@ -6,12 +6,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use paceline_core::policy::{gcra, Gcra};
 use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use super::shards::Shards;
 use super::{Store, SyncStore};
 use crate::SystemClock;
 
@@ -27,9 +28,9 @@ const SWEEP_GRACE_US: u64 = 1_000_000;
 /// Keys' state in this process.
 ///
 /// * **Concurrency**: keys are spread over shards by hash. A request for a key the store
-///   already holds takes its shard's *shared* lock, whose reader counts are kept per thread
-///   (see `Shards`), so threads deciding on the same or nearby keys never wait for each other
-///   nor fight over a lock's cache line: a `gcra` key's whole state is one atomic word (the
+///   already holds takes its shard's *shared* lock, a [`ShardedLock`] whose readers lock one
+///   of several locks picked by thread, so threads deciding on the same or nearby keys never
+///   wait for each other nor fight over a lock's cache line: a `gcra` key's whole state is one atomic word (the
 ///   TAT), updated by compare-and-swap; any other key's state has a small lock of its own,
 ///   held while its decision is computed, so requests for one key apply one at a time (no
 ///   lost updates). Only adding or removing keys takes a shard's exclusive lock.
@@ -67,8 +68,8 @@ const SWEEP_GRACE_US: u64 = 1_000_000;
 /// ```
 pub struct MemoryStore {
     /// The key table's shards, each behind a lock whose shared side threads take without
-    /// contending (see [`Shards`]).
-    shards: Shards<ShardInner>,
+    /// contending, on cache lines of their own.
+    shards: Box<[CachePadded<ShardedLock<ShardInner>>]>,
     shard_shift: u32,
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
@@ -249,10 +250,14 @@ impl MemoryStoreBuilder {
             .unwrap_or(default_shards)
             .clamp(1, 1 << 16)
             .next_power_of_two();
-        let shards = Shards::new(count, cores.saturating_mul(4), || ShardInner {
-            table: HashTable::new(),
-            sweep_at: MIN_SWEEP_LEN,
-        });
+        let shards = (0..count)
+            .map(|_| {
+                CachePadded::new(ShardedLock::new(ShardInner {
+                    table: HashTable::new(),
+                    sweep_at: MIN_SWEEP_LEN,
+                }))
+            })
+            .collect();
         MemoryStore {
             shards,
             // One shard: a shift of 64, which `shard_for` maps to shard 0.
@@ -323,7 +328,7 @@ impl MemoryStore {
     /// ```
     pub fn clear(&self) {
         for index in 0..self.shards.len() {
-            let mut inner = self.shards.write(index);
+            let mut inner = self.write(index);
             let dropped = inner.table.len();
             inner.table.clear();
             self.keys.fetch_sub(dropped, Ordering::Relaxed);
@@ -334,8 +339,24 @@ impl MemoryStore {
     pub fn purge_idle(&self) -> usize {
         let now = self.clock.now_micros();
         (0..self.shards.len())
-            .map(|index| self.sweep(&mut self.shards.write(index), now))
+            .map(|index| self.sweep(&mut self.write(index), now))
             .sum()
+    }
+
+    /// The shared lock on shard `index`. A decision that panicked left its state whole (see
+    /// [`lock`]), so a poisoned lock is used as it is.
+    #[inline]
+    fn read(&self, index: usize) -> ShardedLockReadGuard<'_, ShardInner> {
+        self.shards[index]
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The exclusive lock on shard `index` (taken to add or remove keys); see [`Self::read`].
+    fn write(&self, index: usize) -> ShardedLockWriteGuard<'_, ShardInner> {
+        self.shards[index]
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The index of the shard holding keys of this hash: the bits just below the top seven,
@@ -370,7 +391,7 @@ impl MemoryStore {
         let shard = self.shard_for(hash);
         {
             // The fast path: an existing key, under the shared lock.
-            let inner = self.shards.read(shard);
+            let inner = self.read(shard);
             if let Some(entry) = inner.table.find(hash, |e| e.key.is(key)) {
                 if let Some(decision) = apply_shared(policy, &entry.slot, now, op, cost) {
                     return Ok(decision);
@@ -378,7 +399,7 @@ impl MemoryStore {
             }
         }
         {
-            let mut inner = self.shards.write(shard);
+            let mut inner = self.write(shard);
             if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
                 return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost));
             }
@@ -392,7 +413,7 @@ impl MemoryStore {
         }
         // Still full: sweep every shard (each under its own lock, one at a time).
         self.purge_idle();
-        let mut inner = self.shards.write(shard);
+        let mut inner = self.write(shard);
         if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
             return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost));
         }
@@ -443,7 +464,7 @@ impl MemoryStore {
 
     fn reset_now(&self, key: &str) {
         let hash = self.hasher.hash_one(key.as_bytes());
-        let mut inner = self.shards.write(self.shard_for(hash));
+        let mut inner = self.write(self.shard_for(hash));
         if let Ok(entry) = inner.table.find_entry(hash, |e| e.key.is(key)) {
             entry.remove();
             self.keys.fetch_sub(1, Ordering::Relaxed);

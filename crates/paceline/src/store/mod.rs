@@ -11,8 +11,6 @@ use std::time::Duration;
 use paceline_core::{Decision, Error, Op, Policy, Sleep};
 
 mod memory;
-#[allow(unsafe_code)]
-mod shards;
 
 pub use memory::{MemoryStore, MemoryStoreBuilder};
 
