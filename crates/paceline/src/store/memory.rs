@@ -516,11 +516,17 @@ impl MemoryStore {
 
     /// A call's share of sweeping: one step of the pass under way, or of a new one if it is
     /// due, unless another thread is sweeping.
-    #[inline]
+    #[inline(always)]
     fn sweep_if_due(&self, now: u64) {
-        if now < self.sweep_due.load(Ordering::Relaxed) {
-            return;
+        if now >= self.sweep_due.load(Ordering::Relaxed) {
+            self.sweep_step(now);
         }
+    }
+
+    /// [`Self::sweep_if_due`]'s work, out of the decision's way.
+    #[cold]
+    #[inline(never)]
+    fn sweep_step(&self, now: u64) {
         let mut sweeper = match self.sweeper.try_lock() {
             Ok(sweeper) => sweeper,
             Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
@@ -608,22 +614,8 @@ impl MemoryStore {
         // Checked once here for every path (the gcra fast path included); below, policies
         // apply validated requests.
         paceline_core::policy::check_now(now)?;
-        let decision = self.decide_at(policy, key, op, cost, now);
-        // After the decision, when this thread holds no shard lock.
+        // Before the decision, while this thread holds no shard lock.
         self.sweep_if_due(now);
-        decision
-    }
-
-    /// Decides a checked request at `now`.
-    #[inline(always)]
-    fn decide_at(
-        &self,
-        policy: &Policy,
-        key: &str,
-        op: Op,
-        cost: u64,
-        now: u64,
-    ) -> Result<Decision, Error> {
         let hash = self.hasher.hash_one(key.as_bytes());
         let shard = self.shard_for(hash);
         {
