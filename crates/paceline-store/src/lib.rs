@@ -32,7 +32,7 @@
 //! # Ok(()) }
 //! ```
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 use std::future::Future;
@@ -48,8 +48,6 @@ mod memory;
 mod open;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[allow(unsafe_code)]
-mod shards;
 
 pub use clock::SystemClock;
 pub use failure::FailurePolicy;

@@ -1,47 +1,62 @@
 //! The in-process store: sharded, bounded, safe for any number of threads and tasks.
 
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::num::NonZeroU8;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, TryLockError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use crossbeam_utils::CachePadded;
 use hashbrown::HashTable;
 use paceline_core::policy::{gcra, Gcra};
 use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::shards::Shards;
 use crate::{Request, Store, StoreFuture, SyncStore, SystemClock};
 
-/// A shard sweeps its idle keys when it grows to twice its size after the last sweep, and
-/// never below this many keys.
-const MIN_SWEEP_LEN: usize = 64;
+/// A sweep pass over every shard begins at most this often (microseconds of the store's
+/// clock), on the first call after the previous one began this long ago and has finished.
+const SWEEP_PERIOD_US: u64 = 1_000_000;
 
-/// Growth sweeps drop keys idle for at least this long (microseconds), so a working set of
-/// keys that go idle between visits is not dropped and re-created over and over. Sweeps for
-/// the key cap and [`MemoryStore::purge_idle`] drop every idle key.
-const SWEEP_GRACE_US: u64 = 1_000_000;
+/// While a pass is under way, each call visits at most this many table slots.
+const SWEEP_STEP_SLOTS: usize = 1_024;
+
+/// While a pass is under way, each call finishes at most this many shards' visits (taking a
+/// lock is not free, even on an empty shard).
+const SWEEP_STEP_SHARDS: usize = 16;
 
 /// Keys' state in this process.
 ///
 /// * **Concurrency**: keys are spread over shards by hash. A request for a key the store
-///   already holds takes its shard's *shared* lock, whose reader counts are kept per thread
-///   (see `Shards`), so threads deciding on the same or nearby keys never wait for each other
-///   nor fight over a lock's cache line: a `gcra` key's whole state is one atomic word (the
+///   already holds takes its shard's *shared* lock, a [`ShardedLock`] whose readers lock one
+///   of several locks picked by thread, so threads deciding on the same or nearby keys never
+///   wait for each other nor fight over a lock's cache line: a `gcra` key's whole state is one atomic word (the
 ///   TAT), updated by compare-and-swap; any other key's state has a small lock of its own,
 ///   held while its decision is computed, so requests for one key apply one at a time (no
-///   lost updates). Only adding or removing keys takes a shard's exclusive lock.
+///   lost updates). Only adding or removing keys (a new key, a reset, a sweep slice) takes a shard's
+///   exclusive lock.
 /// * **Keys** of up to 15 bytes are held inside their entry (no allocation of their own);
 ///   longer ones on the heap.
-/// * **Bounded memory**: a key whose `reset_after` has passed is idle and its state is
-///   dropped by a sweep of its shard that runs whenever the shard has doubled in size since
-///   its last sweep, and drops the keys idle for over a second (the grace keeps a working
-///   set of keys that go idle between visits from being dropped and re-created). Memory is
-///   therefore proportional to the number of keys active in the last second (at most about
-///   twice that, plus 64 keys per shard), with no background thread; a shard that takes no
-///   new keys does not grow, and is swept when it next does. [`MemoryStore::purge_idle`]
-///   drops every idle key at once.
+/// * **Bounded memory**: a key whose `reset_after` has passed is idle, and sweep passes drop
+///   idle keys. A pass visits every slot of every shard's table, then shrinks each table
+///   left less than a quarter full to twice its keys (a table with no keys left is freed),
+///   so the memory goes back to the allocator. Passes are paid for by the calls, with no
+///   background thread: a pass begins on the first call (`decide` or `reset`, of any key)
+///   at least one second, by the store's clock, after the previous pass began and once it
+///   has finished; while a pass is under way each call visits at most 1,024 slots and 16
+///   shards, under one shard's exclusive lock at a time. So **a key idle at time `t` is
+///   dropped by the end of the first pass that begins at or after `t`**: while calls keep
+///   coming, that is at most one second after `t` (once an earlier pass has finished) plus
+///   the calls a pass takes, at most `slots / 1024 + shards / 16 + 1` of them (2,053 for a
+///   million keys on 64 shards; [`MemoryStore::slots`]), more only if new keys grow a table
+///   while the pass visits it (its visit then starts over). Memory therefore follows the
+///   keys active in the last second or so. A store that
+///   receives no calls does not sweep: call [`MemoryStore::purge_idle`] (a whole pass at
+///   once), or run [`MemoryStore::sweeper`] on a tokio runtime, which does so periodically.
 /// * **Key cap** ([`MemoryStoreBuilder::max_keys`]): when the store holds its maximum of
 ///   active keys, a request for a *new* key first sweeps every shard for idle keys; if none
 ///   can be dropped it fails with a [`StoreError`] of kind
@@ -66,18 +81,42 @@ const SWEEP_GRACE_US: u64 = 1_000_000;
 /// ```
 pub struct MemoryStore {
     /// The key table's shards, each behind a lock whose shared side threads take without
-    /// contending (see [`Shards`]).
-    shards: Shards<ShardInner>,
+    /// contending, on cache lines of their own.
+    shards: Box<[CachePadded<ShardedLock<ShardInner>>]>,
     shard_shift: u32,
     hasher: foldhash::fast::RandomState,
     clock: Arc<dyn Clock>,
     max_keys: Option<usize>,
     keys: AtomicUsize,
+    /// The clock time from which calls step a sweep pass: the next pass's start while none
+    /// is under way, 0 while one is.
+    sweep_due: CachePadded<AtomicU64>,
+    sweeper: Mutex<Sweeper>,
 }
 
 struct ShardInner {
     table: HashTable<Entry>,
-    sweep_at: usize,
+    /// Changed whenever entries may move to other slots (an insert that grows or rehashes
+    /// the table, a shrink), so that a pass visiting this shard starts it over.
+    layout: u64,
+}
+
+/// Where sweeping stands.
+struct Sweeper {
+    pass: Option<Pass>,
+    /// The earliest start of the next pass.
+    next_pass: u64,
+}
+
+/// A sweep pass under way.
+struct Pass {
+    /// When the pass began.
+    began: u64,
+    /// The shard being visited, and its next slot.
+    shard: usize,
+    slot: usize,
+    /// The shard's layout when its visit began; `None` before it began.
+    layout: Option<u64>,
 }
 
 struct Entry {
@@ -248,10 +287,14 @@ impl MemoryStoreBuilder {
             .unwrap_or(default_shards)
             .clamp(1, 1 << 16)
             .next_power_of_two();
-        let shards = Shards::new(count, cores.saturating_mul(4), || ShardInner {
-            table: HashTable::new(),
-            sweep_at: MIN_SWEEP_LEN,
-        });
+        let shards = (0..count)
+            .map(|_| {
+                CachePadded::new(ShardedLock::new(ShardInner {
+                    table: HashTable::new(),
+                    layout: 0,
+                }))
+            })
+            .collect();
         MemoryStore {
             shards,
             // One shard: a shift of 64, which `shard_for` maps to shard 0.
@@ -260,6 +303,11 @@ impl MemoryStoreBuilder {
             clock: self.clock.unwrap_or_else(|| Arc::new(SystemClock::new())),
             max_keys: self.max_keys,
             keys: AtomicUsize::new(0),
+            sweep_due: CachePadded::new(AtomicU64::new(0)),
+            sweeper: Mutex::new(Sweeper {
+                pass: None,
+                next_pass: 0,
+            }),
         }
     }
 }
@@ -322,19 +370,131 @@ impl MemoryStore {
     /// ```
     pub fn clear(&self) {
         for index in 0..self.shards.len() {
-            let mut inner = self.shards.write(index);
+            let mut inner = self.write(index);
             let dropped = inner.table.len();
             inner.table.clear();
             self.keys.fetch_sub(dropped, Ordering::Relaxed);
         }
     }
 
-    /// Drops every idle key now; returns how many were dropped.
+    /// Drops every idle key now and shrinks the tables left mostly empty, returning their
+    /// memory to the allocator; returns how many keys were dropped.
+    ///
+    /// This is one whole sweep pass (see [`MemoryStore`]): a store that keeps receiving calls
+    /// sweeps itself, but one that receives none after a burst of keys keeps their memory
+    /// until this is called (or [`MemoryStore::sweeper`] runs). The pass holds one shard's
+    /// exclusive lock at a time, for at most 1,024 slots, so decisions go on meanwhile.
+    ///
+    /// ```
+    /// use paceline_store::{Limiter, ManualClock, MemoryStore};
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// let clock = ManualClock::new(0);
+    /// let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    /// let limiter = Limiter::with_store("gcra:rate=10/s".parse()?, Arc::clone(&store));
+    /// for user in 0..1_000 {
+    ///     limiter.limit_sync(&format!("user:{user}"), 1)?;
+    /// }
+    /// clock.advance(Duration::from_millis(100)); // every key is idle now
+    /// assert_eq!(store.purge_idle(), 1_000);
+    /// assert!(store.is_empty());
+    /// # Ok::<(), paceline_store::Error>(())
+    /// ```
     pub fn purge_idle(&self) -> usize {
         let now = self.clock.now_micros();
+        let mut sweeper = self.sweeper.lock().unwrap_or_else(PoisonError::into_inner);
+        sweeper.pass = Some(Pass::new(now));
+        let mut dropped = 0;
+        while sweeper.pass.is_some() {
+            dropped += self.sweep_slots(&mut sweeper, now);
+        }
+        dropped
+    }
+
+    /// A task that sweeps the store every `period` (see [`MemoryStore::purge_idle`]) for as
+    /// long as the store lives, for stores that may receive no calls for a while. Spawn it on
+    /// a tokio runtime with the time driver enabled; it holds the store only while sweeping,
+    /// and ends once the store is dropped. Each pass yields to the runtime between slices of
+    /// 1,024 slots. A `period` under a millisecond counts as a millisecond.
+    ///
+    /// ```
+    /// use paceline_store::MemoryStore;
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let store = Arc::new(MemoryStore::new());
+    /// tokio::spawn(store.sweeper(Duration::from_secs(1)));
+    /// # }
+    /// ```
+    pub fn sweeper(
+        self: &Arc<Self>,
+        period: Duration,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let store = Arc::downgrade(self);
+        let period = period.max(Duration::from_millis(1));
+        async move {
+            let mut ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first tick is at once: sweep a period from now.
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let Some(store) = store.upgrade() else {
+                    return;
+                };
+                let now = store.clock.now_micros();
+                let mut begin = true;
+                loop {
+                    let done = {
+                        let mut sweeper =
+                            store.sweeper.lock().unwrap_or_else(PoisonError::into_inner);
+                        if std::mem::take(&mut begin) {
+                            sweeper.pass = Some(Pass::new(now));
+                        }
+                        store.sweep_slots(&mut sweeper, now);
+                        sweeper.pass.is_none()
+                    };
+                    if done {
+                        break;
+                    }
+                    YieldNow(false).await;
+                }
+            }
+        }
+    }
+
+    /// The table slots allocated over all shards, occupied or not: the tables' memory is
+    /// 33 bytes a slot (keys over 15 bytes and states other than `gcra`'s take a small
+    /// allocation more each). Sweep passes shrink tables left mostly empty.
+    pub fn slots(&self) -> usize {
         (0..self.shards.len())
-            .map(|index| self.sweep(&mut self.shards.write(index), now))
+            .map(|index| {
+                let inner = self.read(index);
+                // A table that never allocated (or was freed) has one slot of static memory.
+                if inner.table.allocation_size() == 0 {
+                    0
+                } else {
+                    inner.table.num_buckets()
+                }
+            })
             .sum()
+    }
+
+    /// The shared lock on shard `index`. A decision that panicked left its state whole (see
+    /// [`lock`]), so a poisoned lock is used as it is.
+    #[inline]
+    fn read(&self, index: usize) -> ShardedLockReadGuard<'_, ShardInner> {
+        self.shards[index]
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The exclusive lock on shard `index` (taken to add or remove keys); see [`Self::read`].
+    fn write(&self, index: usize) -> ShardedLockWriteGuard<'_, ShardInner> {
+        self.shards[index]
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The index of the shard holding keys of this hash: the bits just below the top seven,
@@ -345,14 +505,103 @@ impl MemoryStore {
         (hash << 7).checked_shr(self.shard_shift).unwrap_or(0) as usize
     }
 
-    /// Drops the keys that are idle at `now`.
+    /// Drops the keys of one shard that are idle at `now` (for the key cap).
     fn sweep(&self, inner: &mut ShardInner, now: u64) -> usize {
         let before = inner.table.len();
         inner.table.retain(|e| !e.slot.is_idle(now));
         let dropped = before - inner.table.len();
         self.keys.fetch_sub(dropped, Ordering::Relaxed);
-        inner.sweep_at = (inner.table.len() * 2).max(MIN_SWEEP_LEN);
         dropped
+    }
+
+    /// A call's share of sweeping: one step of the pass under way, or of a new one if it is
+    /// due, unless another thread is sweeping.
+    #[inline(always)]
+    fn sweep_if_due(&self, now: u64) {
+        if now >= self.sweep_due.load(Ordering::Relaxed) {
+            self.sweep_step(now);
+        }
+    }
+
+    /// [`Self::sweep_if_due`]'s work, out of the decision's way.
+    #[cold]
+    #[inline(never)]
+    fn sweep_step(&self, now: u64) {
+        let mut sweeper = match self.sweeper.try_lock() {
+            Ok(sweeper) => sweeper,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        if sweeper.pass.is_none() {
+            if now < sweeper.next_pass {
+                // Another thread finished a pass since the check above.
+                return;
+            }
+            sweeper.pass = Some(Pass::new(now));
+            self.sweep_due.store(0, Ordering::Relaxed);
+        }
+        self.sweep_slots(&mut sweeper, now);
+    }
+
+    /// Visits up to [`SWEEP_STEP_SLOTS`] slots and finishes up to [`SWEEP_STEP_SHARDS`]
+    /// shards of the pass under way (if any), dropping the
+    /// keys idle at `now`; shrinks each shard's table after its visit, and ends the pass
+    /// after the last shard's. Returns the number of keys dropped.
+    fn sweep_slots(&self, sweeper: &mut Sweeper, now: u64) -> usize {
+        let Some(pass) = sweeper.pass.as_mut() else {
+            return 0;
+        };
+        let (mut budget, mut shards) = (SWEEP_STEP_SLOTS, SWEEP_STEP_SHARDS);
+        let mut dropped = 0;
+        while budget > 0 && shards > 0 && pass.shard < self.shards.len() {
+            let mut inner = self.write(pass.shard);
+            if pass.layout != Some(inner.layout) {
+                // A new visit, or entries moved since the last slice: start the shard over.
+                pass.layout = Some(inner.layout);
+                pass.slot = 0;
+            }
+            let slots = inner.table.num_buckets();
+            let start = pass.slot.min(slots);
+            let end = slots.min(start.saturating_add(budget));
+            for slot in start..end {
+                if let Ok(mut entry) = inner.table.get_bucket_entry(slot) {
+                    if entry.get_mut().slot.is_idle(now) {
+                        entry.remove();
+                        dropped += 1;
+                    }
+                }
+            }
+            budget -= end - start;
+            pass.slot = end;
+            if end == slots {
+                self.shrink(&mut inner);
+                shards -= 1;
+                pass.shard += 1;
+                pass.layout = None;
+            }
+        }
+        self.keys.fetch_sub(dropped, Ordering::Relaxed);
+        if pass.shard == self.shards.len() {
+            sweeper.next_pass = pass.began.saturating_add(SWEEP_PERIOD_US);
+            sweeper.pass = None;
+            self.sweep_due.store(sweeper.next_pass, Ordering::Relaxed);
+        }
+        dropped
+    }
+
+    /// Shrinks a table left less than a quarter full to twice its keys (frees one left
+    /// empty), so that its memory goes back to the allocator. Its cost, proportional to the
+    /// keys left, is paid once at least three times as many keys have gone.
+    fn shrink(&self, inner: &mut ShardInner) {
+        let (len, slots) = (inner.table.len(), inner.table.num_buckets());
+        if len < slots / 4 {
+            inner
+                .table
+                .shrink_to(len * 2, |e| self.hasher.hash_one(e.key.as_bytes()));
+            if inner.table.num_buckets() != slots {
+                inner.layout = inner.layout.wrapping_add(1);
+            }
+        }
     }
 
     fn full(&self) -> bool {
@@ -365,11 +614,13 @@ impl MemoryStore {
         // Checked once here for every path (the gcra fast path included); below, policies
         // apply validated requests.
         paceline_core::policy::check_now(now)?;
+        // Before the decision, while this thread holds no shard lock.
+        self.sweep_if_due(now);
         let hash = self.hasher.hash_one(key.as_bytes());
         let shard = self.shard_for(hash);
         {
             // The fast path: an existing key, under the shared lock.
-            let inner = self.shards.read(shard);
+            let inner = self.read(shard);
             if let Some(entry) = inner.table.find(hash, |e| e.key.is(key)) {
                 if let Some(decision) = apply_shared(policy, &entry.slot, now, op, cost) {
                     return Ok(decision);
@@ -377,7 +628,7 @@ impl MemoryStore {
             }
         }
         {
-            let mut inner = self.shards.write(shard);
+            let mut inner = self.write(shard);
             if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
                 return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost));
             }
@@ -391,7 +642,7 @@ impl MemoryStore {
         }
         // Still full: sweep every shard (each under its own lock, one at a time).
         self.purge_idle();
-        let mut inner = self.shards.write(shard);
+        let mut inner = self.write(shard);
         if let Some(entry) = inner.table.find_mut(hash, |e| e.key.is(key)) {
             return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost));
         }
@@ -424,8 +675,9 @@ impl MemoryStore {
         let mut state = None;
         let decision = policy.apply_validated(&mut state, now, op, cost);
         if let Some(state) = state {
-            if inner.table.len() >= inner.sweep_at {
-                self.sweep(inner, now.saturating_sub(SWEEP_GRACE_US));
+            if inner.table.len() == inner.table.capacity() {
+                // No room left: this insert grows or rehashes the table, moving entries.
+                inner.layout = inner.layout.wrapping_add(1);
             }
             inner.table.insert_unique(
                 hash,
@@ -442,11 +694,42 @@ impl MemoryStore {
 
     fn reset_now(&self, key: &str) {
         let hash = self.hasher.hash_one(key.as_bytes());
-        let mut inner = self.shards.write(self.shard_for(hash));
-        if let Ok(entry) = inner.table.find_entry(hash, |e| e.key.is(key)) {
-            entry.remove();
-            self.keys.fetch_sub(1, Ordering::Relaxed);
+        {
+            let mut inner = self.write(self.shard_for(hash));
+            if let Ok(entry) = inner.table.find_entry(hash, |e| e.key.is(key)) {
+                entry.remove();
+                self.keys.fetch_sub(1, Ordering::Relaxed);
+            }
         }
+        self.sweep_if_due(self.clock.now_micros());
+    }
+}
+
+impl Pass {
+    fn new(began: u64) -> Pass {
+        Pass {
+            began,
+            shard: 0,
+            slot: 0,
+            layout: None,
+        }
+    }
+}
+
+/// Returns `Pending` once (waking its task at once), so that a long sweep lets the
+/// runtime's other tasks run between slices.
+struct YieldNow(bool);
+
+impl Future for YieldNow {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.0 {
+            return Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 

@@ -271,3 +271,130 @@ fn a_clock_past_the_supported_range_is_refused_for_existing_keys_too() {
         store.clear();
     }
 }
+
+/// `burst` keys that go idle 100 ms after their request, then `active` keys.
+fn burst_then_active(l: &Limiter, burst: usize, active: usize) -> Vec<String> {
+    for k in 0..burst {
+        assert!(l.limit_sync(&format!("burst:{k}"), 1).unwrap().allowed);
+    }
+    let active: Vec<String> = (0..active).map(|k| format!("active:{k}")).collect();
+    for k in &active {
+        assert!(l.limit_sync(k, 1).unwrap().allowed);
+    }
+    active
+}
+
+fn store_with_shards(clock: &ManualClock, shards: usize) -> Arc<MemoryStore> {
+    Arc::new(
+        MemoryStore::builder()
+            .clock(clock.clone())
+            .shards(shards)
+            .build(),
+    )
+}
+
+#[test]
+fn idle_keys_memory_comes_back_within_the_documented_number_of_calls() {
+    const BURST: usize = 50_000;
+    const ACTIVE: usize = 8;
+    const SHARDS: usize = 64;
+    let clock = ManualClock::new(0);
+    let store = store_with_shards(&clock, SHARDS);
+    let l = limiter("gcra:rate=10/s", &store);
+    let active = burst_then_active(&l, BURST, ACTIVE);
+    assert_eq!(store.len(), BURST + ACTIVE);
+    let slots = store.slots();
+    assert!(slots > BURST, "{slots} slots");
+    // Past the burst keys' idle time (100 ms) and the sweep period (1 s).
+    clock.advance(Duration::from_millis(1_100));
+    // One call pays for one slice of the pass, not for the whole store.
+    assert!(l.limit_sync(&active[0], 1).unwrap().allowed);
+    assert!(
+        store.len() >= BURST + ACTIVE - 1_024,
+        "one call visited at most 1,024 slots: {} keys left",
+        store.len()
+    );
+    // The bound in `MemoryStore`'s docs: `slots / 1024 + shards / 16 + 1` calls a pass.
+    let bound = slots / 1_024 + SHARDS / 16 + 1;
+    for i in 1..bound {
+        l.limit_sync(&active[i % ACTIVE], 1).unwrap();
+    }
+    assert_eq!(store.len(), ACTIVE, "only the active keys are left");
+    // Tables shrink: at most a few slots per active key, none for an empty shard.
+    assert!(
+        store.slots() <= ACTIVE * 4,
+        "{} slots left of {slots}",
+        store.slots()
+    );
+    // The active keys kept their state through the sweep: two requests 100 ms apart.
+    assert!(!l.limit_sync(&active[0], 1).unwrap().allowed);
+}
+
+#[test]
+fn a_store_with_no_calls_gives_its_memory_back_on_purge_idle() {
+    let clock = ManualClock::new(0);
+    let store = store_with_shards(&clock, 16);
+    let l = limiter("fixed_window:limit=5,window=1s", &store);
+    burst_then_active(&l, 20_000, 0);
+    assert!(store.slots() > 20_000);
+    clock.advance(Duration::from_secs(2));
+    // Without calls nothing is swept.
+    assert_eq!(store.len(), 20_000);
+    assert_eq!(store.purge_idle(), 20_000);
+    assert!(store.is_empty());
+    assert_eq!(store.slots(), 0, "every empty table is freed");
+    // The store still works, and a purge with nothing idle drops nothing.
+    assert!(l.limit_sync("k", 1).unwrap().allowed);
+    assert_eq!(store.purge_idle(), 0);
+    assert_eq!(store.len(), 1);
+}
+
+#[test]
+fn a_pass_starts_over_on_a_table_that_grows_while_it_visits() {
+    // One shard, so that the keys arriving during the pass grow the table it is visiting.
+    let clock = ManualClock::new(0);
+    let store = store_with_shards(&clock, 1);
+    let l = limiter("gcra:rate=10/s", &store);
+    burst_then_active(&l, 10_000, 0);
+    clock.advance(Duration::from_millis(1_100));
+    // New keys, one per call: each call also steps the pass over the idle burst keys.
+    for k in 0..30_000 {
+        assert!(l.limit_sync(&format!("new:{k}"), 1).unwrap().allowed);
+    }
+    assert_eq!(
+        store.len(),
+        30_000,
+        "every idle burst key is gone, no new key is"
+    );
+    for k in (0..30_000).step_by(997) {
+        assert!(!l.limit_sync(&format!("new:{k}"), 1).unwrap().allowed);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_sweeper_task_sweeps_a_store_that_receives_no_calls() {
+    // The sweeper ticks on tokio's paused clock (no real time passes); keys go idle on the
+    // store's manual clock.
+    let clock = ManualClock::new(0);
+    let store = store_with_shards(&clock, 8);
+    let l = limiter("gcra:rate=10/s", &store);
+    burst_then_active(&l, 5_000, 0);
+    let task = tokio::spawn(store.sweeper(Duration::from_secs(1)));
+    clock.advance(Duration::from_millis(200));
+    assert_eq!(store.len(), 5_000);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // A pass yields between slices: let it finish (a bounded number of turns).
+    for _ in 0..100 {
+        if store.is_empty() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(store.is_empty(), "{} keys left", store.len());
+    assert_eq!(store.slots(), 0);
+    // The task ends once the store is dropped.
+    drop(l);
+    drop(store);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(task.is_finished());
+}
