@@ -385,9 +385,10 @@ impl RedisStoreBuilder {
 
     /// Coalesces concurrent decisions into one call per Redis node (as
     /// [`decide_batch`](RedisStore::decide_batch) groups them): a decision waits at most
-    /// `linger` (at most 10 ms; e.g. 200 µs) for others to join its batch; with zero it
-    /// leaves with those already queued. Batches also form
-    /// by themselves under load, while earlier ones are in flight. Decisions are exactly
+    /// `linger` (at most 10 ms) for others to join its batch; with zero it leaves with those
+    /// already queued. Batches also form by themselves under load, while earlier ones are in
+    /// flight, so zero is the usual choice. tokio's timers count whole milliseconds, so a
+    /// linger under a millisecond may wait up to about one. Decisions are exactly
     /// those of sequential calls. Off by default: the lowest latency for a single caller is
     /// one call per decision; under many concurrent callers, batching multiplies the
     /// decisions per second one Redis core can make.
@@ -436,7 +437,7 @@ impl RedisStoreBuilder {
             if linger > MAX_LINGER {
                 return Err(InputError::new(
                     "auto_batch",
-                    format!("a linger of {linger:?} is too long; use at most {MAX_LINGER:?}, e.g. 200µs"),
+                    format!("a linger of {linger:?} is too long; use at most {MAX_LINGER:?}, e.g. 0 (only the decisions already waiting)"),
                 )
                 .into());
             }
