@@ -161,6 +161,9 @@ impl Decision {
 
 /// Converts fractional microseconds to a [`Duration`], rounding to the nearest nanosecond,
 /// treating negative and NaN values as zero and saturating at [`Duration::MAX`].
+// Engine internals the stores (paceline-store, a sibling crate) need; not part of the
+// public API, so hidden from its documentation.
+#[doc(hidden)]
 #[inline]
 pub fn micros_to_duration(us: f64) -> Duration {
     if us.is_nan() || us <= 0.0 {
@@ -189,11 +192,17 @@ pub fn micros_to_duration(us: f64) -> Duration {
 /// assert_eq!(paceline_core::round_to_micros(Duration::from_nanos(1_500)), 2);
 /// assert_eq!(paceline_core::round_to_micros(Duration::MAX), u64::MAX);
 /// ```
+// Engine internals the stores (paceline-store, a sibling crate) need; not part of the
+// public API, so hidden from its documentation.
+#[doc(hidden)]
 pub fn round_to_micros(d: Duration) -> u64 {
     u64::try_from(d.as_nanos().saturating_add(500) / 1_000).unwrap_or(u64::MAX)
 }
 
 /// Converts a [`Duration`] to fractional microseconds.
+// Engine internals the stores (paceline-store, a sibling crate) need; not part of the
+// public API, so hidden from its documentation.
+#[doc(hidden)]
 #[inline]
 pub fn duration_to_micros(d: Duration) -> f64 {
     d.as_secs() as f64 * 1e6 + f64::from(d.subsec_nanos()) / 1000.0

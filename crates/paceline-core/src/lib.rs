@@ -38,9 +38,10 @@ pub mod policy;
 pub mod spec;
 
 pub use clock::{Clock, ManualClock, Sleep};
-pub use decision::{
-    duration_to_micros, micros_to_duration, round_to_micros, Decision, Fallback, Op,
-};
+pub use decision::{Decision, Fallback, Op};
+// Time conversions the stores and front ends share (hidden: not part of the public API).
+#[doc(hidden)]
+pub use decision::{duration_to_micros, micros_to_duration, round_to_micros};
 pub use error::{Error, InputError, StoreError, StoreErrorKind};
 pub use policy::{Policy, State, ALGORITHMS};
 pub use spec::Rate;

@@ -183,6 +183,9 @@ impl Gcra {
     /// assert_eq!(plan.write, Some(100_000.0)); // TAT = now + one interval
     /// assert!(gcra.decision(&plan).allowed);
     /// ```
+    // The memory store's compare-and-swap loop (paceline-store) runs the arithmetic
+    // alone; not part of the public API.
+    #[doc(hidden)]
     #[inline]
     pub fn plan(&self, stored_tat: Option<f64>, now: u64, op: Op, cost: u64) -> Plan {
         let now = now as f64;
@@ -216,6 +219,7 @@ impl Gcra {
     }
 
     /// The decision a [`Plan`] stands for.
+    #[doc(hidden)]
     #[inline]
     pub fn decision(&self, plan: &Plan) -> Decision {
         // The key after the request: the new TAT if it writes, the current one if not.
@@ -231,6 +235,7 @@ impl Gcra {
 }
 
 /// One `gcra` request worked out by [`Gcra::plan`], before its [`Decision`] is built.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Plan {
     /// The TAT to store if the request is admitted (`None`: nothing changes).

@@ -167,6 +167,9 @@ macro_rules! policies {
             /// [`Policy::check_cost`] for `op` and whose `now` has passed [`check_now`]:
             /// for stores that check a request once, before deciding how to apply it.
             /// Unchecked input gives unspecified (but memory-safe) decisions.
+            // For stores (paceline-store) that check a request once before applying it;
+            // not part of the public API.
+            #[doc(hidden)]
             #[inline]
             pub fn apply_validated(
                 &self,
@@ -244,6 +247,9 @@ fn apply_typed<A: Algorithm>(
 /// Checks that `now` (microseconds since the Unix epoch) is within the supported range: at
 /// most [`MAX_NOW_US`], so that times stay exact in f64 arithmetic, here and in stores that
 /// compute elsewhere (Lua).
+// Stores (paceline-store) check injected and server times with it; not part of the
+// public API.
+#[doc(hidden)]
 pub fn check_now(now: u64) -> Result<(), InputError> {
     if now > MAX_NOW_US {
         return Err(InputError::new(
