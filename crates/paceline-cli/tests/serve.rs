@@ -375,6 +375,17 @@ fn a_token_guards_the_api_but_not_health() {
         ask,
     );
     assert_eq!(right.status, 200, "{}", right.body);
+    // The scheme is case-insensitive (RFC 9110).
+    for header in ["bearer s3cret", "BEARER s3cret"] {
+        let r = http(
+            s.port,
+            "POST",
+            "/v1/decisions",
+            &[("Authorization", header)],
+            ask,
+        );
+        assert_eq!(r.status, 200, "{header}: {}", r.body);
+    }
     // Every endpoint under /v1 asks for the token, before looking at the request.
     for (method, path, body) in [
         ("POST", "/v1/decisions/batch", &b"[]"[..]),

@@ -17,6 +17,7 @@ use paceline_store::{
 };
 use serde::Serialize;
 use serde_json::{json, Map, Value};
+use subtle::ConstantTimeEq as _;
 
 use crate::config::Settings;
 use crate::metrics::{Metrics, PolicyMetrics};
@@ -322,9 +323,9 @@ impl FromRequestParts<Arc<AppState>> for Authorized {
             let given = parts
                 .headers
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
-            if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), token.as_bytes())) {
+                .and_then(|v| bearer_token(v.as_bytes()));
+            let accepted = given.is_some_and(|g| bool::from(g.ct_eq(token.as_bytes())));
+            if !accepted {
                 let mut response = ApiError::new(
                     StatusCode::UNAUTHORIZED,
                     "unauthenticated",
@@ -342,8 +343,18 @@ impl FromRequestParts<Arc<AppState>> for Authorized {
     }
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// The token of an `Authorization: Bearer TOKEN` header: the scheme in any case (RFC 9110
+/// makes auth schemes case-insensitive), then one or more spaces.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer";
+    let scheme = value.get(..SCHEME.len())?;
+    if !scheme.eq_ignore_ascii_case(SCHEME) {
+        return None;
+    }
+    let rest = &value[SCHEME.len()..];
+    let token = rest.trim_ascii_start();
+    // At least one space between the scheme and the token.
+    (token.len() < rest.len() && !token.is_empty()).then_some(token)
 }
 
 /// A validated request, borrowing from the configuration it was checked against.
@@ -838,6 +849,37 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod auth_tests {
+    use super::bearer_token;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for header in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR   s3cret",
+        ] {
+            assert_eq!(
+                bearer_token(header.as_bytes()),
+                Some(&b"s3cret"[..]),
+                "{header}"
+            );
+        }
+        for header in [
+            "Bearers3cret",
+            "Basic s3cret",
+            "Bearer",
+            "Bearer   ",
+            "Token s3cret",
+            "",
+        ] {
+            assert_eq!(bearer_token(header.as_bytes()), None, "{header}");
         }
     }
 }
