@@ -348,6 +348,48 @@ fn every_bad_input_is_a_clear_4xx() {
     assert_eq!((r.status, r.error().1.as_str()), (400, "body"));
     assert_eq!(http(s.port, "GET", "/v1/decisions", &[], b"").status, 405);
     assert_eq!(http(s.port, "GET", "/nowhere", &[], b"").status, 404);
+    // Every error is the JSON error body, naming the field.
+    let r = http(s.port, "DELETE", "/v1/keys/discord-roles/%FF%FE", &[], b"");
+    assert_eq!(
+        (r.status, r.error().1.as_str()),
+        (400, "path"),
+        "{}",
+        r.body
+    );
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    for (body, field) in [
+        (
+            r#"{"policy": "discord-roles", "key": "k", "cost": 1e309}"#,
+            "cost",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "k", "max_wait_ms": -1e400}"#,
+            "max_wait_ms",
+        ),
+        (
+            r#"{"policy": "discord-roles", "key": "a", "key": "b"}"#,
+            "key",
+        ),
+        (
+            r#"{"policy": "discord-roles", "policy": "discord-roles", "key": "k"}"#,
+            "policy",
+        ),
+    ] {
+        let r = post(s.port, "/v1/decisions", body);
+        assert_eq!(
+            (r.status, r.error().1.as_str()),
+            (400, field),
+            "{body}: {}",
+            r.body
+        );
+        let r = post(s.port, "/v1/decisions/batch", &format!("[{body}]"));
+        assert_eq!(r.status, 200, "{body}: {}", r.body);
+        assert!(
+            r.body.contains(&format!("\"field\":\"{field}\"")),
+            "{body}: {}",
+            r.body
+        );
+    }
 }
 
 #[test]

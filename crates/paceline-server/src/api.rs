@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -409,7 +409,14 @@ fn validate<'a>(live: &'a Live, item: &Item<'_>) -> Result<Ask<'a>, ApiError> {
         cost,
         max_wait_ms,
         unknown,
+        duplicate,
     } = fields;
+    if let Some(duplicate) = duplicate {
+        return Err(ApiError::invalid(
+            duplicate.as_str(),
+            "appears more than once in the request; send each field once",
+        ));
+    }
     if let Some(unknown) = unknown {
         return Err(ApiError::invalid(
             unknown.as_str(),
@@ -751,8 +758,23 @@ async fn batch(
 async fn reset_key(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,
-    Path((policy, key)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
+    // A path that does not decode (percent-encoded bytes that are not UTF-8) is answered
+    // like any bad input, as JSON.
+    let Path((policy, key)) = match path {
+        Ok(path) => path,
+        Err(e) => {
+            return ApiError::invalid(
+                "path",
+                format!(
+                    "the policy and key must be UTF-8 text, percent-encoded in the URL: {}",
+                    e.body_text()
+                ),
+            )
+            .into_response()
+        }
+    };
     if !live.policies.contains_key(&policy) {
         return ApiError::unknown_policy(&policy).into_response();
     }

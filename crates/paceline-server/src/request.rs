@@ -11,6 +11,7 @@ use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 use serde_json::Number;
 
 /// One field's value as sent.
@@ -47,6 +48,9 @@ pub(crate) struct RawAsk<'a> {
     pub(crate) max_wait_ms: Field<'a>,
     /// The first field that is none of the above, in the order JSON object keys sort.
     pub(crate) unknown: Option<String>,
+    /// The first field that appears more than once (refused: which one counts would be a
+    /// guess).
+    pub(crate) duplicate: Option<String>,
 }
 
 /// The names of a decision request's fields, in the order errors list them.
@@ -193,11 +197,20 @@ impl<'de> Deserialize<'de> for Item<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Item<'de>, A::Error> {
                 let mut ask = RawAsk::default();
+                let mut seen = [false; FIELDS.len()];
+                let mut unknown_seen: Vec<String> = Vec::new();
                 while let Some(name) = map.next_key::<Name>()? {
                     match name {
-                        // A repeated field: the last one counts, as in any JSON object.
                         Name::Known(i) => {
-                            let value = map.next_value::<Field<'de>>()?;
+                            // The value as written, then read: a number JSON allows but a
+                            // double cannot hold (`1e309`) is then this field's error, not
+                            // the whole body's.
+                            let raw = map.next_value::<&'de RawValue>()?;
+                            let value = serde_json::from_str::<Field<'de>>(raw.get())
+                                .unwrap_or(Field::Other("a number too large for a double"));
+                            if std::mem::replace(&mut seen[i], true) {
+                                ask.duplicate.get_or_insert_with(|| FIELDS[i].to_string());
+                            }
                             match i {
                                 0 => ask.policy = value,
                                 1 => ask.key = value,
@@ -208,6 +221,11 @@ impl<'de> Deserialize<'de> for Item<'de> {
                         }
                         Name::Unknown(name) => {
                             map.next_value::<IgnoredAny>()?;
+                            if unknown_seen.contains(&name) {
+                                ask.duplicate.get_or_insert_with(|| name.clone());
+                            } else {
+                                unknown_seen.push(name.clone());
+                            }
                             if ask.unknown.as_ref().is_none_or(|first| name < *first) {
                                 ask.unknown = Some(name);
                             }
@@ -281,6 +299,7 @@ mod tests {
                 cost: field(m.get("cost")),
                 max_wait_ms: field(m.get("max_wait_ms")),
                 unknown: m.keys().find(|k| !FIELDS.contains(&k.as_str())).cloned(),
+                duplicate: None,
             }),
             Value::Array(_) => Item::Not("an array"),
             Value::String(_) => Item::Not("a string"),
@@ -288,7 +307,13 @@ mod tests {
             Value::Bool(_) => Item::Not("a boolean"),
             Value::Null => Item::Not("null"),
         };
-        assert_eq!(item(json), expected, "{json}");
+        // A `Value` keeps the last of repeated fields and cannot say which were repeated:
+        // that is compared apart (see the test of repeated fields).
+        let mut actual = item(json);
+        if let Item::Object(ask) = &mut actual {
+            ask.duplicate = None;
+        }
+        assert_eq!(actual, expected, "{json}");
     }
 
     #[test]
@@ -309,12 +334,34 @@ mod tests {
     }
 
     #[test]
+    fn a_repeated_field_is_named_and_a_huge_number_is_its_field_s_error() {
+        let Item::Object(ask) = item(r#"{"key": "a", "policy": "p", "key": "b"}"#) else {
+            panic!("not an object");
+        };
+        assert_eq!(ask.duplicate.as_deref(), Some("key"));
+        let Item::Object(ask) = item(r#"{"x": 1, "key": "a", "x": 2}"#) else {
+            panic!("not an object");
+        };
+        assert_eq!(ask.duplicate.as_deref(), Some("x"));
+        let Item::Object(ask) = item(r#"{"key": "a", "cost": 1e309}"#) else {
+            panic!("not an object");
+        };
+        assert_eq!(ask.duplicate, None);
+        assert_eq!(ask.cost, Field::Other("a number too large for a double"));
+        assert_eq!(ask.key, Field::Str(Cow::Borrowed("a")));
+        let Item::Object(ask) = item(r#"{"cost": -3, "max_wait_ms": 1e400}"#) else {
+            panic!("not an object");
+        };
+        assert_eq!(ask.max_wait_ms.kind(), "a number too large for a double");
+        assert_eq!(ask.cost, Field::Number((-3i64).into()));
+    }
+
+    #[test]
     fn agrees_with_reading_into_a_value() {
         for json in [
             r#"{}"#,
             r#"{"policy": 5, "key": true, "op": [1, {"a": 2}], "cost": {"x": []}}"#,
             r#"{"zeta": 1, "colour": "red", "alpha": {"deep": [1, 2]}, "key": "k"}"#,
-            r#"{"cost": -3, "max_wait_ms": 1e400}"#,
             r#"{"cost": 18446744073709551616, "max_wait_ms": -0.0}"#,
             r#"{"key": "first", "key": "second", "cost": "3", "cost": 3}"#,
             r#"{"key": 1, "key": null}"#,
