@@ -85,6 +85,10 @@ struct ServeArgs {
     /// What a Redis store does when Redis fails: fail_closed (503), fail_open, local.
     #[arg(long, value_name = "POLICY")]
     failure_policy: Option<String>,
+    /// Redis: coalesce concurrent decisions into one call per node, each waiting at most
+    /// LINGER for others (default 0ms: only those already waiting), or `off`.
+    #[arg(long, value_name = "LINGER|off")]
+    redis_auto_batch: Option<String>,
     /// Require `Authorization: Bearer TOKEN` on /v1/ endpoints.
     #[arg(
         long,

@@ -46,6 +46,10 @@ fn settings(args: &ServeArgs) -> Result<Settings, ConfigError> {
             flag("--failure-policy", e.message().to_string())
         })?;
     }
+    if let Some(v) = &args.redis_auto_batch {
+        s.redis_auto_batch =
+            config::parse_auto_batch(v).map_err(|m| flag("--redis-auto-batch", m))?;
+    }
     if !matches!(args.log_format.as_str(), "text" | "json") {
         return Err(flag(
             "--log-format",

@@ -4,6 +4,7 @@
 //! listen = "127.0.0.1:7373"
 //! store = "redis://127.0.0.1:6379"   # or "memory" (default), or "redis-cluster://..."
 //! failure_policy = "fail_closed"     # fail_closed | fail_open | local (Redis stores)
+//! redis_auto_batch = "0ms"           # coalesce concurrent decisions (a linger), or "off"
 //! allow_inline_policies = false      # accept spec strings as `policy` in requests
 //! auth_token = "..."                 # or PACELINE_AUTH_TOKEN / --auth-token
 //!
@@ -109,6 +110,8 @@ pub struct FileSettings {
     pub store: Option<String>,
     /// `failure_policy`.
     pub failure_policy: Option<FailurePolicy>,
+    /// `redis_auto_batch`: `Some(None)` for `"off"`.
+    pub redis_auto_batch: Option<Option<Duration>>,
     /// `auth_token`.
     pub auth_token: Option<String>,
     /// `allow_inline_policies`.
@@ -128,6 +131,9 @@ impl Settings {
         }
         if let Some(v) = file.failure_policy {
             self.failure_policy = v;
+        }
+        if let Some(v) = file.redis_auto_batch {
+            self.redis_auto_batch = v;
         }
         self.apply_live(file);
     }
@@ -156,6 +162,7 @@ const KNOWN: &[&str] = &[
     "listen",
     "store",
     "failure_policy",
+    "redis_auto_batch",
     "auth_token",
     "allow_inline_policies",
     "policies",
@@ -216,6 +223,11 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
                         err(name, e.message().to_string())
                     })?);
             }
+            "redis_auto_batch" => {
+                let s = text_value(value)?;
+                out.redis_auto_batch =
+                    Some(parse_auto_batch(&s).map_err(|message| err(name, message))?);
+            }
             "auth_token" => {
                 let s = text_value(value)?;
                 if s.is_empty() {
@@ -249,6 +261,26 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
         }
     }
     Ok(out)
+}
+
+/// The longest auto-batching linger (as the Redis store allows).
+const MAX_AUTO_BATCH_LINGER: Duration = Duration::from_millis(10);
+
+/// Reads `redis_auto_batch` (and `--redis-auto-batch`): `off`, or the linger as a duration
+/// (`0ms`: only the decisions already waiting; at most `10ms`).
+pub fn parse_auto_batch(text: &str) -> Result<Option<Duration>, String> {
+    if text.trim() == "off" {
+        return Ok(None);
+    }
+    let us = paceline_store::spec::parse_duration_opt_zero("redis_auto_batch", text, true)
+        .map_err(|e| format!("{}; or `off`", e.message()))?;
+    let linger = Duration::from_micros(us);
+    if linger > MAX_AUTO_BATCH_LINGER {
+        return Err(format!(
+            "`{text}` is too long a linger; use at most 10ms (0ms is the usual), or `off`"
+        ));
+    }
+    Ok(Some(linger))
 }
 
 /// Policy names: 1 to 128 characters from `A-Z a-z 0-9 - _ .`, so they fit URLs, metric
@@ -303,6 +335,30 @@ burst = 20
             "fixed_window:limit=10,window=10s"
         );
         assert_eq!(s.policies["api"].limit(), 20);
+        assert_eq!(s.redis_auto_batch, None);
+    }
+
+    #[test]
+    fn redis_auto_batch_is_a_linger_or_off() {
+        let read = |text: &str| parse("p.toml", &format!("redis_auto_batch = \"{text}\""));
+        assert_eq!(read("off").unwrap().redis_auto_batch, Some(None));
+        assert_eq!(
+            read("0ms").unwrap().redis_auto_batch,
+            Some(Some(Duration::ZERO))
+        );
+        assert_eq!(
+            read("250us").unwrap().redis_auto_batch,
+            Some(Some(Duration::from_micros(250)))
+        );
+        for bad in ["1s", "soon", "-1ms"] {
+            let e = read(bad).unwrap_err();
+            assert_eq!(e.field, "redis_auto_batch", "{bad}");
+            assert!(e.message.contains("off"), "{bad}: {}", e.message);
+        }
+        let mut settings = Settings::default();
+        assert_eq!(settings.redis_auto_batch, Some(Duration::ZERO));
+        settings.apply_file(read("off").unwrap());
+        assert_eq!(settings.redis_auto_batch, None);
     }
 
     #[test]
