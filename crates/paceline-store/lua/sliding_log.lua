@@ -76,10 +76,23 @@ local function sl_record(times, costs, n, newest, time, cost)
   return n, newest
 end
 
-local function sl_state(times, costs, n, newest)
+-- The state to store: the newest entries holding at least `limit` cost units, and none
+-- older (Rust's `into_state`: dropping them changes no decision, and bounds the log to
+-- `limit` entries).
+local function sl_state(times, costs, n, newest, limit)
+  local first, units = 1, 0
+  for k = n, 1, -1 do
+    units = units + costs[k]
+    if units >= limit then
+      first = k
+      break
+    end
+  end
   local s = { newest }
-  for i = 1, n do
-    s[2 * i], s[2 * i + 1] = times[i], costs[i]
+  local j = 2
+  for i = first, n do
+    s[j], s[j + 1] = times[i], costs[i]
+    j = j + 2
   end
   return s
 end
@@ -115,7 +128,7 @@ PL.alg.sliding_log = function(p, s, now, op, cost, max_wait)
     if delay == 0 then
       n, newest = sl_record(times, costs, n, newest, now, cost)
       local a, d, r, reset = decide(true, 0)
-      return a, d, r, reset, sl_state(times, costs, n, newest)
+      return a, d, r, reset, sl_state(times, costs, n, newest, limit)
     elseif count_blocked then
       -- Logged although blocked (possibly before a reservation, hence mid-log); the
       -- retry-after is computed on the log that includes it.
@@ -123,7 +136,7 @@ PL.alg.sliding_log = function(p, s, now, op, cost, max_wait)
       local retry = sl_earliest(limit, window, min_interval, times, costs, n, newest, now, cost)
         - now
       local a, d, r, reset = decide(false, retry)
-      return a, d, r, reset, sl_state(times, costs, n, newest)
+      return a, d, r, reset, sl_state(times, costs, n, newest, limit)
     end
     -- A plain rejection stores nothing, not even the pruning.
     return decide(false, delay)
@@ -132,5 +145,5 @@ PL.alg.sliding_log = function(p, s, now, op, cost, max_wait)
   end
   n, newest = sl_record(times, costs, n, newest, t, cost)
   local a, d, r, reset = decide(true, delay)
-  return a, d, r, reset, sl_state(times, costs, n, newest)
+  return a, d, r, reset, sl_state(times, costs, n, newest, limit)
 end

@@ -56,10 +56,16 @@
 //! parameters, so it is kept as it is: a new `window` or `min_interval` applies to the logged
 //! times, a new `limit` to their costs.
 //!
-//! Memory: one entry per distinct request time inside a window, so at most `limit` entries
-//! for admitted requests, plus one per reservation booked ahead by `pace`. With
-//! `count_blocked`, every blocked request is logged too: a hammering client's log holds one
-//! entry per distinct microsecond it hammered in during the last window.
+//! Memory: one entry per distinct request time, and **at most `limit` entries**, whatever the
+//! traffic: when a write leaves the log holding at least `limit` cost units in its newest
+//! entries, the older entries are dropped. That changes no decision: while any of them is
+//! inside the window, so are the newer ones (the log is sorted), whose costs alone block every
+//! request, and the earliest unblocked time depends only on the newest `limit` units. So
+//! neither a hammering client under `count_blocked` nor a deep queue of `pace` reservations
+//! grows the log past `limit` entries. (A later raise of the key's `limit` sees only the
+//! entries kept.) `limit` is at most [`MAX_LIMIT`]: each decision reads the key's whole log
+//! (and on Redis decodes and encodes it), so its cost grows with the limit; for larger
+//! limits, `sliding_window` (two counters) or `gcra` decide in constant time and space.
 //!
 //! ```
 //! use paceline_core::{Op, Policy};
@@ -105,8 +111,12 @@ pub struct State {
     pub newest: u64,
 }
 
+/// The largest `limit` a `sliding_log` takes: its log holds at most `limit` entries, each
+/// read by every decision on the key.
+pub const MAX_LIMIT: u64 = 10_000;
+
 impl SlidingLog {
-    /// At most `limit` (1 to 2^40) cost units in any `window` (greater than zero), requests
+    /// At most `limit` (1 to [`MAX_LIMIT`]) cost units in any `window` (greater than zero), requests
     /// at least `min_interval` (zero allowed) apart; with `count_blocked`, blocked `limit`
     /// requests are logged too. Durations are whole microseconds, at most 3650 days.
     pub fn new(
@@ -115,8 +125,19 @@ impl SlidingLog {
         min_interval: Duration,
         count_blocked: bool,
     ) -> Result<SlidingLog, InputError> {
+        let limit = checked_limit(limit)?;
+        if limit > MAX_LIMIT {
+            return Err(InputError::new(
+                "limit",
+                format!(
+                    "{limit} is too large for sliding_log, which keeps one entry per request: \
+                     use at most {MAX_LIMIT}, or sliding_window (two counters) or gcra for \
+                     larger limits"
+                ),
+            ));
+        }
         Ok(SlidingLog {
-            limit: checked_limit(limit)?,
+            limit,
             window_us: checked_duration("window", window, false)?,
             min_interval_us: checked_duration("min_interval", min_interval, true)?,
             count_blocked,
@@ -244,7 +265,16 @@ impl Log {
         self.newest = Some(self.newest.map_or(time, |n| n.max(time)));
     }
 
-    fn into_state(self) -> Option<State> {
+    /// The state to store: the newest entries holding at least `limit` cost units, and
+    /// none older (see the module's notes on memory: dropping them changes no decision).
+    fn into_state(mut self, limit: u64) -> Option<State> {
+        let mut newest_units: u64 = 0;
+        if let Some(first) = (0..self.entries.len()).rev().find(|&k| {
+            newest_units = newest_units.saturating_add(self.entries[k].1);
+            newest_units >= limit
+        }) {
+            self.entries.drain(..first);
+        }
         self.newest.map(|newest| State {
             entries: self.entries,
             newest,
@@ -299,7 +329,7 @@ impl Algorithm for SlidingLog {
         let delay = t - now;
         let save = |state: &mut Option<State>, log: Log, allowed: bool, delay: f64| {
             let decision = self.decision(&log, now, allowed, delay);
-            *state = log.into_state();
+            *state = log.into_state(self.limit);
             decision
         };
         match op {
@@ -448,7 +478,9 @@ mod tests {
         // At 15 s the log holds 6 s ... 15 s: once the one at 14 s leaves, one more fits.
         let last = last.unwrap();
         assert_eq!(last.delay, Duration::from_secs(9));
-        assert_eq!(own(&b).entries.len(), 10);
+        // The log keeps only its newest entries holding `limit` units: 14 s and 15 s (the
+        // older ones could not change a decision).
+        assert_eq!(own(&b).entries, [(14 * SEC, 1), (15 * SEC, 1)]);
         assert!(
             !counting
                 .apply(&mut b.clone(), 24 * SEC - 1, Op::Peek, 1)
@@ -462,6 +494,46 @@ mod tests {
     }
 
     #[test]
+    fn the_log_never_holds_more_than_limit_entries() {
+        // A client hammering at a distinct microsecond each time, and a deep queue of
+        // reservations: neither grows the log past `limit` entries.
+        let counting = policy("sliding_log:limit=5,window=1h,count_blocked=true");
+        let mut s = None;
+        for t in 0..20_000 {
+            counting.apply(&mut s, t, Op::Limit, 1).unwrap();
+            assert!(own(&s).entries.len() <= 5, "at {t} µs");
+        }
+        let pacer = policy("sliding_log:limit=5,window=1s");
+        let mut q = None;
+        for _ in 0..20_000 {
+            pacer.apply(&mut q, 0, Op::pace(), 1).unwrap();
+            assert!(own(&q).entries.len() <= 5);
+        }
+        // The 20,001st reservation still goes where the whole queue puts it.
+        let d = pacer.apply(&mut q, 0, Op::pace(), 1).unwrap();
+        assert_eq!(d.delay, Duration::from_secs(4_000));
+    }
+
+    #[test]
+    fn the_limit_is_bounded() {
+        let ok = "sliding_log:limit=10000,window=1h".parse::<Policy>();
+        assert!(ok.is_ok());
+        let e = "sliding_log:limit=10001,window=1h"
+            .parse::<Policy>()
+            .unwrap_err();
+        assert_eq!(e.field(), "limit");
+        assert!(e.message().contains("10000") && e.message().contains("sliding_window"));
+        let e = SlidingLog::new(
+            1_000_000_000,
+            Duration::from_secs(3600),
+            Duration::ZERO,
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(e.field(), "limit");
+    }
+
+    #[test]
     fn pace_reserves_the_earliest_unblocked_time() {
         let p = policy("sliding_log:limit=2,window=1s");
         let mut s = None;
@@ -470,7 +542,8 @@ mod tests {
             .collect();
         let secs = Duration::from_secs;
         assert_eq!(delays, [secs(0), secs(0), secs(1), secs(1), secs(2)]);
-        assert_eq!(own(&s).entries, [(0, 2), (SEC, 2), (2 * SEC, 1)]);
+        // Booked: 2 at 0 s, 2 at 1 s, 1 at 2 s; kept: the newest entries holding `limit`.
+        assert_eq!(own(&s).entries, [(SEC, 2), (2 * SEC, 1)]);
         // A reservation blocks everything before it: nothing is admitted now ...
         let d = p.apply(&mut s, 0, Op::Peek, 1).unwrap();
         assert_eq!((d.allowed, d.remaining), (false, 0));
