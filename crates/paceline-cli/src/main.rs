@@ -36,7 +36,7 @@ enum Command {
     /// With no arguments: the in-memory store, inline policy specs allowed, listening on
     /// 127.0.0.1:7373. Every flag can also be set in the --config file (TOML); flags win.
     /// SIGHUP (or POST /v1/reload) re-reads the file; SIGTERM/SIGINT stop after in-flight
-    /// requests finish.
+    /// requests finish (within --shutdown-timeout).
     Serve(ServeArgs),
     /// Replay a traffic script (JSON Lines) through a policy on a virtual clock and print
     /// one decision per request.
@@ -89,6 +89,23 @@ struct ServeArgs {
     /// LINGER for others (default 0ms: only those already waiting), or `off`.
     #[arg(long, value_name = "LINGER|off")]
     redis_auto_batch: Option<String>,
+    /// A request's headers must arrive within this (default 10s); it also bounds how long
+    /// a connection may stay idle.
+    #[arg(long, value_name = "DURATION")]
+    header_read_timeout: Option<String>,
+    /// A request's body must arrive within this once its headers have (default 10s; else
+    /// 408).
+    #[arg(long, value_name = "DURATION")]
+    body_read_timeout: Option<String>,
+    /// Close kept-alive connections idle this long (default 5s).
+    #[arg(long, value_name = "DURATION")]
+    idle_timeout: Option<String>,
+    /// Serve at most N connections at once (default 2048); more wait to be accepted.
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// On SIGTERM/SIGINT, give requests in flight this long to finish (default 10s).
+    #[arg(long, value_name = "DURATION")]
+    shutdown_timeout: Option<String>,
     /// Require `Authorization: Bearer TOKEN` on /v1/ endpoints.
     #[arg(
         long,

@@ -50,6 +50,38 @@ fn settings(args: &ServeArgs) -> Result<Settings, ConfigError> {
         s.redis_auto_batch =
             config::parse_auto_batch(v).map_err(|m| flag("--redis-auto-batch", m))?;
     }
+    let c = &mut s.connections;
+    for (name, value, target) in [
+        (
+            "--header-read-timeout",
+            &args.header_read_timeout,
+            &mut c.header_read_timeout,
+        ),
+        (
+            "--body-read-timeout",
+            &args.body_read_timeout,
+            &mut c.body_read_timeout,
+        ),
+        ("--idle-timeout", &args.idle_timeout, &mut c.idle_timeout),
+        (
+            "--shutdown-timeout",
+            &args.shutdown_timeout,
+            &mut c.shutdown_timeout,
+        ),
+    ] {
+        if let Some(v) = value {
+            *target = config::parse_timeout(name, v).map_err(|m| flag(name, m))?;
+        }
+    }
+    if let Some(n) = args.max_connections {
+        if !(1..=config::MAX_CONNECTIONS).contains(&n) {
+            return Err(flag(
+                "--max-connections",
+                format!("must be from 1 to {}", config::MAX_CONNECTIONS),
+            ));
+        }
+        c.max_connections = n;
+    }
     if !matches!(args.log_format.as_str(), "text" | "json") {
         return Err(flag(
             "--log-format",

@@ -746,3 +746,144 @@ fn arbitrary_bodies_never_get_a_5xx() {
     // Still serving.
     assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
 }
+
+/// Reads from `stream` until the server closes it (or it errs), failing if nothing happens
+/// within a generous bound; returns what was read.
+fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match stream.read(&mut chunk) {
+            Ok(0) => return raw,
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return raw,
+            Err(e) => panic!("the service did not close the connection: {e}"),
+        }
+    }
+}
+
+#[test]
+fn unfinished_and_idle_connections_are_closed() {
+    let s = start(&[
+        "--header-read-timeout",
+        "300ms",
+        "--body-read-timeout",
+        "300ms",
+        "--idle-timeout",
+        "300ms",
+    ]);
+    // Half the headers, then nothing: closed by the header read timeout.
+    let mut half_head = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    half_head
+        .write_all(b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\n")
+        .expect("send");
+    until_closed(&mut half_head);
+
+    // Headers, then half the body: a 408 in the JSON error body.
+    let mut half_body = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    half_body
+        .write_all(
+            b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"policy\"",
+        )
+        .expect("send");
+    let reply = parse(&until_closed(&mut half_body));
+    assert_eq!(reply.status, 408, "{}", reply.body);
+    assert_eq!(reply.error(), ("request_timeout".into(), "body".into()));
+
+    // A kept-alive connection that answered a request and then idles: closed.
+    let mut idle = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("send");
+    let raw = until_closed(&mut idle);
+    assert!(
+        raw.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+
+    // The service itself keeps answering.
+    assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
+}
+
+#[test]
+fn connections_beyond_the_cap_wait_for_a_free_one() {
+    let s = start(&[
+        "--max-connections",
+        "2",
+        "--idle-timeout",
+        "1h",
+        "--header-read-timeout",
+        "1h",
+    ]);
+    // Two connections take both slots (each has sent nothing yet).
+    let first = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    let second = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    // A third is queued by the kernel: its request gets no answer while both are open.
+    let mut third = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    third
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    third
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    let mut byte = [0u8; 1];
+    match third.read(&mut byte) {
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) => {}
+        other => panic!("a connection beyond the cap was served: {other:?}"),
+    }
+    // One closes: the third is accepted and answered.
+    drop(first);
+    let raw = until_closed(&mut third);
+    assert!(
+        raw.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&raw)
+    );
+    drop(second);
+}
+
+#[test]
+fn sigterm_gives_up_on_an_unfinished_request_after_the_shutdown_timeout() {
+    let mut s = start(&[
+        "--shutdown-timeout",
+        "300ms",
+        "--header-read-timeout",
+        "1h",
+        "--idle-timeout",
+        "1h",
+    ]);
+    // Headers and part of a body, then silence: in flight, never finished.
+    let mut stuck = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    stuck
+        .write_all(b"POST /v1/decisions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        .expect("send");
+    // A request in flight is surely read: wait until the service answers another one.
+    assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
+    let pid = s.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill")
+        .success());
+    // The service exits by itself (the test would hang here before the deadline existed).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = s.child.try_wait().expect("wait") {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    until_closed(&mut stuck);
+}

@@ -122,7 +122,7 @@ impl AppState {
 }
 
 /// The service's routes.
-pub(crate) fn router(state: Arc<AppState>) -> Router {
+pub(crate) fn router(state: Arc<AppState>, body_read_timeout: Duration) -> Router {
     let v1 = Router::new()
         .route(
             "/v1/decisions",
@@ -134,7 +134,11 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         )
         .route("/v1/keys/{policy}/{key}", delete(reset_key))
         .route("/v1/policies", get(policies))
-        .route("/v1/reload", post(reload));
+        .route("/v1/reload", post(reload))
+        .route_layer(axum::middleware::from_fn_with_state(
+            body_read_timeout,
+            read_body_in_time,
+        ));
     Router::new()
         .merge(v1)
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
@@ -367,6 +371,44 @@ struct Ask<'a> {
     store_key: String,
     op: Op,
     cost: u64,
+}
+
+/// Reads a request's whole body (at most [`MAX_BATCH_BODY`] bytes) within `timeout` before
+/// its handler runs, so that a client that stops sending mid-body gets a `408` instead of
+/// holding its connection; the route's own size limit still applies after.
+async fn read_body_in_time(
+    State(timeout): State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BATCH_BODY)).await {
+        Ok(Ok(bytes)) => {
+            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+                .await
+        }
+        Ok(Err(e)) => {
+            let too_large = e.into_inner().is::<http_body_util::LengthLimitError>();
+            if too_large {
+                ApiError::new(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "payload_too_large",
+                    "body",
+                    format!("the body is over {MAX_BATCH_BODY} bytes"),
+                )
+            } else {
+                ApiError::invalid("body", "the body could not be read to its end")
+            }
+            .into_response()
+        }
+        Err(_) => ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "body",
+            format!("the body did not arrive within {timeout:?} (the service's body_read_timeout)"),
+        )
+        .into_response(),
+    }
 }
 
 /// A body's bytes, turning a too-large body into 413.

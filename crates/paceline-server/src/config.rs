@@ -5,6 +5,11 @@
 //! store = "redis://127.0.0.1:6379"   # or "memory" (default), or "redis-cluster://..."
 //! failure_policy = "fail_closed"     # fail_closed | fail_open | local (Redis stores)
 //! redis_auto_batch = "0ms"           # coalesce concurrent decisions (a linger), or "off"
+//! header_read_timeout = "10s"        # a request's headers must arrive within this
+//! body_read_timeout = "10s"          # and its body within this (408 otherwise)
+//! idle_timeout = "5s"                # kept-alive connections idle this long are closed
+//! max_connections = 2048             # open connections; more wait to be accepted
+//! shutdown_timeout = "10s"           # on SIGTERM, in-flight requests get this long
 //! allow_inline_policies = false      # accept spec strings as `policy` in requests
 //! auth_token = "..."                 # or PACELINE_AUTH_TOKEN / --auth-token
 //!
@@ -41,6 +46,8 @@ pub struct Settings {
     /// linger (batches form from the decisions already waiting, while earlier ones are in
     /// flight), since a service's normal load is many concurrent requests.
     pub redis_auto_batch: Option<Duration>,
+    /// Connections: timeouts, the cap, and the shutdown deadline.
+    pub connections: ConnectionLimits,
     /// Requests to `/v1/...` must carry `Authorization: Bearer TOKEN` when set.
     pub auth_token: Option<String>,
     /// Accept spec strings (`"gcra:rate=10/s"`) as the `policy` of a request.
@@ -52,6 +59,39 @@ pub struct Settings {
     /// What the command line set of what a reload can change: it wins over the file, at
     /// start-up and at every reload.
     pub flags: LiveFlags,
+}
+
+/// What one client may hold of the service: how long it may take to send a request, how
+/// long an idle connection stays open, how many connections are served at once, and how
+/// long a shutdown waits for requests in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// A request's headers must arrive within this, counted from when the connection may
+    /// send one (its opening, or the end of the previous response); else it is closed.
+    pub header_read_timeout: Duration,
+    /// A request's body must arrive within this once its headers have (else `408`).
+    pub body_read_timeout: Duration,
+    /// A connection with no request in flight and no bytes moving for this long is closed
+    /// (at most `header_read_timeout`, which also bounds an idle connection).
+    pub idle_timeout: Duration,
+    /// At most this many connections are open; beyond, new ones wait in the listen queue
+    /// until one closes.
+    pub max_connections: usize,
+    /// On SIGTERM or SIGINT: requests in flight get this long to finish, then every
+    /// connection is closed.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(5),
+            max_connections: 2048,
+            shutdown_timeout: Duration::from_secs(10),
+        }
+    }
 }
 
 /// The settings a reload can change that were given on the command line (`None`: not
@@ -73,6 +113,7 @@ impl Default for Settings {
             store: "memory".to_string(),
             failure_policy: FailurePolicy::FailClosed,
             redis_auto_batch: Some(Duration::ZERO),
+            connections: ConnectionLimits::default(),
             auth_token: None,
             allow_inline_policies: true,
             policies: BTreeMap::new(),
@@ -112,6 +153,16 @@ pub struct FileSettings {
     pub failure_policy: Option<FailurePolicy>,
     /// `redis_auto_batch`: `Some(None)` for `"off"`.
     pub redis_auto_batch: Option<Option<Duration>>,
+    /// `header_read_timeout`.
+    pub header_read_timeout: Option<Duration>,
+    /// `body_read_timeout`.
+    pub body_read_timeout: Option<Duration>,
+    /// `idle_timeout`.
+    pub idle_timeout: Option<Duration>,
+    /// `max_connections`.
+    pub max_connections: Option<usize>,
+    /// `shutdown_timeout`.
+    pub shutdown_timeout: Option<Duration>,
     /// `auth_token`.
     pub auth_token: Option<String>,
     /// `allow_inline_policies`.
@@ -135,6 +186,12 @@ impl Settings {
         if let Some(v) = file.redis_auto_batch {
             self.redis_auto_batch = v;
         }
+        let c = &mut self.connections;
+        c.header_read_timeout = file.header_read_timeout.unwrap_or(c.header_read_timeout);
+        c.body_read_timeout = file.body_read_timeout.unwrap_or(c.body_read_timeout);
+        c.idle_timeout = file.idle_timeout.unwrap_or(c.idle_timeout);
+        c.max_connections = file.max_connections.unwrap_or(c.max_connections);
+        c.shutdown_timeout = file.shutdown_timeout.unwrap_or(c.shutdown_timeout);
         self.apply_live(file);
     }
 
@@ -163,6 +220,11 @@ const KNOWN: &[&str] = &[
     "store",
     "failure_policy",
     "redis_auto_batch",
+    "header_read_timeout",
+    "body_read_timeout",
+    "idle_timeout",
+    "max_connections",
+    "shutdown_timeout",
     "auth_token",
     "allow_inline_policies",
     "policies",
@@ -228,6 +290,27 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
                 out.redis_auto_batch =
                     Some(parse_auto_batch(&s).map_err(|message| err(name, message))?);
             }
+            "header_read_timeout" | "body_read_timeout" | "idle_timeout" | "shutdown_timeout" => {
+                let d = Some(parse_timeout(name, &text_value(value)?).map_err(|m| err(name, m))?);
+                match name.as_str() {
+                    "header_read_timeout" => out.header_read_timeout = d,
+                    "body_read_timeout" => out.body_read_timeout = d,
+                    "idle_timeout" => out.idle_timeout = d,
+                    _ => out.shutdown_timeout = d,
+                }
+            }
+            "max_connections" => {
+                let n = value
+                    .as_integer()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .filter(|n| (1..=MAX_CONNECTIONS).contains(n));
+                out.max_connections = Some(n.ok_or_else(|| {
+                    err(
+                        name,
+                        format!("must be a whole number from 1 to {MAX_CONNECTIONS}, e.g. 2048"),
+                    )
+                })?);
+            }
             "auth_token" => {
                 let s = text_value(value)?;
                 if s.is_empty() {
@@ -261,6 +344,20 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
         }
     }
     Ok(out)
+}
+
+/// The most connections `max_connections` allows.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+
+/// Reads a connection timeout: a duration from 1 ms to 1 hour.
+pub fn parse_timeout(field: &str, text: &str) -> Result<Duration, String> {
+    let us =
+        paceline_store::spec::parse_duration(field, text).map_err(|e| e.message().to_string())?;
+    let d = Duration::from_micros(us);
+    if d < Duration::from_millis(1) || d > Duration::from_secs(3600) {
+        return Err(format!("`{text}` is out of range; use 1ms to 1h, e.g. 10s"));
+    }
+    Ok(d)
 }
 
 /// The longest auto-batching linger (as the Redis store allows).
@@ -336,6 +433,41 @@ burst = 20
         );
         assert_eq!(s.policies["api"].limit(), 20);
         assert_eq!(s.redis_auto_batch, None);
+    }
+
+    #[test]
+    fn connection_limits_have_defaults_and_keys() {
+        let file = parse(
+            "p.toml",
+            "header_read_timeout = \"2s\"\nbody_read_timeout = \"3s\"\nidle_timeout = \"500ms\"\nmax_connections = 64\nshutdown_timeout = \"1s\"\n",
+        )
+        .unwrap();
+        let mut settings = Settings::default();
+        assert_eq!(settings.connections, ConnectionLimits::default());
+        settings.apply_file(file);
+        let c = settings.connections;
+        assert_eq!(
+            (c.header_read_timeout, c.body_read_timeout, c.idle_timeout),
+            (
+                Duration::from_secs(2),
+                Duration::from_secs(3),
+                Duration::from_millis(500)
+            )
+        );
+        assert_eq!(
+            (c.max_connections, c.shutdown_timeout),
+            (64, Duration::from_secs(1))
+        );
+        for (text, field) in [
+            ("max_connections = 0", "max_connections"),
+            ("max_connections = \"many\"", "max_connections"),
+            ("idle_timeout = \"0s\"", "idle_timeout"),
+            ("shutdown_timeout = \"2h\"", "shutdown_timeout"),
+            ("header_read_timeout = \"soon\"", "header_read_timeout"),
+        ] {
+            let e = parse("p.toml", text).unwrap_err();
+            assert_eq!(e.field, field, "{text}: {}", e.message);
+        }
     }
 
     #[test]

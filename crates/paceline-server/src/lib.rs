@@ -27,6 +27,7 @@
 
 mod api;
 pub mod config;
+mod conn;
 mod metrics;
 mod request;
 
@@ -161,14 +162,19 @@ impl Server {
         }
     }
 
-    /// Serves until `shutdown` completes, then lets in-flight requests finish.
+    /// Serves until `shutdown` completes, then lets the requests in flight finish (for at
+    /// most the settings' `shutdown_timeout`) and closes every connection.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        let app = api::router(Arc::clone(&self.state));
-        axum::serve(self.listener, app)
-            .with_graceful_shutdown(shutdown)
-            .await
+        let limits = self
+            .state
+            .base
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .connections;
+        let app = api::router(Arc::clone(&self.state), limits.body_read_timeout);
+        conn::serve(self.listener, app, limits, shutdown).await
     }
 }

@@ -1,0 +1,232 @@
+//! Connections: the accept loop under a cap, each connection's header and idle timeouts, and
+//! a shutdown that answers what was read, closes kept-alive connections cleanly and gives up
+//! after a deadline.
+//!
+//! A connection is served by hyper's HTTP/1 connection with its header read timeout (which
+//! hyper counts from the moment the connection may send a request, so it bounds an idle
+//! connection too). A watchdog beside it closes a connection that has had no request in
+//! flight and no bytes moving for the idle timeout. The body read timeout is the router's
+//! (see `api`), since a body is read by the request's handler.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::config::ConnectionLimits;
+
+/// Serves `app` on `listener` under `limits` until `shutdown` completes; then stops
+/// accepting, lets each connection finish the request it has read (idle ones close at once),
+/// and returns when all are done or the shutdown timeout has passed, whichever is first.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let graceful = GracefulShutdown::new();
+    let started = Instant::now();
+    tokio::pin!(shutdown);
+    loop {
+        // A free slot first: at the cap, new connections wait in the kernel's listen queue.
+        let slot = tokio::select! {
+            slot = Arc::clone(&slots).acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors or a connection reset before it was accepted: not
+                // the listener's end. Pause briefly so a lasting condition does not spin.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let activity = Arc::new(Activity {
+            started,
+            last_ms: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+        });
+        activity.touch();
+        let io = TokioIo::new(Tracked {
+            stream,
+            activity: Arc::clone(&activity),
+        });
+        let service = InFlight {
+            inner: app.clone(),
+            activity: Arc::clone(&activity),
+        };
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .keep_alive(true);
+        let connection =
+            graceful.watch(builder.serve_connection(io, TowerToHyperService::new(service)));
+        let idle_timeout = limits.idle_timeout;
+        tokio::spawn(async move {
+            tokio::pin!(connection);
+            let check = (idle_timeout / 4).max(Duration::from_millis(1));
+            loop {
+                tokio::select! {
+                    _ = &mut connection => break,
+                    () = tokio::time::sleep(check) => {
+                        if activity.idle_for() >= idle_timeout {
+                            // Nothing in flight, nothing moving: dropping the connection
+                            // closes it.
+                            break;
+                        }
+                    }
+                }
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(limits.shutdown_timeout) => {}
+    }
+    Ok(())
+}
+
+/// What a connection is doing: when bytes last moved, and how many requests are in flight.
+struct Activity {
+    started: Instant,
+    last_ms: AtomicU64,
+    in_flight: AtomicUsize,
+}
+
+impl Activity {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    /// How long the connection has been idle: zero while a request is in flight.
+    fn idle_for(&self) -> Duration {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return Duration::ZERO;
+        }
+        let last = self.last_ms.load(Ordering::Relaxed);
+        Duration::from_millis(self.now_ms().saturating_sub(last))
+    }
+}
+
+/// The router, counting a request as in flight until its response is made.
+#[derive(Clone)]
+struct InFlight {
+    inner: Router,
+    activity: Arc<Activity>,
+}
+
+impl<B> tower::Service<axum::http::Request<B>> for InFlight
+where
+    B: http_body::Body<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        tower::Service::<axum::http::Request<B>>::poll_ready(&mut self.inner, cx)
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let activity = Arc::clone(&self.activity);
+        activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        let response = tower::Service::call(&mut self.inner, request.map(axum::body::Body::new));
+        Box::pin(async move {
+            let response = response.await;
+            activity.touch();
+            activity.in_flight.fetch_sub(1, Ordering::Relaxed);
+            response
+        })
+    }
+}
+
+/// A socket that notes when bytes move.
+struct Tracked {
+    stream: TcpStream,
+    activity: Arc<Activity>,
+}
+
+impl AsyncRead for Tracked {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.touch();
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Tracked {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            this.activity.touch();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
