@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 
 use crate::InputError;
 
@@ -21,13 +22,21 @@ pub const MAX_RATE_PER_SECOND: f64 = 1e9;
 
 /// A rate: `amount` per `period`.
 ///
+/// Built typed (`Rate::per_second(10)`, `Rate::new(5, Duration::from_secs(10))`) or parsed
+/// from a spec (`"5/10s"`), with the same validation either way.
+///
 /// ```
 /// use paceline_core::Rate;
+/// use std::time::Duration;
 /// let r: Rate = "5/10s".parse().unwrap();
-/// assert_eq!(r.per_second(), 0.5);
+/// assert_eq!(r, Rate::new(5, Duration::from_secs(10))?);
+/// assert_eq!(r.events_per_second(), 0.5);
 /// assert_eq!(r.interval_micros(), 2_000_000.0);
 /// assert_eq!(r.to_string(), "5/10s");
 /// assert_eq!("10".parse::<Rate>().unwrap().to_string(), "10/s");
+/// assert_eq!(Rate::per_minute(100)?.to_string(), "100/m");
+/// assert_eq!(Rate::per_second(0).unwrap_err().field(), "rate");
+/// # Ok::<(), paceline_core::InputError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rate {
@@ -36,14 +45,49 @@ pub struct Rate {
 }
 
 impl Rate {
-    /// `amount` per `period` microseconds, validated like a parsed rate for field `rate`.
-    pub fn new(amount: f64, period_us: u64) -> Result<Rate, InputError> {
+    /// `amount` per `period`, validated like a parsed rate for the field `rate`: a finite
+    /// amount greater than zero, a period of whole microseconds greater than zero, at most
+    /// 1e9 per second and at least one per 10 years.
+    ///
+    /// ```
+    /// use paceline_core::Rate;
+    /// use std::time::Duration;
+    /// // Discord: 10 role updates per 10 seconds.
+    /// let discord = Rate::new(10, Duration::from_secs(10))?;
+    /// assert_eq!(discord.interval_micros(), 1_000_000.0);
+    /// assert!(Rate::new(1, Duration::from_nanos(1500)).is_err()); // not whole µs
+    /// # Ok::<(), paceline_core::InputError>(())
+    /// ```
+    pub fn new(amount: impl Into<f64>, period: Duration) -> Result<Rate, InputError> {
+        let amount = amount.into();
+        if !period.subsec_nanos().is_multiple_of(1_000) {
+            return Err(err(
+                "rate",
+                format!("the period {period:?} is not a whole number of microseconds"),
+            ));
+        }
+        let period_us = u64::try_from(period.as_micros()).unwrap_or(u64::MAX);
         Rate::checked("rate", amount, period_us)
     }
 
     /// `amount` per second.
-    pub fn per_second_of(amount: f64) -> Result<Rate, InputError> {
-        Rate::new(amount, 1_000_000)
+    pub fn per_second(amount: impl Into<f64>) -> Result<Rate, InputError> {
+        Rate::checked("rate", amount.into(), 1_000_000)
+    }
+
+    /// `amount` per minute.
+    pub fn per_minute(amount: impl Into<f64>) -> Result<Rate, InputError> {
+        Rate::checked("rate", amount.into(), 60_000_000)
+    }
+
+    /// `amount` per hour.
+    pub fn per_hour(amount: impl Into<f64>) -> Result<Rate, InputError> {
+        Rate::checked("rate", amount.into(), 3_600_000_000)
+    }
+
+    /// `amount` per day.
+    pub fn per_day(amount: impl Into<f64>) -> Result<Rate, InputError> {
+        Rate::checked("rate", amount.into(), 86_400_000_000)
     }
 
     fn checked(field: &str, amount: f64, period_us: u64) -> Result<Rate, InputError> {
@@ -60,7 +104,7 @@ impl Rate {
             ));
         }
         let rate = Rate { amount, period_us };
-        if rate.per_second() > MAX_RATE_PER_SECOND {
+        if rate.events_per_second() > MAX_RATE_PER_SECOND {
             return Err(err(field, "must be at most 1e9 per second"));
         }
         if rate.interval_micros() > MAX_DURATION_US as f64 {
@@ -73,7 +117,7 @@ impl Rate {
     }
 
     /// Events per second.
-    pub fn per_second(&self) -> f64 {
+    pub fn events_per_second(&self) -> f64 {
         self.amount * 1e6 / self.period_us as f64
     }
 
@@ -408,7 +452,7 @@ mod tests {
         ];
         for (text, per_second) in cases {
             let r = parse_rate("rate", text).unwrap();
-            assert!((r.per_second() - per_second).abs() < 1e-12, "{text}");
+            assert!((r.events_per_second() - per_second).abs() < 1e-12, "{text}");
             // Display re-parses to the same rate.
             assert_eq!(parse_rate("rate", &r.to_string()).unwrap(), r, "{text}");
         }

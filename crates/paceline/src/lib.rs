@@ -48,9 +48,21 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Policies are written as specs (`ALGORITHM:name=value,...`) or serde tables; see
-//! [`policy`] for the algorithms, their parameters and the exact contract every store
-//! meets.
+//! Policies are written as specs (`ALGORITHM:name=value,...`), serde tables, or typed, with
+//! the same validation; see [`policy`] for the algorithms, their parameters and the exact
+//! contract every store meets.
+//!
+//! ```
+//! use paceline::policy::{FixedWindow, Gcra};
+//! use paceline::{Limiter, Rate};
+//! use std::time::Duration;
+//!
+//! let api = Limiter::new(Gcra::new(Rate::per_second(10)?, 5)?.into());
+//! let discord = Limiter::new(FixedWindow::new(10, Duration::from_secs(10))?.into());
+//! assert!(api.limit_sync("user:42", 1)?.allowed);
+//! assert_eq!(discord.policy().to_string(), "fixed_window:limit=10,window=10s");
+//! # Ok::<(), paceline::Error>(())
+//! ```
 //!
 //! ## The crates behind it
 //!

@@ -63,6 +63,9 @@
 //! assert_eq!(eleventh.delay.as_millis(), 999); // until the window ends
 //! ```
 
+use std::time::Duration;
+
+use super::fixed_window::checked_duration;
 use super::Algorithm;
 use crate::spec::{
     format_duration, parse_count, parse_duration, parse_duration_opt_zero, Params, MAX_COUNT,
@@ -88,10 +91,31 @@ pub struct State {
 }
 
 impl ExecEvenly {
-    /// A window of `points` (1 to 2^40) per `duration_us` microseconds (1 µs to 10 years),
-    /// spreading admitted actions at least `min_delay_us` apart (0 to 10 years; `None`:
-    /// `duration_us / points`, rounded down).
+    /// A window of `points` (1 to 2^40) per `duration` (1 µs to 10 years, whole
+    /// microseconds), spreading admitted actions at least `min_delay` apart (0 to 10 years;
+    /// `None`: `duration / points`, rounded down to the microsecond).
+    ///
+    /// ```
+    /// use paceline_core::policy::ExecEvenly;
+    /// use paceline_core::Policy;
+    /// use std::time::Duration;
+    /// let p: Policy = ExecEvenly::new(10, Duration::from_secs(1), None)?.into();
+    /// assert_eq!(p, "exec_evenly:points=10,duration=1s".parse()?);
+    /// # Ok::<(), paceline_core::InputError>(())
+    /// ```
     pub fn new(
+        points: u64,
+        duration: Duration,
+        min_delay: Option<Duration>,
+    ) -> Result<ExecEvenly, InputError> {
+        let duration_us = checked_duration("duration", duration, false)?;
+        let min_delay_us = min_delay
+            .map(|d| checked_duration("min_delay", d, true))
+            .transpose()?;
+        ExecEvenly::from_micros(points, duration_us, min_delay_us)
+    }
+
+    fn from_micros(
         points: u64,
         duration_us: u64,
         min_delay_us: Option<u64>,
@@ -216,7 +240,7 @@ impl Algorithm for ExecEvenly {
             Some(v) => Some(parse_duration_opt_zero("min_delay", &v, true)?),
             None => None,
         };
-        ExecEvenly::new(points, duration, min_delay)
+        ExecEvenly::from_micros(points, duration, min_delay)
     }
 
     fn to_params(&self) -> Vec<(&'static str, String)> {
@@ -651,26 +675,34 @@ mod tests {
         ] {
             assert_eq!(spec.parse::<Policy>().unwrap_err().field(), field, "{spec}");
         }
-        assert_eq!(ExecEvenly::new(0, 1, None).unwrap_err().field(), "points");
         assert_eq!(
-            ExecEvenly::new(MAX_COUNT + 1, 1, None).unwrap_err().field(),
+            ExecEvenly::from_micros(0, 1, None).unwrap_err().field(),
             "points"
         );
-        assert_eq!(ExecEvenly::new(1, 0, None).unwrap_err().field(), "duration");
         assert_eq!(
-            ExecEvenly::new(1, MAX_DURATION_US + 1, None)
+            ExecEvenly::from_micros(MAX_COUNT + 1, 1, None)
+                .unwrap_err()
+                .field(),
+            "points"
+        );
+        assert_eq!(
+            ExecEvenly::from_micros(1, 0, None).unwrap_err().field(),
+            "duration"
+        );
+        assert_eq!(
+            ExecEvenly::from_micros(1, MAX_DURATION_US + 1, None)
                 .unwrap_err()
                 .field(),
             "duration"
         );
         assert_eq!(
-            ExecEvenly::new(1, 1, Some(MAX_DURATION_US + 1))
+            ExecEvenly::from_micros(1, 1, Some(MAX_DURATION_US + 1))
                 .unwrap_err()
                 .field(),
             "min_delay"
         );
         // The default min_delay is duration / points, rounded down to whole microseconds.
-        let p = ExecEvenly::new(3, 1_000_000, None).unwrap();
+        let p = ExecEvenly::new(3, Duration::from_secs(1), None).unwrap();
         assert_eq!(p.min_delay_micros(), 333_333);
         assert_eq!(
             policy("exec_evenly:points=3,duration=1s").to_string(),

@@ -178,7 +178,7 @@ impl Gcra {
     /// ```
     /// use paceline_core::policy::Gcra;
     /// use paceline_core::{Op, Rate};
-    /// let gcra = Gcra::new(Rate::per_second_of(10.0).unwrap(), 1).unwrap();
+    /// let gcra = Gcra::new(Rate::per_second(10).unwrap(), 1).unwrap();
     /// let plan = gcra.plan(None, 0, Op::Limit, 1);
     /// assert_eq!(plan.write, Some(100_000.0)); // TAT = now + one interval
     /// assert!(gcra.decision(&plan).allowed);

@@ -87,6 +87,21 @@ macro_rules! policies {
         /// assert_eq!(p.algorithm(), "pacer");
         /// assert_eq!(p.to_string(), "pacer:rate=10/s,max_burst=2");
         /// ```
+        ///
+        /// Typed, each algorithm's constructor validates exactly as the spec parser does,
+        /// and converts into a `Policy`:
+        ///
+        /// ```
+        /// use paceline_core::policy::{FixedWindow, Gcra};
+        /// use paceline_core::{Policy, Rate};
+        /// use std::time::Duration;
+        /// let bucket: Policy = Gcra::new(Rate::per_second(10)?, 5)?.into();
+        /// assert_eq!(bucket, "gcra:rate=10/s,burst=5".parse()?);
+        /// let discord: Policy = FixedWindow::new(10, Duration::from_secs(10))?.into();
+        /// assert_eq!(discord.to_string(), "fixed_window:limit=10,window=10s");
+        /// assert_eq!(Gcra::new(Rate::per_second(10)?, 0).unwrap_err().field(), "burst");
+        /// # Ok::<(), paceline_core::InputError>(())
+        /// ```
         #[derive(Clone, Debug, PartialEq)]
         #[non_exhaustive]
         pub enum Policy {
@@ -109,6 +124,14 @@ macro_rules! policies {
                 $variant($module::State),
             )*
         }
+
+        $(
+            impl From<$variant> for Policy {
+                fn from(policy: $variant) -> Policy {
+                    Policy::$variant(policy)
+                }
+            }
+        )*
 
         impl Policy {
             /// The algorithm's name as written in specs.

@@ -103,7 +103,7 @@ impl SmoothBursty {
                 format!("{max_burst_seconds} is out of range: {rule}"),
             ));
         }
-        if max_burst_seconds * rate.per_second() > MAX_COUNT as f64 {
+        if max_burst_seconds * rate.events_per_second() > MAX_COUNT as f64 {
             return Err(InputError::new(
                 "max_burst_seconds",
                 format!(
@@ -134,7 +134,7 @@ impl SmoothBursty {
     }
 
     fn config(&self) -> Config {
-        Config::bursty(self.rate.per_second(), self.max_burst_seconds)
+        Config::bursty(self.rate.events_per_second(), self.max_burst_seconds)
     }
 }
 
@@ -581,7 +581,7 @@ mod tests {
         ] {
             assert_eq!(spec.parse::<Policy>().unwrap_err().field(), field, "{spec}");
         }
-        let rate = Rate::per_second_of(5.0).unwrap();
+        let rate = Rate::per_second(5.0).unwrap();
         assert_eq!(
             SmoothBursty::new(rate, -0.5).unwrap_err().field(),
             "max_burst_seconds"

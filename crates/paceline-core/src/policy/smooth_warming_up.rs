@@ -78,6 +78,7 @@ use crate::spec::{
     format_duration, parse_duration, parse_float, parse_rate, Params, MAX_DURATION_US,
 };
 use crate::{Decision, InputError, Op, Rate};
+use std::time::Duration;
 
 pub use super::guava::State;
 
@@ -93,9 +94,28 @@ pub struct SmoothWarmingUp {
 }
 
 impl SmoothWarmingUp {
-    /// Guava's `SmoothWarmingUp` at `rate`, warming up over `warmup_us` microseconds (1 µs to
-    /// 10 years) from a throttling interval `cold_factor` (1 to 1e6) times the stable one.
+    /// Guava's `SmoothWarmingUp` at `rate`, warming up over `warmup` (1 µs to 10 years, whole
+    /// microseconds) from a throttling interval `cold_factor` (1 to 1e6) times the stable
+    /// one.
+    ///
+    /// ```
+    /// use paceline_core::policy::SmoothWarmingUp;
+    /// use paceline_core::{Policy, Rate};
+    /// use std::time::Duration;
+    /// let p: Policy = SmoothWarmingUp::new(Rate::per_second(2)?, Duration::from_secs(4), 3.0)?.into();
+    /// assert_eq!(p, "smooth_warming_up:rate=2/s,warmup=4s".parse()?);
+    /// # Ok::<(), paceline_core::InputError>(())
+    /// ```
     pub fn new(
+        rate: Rate,
+        warmup: Duration,
+        cold_factor: f64,
+    ) -> Result<SmoothWarmingUp, InputError> {
+        let warmup_us = super::fixed_window::checked_duration("warmup", warmup, false)?;
+        SmoothWarmingUp::from_micros(rate, warmup_us, cold_factor)
+    }
+
+    fn from_micros(
         rate: Rate,
         warmup_us: u64,
         cold_factor: f64,
@@ -140,7 +160,11 @@ impl SmoothWarmingUp {
     }
 
     fn config(&self) -> Config {
-        Config::warming_up(self.rate.per_second(), self.warmup_us, self.cold_factor)
+        Config::warming_up(
+            self.rate.events_per_second(),
+            self.warmup_us,
+            self.cold_factor,
+        )
     }
 }
 
@@ -160,7 +184,7 @@ impl Algorithm for SmoothWarmingUp {
             Some(v) => parse_float("cold_factor", &v, check_cold_factor)?,
             None => 3.0,
         };
-        SmoothWarmingUp::new(rate, warmup, cold_factor)
+        SmoothWarmingUp::from_micros(rate, warmup, cold_factor)
     }
 
     fn to_params(&self) -> Vec<(&'static str, String)> {
@@ -524,23 +548,27 @@ mod tests {
         ] {
             assert_eq!(spec.parse::<Policy>().unwrap_err().field(), field, "{spec}");
         }
-        let rate = Rate::per_second_of(2.0).unwrap();
+        let rate = Rate::per_second(2.0).unwrap();
         assert_eq!(
-            SmoothWarmingUp::new(rate, 0, 3.0).unwrap_err().field(),
-            "warmup"
-        );
-        assert_eq!(
-            SmoothWarmingUp::new(rate, MAX_DURATION_US + 1, 3.0)
+            SmoothWarmingUp::from_micros(rate, 0, 3.0)
                 .unwrap_err()
                 .field(),
             "warmup"
         );
         assert_eq!(
-            SmoothWarmingUp::new(rate, 1, 0.99).unwrap_err().field(),
+            SmoothWarmingUp::from_micros(rate, MAX_DURATION_US + 1, 3.0)
+                .unwrap_err()
+                .field(),
+            "warmup"
+        );
+        assert_eq!(
+            SmoothWarmingUp::from_micros(rate, 1, 0.99)
+                .unwrap_err()
+                .field(),
             "cold_factor"
         );
         assert_eq!(
-            SmoothWarmingUp::new(rate, 4_000_000, 3.0)
+            SmoothWarmingUp::new(rate, Duration::from_secs(4), 3.0)
                 .unwrap()
                 .max_permits(),
             8.0

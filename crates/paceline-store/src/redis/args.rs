@@ -56,10 +56,10 @@ pub(crate) fn push_params(policy: &Policy, cmd: &mut Cmd) {
         // The Guava twins recompute their configuration from the same inputs as Rust's
         // `guava::Config` (`stable = 1e6 / per_second`, not `interval_micros`).
         Policy::SmoothBursty(b) => cmd
-            .arg(Float(b.rate().per_second()))
+            .arg(Float(b.rate().events_per_second()))
             .arg(Float(b.max_burst_seconds())),
         Policy::SmoothWarmingUp(w) => cmd
-            .arg(Float(w.rate().per_second()))
+            .arg(Float(w.rate().events_per_second()))
             .arg(w.warmup_micros())
             .arg(Float(w.cold_factor())),
         // `Policy` is non-exhaustive; an algorithm without a Lua twin is refused by the
