@@ -4,9 +4,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -110,6 +111,8 @@ pub(crate) struct AppState {
     /// Where keys' state lives: any store, opened from the configured URL.
     pub(crate) store: SharedStore,
     pub(crate) metrics: Metrics,
+    /// How long a request's body may take to arrive.
+    pub(crate) body_read_timeout: Duration,
     /// The settings the service started with (flags and file); a reload lays the file's
     /// policies and access rules over them. The lock also makes reloads one at a time.
     pub(crate) base: Mutex<Settings>,
@@ -122,23 +125,13 @@ impl AppState {
 }
 
 /// The service's routes.
-pub(crate) fn router(state: Arc<AppState>, body_read_timeout: Duration) -> Router {
+pub(crate) fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
-        .route(
-            "/v1/decisions",
-            post(decision).layer(DefaultBodyLimit::max(MAX_BODY)),
-        )
-        .route(
-            "/v1/decisions/batch",
-            post(batch).layer(DefaultBodyLimit::max(MAX_BATCH_BODY)),
-        )
+        .route("/v1/decisions", post(decision))
+        .route("/v1/decisions/batch", post(batch))
         .route("/v1/keys/{policy}/{key}", delete(reset_key))
         .route("/v1/policies", get(policies))
-        .route("/v1/reload", post(reload))
-        .route_layer(axum::middleware::from_fn_with_state(
-            body_read_timeout,
-            read_body_in_time,
-        ));
+        .route("/v1/reload", post(reload));
     Router::new()
         .merge(v1)
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
@@ -373,58 +366,35 @@ struct Ask<'a> {
     cost: u64,
 }
 
-/// Reads a request's whole body (at most [`MAX_BATCH_BODY`] bytes) within `timeout` before
-/// its handler runs, so that a client that stops sending mid-body gets a `408` instead of
-/// holding its connection; the route's own size limit still applies after.
-async fn read_body_in_time(
-    State(timeout): State<Duration>,
-    request: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let (parts, body) = request.into_parts();
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BATCH_BODY)).await {
-        Ok(Ok(bytes)) => {
-            next.run(axum::extract::Request::from_parts(parts, bytes.into()))
-                .await
-        }
+/// A request's whole body, at most `limit` bytes (else `413`), read within the service's
+/// `body_read_timeout` once the headers are in (else `408`), so that a client that stops
+/// mid-body cannot hold its connection.
+async fn read_body(state: &AppState, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let timeout = state.body_read_timeout;
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) => {
-            let too_large = e.into_inner().is::<http_body_util::LengthLimitError>();
-            if too_large {
-                ApiError::new(
+            if e.into_inner().is::<http_body_util::LengthLimitError>() {
+                Err(ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "payload_too_large",
                     "body",
-                    format!("the body is over {MAX_BATCH_BODY} bytes"),
-                )
+                    format!("the body is over {limit} bytes"),
+                ))
             } else {
-                ApiError::invalid("body", "the body could not be read to its end")
+                Err(ApiError::invalid(
+                    "body",
+                    "the body could not be read to its end",
+                ))
             }
-            .into_response()
         }
-        Err(_) => ApiError::new(
+        Err(_) => Err(ApiError::new(
             StatusCode::REQUEST_TIMEOUT,
             "request_timeout",
             "body",
             format!("the body did not arrive within {timeout:?} (the service's body_read_timeout)"),
-        )
-        .into_response(),
+        )),
     }
-}
-
-/// A body's bytes, turning a too-large body into 413.
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
-    body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                "body",
-                format!("the body is over {limit} bytes"),
-            )
-        } else {
-            ApiError::invalid("body", rejection.body_text())
-        }
-    })
 }
 
 /// Reads a body as JSON into `T`, saying where it is malformed.
@@ -704,9 +674,9 @@ fn add_rate_limit_headers(headers: &mut HeaderMap, name: &str, decision: &Decisi
 async fn decision(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
-    let bytes = match body_bytes(body, MAX_BODY) {
+    let bytes = match read_body(&state, body, MAX_BODY).await {
         Ok(bytes) => bytes,
         Err(e) => return e.into_response(),
     };
@@ -735,9 +705,9 @@ async fn decision(
 async fn batch(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
-    let bytes = match body_bytes(body, MAX_BATCH_BODY) {
+    let bytes = match read_body(&state, body, MAX_BATCH_BODY).await {
         Ok(bytes) => bytes,
         Err(e) => return e.into_response(),
     };

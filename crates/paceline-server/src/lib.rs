@@ -134,6 +134,7 @@ impl Server {
             live: RwLock::new(Arc::new(Live::new(&settings, &metrics))),
             store,
             metrics,
+            body_read_timeout: settings.connections.body_read_timeout,
             base: Mutex::new(settings),
         });
         Ok(Server {
@@ -174,7 +175,7 @@ impl Server {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .connections;
-        let app = api::router(Arc::clone(&self.state), limits.body_read_timeout);
+        let app = api::router(Arc::clone(&self.state));
         conn::serve(self.listener, app, limits, shutdown).await
     }
 }
