@@ -138,6 +138,16 @@ limit = 2
 window = "10s"
 "#;
 
+/// Sends `SIGNAL` (`TERM`, `HUP`) to the service.
+fn signal(service: &Service, name: &str) {
+    let pid = service.child.id().to_string();
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &pid])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success(), "kill -{name} {pid}");
+}
+
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
     std::fs::write(&path, text).expect("write");
@@ -496,12 +506,7 @@ fn reload_applies_a_good_file_and_keeps_the_old_one_on_a_bad_file() {
 
     // SIGHUP reloads too.
     write(dir.path(), "paceline.toml", CONFIG);
-    let pid = s.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-HUP", &pid])
-        .status()
-        .expect("kill")
-        .success());
+    signal(&s, "HUP");
     let deadline = Instant::now() + Duration::from_secs(10);
     while post(s.port, "/v1/decisions", ask).status != 404 {
         assert!(Instant::now() < deadline, "SIGHUP did not reload");
@@ -581,12 +586,7 @@ fn sigterm_lets_an_in_flight_request_finish() {
     stream
         .write_all(&body[..10])
         .expect("send part of the body");
-    let pid = s.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill")
-        .success());
+    signal(&s, "TERM");
     std::thread::sleep(Duration::from_millis(200));
     stream.write_all(&body[10..]).expect("the rest of the body");
     let mut raw = Vec::new();
@@ -866,12 +866,7 @@ fn sigterm_gives_up_on_an_unfinished_request_after_the_shutdown_timeout() {
         .expect("send");
     // A request in flight is surely read: wait until the service answers another one.
     assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
-    let pid = s.child.id().to_string();
-    assert!(Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill")
-        .success());
+    signal(&s, "TERM");
     // The service exits by itself (the test would hang here before the deadline existed).
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
