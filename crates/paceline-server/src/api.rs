@@ -22,7 +22,7 @@ use subtle::ConstantTimeEq as _;
 
 use crate::config::Settings;
 use crate::metrics::{Metrics, PolicyMetrics};
-use crate::request::{Batch, Field, Item, RawAsk, FIELDS};
+use crate::request::{Batch, Careful, Field, Item, RawAsk, FIELDS};
 
 /// The largest body of `POST /v1/decisions`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -398,9 +398,19 @@ async fn read_body(state: &AppState, body: Body, limit: usize) -> Result<Bytes, 
 }
 
 /// Reads a body as JSON into `T`, saying where it is malformed.
-fn parse<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::invalid("body", format!("not valid JSON: {e}")))
+///
+/// A body that fails is read again [`Careful`]ly, which attributes a value no double can
+/// hold (`1e309`) to its field; only a body that still fails is the body's error.
+fn parse<'a, T>(bytes: &'a [u8]) -> Result<T, ApiError>
+where
+    T: serde::Deserialize<'a>,
+    Careful<T>: serde::Deserialize<'a>,
+{
+    serde_json::from_slice(bytes).or_else(|first| {
+        serde_json::from_slice::<Careful<T>>(bytes)
+            .map(|careful| careful.0)
+            .map_err(|_| ApiError::invalid("body", format!("not valid JSON: {first}")))
+    })
 }
 
 /// Validates one request object against the live policies.

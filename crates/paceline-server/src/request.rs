@@ -182,85 +182,121 @@ impl<'de> Deserialize<'de> for Name {
     }
 }
 
+/// A body read again after it failed to parse: each request field's value is taken as
+/// written, then read on its own, so that a number JSON allows but a double cannot hold
+/// (`1e309`) is that field's error rather than the whole body's. Only failed bodies pay for
+/// reading values twice.
+pub(crate) struct Careful<T>(pub(crate) T);
+
 impl<'de> Deserialize<'de> for Item<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct ItemVisitor;
-        impl<'de> Visitor<'de> for ItemVisitor {
-            type Value = Item<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            visit_scalars_as!(Item::Not);
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Item<'de>, A::Error> {
-                skip_seq(seq)?;
-                Ok(Item::Not("an array"))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Item<'de>, A::Error> {
-                let mut ask = RawAsk::default();
-                let mut seen = [false; FIELDS.len()];
-                let mut unknown_seen: Vec<String> = Vec::new();
-                while let Some(name) = map.next_key::<Name>()? {
-                    match name {
-                        Name::Known(i) => {
-                            // The value as written, then read: a number JSON allows but a
-                            // double cannot hold (`1e309`) is then this field's error, not
-                            // the whole body's.
-                            let raw = map.next_value::<&'de RawValue>()?;
-                            let value = serde_json::from_str::<Field<'de>>(raw.get())
-                                .unwrap_or(Field::Other("a number too large for a double"));
-                            if std::mem::replace(&mut seen[i], true) {
-                                ask.duplicate.get_or_insert_with(|| FIELDS[i].to_string());
-                            }
-                            match i {
-                                0 => ask.policy = value,
-                                1 => ask.key = value,
-                                2 => ask.op = value,
-                                3 => ask.cost = value,
-                                _ => ask.max_wait_ms = value,
-                            }
-                        }
-                        Name::Unknown(name) => {
-                            map.next_value::<IgnoredAny>()?;
-                            if unknown_seen.contains(&name) {
-                                ask.duplicate.get_or_insert_with(|| name.clone());
-                            } else {
-                                unknown_seen.push(name.clone());
-                            }
-                            if ask.unknown.as_ref().is_none_or(|first| name < *first) {
-                                ask.unknown = Some(name);
-                            }
-                        }
+        deserializer.deserialize_any(ItemVisitor::<false>)
+    }
+}
+
+impl<'de> Deserialize<'de> for Careful<Item<'de>> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(ItemVisitor::<true>)
+            .map(Careful)
+    }
+}
+
+/// Reads a request object; `CAREFUL`: see [`Careful`].
+struct ItemVisitor<const CAREFUL: bool>;
+
+impl<'de, const CAREFUL: bool> Visitor<'de> for ItemVisitor<CAREFUL> {
+    type Value = Item<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    visit_scalars_as!(Item::Not);
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Item<'de>, A::Error> {
+        skip_seq(seq)?;
+        Ok(Item::Not("an array"))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Item<'de>, A::Error> {
+        let mut ask = RawAsk::default();
+        let mut seen = [false; FIELDS.len()];
+        let mut unknown_seen: Vec<String> = Vec::new();
+        while let Some(name) = map.next_key::<Name>()? {
+            match name {
+                Name::Known(i) => {
+                    let value = if CAREFUL {
+                        let raw = map.next_value::<&'de RawValue>()?;
+                        serde_json::from_str::<Field<'de>>(raw.get())
+                            .unwrap_or(Field::Other("a number too large for a double"))
+                    } else {
+                        map.next_value::<Field<'de>>()?
+                    };
+                    if std::mem::replace(&mut seen[i], true) {
+                        ask.duplicate.get_or_insert_with(|| FIELDS[i].to_string());
+                    }
+                    match i {
+                        0 => ask.policy = value,
+                        1 => ask.key = value,
+                        2 => ask.op = value,
+                        3 => ask.cost = value,
+                        _ => ask.max_wait_ms = value,
                     }
                 }
-                Ok(Item::Object(ask))
+                Name::Unknown(name) => {
+                    map.next_value::<IgnoredAny>()?;
+                    if unknown_seen.contains(&name) {
+                        ask.duplicate.get_or_insert_with(|| name.clone());
+                    } else {
+                        unknown_seen.push(name.clone());
+                    }
+                    if ask.unknown.as_ref().is_none_or(|first| name < *first) {
+                        ask.unknown = Some(name);
+                    }
+                }
             }
         }
-        deserializer.deserialize_any(ItemVisitor)
+        Ok(Item::Object(ask))
     }
 }
 
 impl<'de> Deserialize<'de> for Batch<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct BatchVisitor;
-        impl<'de> Visitor<'de> for BatchVisitor {
-            type Value = Batch<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON array")
-            }
-            visit_scalars_as!(Batch::Not);
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Batch<'de>, A::Error> {
-                let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
-                while let Some(item) = seq.next_element::<Item<'de>>()? {
-                    items.push(item);
-                }
-                Ok(Batch::Array(items))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Batch<'de>, A::Error> {
-                skip_map(map)?;
-                Ok(Batch::Not("an object"))
+        deserializer.deserialize_any(BatchVisitor::<false>)
+    }
+}
+
+impl<'de> Deserialize<'de> for Careful<Batch<'de>> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(BatchVisitor::<true>)
+            .map(Careful)
+    }
+}
+
+/// Reads a batch; `CAREFUL`: see [`Careful`].
+struct BatchVisitor<const CAREFUL: bool>;
+
+impl<'de, const CAREFUL: bool> Visitor<'de> for BatchVisitor<CAREFUL> {
+    type Value = Batch<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON array")
+    }
+    visit_scalars_as!(Batch::Not);
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Batch<'de>, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1024));
+        loop {
+            let item = if CAREFUL {
+                seq.next_element::<Careful<Item<'de>>>()?.map(|c| c.0)
+            } else {
+                seq.next_element::<Item<'de>>()?
+            };
+            match item {
+                Some(item) => items.push(item),
+                None => return Ok(Batch::Array(items)),
             }
         }
-        deserializer.deserialize_any(BatchVisitor)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Batch<'de>, A::Error> {
+        skip_map(map)?;
+        Ok(Batch::Not("an object"))
     }
 }
 
@@ -269,10 +305,14 @@ mod tests {
     use super::*;
     use serde_json::Value;
 
+    /// Reads `json` as the service does: fast, then carefully if that failed.
     fn item(json: &str) -> Item<'_> {
         match serde_json::from_str(json) {
             Ok(item) => item,
-            Err(e) => panic!("{json}: {e}"),
+            Err(e) => match serde_json::from_str::<Careful<Item>>(json) {
+                Ok(careful) => careful.0,
+                Err(_) => panic!("{json}: {e}"),
+            },
         }
     }
 
