@@ -172,7 +172,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
 
 /// Logs through `tracing` (set up by [`init_logs`]).
 fn log(message: &str) {
-    tracing::info!(target: "paceline_store::serve", "{message}");
+    tracing::info!(target: "paceline::serve", "{message}");
 }
 
 /// Structured logs on standard error: human-readable text, or one JSON object per line.
