@@ -221,10 +221,12 @@ impl RedisStore {
                 Err(e) => results[i] = Some(Err(e.into())),
             }
         }
+        // Each request's failure group, found once (a hash of its key in a cluster).
+        let groups: Vec<usize> = requests.iter().map(|r| router.group_of(r.key)).collect();
         // Keys whose node failed moments ago are answered by the failure policy at once.
         let (waiting, to_send): (Vec<usize>, Vec<usize>) = valid
             .into_iter()
-            .partition(|&i| resilience.in_backoff(router.group_of(requests[i].key)));
+            .partition(|&i| resilience.in_backoff(groups[i]));
         if !waiting.is_empty() {
             let error = resilience.backoff_error();
             for i in waiting {
@@ -233,8 +235,7 @@ impl RedisStore {
         }
         let batch: Vec<&Request> = to_send.iter().map(|&i| &requests[i]).collect();
         for (&i, outcome) in to_send.iter().zip(router.run_valid(&batch, now).await) {
-            let request = &requests[i];
-            results[i] = Some(resilience.settle(outcome, request, router.group_of(request.key)));
+            results[i] = Some(resilience.settle(outcome, &requests[i], groups[i]));
         }
         collect(results)
     }
