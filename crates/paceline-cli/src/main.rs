@@ -49,6 +49,9 @@ enum Command {
     ///                                 peek, reset; every field optional
     /// Blank lines and lines starting with # are skipped. The clock starts at 0 ms, the
     /// Unix epoch, so aligned windows start at 0.
+    ///
+    /// Exit codes: 0 done; 1 a file cannot be read or written; 2 invalid input (a line,
+    /// --policy or --store); 3 the store failed (unreachable, or failing during the run).
     #[command(verbatim_doc_comment)]
     Simulate {
         /// The policy for requests that name none, e.g. `gcra:rate=10/s,burst=5`.
