@@ -882,3 +882,50 @@ fn sigterm_gives_up_on_an_unfinished_request_after_the_shutdown_timeout() {
     }
     until_closed(&mut stuck);
 }
+
+#[test]
+fn sigterm_closes_kept_alive_connections_cleanly_after_answering_them() {
+    let mut s = start(&["--idle-timeout", "1h", "--header-read-timeout", "1h"]);
+    let mut kept = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+    kept.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let body = br#"{"policy": "gcra:rate=10/s", "key": "k"}"#;
+    let request = format!(
+        "POST /v1/decisions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    // One answered request on a kept-alive connection, which then idles.
+    kept.write_all(request.as_bytes()).expect("send");
+    kept.write_all(body).expect("send");
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 1024];
+    while !String::from_utf8_lossy(&answer).contains("\"reset_after_ms\"") {
+        let n = kept.read(&mut chunk).expect("the answer");
+        assert!(n > 0, "closed before answering");
+        answer.extend_from_slice(&chunk[..n]);
+    }
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    signal(&s, "TERM");
+    // The idle connection is closed cleanly: end of stream, not a reset, nothing more sent.
+    match kept.read(&mut chunk) {
+        Ok(0) => {}
+        other => panic!("the kept-alive connection was not closed cleanly: {other:?}"),
+    }
+    // ... and the service exits by itself.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = s.child.try_wait().expect("wait") {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
