@@ -367,22 +367,28 @@ fn every_bad_input_is_a_clear_4xx() {
         r.body
     );
     assert_eq!(r.header("content-type"), Some("application/json"));
-    for (body, field) in [
+    // A value no double holds is its field's error; a field given twice is the body's,
+    // and the message names the field.
+    for (body, field, says) in [
         (
             r#"{"policy": "discord-roles", "key": "k", "cost": 1e309}"#,
             "cost",
+            "whole number",
         ),
         (
             r#"{"policy": "discord-roles", "key": "k", "max_wait_ms": -1e400}"#,
             "max_wait_ms",
+            "milliseconds",
         ),
         (
             r#"{"policy": "discord-roles", "key": "a", "key": "b"}"#,
-            "key",
+            "body",
+            "`key`",
         ),
         (
             r#"{"policy": "discord-roles", "policy": "discord-roles", "key": "k"}"#,
-            "policy",
+            "body",
+            "`policy`",
         ),
     ] {
         let r = post(s.port, "/v1/decisions", body);
@@ -392,14 +398,28 @@ fn every_bad_input_is_a_clear_4xx() {
             "{body}: {}",
             r.body
         );
+        let message = r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(message.contains(says), "{body}: {message}");
         let r = post(s.port, "/v1/decisions/batch", &format!("[{body}]"));
         assert_eq!(r.status, 200, "{body}: {}", r.body);
-        assert!(
-            r.body.contains(&format!("\"field\":\"{field}\"")),
+        assert_eq!(
+            r.json()[0]["error"]["field"].as_str(),
+            Some(field),
             "{body}: {}",
             r.body
         );
     }
+    // Only an object is a request: not the fields' values in an array.
+    let r = post(s.port, "/v1/decisions", r#"["discord-roles", "k"]"#);
+    assert_eq!(
+        (r.status, r.error().1.as_str()),
+        (400, "body"),
+        "{}",
+        r.body
+    );
 }
 
 #[test]

@@ -22,7 +22,7 @@ use subtle::ConstantTimeEq as _;
 
 use crate::config::Settings;
 use crate::metrics::{Metrics, PolicyMetrics};
-use crate::request::{Batch, Careful, Field, Item, RawAsk, FIELDS};
+use crate::request::{self, BodyError, RawAsk, Text};
 
 /// The largest body of `POST /v1/decisions`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -354,85 +354,48 @@ async fn read_body(state: &AppState, body: Body, limit: usize) -> Result<Bytes, 
     }
 }
 
-/// Reads a body as JSON into `T`, saying where it is malformed.
-///
-/// A body that fails is read again [`Careful`]ly, which attributes a value no double can
-/// hold (`1e309`) to its field; only a body that still fails is the body's error.
-fn parse<'a, T>(bytes: &'a [u8]) -> Result<T, ApiError>
-where
-    T: serde::Deserialize<'a>,
-    Careful<T>: serde::Deserialize<'a>,
-{
-    serde_json::from_slice(bytes).or_else(|first| {
-        serde_json::from_slice::<Careful<T>>(bytes)
-            .map(|careful| careful.0)
-            .map_err(|_| ApiError::invalid("body", format!("not valid JSON: {first}")))
-    })
+/// A body as text: JSON is UTF-8.
+fn utf8(bytes: &[u8]) -> Result<&str, ApiError> {
+    std::str::from_utf8(bytes)
+        .map_err(|e| ApiError::invalid("body", format!("not valid UTF-8, which JSON is: {e}")))
 }
 
-/// Validates one request object against the live policies.
-fn validate<'a>(live: &'a Live, item: &Item<'_>) -> Result<Ask<'a>, ApiError> {
-    let fields = match item {
-        Item::Object(fields) => fields,
-        Item::Not(_) => {
-            return Err(ApiError::invalid(
-                "body",
-                "must be a JSON object with `policy` and `key`",
-            ))
-        }
-    };
+impl From<BodyError> for ApiError {
+    fn from(e: BodyError) -> ApiError {
+        ApiError::invalid(e.field, e.message)
+    }
+}
+
+/// Validates one request's fields against the live policies.
+fn validate<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<Ask<'a>, ApiError> {
     let RawAsk {
         policy,
         key,
         op,
         cost,
         max_wait_ms,
-        unknown,
-        duplicate,
     } = fields;
-    if let Some(duplicate) = duplicate {
-        return Err(ApiError::invalid(
-            duplicate.as_str(),
-            "appears more than once in the request; send each field once",
-        ));
-    }
-    if let Some(unknown) = unknown {
-        return Err(ApiError::invalid(
-            unknown.as_str(),
-            format!("unknown field; the fields are {}", FIELDS.join(", ")),
-        ));
-    }
-    fn text<'f>(name: &str, field: &'f Field<'_>) -> Result<Option<&'f str>, ApiError> {
-        match field {
-            Field::Missing => Ok(None),
-            Field::Str(s) => Ok(Some(s)),
-            other => Err(ApiError::invalid(
-                name,
-                format!("must be a string, not {}", other.kind()),
-            )),
-        }
-    }
-    let spec = text("policy", policy)?.ok_or_else(|| {
+    let spec = policy.as_deref().ok_or_else(|| {
         ApiError::invalid(
             "policy",
             "is required: a configured policy's name or a spec",
         )
     })?;
-    let key = text("key", key)?.ok_or_else(|| ApiError::invalid("key", "is required"))?;
+    let key = key
+        .as_deref()
+        .ok_or_else(|| ApiError::invalid("key", "is required"))?;
     check_key(key)?;
-    let op_name = text("op", op)?.unwrap_or("pace");
+    let op_name = op.as_ref().map_or("pace", |op: &Text| op);
     let cost = number_field(
-        cost,
+        cost.as_ref(),
         "cost",
-        "a whole number",
         "use a whole number of at least 1",
         |n| n.as_u64().filter(|&c| c >= 1),
     )?
     .unwrap_or(1);
     let max_wait = number_field(
-        max_wait_ms,
+        max_wait_ms.as_ref(),
         "max_wait_ms",
-        "a number",
         "use milliseconds from 0 to 1e13",
         |n| {
             n.as_f64()
@@ -490,24 +453,19 @@ fn validate<'a>(live: &'a Live, item: &Item<'_>) -> Result<Ask<'a>, ApiError> {
 /// A number field of a request: `None` if absent or null, else what `convert` makes of it,
 /// which refuses a number by returning `None` (the error then says what is `allowed`).
 fn number_field<T>(
-    field: &Field<'_>,
+    field: Option<&serde_json::Number>,
     name: &str,
-    noun: &str,
     allowed: &str,
     convert: impl Fn(&serde_json::Number) -> Option<T>,
 ) -> Result<Option<T>, ApiError> {
-    match field {
-        Field::Missing => Ok(None),
-        Field::Number(n) => match convert(n) {
-            Some(value) => Ok(Some(value)),
-            None => Err(ApiError::invalid(
-                name,
-                format!("{n} is not allowed; {allowed}"),
-            )),
-        },
-        other => Err(ApiError::invalid(
+    let Some(n) = field else {
+        return Ok(None);
+    };
+    match convert(n) {
+        Some(value) => Ok(Some(value)),
+        None => Err(ApiError::invalid(
             name,
-            format!("must be {noun}, not {}", other.kind()),
+            format!("{n} is not allowed; {allowed}"),
         )),
     }
 }
@@ -647,7 +605,10 @@ async fn decision(
         Ok(bytes) => bytes,
         Err(e) => return e.into_response(),
     };
-    let ask = match parse::<Item>(&bytes).and_then(|item| validate(&live, &item)) {
+    let ask = match utf8(&bytes)
+        .and_then(|json| Ok(request::ask(json)?))
+        .and_then(|fields| validate(&live, &fields))
+    {
         Ok(ask) => ask,
         Err(e) => return e.into_response(),
     };
@@ -680,15 +641,8 @@ async fn batch(
         Ok(bytes) => bytes,
         Err(e) => return e.into_response(),
     };
-    let items = match parse::<Batch>(&bytes) {
-        Ok(Batch::Array(items)) => items,
-        Ok(Batch::Not(kind)) => {
-            return ApiError::invalid(
-                "body",
-                format!("must be a JSON array of requests, not {kind}"),
-            )
-            .into_response();
-        }
+    let items = match utf8(&bytes).and_then(|json| Ok(request::batch(json)?)) {
+        Ok(items) => items,
         Err(e) => return e.into_response(),
     };
     if items.len() > MAX_BATCH {
@@ -698,7 +652,13 @@ async fn batch(
         )
         .into_response();
     }
-    let asks: Vec<Result<Ask, ApiError>> = items.iter().map(|item| validate(&live, item)).collect();
+    let asks: Vec<Result<Ask, ApiError>> = items
+        .iter()
+        .map(|item| match item {
+            Ok(fields) => validate(&live, fields),
+            Err(e) => Err(ApiError::invalid(e.field.clone(), e.message.clone())),
+        })
+        .collect();
     let valid: Vec<&Ask> = asks.iter().filter_map(|a| a.as_ref().ok()).collect();
     let started = Instant::now();
     let requests: Vec<Request> = valid

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use paceline_store::{FailurePolicy, Policy};
-use serde::Deserialize as _;
+use serde::Deserialize;
 
 /// The port `paceline serve` listens on when none is given.
 pub const DEFAULT_PORT: u16 = 7373;
@@ -215,21 +215,6 @@ impl Settings {
     }
 }
 
-const KNOWN: &[&str] = &[
-    "listen",
-    "store",
-    "failure_policy",
-    "redis_auto_batch",
-    "header_read_timeout",
-    "body_read_timeout",
-    "idle_timeout",
-    "max_connections",
-    "shutdown_timeout",
-    "auth_token",
-    "allow_inline_policies",
-    "policies",
-];
-
 /// The longest policy name (it appears in URLs, metrics and keys).
 const MAX_POLICY_NAME: usize = 128;
 
@@ -244,6 +229,51 @@ pub fn read_file(path: &Path) -> Result<FileSettings, ConfigError> {
     parse(&source, &text)
 }
 
+/// A config file as TOML gives it: each setting's type is checked here, its value in
+/// [`parse`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileToml {
+    listen: Option<String>,
+    store: Option<String>,
+    failure_policy: Option<String>,
+    redis_auto_batch: Option<String>,
+    header_read_timeout: Option<String>,
+    body_read_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_connections: Option<i64>,
+    shutdown_timeout: Option<String>,
+    auth_token: Option<String>,
+    allow_inline_policies: Option<bool>,
+    #[serde(default)]
+    policies: BTreeMap<String, Policy>,
+}
+
+/// What each setting takes, as an error for a value of the wrong type says it.
+const ALLOWED: &[(&str, &str)] = &[
+    ("listen", "HOST:PORT as a string, e.g. \"127.0.0.1:7373\""),
+    ("store", "a store URL as a string, e.g. \"memory\""),
+    (
+        "failure_policy",
+        "a string: fail_closed, fail_open or local",
+    ),
+    (
+        "redis_auto_batch",
+        "a string: a linger such as \"0ms\", or \"off\"",
+    ),
+    (
+        "header_read_timeout",
+        "a duration as a string, e.g. \"10s\"",
+    ),
+    ("body_read_timeout", "a duration as a string, e.g. \"10s\""),
+    ("idle_timeout", "a duration as a string, e.g. \"5s\""),
+    ("max_connections", "a whole number, e.g. 2048"),
+    ("shutdown_timeout", "a duration as a string, e.g. \"10s\""),
+    ("auth_token", "a string"),
+    ("allow_inline_policies", "true or false"),
+    ("policies", "tables: [policies.NAME]"),
+];
+
 /// Parses and validates config text; `source` names it in errors.
 pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
     let err = |field: &str, message: String| ConfigError {
@@ -251,97 +281,73 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
         field: field.to_string(),
         message,
     };
+    let one_line = |e: &dyn fmt::Display| e.to_string().trim().replace('\n', " ");
     let table: toml::Table = text
         .parse()
-        .map_err(|e: toml::de::Error| err("toml", e.to_string().trim().replace('\n', " ")))?;
-    let mut out = FileSettings::default();
-    for (name, value) in &table {
-        if !KNOWN.contains(&name.as_str()) {
+        .map_err(|e: toml::de::Error| err("toml", one_line(&e)))?;
+    let file: FileToml =
+        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let field = e.path().to_string();
+            let message = one_line(e.inner());
+            match ALLOWED.iter().find(|(name, _)| *name == field) {
+                Some((_, allowed)) => err(&field, format!("{message}; use {allowed}")),
+                // An unknown setting (serde's message lists the settings), or a policy.
+                None => err(&field, message),
+            }
+        })?;
+    let mut out = FileSettings {
+        store: file.store,
+        ..FileSettings::default()
+    };
+    if let Some(s) = file.listen {
+        out.listen = Some(s.parse().map_err(|_| {
+            err(
+                "listen",
+                format!("`{s}` is not an address; use HOST:PORT, e.g. 127.0.0.1:7373"),
+            )
+        })?);
+    }
+    if let Some(s) = file.failure_policy {
+        out.failure_policy = Some(s.parse().map_err(|e: paceline_store::InputError| {
+            err("failure_policy", e.message().to_string())
+        })?);
+    }
+    if let Some(s) = file.redis_auto_batch {
+        out.redis_auto_batch =
+            Some(parse_auto_batch(&s).map_err(|message| err("redis_auto_batch", message))?);
+    }
+    let timeout = |name: &str, text: Option<String>| {
+        text.map(|t| parse_timeout(name, &t).map_err(|m| err(name, m)))
+            .transpose()
+    };
+    out.header_read_timeout = timeout("header_read_timeout", file.header_read_timeout)?;
+    out.body_read_timeout = timeout("body_read_timeout", file.body_read_timeout)?;
+    out.idle_timeout = timeout("idle_timeout", file.idle_timeout)?;
+    out.shutdown_timeout = timeout("shutdown_timeout", file.shutdown_timeout)?;
+    if let Some(n) = file.max_connections {
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_CONNECTIONS).contains(n));
+        out.max_connections = Some(n.ok_or_else(|| {
+            err(
+                "max_connections",
+                format!("must be a whole number from 1 to {MAX_CONNECTIONS}, e.g. 2048"),
+            )
+        })?);
+    }
+    if let Some(token) = file.auth_token {
+        if token.is_empty() {
             return Err(err(
-                name,
-                format!("unknown setting; the settings are {}", KNOWN.join(", ")),
+                "auth_token",
+                "must not be empty; remove it to turn auth off".into(),
             ));
         }
-        let text_value = |v: &toml::Value| {
-            v.as_str()
-                .map(str::to_string)
-                .ok_or_else(|| err(name, format!("must be a string, not {}", v.type_str())))
-        };
-        match name.as_str() {
-            "listen" => {
-                let s = text_value(value)?;
-                out.listen = Some(s.parse().map_err(|_| {
-                    err(
-                        name,
-                        format!("`{s}` is not an address; use HOST:PORT, e.g. 127.0.0.1:7373"),
-                    )
-                })?);
-            }
-            "store" => out.store = Some(text_value(value)?),
-            "failure_policy" => {
-                let s = text_value(value)?;
-                out.failure_policy =
-                    Some(s.parse().map_err(|e: paceline_store::InputError| {
-                        err(name, e.message().to_string())
-                    })?);
-            }
-            "redis_auto_batch" => {
-                let s = text_value(value)?;
-                out.redis_auto_batch =
-                    Some(parse_auto_batch(&s).map_err(|message| err(name, message))?);
-            }
-            "header_read_timeout" | "body_read_timeout" | "idle_timeout" | "shutdown_timeout" => {
-                let d = Some(parse_timeout(name, &text_value(value)?).map_err(|m| err(name, m))?);
-                match name.as_str() {
-                    "header_read_timeout" => out.header_read_timeout = d,
-                    "body_read_timeout" => out.body_read_timeout = d,
-                    "idle_timeout" => out.idle_timeout = d,
-                    _ => out.shutdown_timeout = d,
-                }
-            }
-            "max_connections" => {
-                let n = value
-                    .as_integer()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .filter(|n| (1..=MAX_CONNECTIONS).contains(n));
-                out.max_connections = Some(n.ok_or_else(|| {
-                    err(
-                        name,
-                        format!("must be a whole number from 1 to {MAX_CONNECTIONS}, e.g. 2048"),
-                    )
-                })?);
-            }
-            "auth_token" => {
-                let s = text_value(value)?;
-                if s.is_empty() {
-                    return Err(err(
-                        name,
-                        "must not be empty; remove it to turn auth off".into(),
-                    ));
-                }
-                out.auth_token = Some(s);
-            }
-            "allow_inline_policies" => {
-                out.allow_inline_policies = Some(value.as_bool().ok_or_else(|| {
-                    err(
-                        name,
-                        format!("must be true or false, not {}", value.type_str()),
-                    )
-                })?);
-            }
-            _ => {
-                let toml::Value::Table(policies) = value else {
-                    return Err(err(name, "must be tables: [policies.NAME]".into()));
-                };
-                for (policy_name, spec) in policies {
-                    let field = format!("policies.{policy_name}");
-                    check_policy_name(policy_name).map_err(|m| err(&field, m))?;
-                    let policy = Policy::deserialize(spec.clone())
-                        .map_err(|e| err(&field, e.to_string().trim().replace('\n', " ")))?;
-                    out.policies.insert(policy_name.clone(), policy);
-                }
-            }
-        }
+        out.auth_token = Some(token);
+    }
+    out.allow_inline_policies = file.allow_inline_policies;
+    for (name, policy) in file.policies {
+        check_policy_name(&name).map_err(|m| err(&format!("policies.{name}"), m))?;
+        out.policies.insert(name, policy);
     }
     Ok(out)
 }

@@ -385,7 +385,8 @@ impl fmt::Display for Policy {
     }
 }
 
-/// A parameter value in a serde table: TOML and JSON give numbers, strings and booleans.
+/// A parameter value in a serde table: TOML and JSON give numbers, strings and booleans;
+/// anything else is kept only to be refused by name.
 #[derive(Deserialize)]
 #[serde(untagged)]
 enum ParamValue {
@@ -393,24 +394,24 @@ enum ParamValue {
     Int(i64),
     Float(f64),
     Str(String),
+    Other(serde::de::IgnoredAny),
 }
 
 impl ParamValue {
-    fn into_text(self) -> String {
-        match self {
+    fn into_text(self, name: &str) -> Result<String, InputError> {
+        Ok(match self {
             ParamValue::Bool(b) => b.to_string(),
             ParamValue::Int(i) => i.to_string(),
             ParamValue::Float(f) => f.to_string(),
             ParamValue::Str(s) => s,
-        }
+            ParamValue::Other(_) => {
+                return Err(InputError::new(
+                    name.to_string(),
+                    "must be a number, a string or a boolean",
+                ))
+            }
+        })
     }
-}
-
-#[derive(Deserialize)]
-struct RawPolicy {
-    algorithm: String,
-    #[serde(flatten)]
-    params: BTreeMap<String, ParamValue>,
 }
 
 impl Serialize for Policy {
@@ -432,24 +433,32 @@ impl<'de> Deserialize<'de> for Policy {
     /// spec string.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Policy, D::Error> {
         #[derive(Deserialize)]
-        #[serde(untagged)]
+        #[serde(
+            untagged,
+            expecting = "a policy: a spec string, or a table with `algorithm` and its parameters"
+        )]
         enum Form {
             Spec(String),
-            Table(RawPolicy),
+            Table(BTreeMap<String, ParamValue>),
         }
         let built = match Form::deserialize(deserializer)? {
             Form::Spec(spec) => spec.parse(),
-            Form::Table(raw) => {
-                let pairs: Vec<(String, String)> = raw
-                    .params
-                    .into_iter()
-                    .map(|(k, v)| (k, v.into_text()))
-                    .collect();
-                Policy::build(
-                    raw.algorithm.trim(),
-                    pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect(),
-                )
-            }
+            Form::Table(mut table) => match table.remove("algorithm") {
+                None => Err(InputError::new(
+                    "algorithm",
+                    format!("is missing; use one of: {}", ALGORITHMS.join(", ")),
+                )),
+                Some(algorithm) => algorithm.into_text("algorithm").and_then(|algorithm| {
+                    let pairs = table
+                        .into_iter()
+                        .map(|(k, v)| v.into_text(&k).map(|v| (k, v)))
+                        .collect::<Result<Vec<(String, String)>, InputError>>()?;
+                    Policy::build(
+                        algorithm.trim(),
+                        pairs.iter().map(|(k, v)| (k.as_str(), v.clone())).collect(),
+                    )
+                }),
+            },
         };
         built.map_err(serde::de::Error::custom)
     }
@@ -534,6 +543,19 @@ mod tests {
             let from_spec_string: Policy = serde_json::from_str(&format!("\"{spec}\"")).unwrap();
             assert_eq!(from_spec_string, p);
         }
+    }
+
+    #[test]
+    fn a_table_without_an_algorithm_or_with_a_nested_value_says_so() {
+        let e = toml::from_str::<Policy>("rate = \"1/s\"").unwrap_err();
+        assert!(
+            e.message().contains("`algorithm`") && e.message().contains("gcra"),
+            "{e}"
+        );
+        let e = toml::from_str::<Policy>("algorithm = \"gcra\"\nrate = [1]").unwrap_err();
+        assert!(e.message().contains("`rate`: must be a number"), "{e}");
+        let e = serde_json::from_str::<Policy>("5").unwrap_err();
+        assert!(e.to_string().contains("a spec string, or a table"), "{e}");
     }
 
     #[test]
