@@ -1,0 +1,264 @@
+//! A queue's configuration: each group's policy, the group concurrency, attempts, leases
+//! and the retry backoff.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use paceline_core::{InputError, Policy};
+
+/// The longest lease (and the longest `extend`): a day.
+pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
+/// The most attempts a job may be given.
+pub const MAX_ATTEMPTS: u32 = 1_000;
+/// The largest payload a queue may be configured to take: 16 MiB.
+pub const MAX_PAYLOAD_LIMIT: usize = 16 * 1024 * 1024;
+
+/// How a queue runs its jobs.
+///
+/// Every group is limited by [`group_policy`](QueueConfig::group_policy) unless
+/// [`groups`](QueueConfig::groups) names a policy of its own. The limit holds the times the
+/// group's jobs *start*: a job is leased only when the group's policy admits a start at that
+/// moment.
+///
+/// ```
+/// use paceline_queue::QueueConfig;
+/// use std::time::Duration;
+///
+/// // Discord: 10 role updates per 10 s per server, one server allowed 50.
+/// let config = QueueConfig::new("fixed_window:limit=10,window=10s".parse()?)
+///     .group("guild:1", "fixed_window:limit=50,window=10s".parse()?)
+///     .max_attempts(5)
+///     .lease(Duration::from_secs(30));
+/// config.validate()?;
+/// # Ok::<(), paceline_core::InputError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueConfig {
+    /// The policy of every group that has none of its own.
+    pub group_policy: Policy,
+    /// Groups with a policy of their own.
+    pub groups: BTreeMap<String, Policy>,
+    /// At most this many jobs of one group leased at once; 0: no cap.
+    pub group_concurrency: u32,
+    /// A job that has started this many times and fails again (or whose lease expires) goes
+    /// to the dead set. A job may carry its own.
+    pub max_attempts: u32,
+    /// How long a lease lasts unless the worker asks for another length.
+    pub lease: Duration,
+    /// The delay before a job's first retry; each further retry doubles it, up to
+    /// [`retry_backoff_max`](QueueConfig::retry_backoff_max), and the delay taken is drawn
+    /// between half of that and all of it (jitter), so that failed jobs do not come back in
+    /// step.
+    pub retry_backoff: Duration,
+    /// The longest retry delay the backoff reaches.
+    pub retry_backoff_max: Duration,
+    /// The largest payload, in bytes.
+    pub max_payload: usize,
+}
+
+impl QueueConfig {
+    /// A queue whose groups are each limited by `group_policy`, with the defaults: no
+    /// concurrency cap, 5 attempts, 30 s leases, retries after 1 s doubling up to 1 h, and
+    /// payloads up to 1 MiB.
+    pub fn new(group_policy: Policy) -> QueueConfig {
+        QueueConfig {
+            group_policy,
+            groups: BTreeMap::new(),
+            group_concurrency: 0,
+            max_attempts: 5,
+            lease: Duration::from_secs(30),
+            retry_backoff: Duration::from_secs(1),
+            retry_backoff_max: Duration::from_secs(3_600),
+            max_payload: 1024 * 1024,
+        }
+    }
+
+    /// Gives `group` a policy of its own.
+    #[must_use]
+    pub fn group(mut self, group: impl Into<String>, policy: Policy) -> QueueConfig {
+        self.groups.insert(group.into(), policy);
+        self
+    }
+
+    /// Caps the jobs of one group leased at once (0: no cap).
+    #[must_use]
+    pub fn group_concurrency(mut self, n: u32) -> QueueConfig {
+        self.group_concurrency = n;
+        self
+    }
+
+    /// Sets the default number of attempts.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> QueueConfig {
+        self.max_attempts = n;
+        self
+    }
+
+    /// Sets the default lease.
+    #[must_use]
+    pub fn lease(mut self, lease: Duration) -> QueueConfig {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the first retry delay and the longest.
+    #[must_use]
+    pub fn retry_backoff(mut self, first: Duration, max: Duration) -> QueueConfig {
+        self.retry_backoff = first;
+        self.retry_backoff_max = max;
+        self
+    }
+
+    /// Sets the largest payload, in bytes.
+    #[must_use]
+    pub fn max_payload(mut self, bytes: usize) -> QueueConfig {
+        self.max_payload = bytes;
+        self
+    }
+
+    /// The policy that limits `group`.
+    pub fn policy_of(&self, group: &str) -> &Policy {
+        self.groups.get(group).unwrap_or(&self.group_policy)
+    }
+
+    /// Checks every setting, naming the first one at fault.
+    pub fn validate(&self) -> Result<(), InputError> {
+        check_policy("group_policy", &self.group_policy)?;
+        for (group, policy) in &self.groups {
+            check_group(group).map_err(|e| InputError::new("groups", e.message().to_string()))?;
+            check_policy(&format!("groups.{group}"), policy)?;
+        }
+        if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {
+            return Err(InputError::new(
+                "max_attempts",
+                format!("must be from 1 to {MAX_ATTEMPTS}"),
+            ));
+        }
+        check_lease("lease", self.lease)?;
+        if self.retry_backoff.is_zero() || self.retry_backoff > MAX_LEASE {
+            return Err(InputError::new(
+                "retry_backoff",
+                "must be from 1µs to 1d, e.g. 1s",
+            ));
+        }
+        if self.retry_backoff_max < self.retry_backoff || self.retry_backoff_max > MAX_LEASE {
+            return Err(InputError::new(
+                "retry_backoff_max",
+                "must be from retry_backoff to 1d, e.g. 1h",
+            ));
+        }
+        if self.max_payload == 0 || self.max_payload > MAX_PAYLOAD_LIMIT {
+            return Err(InputError::new(
+                "max_payload",
+                format!("must be from 1 to {MAX_PAYLOAD_LIMIT} bytes"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a queue can hold a group's starts to `policy`.
+///
+/// The queue admits a start with the policy's `limit` at the moment it leases a job, and
+/// sets a refused group aside until the decision's retry-after. That needs a policy whose
+/// admissions start at once and whose refusals change nothing. Two do not qualify:
+/// `exec_evenly` admits with a delay to wait (it spaces calls made by one caller), and
+/// `sliding_log` with `count_blocked` counts every refusal, so checking a group would keep
+/// it refused.
+pub fn check_policy(field: &str, policy: &Policy) -> Result<(), InputError> {
+    let refused = match policy {
+        Policy::ExecEvenly(_) => Some(
+            "exec_evenly admits with a delay to wait, which a job that starts now cannot take; \
+             use fixed_window, gcra, sliding_window or another algorithm",
+        ),
+        Policy::SlidingLog(p) if p.count_blocked() => Some(
+            "sliding_log with count_blocked=true counts refused starts, so a waiting group \
+             would keep itself refused; use sliding_log without count_blocked",
+        ),
+        _ => None,
+    };
+    match refused {
+        Some(why) => Err(InputError::new(field.to_string(), why)),
+        None => Ok(()),
+    }
+}
+
+/// The longest group name, in bytes.
+pub const MAX_GROUP: usize = 256;
+
+/// Group names: 1 to [`MAX_GROUP`] bytes, no control characters.
+pub fn check_group(group: &str) -> Result<(), InputError> {
+    if group.is_empty() || group.len() > MAX_GROUP || group.chars().any(char::is_control) {
+        return Err(InputError::new(
+            "group",
+            format!("must be 1 to {MAX_GROUP} bytes with no control characters"),
+        ));
+    }
+    Ok(())
+}
+
+/// Leases: from 1 ms to [`MAX_LEASE`].
+pub(crate) fn check_lease(field: &'static str, lease: Duration) -> Result<(), InputError> {
+    if lease < Duration::from_millis(1) || lease > MAX_LEASE {
+        return Err(InputError::new(field, "must be from 1ms to 1d, e.g. 30s"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(spec: &str) -> Policy {
+        spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"))
+    }
+
+    #[test]
+    fn policies_that_cannot_hold_starts_are_refused_by_name() {
+        for spec in [
+            "exec_evenly:points=10,duration=1s",
+            "sliding_log:limit=5,window=1s,count_blocked=true",
+        ] {
+            let e = QueueConfig::new(policy(spec)).validate().unwrap_err();
+            assert_eq!(e.field(), "group_policy", "{spec}");
+            assert!(e.message().contains(spec.split(':').next().unwrap_or("")));
+        }
+        let e = QueueConfig::new(policy("gcra:rate=1/s"))
+            .group("g", policy("exec_evenly:points=1,duration=1s"))
+            .validate()
+            .unwrap_err();
+        assert_eq!(e.field(), "groups.g");
+        for spec in [
+            "pacer:rate=10/s,max_burst=2",
+            "gcra:rate=5/10s,burst=3",
+            "fixed_window:limit=10,window=10s",
+            "sliding_log:limit=5,window=1m",
+            "sliding_window:limit=100,window=1h",
+            "smooth_bursty:rate=5/s",
+            "smooth_warming_up:rate=2/s,warmup=4s",
+        ] {
+            assert_eq!(QueueConfig::new(policy(spec)).validate(), Ok(()), "{spec}");
+        }
+    }
+
+    #[test]
+    fn settings_out_of_range_name_their_field() {
+        let base = || QueueConfig::new(policy("gcra:rate=1/s"));
+        for (config, field) in [
+            (base().max_attempts(0), "max_attempts"),
+            (base().lease(Duration::ZERO), "lease"),
+            (base().lease(Duration::from_secs(90_000)), "lease"),
+            (
+                base().retry_backoff(Duration::from_secs(2), Duration::from_secs(1)),
+                "retry_backoff_max",
+            ),
+            (base().max_payload(0), "max_payload"),
+            (base().group("", policy("gcra:rate=1/s")), "groups"),
+        ] {
+            assert_eq!(
+                config.validate().map_err(|e| e.field().to_string()),
+                Err(field.to_string())
+            );
+        }
+    }
+}

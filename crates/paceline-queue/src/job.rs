@@ -1,0 +1,294 @@
+//! Jobs: what a producer enqueues, what a worker leases, and what the queue reports.
+//!
+//! Times are microseconds since the Unix epoch on the queue's clock (the store's clock: on
+//! Redis, Redis's `TIME`), so times reported by different processes compare.
+
+use std::time::Duration;
+
+use paceline_core::InputError;
+
+use crate::config::{check_group, check_lease, MAX_ATTEMPTS};
+
+/// The longest job id, in bytes.
+pub const MAX_ID: usize = 128;
+
+/// A job to enqueue: its group, its payload, and optionally its id, a time before which it
+/// must not start, and its own number of attempts.
+///
+/// ```
+/// use paceline_queue::NewJob;
+/// use std::time::Duration;
+/// let job = NewJob::new("guild:1", b"{\"user\": 42, \"role\": 7}".to_vec())
+///     .id("grant-42-7")
+///     .delay(Duration::from_secs(5))
+///     .max_attempts(3);
+/// assert_eq!(job.group, "guild:1");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewJob {
+    /// The group whose policy limits the job's start.
+    pub group: String,
+    /// What the worker needs to run the job.
+    pub payload: Vec<u8>,
+    /// The producer's id, which makes enqueueing idempotent: the same id again while that
+    /// job exists adds nothing and answers the existing job. `None`: the queue numbers it.
+    pub id: Option<String>,
+    /// Do not start before this long after enqueueing.
+    pub delay: Duration,
+    /// This job's own number of attempts (else the queue's).
+    pub max_attempts: Option<u32>,
+}
+
+impl NewJob {
+    /// A job of `group` carrying `payload`, to start as soon as its group's policy allows.
+    pub fn new(group: impl Into<String>, payload: impl Into<Vec<u8>>) -> NewJob {
+        NewJob {
+            group: group.into(),
+            payload: payload.into(),
+            id: None,
+            delay: Duration::ZERO,
+            max_attempts: None,
+        }
+    }
+
+    /// Gives the job the producer's id (1 to 128 bytes of `A-Z a-z 0-9 - _ . :`, not all
+    /// digits: all-digit ids are the ones the queue gives).
+    #[must_use]
+    pub fn id(mut self, id: impl Into<String>) -> NewJob {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Holds the job back for `delay` after it is enqueued.
+    #[must_use]
+    pub fn delay(mut self, delay: Duration) -> NewJob {
+        self.delay = delay;
+        self
+    }
+
+    /// Gives the job its own number of attempts.
+    #[must_use]
+    pub fn max_attempts(mut self, n: u32) -> NewJob {
+        self.max_attempts = Some(n);
+        self
+    }
+
+    /// Checks the job against a queue's largest payload, naming the field at fault.
+    pub fn validate(&self, max_payload: usize) -> Result<(), InputError> {
+        check_group(&self.group)?;
+        if let Some(id) = &self.id {
+            check_id(id)?;
+        }
+        if self.payload.len() > max_payload {
+            return Err(InputError::new(
+                "payload",
+                format!(
+                    "is {} bytes; this queue takes at most {max_payload}",
+                    self.payload.len()
+                ),
+            ));
+        }
+        if self.delay > MAX_DELAY {
+            return Err(InputError::new("delay", "must be at most 365 days"));
+        }
+        if let Some(n) = self.max_attempts {
+            if n == 0 || n > MAX_ATTEMPTS {
+                return Err(InputError::new(
+                    "max_attempts",
+                    format!("must be from 1 to {MAX_ATTEMPTS}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The longest delay a job may be enqueued with.
+pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
+
+/// Producer ids: 1 to [`MAX_ID`] bytes of `A-Z a-z 0-9 - _ . :`, not all digits.
+pub fn check_id(id: &str) -> Result<(), InputError> {
+    let charset = id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+    if id.is_empty() || id.len() > MAX_ID || !charset {
+        return Err(InputError::new(
+            "id",
+            format!("must be 1 to {MAX_ID} bytes of A-Z a-z 0-9 - _ . :"),
+        ));
+    }
+    if id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(InputError::new(
+            "id",
+            "must not be all digits: those are the ids the queue gives; add a prefix, e.g. order-42",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks a requested lease length.
+pub fn check_lease_length(lease: Duration) -> Result<(), InputError> {
+    check_lease("lease_ms", lease)
+}
+
+/// Where a job is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JobState {
+    /// Waiting for its not-before time (a delay, or a retry's backoff).
+    Scheduled,
+    /// In its group's line, waiting for the group's policy and a worker.
+    Waiting,
+    /// Leased by a worker.
+    Active,
+    /// Out of attempts, or failed fatally: kept in the dead set until retried or purged.
+    Dead,
+}
+
+impl JobState {
+    /// `scheduled`, `waiting`, `active` or `dead`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Waiting => "waiting",
+            JobState::Active => "active",
+            JobState::Dead => "dead",
+        }
+    }
+}
+
+/// What enqueueing answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Enqueued {
+    /// The job's id (the producer's, or the one the queue gave).
+    pub id: String,
+    /// The job's state now.
+    pub state: JobState,
+    /// False when a job of this id already existed: nothing was added, and the other fields
+    /// describe the existing job.
+    pub created: bool,
+    /// When the job is expected to start (µs since the epoch): see
+    /// [`QueueCore::enqueue`](crate::QueueCore::enqueue) for how exact this is.
+    pub estimated_start: u64,
+}
+
+/// A job leased to a worker, which must `ack` or `fail` it with `lease` before
+/// `lease_expires`, or `extend` the lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leased {
+    /// The job's id.
+    pub id: String,
+    /// Its group.
+    pub group: String,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// This start's number: 1 for the first.
+    pub attempt: u32,
+    /// The fencing token: only this lease may ack, fail or extend the job.
+    pub lease: u64,
+    /// When the job started (µs since the epoch).
+    pub started: u64,
+    /// When the lease runs out unless extended (µs since the epoch).
+    pub lease_expires: u64,
+}
+
+/// How a leased job failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// Try again: after `after`, or (`None`) after the queue's backoff for this attempt.
+    /// Out of attempts, the job goes to the dead set instead.
+    Retry {
+        /// What went wrong, kept on the job.
+        error: Option<String>,
+        /// The delay before the retry; `None`: the queue's backoff.
+        after: Option<Duration>,
+    },
+    /// Do not try again: the job goes to the dead set.
+    Fatal {
+        /// What went wrong, kept on the job.
+        error: Option<String>,
+    },
+    /// The upstream refused the call for the whole group (an HTTP 429 with a retry-after):
+    /// the group starts nothing for `pause`, and the job goes back to the head of its
+    /// group. It is the upstream's refusal, not the job's failure, so it costs no attempt.
+    PauseGroup {
+        /// What the upstream said, kept on the job.
+        error: Option<String>,
+        /// How long the group starts nothing.
+        pause: Duration,
+    },
+}
+
+/// What became of a failed job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailOutcome {
+    /// Scheduled to try again at this time (µs since the epoch).
+    Retrying {
+        /// When the job rejoins its group.
+        at: u64,
+    },
+    /// In the dead set.
+    Dead,
+    /// Back at the head of its group, which starts nothing until this time.
+    Paused {
+        /// When the group may start jobs again.
+        until: u64,
+    },
+}
+
+/// Everything the queue knows of one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobInfo {
+    /// The job's id.
+    pub id: String,
+    /// Its group.
+    pub group: String,
+    /// Where it is.
+    pub state: JobState,
+    /// How many times it has started.
+    pub attempts: u32,
+    /// How many starts it may have.
+    pub max_attempts: u32,
+    /// The last error a worker reported.
+    pub last_error: Option<String>,
+    /// When it was enqueued.
+    pub enqueued_at: u64,
+    /// Scheduled: when it joins its group.
+    pub not_before: Option<u64>,
+    /// Active: when this attempt started.
+    pub started: Option<u64>,
+    /// Active: when its lease runs out.
+    pub lease_expires: Option<u64>,
+    /// Active: the worker holding it.
+    pub worker: Option<String>,
+    /// Its payload.
+    pub payload: Vec<u8>,
+}
+
+/// A queue's counts, and each group's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Jobs waiting for their not-before time.
+    pub scheduled: u64,
+    /// Jobs in their groups' lines.
+    pub waiting: u64,
+    /// Jobs leased.
+    pub active: u64,
+    /// Jobs in the dead set.
+    pub dead: u64,
+    /// The groups with jobs waiting or active, by name.
+    pub groups: Vec<GroupStats>,
+}
+
+/// One group's counts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupStats {
+    /// The group.
+    pub group: String,
+    /// Its jobs waiting.
+    pub waiting: u64,
+    /// Its jobs leased.
+    pub active: u64,
+    /// When it may next start a job (µs since the epoch), if it has one waiting; it may be
+    /// in the past when the group is only waiting for a worker.
+    pub next_eligible: Option<u64>,
+}

@@ -1,0 +1,32 @@
+//! paceline's rate-limited job queue.
+//!
+//! Jobs belong to **groups** (a Discord server, a customer, an upstream account), and each
+//! group's policy limits the times its jobs *start*: a worker leases a job only when the
+//! group's policy admits a start at that moment. Nothing is reserved ahead, so a backlog
+//! that builds while workers are away still starts no faster than the limit allows, and no
+//! job is ever delayed, re-checked and delayed again: jobs wait in their group's line, and
+//! the *group* waits for its next allowed start.
+//!
+//! - [`QueueConfig`]: each group's policy, caps, attempts, leases, backoff.
+//! - [`QueueCore`]: the queue as a pure state machine over injected time, which every store
+//!   runs (its docs hold the model and an example).
+//! - [`NewJob`], [`Leased`], [`Failure`]: what producers send, workers get and report.
+//!
+//! Leases carry fencing tokens: a worker whose lease expired is refused
+//! ([`QueueError::LeaseLost`]) when it acknowledges, fails or extends the job, so a job is
+//! never acknowledged twice.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod core;
+pub mod error;
+pub mod job;
+
+pub use crate::config::QueueConfig;
+pub use crate::core::QueueCore;
+pub use crate::error::QueueError;
+pub use crate::job::{
+    Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased, NewJob, Stats,
+};

@@ -1,0 +1,318 @@
+//! The queue's rules one by one, on a virtual clock.
+
+use std::time::Duration;
+
+use paceline_queue::{
+    FailOutcome, Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError,
+};
+
+const S: u64 = 1_000_000;
+
+fn queue(config: QueueConfig) -> QueueCore {
+    QueueCore::new(config).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn config(spec: &str) -> QueueConfig {
+    QueueConfig::new(spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}")))
+}
+
+fn field(e: QueueError) -> String {
+    match e {
+        QueueError::Input(e) => e.field().to_string(),
+        other => panic!("not an input error: {other:?}"),
+    }
+}
+
+#[test]
+fn a_stale_lease_is_refused_and_an_expired_job_goes_back_to_the_head() {
+    let mut q = queue(config("gcra:rate=100/s,burst=100").lease(Duration::from_secs(10)));
+    let a = q.enqueue(0, NewJob::new("g", b"a".to_vec())).unwrap();
+    q.enqueue(0, NewJob::new("g", b"b".to_vec())).unwrap();
+    let first = q.lease(0, "w1", 1, None).unwrap();
+    assert_eq!((first[0].id.as_str(), first[0].attempt), (a.id.as_str(), 1));
+    // The lease runs out: the job is back at the head, and the old token is refused.
+    let again = q.lease(10 * S, "w2", 1, None).unwrap();
+    assert_eq!((again[0].id.as_str(), again[0].attempt), (a.id.as_str(), 2));
+    assert_ne!(again[0].lease, first[0].lease);
+    for result in [
+        q.ack(10 * S, &a.id, first[0].lease),
+        q.extend(10 * S, &a.id, first[0].lease, Duration::from_secs(5))
+            .map(drop),
+        q.fail(
+            10 * S,
+            &a.id,
+            first[0].lease,
+            Failure::Fatal { error: None },
+            0.5,
+        )
+        .map(drop),
+    ] {
+        assert_eq!(result, Err(QueueError::LeaseLost { id: a.id.clone() }));
+    }
+    // The live lease works once; a second ack is refused.
+    assert_eq!(q.ack(10 * S, &a.id, again[0].lease), Ok(()));
+    assert!(matches!(
+        q.ack(10 * S, &a.id, again[0].lease),
+        Err(QueueError::LeaseLost { .. })
+    ));
+    assert_eq!(q.job(&a.id), None);
+    assert_eq!(q.check_invariants(), Ok(()));
+}
+
+#[test]
+fn a_lease_refuses_its_job_at_the_moment_it_expires_even_before_any_sweep() {
+    let mut q = queue(config("gcra:rate=100/s,burst=100").lease(Duration::from_secs(1)));
+    let a = q.enqueue(0, NewJob::new("g", vec![])).unwrap();
+    let l = q.lease(0, "w", 1, None).unwrap();
+    assert!(matches!(
+        q.ack(S, &a.id, l[0].lease),
+        Err(QueueError::LeaseLost { .. })
+    ));
+    assert_eq!(q.job(&a.id).map(|j| j.state), Some(JobState::Waiting));
+    // Extending in time keeps it.
+    let l = q.lease(S, "w", 1, None).unwrap();
+    let expires = q
+        .extend(S + S / 2, &a.id, l[0].lease, Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(expires, S + S / 2 + 5 * S);
+    assert_eq!(q.ack(6 * S, &a.id, l[0].lease), Ok(()));
+}
+
+#[test]
+fn failures_retry_with_backoff_then_die_and_dead_jobs_can_be_retried_or_purged() {
+    let mut q = queue(
+        config("gcra:rate=100/s,burst=100")
+            .max_attempts(3)
+            .retry_backoff(Duration::from_secs(1), Duration::from_secs(3)),
+    );
+    let a = q.enqueue(0, NewJob::new("g", vec![1])).unwrap();
+    let mut now = 0;
+    let mut delays = Vec::new();
+    for attempt in 1..=3 {
+        let l = q.lease(now, "w", 1, None).unwrap();
+        assert_eq!(l[0].attempt, attempt);
+        let retry = Failure::Retry {
+            error: Some(format!("boom {attempt}")),
+            after: None,
+        };
+        match q.fail(now, &a.id, l[0].lease, retry, 1.0).unwrap() {
+            FailOutcome::Retrying { at } => {
+                delays.push(at - now);
+                assert_eq!(q.lease(at - 1, "w", 1, None).unwrap(), vec![]);
+                now = at;
+            }
+            FailOutcome::Dead => assert_eq!(attempt, 3),
+            other => panic!("{other:?}"),
+        }
+    }
+    // Jitter 1 takes the whole backoff: 1 s, then 2 s (capped at 3 s).
+    assert_eq!(delays, vec![S, 2 * S]);
+    let info = q.job(&a.id).unwrap();
+    assert_eq!(
+        (info.state, info.last_error.as_deref()),
+        (JobState::Dead, Some("boom 3"))
+    );
+    assert_eq!(q.dead(0, 10).len(), 1);
+    assert_eq!(q.retry_dead(now, None), Ok(1));
+    let l = q.lease(now, "w", 1, None).unwrap();
+    assert_eq!(l[0].attempt, 1);
+    q.fail(now, &a.id, l[0].lease, Failure::Fatal { error: None }, 0.0)
+        .unwrap();
+    assert_eq!(q.purge_dead(), 1);
+    assert_eq!(q.job(&a.id), None);
+    assert_eq!(q.check_invariants(), Ok(()));
+}
+
+#[test]
+fn jitter_draws_the_backoff_between_half_and_all_of_it() {
+    for (jitter, expected) in [(0.0, S / 2), (0.5, 3 * S / 4), (1.0, S), (f64::NAN, S / 2)] {
+        let mut q = queue(config("gcra:rate=100/s,burst=100"));
+        let a = q.enqueue(0, NewJob::new("g", vec![])).unwrap();
+        let l = q.lease(0, "w", 1, None).unwrap();
+        let retry = Failure::Retry {
+            error: None,
+            after: None,
+        };
+        assert_eq!(
+            q.fail(0, &a.id, l[0].lease, retry, jitter),
+            Ok(FailOutcome::Retrying { at: expected }),
+            "{jitter}"
+        );
+    }
+}
+
+#[test]
+fn a_pause_holds_the_whole_group_costs_no_attempt_and_keeps_the_job_first() {
+    let mut q = queue(config("gcra:rate=100/s,burst=100"));
+    let a = q.enqueue(0, NewJob::new("g", b"a".to_vec())).unwrap();
+    q.enqueue(0, NewJob::new("g", b"b".to_vec())).unwrap();
+    q.enqueue(0, NewJob::new("other", b"c".to_vec())).unwrap();
+    let l = q.lease(0, "w", 1, None).unwrap();
+    assert_eq!(l[0].id, a.id);
+    let pause = Failure::PauseGroup {
+        error: Some("429".into()),
+        pause: Duration::from_secs(5),
+    };
+    assert_eq!(
+        q.fail(S, &a.id, l[0].lease, pause, 0.0),
+        Ok(FailOutcome::Paused { until: 6 * S })
+    );
+    // Only the other group runs until the pause ends.
+    let during = q.lease(S, "w", 10, None).unwrap();
+    assert_eq!(
+        during.iter().map(|j| j.group.as_str()).collect::<Vec<_>>(),
+        ["other"]
+    );
+    assert_eq!(q.next_event(), Some(6 * S));
+    let after = q.lease(6 * S, "w", 10, None).unwrap();
+    assert_eq!(after[0].id, a.id);
+    assert_eq!(after[0].attempt, 1, "a pause is not an attempt");
+    assert_eq!(after.len(), 2);
+    assert_eq!(q.check_invariants(), Ok(()));
+}
+
+#[test]
+fn eligible_groups_take_turns() {
+    let mut q = queue(config("gcra:rate=1000/s,burst=1000"));
+    for i in 0..5u8 {
+        q.enqueue(0, NewJob::new("busy", vec![i])).unwrap();
+    }
+    q.enqueue(S, NewJob::new("quiet", vec![9])).unwrap();
+    q.enqueue(S, NewJob::new("late", vec![8])).unwrap();
+    let groups: Vec<String> = q
+        .lease(2 * S, "w", 5, None)
+        .unwrap()
+        .into_iter()
+        .map(|j| j.group)
+        .collect();
+    // "busy" was eligible longest and goes first, then behind the others.
+    assert_eq!(groups, ["busy", "quiet", "late", "busy", "busy"]);
+}
+
+#[test]
+fn a_group_concurrency_cap_holds_its_other_jobs() {
+    let mut q = queue(config("gcra:rate=1000/s,burst=1000").group_concurrency(1));
+    for i in 0..3u8 {
+        q.enqueue(0, NewJob::new("g", vec![i])).unwrap();
+    }
+    let l = q.lease(0, "w", 10, None).unwrap();
+    assert_eq!(l.len(), 1);
+    assert_eq!(q.lease(0, "w", 10, None).unwrap(), vec![]);
+    q.ack(0, &l[0].id, l[0].lease).unwrap();
+    assert_eq!(q.lease(0, "w", 10, None).unwrap().len(), 1);
+    assert_eq!(q.check_invariants(), Ok(()));
+}
+
+#[test]
+fn the_same_id_again_adds_nothing_while_the_job_exists() {
+    let mut q = queue(config("fixed_window:limit=1,window=10s"));
+    let first = q.enqueue(0, NewJob::new("g", b"x".to_vec()).id("order-1")).unwrap();
+    assert!(first.created);
+    q.enqueue(0, NewJob::new("g", b"y".to_vec()).id("order-2"))
+        .unwrap();
+    let again = q.enqueue(S, NewJob::new("g", b"z".to_vec()).id("order-1")).unwrap();
+    assert_eq!(
+        (again.created, again.estimated_start, again.state),
+        (false, 0, JobState::Waiting)
+    );
+    assert_eq!(q.stats(S).unwrap().waiting, 2);
+    let l = q.lease(S, "w", 1, None).unwrap();
+    assert_eq!(l[0].payload, b"x");
+    q.ack(S, "order-1", l[0].lease).unwrap();
+    // Acknowledged and gone: the id may be used again.
+    assert!(q.enqueue(S, NewJob::new("g", vec![]).id("order-1")).unwrap().created);
+    // Ids the queue gives are numbers, which producers' ids may not be.
+    let numbered = q.enqueue(S, NewJob::new("g", vec![])).unwrap();
+    assert!(numbered.id.bytes().all(|b| b.is_ascii_digit()));
+    assert_eq!(
+        field(q.enqueue(S, NewJob::new("g", vec![]).id("42")).unwrap_err()),
+        "id"
+    );
+}
+
+#[test]
+fn a_delayed_job_joins_its_group_when_due() {
+    let mut q = queue(config("gcra:rate=100/s,burst=100"));
+    let a = q
+        .enqueue(0, NewJob::new("g", vec![]).delay(Duration::from_secs(3)))
+        .unwrap();
+    assert_eq!((a.state, a.estimated_start), (JobState::Scheduled, 3 * S));
+    assert_eq!(q.lease(3 * S - 1, "w", 1, None).unwrap(), vec![]);
+    assert_eq!(q.next_event(), Some(3 * S));
+    assert_eq!(q.lease(3 * S, "w", 1, None).unwrap()[0].id, a.id);
+}
+
+#[test]
+fn cancel_takes_out_a_job_that_no_worker_holds() {
+    let mut q = queue(config("gcra:rate=100/s,burst=100"));
+    let a = q.enqueue(0, NewJob::new("g", vec![])).unwrap();
+    let b = q.enqueue(0, NewJob::new("g", vec![])).unwrap();
+    let c = q
+        .enqueue(0, NewJob::new("g", vec![]).delay(Duration::from_secs(1)))
+        .unwrap();
+    let l = q.lease(0, "w", 1, None).unwrap();
+    assert!(matches!(
+        q.cancel(0, &a.id),
+        Err(QueueError::Conflict {
+            state: "active",
+            ..
+        })
+    ));
+    assert_eq!(q.cancel(0, &b.id), Ok(()));
+    assert_eq!(q.cancel(0, &c.id), Ok(()));
+    assert!(matches!(
+        q.cancel(0, &c.id),
+        Err(QueueError::UnknownJob { .. })
+    ));
+    q.ack(0, &l[0].id, l[0].lease).unwrap();
+    assert_eq!(q.lease(5 * S, "w", 10, None).unwrap(), vec![]);
+    assert_eq!(q.next_event(), None);
+    assert_eq!(q.check_invariants(), Ok(()));
+}
+
+#[test]
+fn bad_input_names_its_field_and_changes_nothing() {
+    let mut q = queue(config("gcra:rate=100/s").max_payload(4));
+    for (job, name) in [
+        (NewJob::new("", vec![]), "group"),
+        (NewJob::new("g".repeat(1 << 20), vec![]), "group"),
+        (NewJob::new("g", vec![0; 5]), "payload"),
+        (NewJob::new("g", vec![]).id("a b"), "id"),
+        (NewJob::new("g", vec![]).max_attempts(0), "max_attempts"),
+        (
+            NewJob::new("g", vec![]).delay(Duration::from_secs(400 * 86_400)),
+            "delay",
+        ),
+    ] {
+        assert_eq!(field(q.enqueue(0, job).unwrap_err()), name);
+    }
+    assert_eq!(field(q.lease(0, "", 1, None).unwrap_err()), "worker");
+    assert_eq!(field(q.lease(0, "w", 0, None).unwrap_err()), "max_jobs");
+    assert_eq!(field(q.lease(0, "w", 1001, None).unwrap_err()), "max_jobs");
+    assert_eq!(
+        field(q.lease(0, "w", 1, Some(Duration::ZERO)).unwrap_err()),
+        "lease_ms"
+    );
+    assert_eq!(q.stats(0).unwrap(), Default::default());
+    let e = QueueCore::new(config("exec_evenly:points=10,duration=1s")).unwrap_err();
+    assert_eq!(e.field(), "group_policy");
+}
+
+#[test]
+fn idle_groups_are_dropped_once_their_policy_state_is_idle() {
+    let mut q = queue(config("fixed_window:limit=1,window=10s"));
+    for g in 0..100 {
+        let e = q.enqueue(0, NewJob::new(format!("g{g}"), vec![])).unwrap();
+        let l = q.lease(0, "w", 1, None).unwrap();
+        q.ack(0, &e.id, l[0].lease).unwrap();
+    }
+    assert_eq!(q.stats(0).unwrap().groups.len(), 0);
+    // Within the window each group still remembers its start...
+    assert_eq!(q.groups_held(), 100);
+    q.enqueue(5 * S, NewJob::new("g0", vec![])).unwrap();
+    assert_eq!(q.lease(5 * S, "w", 1, None).unwrap(), vec![]);
+    // ...and the first call after the window lets the idle ones go.
+    assert_eq!(q.lease(10 * S, "w", 1, None).unwrap().len(), 1);
+    assert_eq!(q.groups_held(), 1);
+    assert_eq!(q.check_invariants(), Ok(()));
+}
