@@ -109,7 +109,11 @@ struct Job {
 #[derive(Debug)]
 enum Place {
     /// In `scheduled` under (at, order); joins its group at the head (a retry) or the tail.
-    Scheduled { at: u64, order: u64, head: bool },
+    Scheduled {
+        at: u64,
+        order: u64,
+        head: bool,
+    },
     Waiting,
     Active {
         token: u64,
@@ -497,11 +501,9 @@ impl QueueCore {
     ) -> Result<Vec<Leased>, QueueError> {
         check_worker(worker)?;
         if max_jobs == 0 || max_jobs > MAX_LEASE_JOBS {
-            return Err(InputError::new(
-                "max_jobs",
-                format!("must be from 1 to {MAX_LEASE_JOBS}"),
-            )
-            .into());
+            return Err(
+                InputError::new("max_jobs", format!("must be from 1 to {MAX_LEASE_JOBS}")).into(),
+            );
         }
         let lease = lease.unwrap_or(self.config.lease);
         check_lease_length(lease)?;
@@ -745,9 +747,10 @@ impl QueueCore {
     pub fn cancel(&mut self, now: u64, id: &str) -> Result<(), QueueError> {
         let now = self.tick(now)?;
         self.maintain(now);
-        let job = self.jobs.get(id).ok_or_else(|| QueueError::UnknownJob {
-            id: id.to_string(),
-        })?;
+        let job = self
+            .jobs
+            .get(id)
+            .ok_or_else(|| QueueError::UnknownJob { id: id.to_string() })?;
         match job.place {
             Place::Active { .. } => {
                 return Err(QueueError::Conflict {
@@ -918,7 +921,10 @@ impl QueueCore {
                 return Err(format!("group {name}: active {} != {active}", g.active));
             }
             for id in &g.waiting {
-                let job = self.jobs.get(id).ok_or(format!("{id} waiting but unknown"))?;
+                let job = self
+                    .jobs
+                    .get(id)
+                    .ok_or(format!("{id} waiting but unknown"))?;
                 if !matches!(job.place, Place::Waiting) || &job.group != name {
                     return Err(format!("{id} in {name}'s line but {:?}", job.place));
                 }

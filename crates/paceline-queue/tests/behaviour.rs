@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use paceline_queue::{
-    FailOutcome, Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError,
-};
+use paceline_queue::{FailOutcome, Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError};
 
 const S: u64 = 1_000_000;
 
@@ -206,11 +204,15 @@ fn a_group_concurrency_cap_holds_its_other_jobs() {
 #[test]
 fn the_same_id_again_adds_nothing_while_the_job_exists() {
     let mut q = queue(config("fixed_window:limit=1,window=10s"));
-    let first = q.enqueue(0, NewJob::new("g", b"x".to_vec()).id("order-1")).unwrap();
+    let first = q
+        .enqueue(0, NewJob::new("g", b"x".to_vec()).id("order-1"))
+        .unwrap();
     assert!(first.created);
     q.enqueue(0, NewJob::new("g", b"y".to_vec()).id("order-2"))
         .unwrap();
-    let again = q.enqueue(S, NewJob::new("g", b"z".to_vec()).id("order-1")).unwrap();
+    let again = q
+        .enqueue(S, NewJob::new("g", b"z".to_vec()).id("order-1"))
+        .unwrap();
     assert_eq!(
         (again.created, again.estimated_start, again.state),
         (false, 0, JobState::Waiting)
@@ -220,7 +222,11 @@ fn the_same_id_again_adds_nothing_while_the_job_exists() {
     assert_eq!(l[0].payload, b"x");
     q.ack(S, "order-1", l[0].lease).unwrap();
     // Acknowledged and gone: the id may be used again.
-    assert!(q.enqueue(S, NewJob::new("g", vec![]).id("order-1")).unwrap().created);
+    assert!(
+        q.enqueue(S, NewJob::new("g", vec![]).id("order-1"))
+            .unwrap()
+            .created
+    );
     // Ids the queue gives are numbers, which producers' ids may not be.
     let numbered = q.enqueue(S, NewJob::new("g", vec![])).unwrap();
     assert!(numbered.id.bytes().all(|b| b.is_ascii_digit()));

@@ -1,0 +1,329 @@
+//! Random sequences of enqueue, lease, ack, fail, pause, worker crash and time advances on
+//! a virtual clock: no job is lost, no job has two live leases, a stale token is always
+//! refused, and every group's starts pass its policy when replayed through it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use paceline_core::{Op, Policy};
+use paceline_queue::{Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError};
+use proptest::prelude::*;
+
+const POLICIES: &[&str] = &[
+    "fixed_window:limit=3,window=1s",
+    "gcra:rate=2/s,burst=2",
+    "sliding_window:limit=3,window=1s",
+    "sliding_log:limit=2,window=1s,min_interval=100ms",
+    "pacer:rate=3/s,max_burst=1",
+    "smooth_bursty:rate=2/s,max_burst_seconds=1",
+    "smooth_warming_up:rate=4/s,warmup=1s",
+];
+
+#[derive(Clone, Debug)]
+enum Step {
+    Enqueue {
+        group: u8,
+        delay_ms: u16,
+        id: Option<u8>,
+    },
+    Lease {
+        max_jobs: u8,
+    },
+    Ack {
+        pick: u8,
+    },
+    Fail {
+        pick: u8,
+        kind: u8,
+        ms: u16,
+    },
+    Extend {
+        pick: u8,
+    },
+    /// A worker dies holding a job: its lease is forgotten, never acked.
+    Crash {
+        pick: u8,
+    },
+    /// A worker uses a token it should no longer hold.
+    Stale {
+        pick: u8,
+    },
+    Advance {
+        ms: u16,
+    },
+    Cancel {
+        pick: u8,
+    },
+    RetryDead,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0u8..4, prop_oneof![3 => Just(0u16), 1 => 1u16..3_000], proptest::option::of(0u8..6))
+            .prop_map(|(group, delay_ms, id)| Step::Enqueue { group, delay_ms, id }),
+        4 => (1u8..5).prop_map(|max_jobs| Step::Lease { max_jobs }),
+        3 => any::<u8>().prop_map(|pick| Step::Ack { pick }),
+        2 => (any::<u8>(), 0u8..4, 1u16..3_000).prop_map(|(pick, kind, ms)| Step::Fail { pick, kind, ms }),
+        1 => any::<u8>().prop_map(|pick| Step::Extend { pick }),
+        1 => any::<u8>().prop_map(|pick| Step::Crash { pick }),
+        1 => any::<u8>().prop_map(|pick| Step::Stale { pick }),
+        4 => (1u16..2_500).prop_map(|ms| Step::Advance { ms }),
+        1 => any::<u8>().prop_map(|pick| Step::Cancel { pick }),
+        1 => Just(Step::RetryDead),
+    ]
+}
+
+/// A lease a test worker holds.
+#[derive(Clone, Debug)]
+struct Held {
+    id: String,
+    token: u64,
+    expires: u64,
+}
+
+fn pick<T: Clone>(items: &[T], pick: u8) -> Option<T> {
+    (!items.is_empty()).then(|| items[pick as usize % items.len()].clone())
+}
+
+fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let policy: Policy = spec
+        .parse()
+        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+    let config = QueueConfig::new(policy.clone())
+        .group_concurrency(cap)
+        .max_attempts(3)
+        .lease(Duration::from_millis(1_500))
+        .retry_backoff(Duration::from_millis(200), Duration::from_secs(2));
+    let mut q = QueueCore::new(config).map_err(|e| TestCaseError::fail(format!("{e}")))?;
+    let ms = 1_000u64;
+    let mut now = 1_000_000 * ms;
+    // Every id ever enqueued, and those gone for good (acked or cancelled or purged).
+    let mut enqueued: BTreeSet<String> = BTreeSet::new();
+    let mut gone: BTreeSet<String> = BTreeSet::new();
+    let mut held: Vec<Held> = Vec::new();
+    let mut crashed: Vec<Held> = Vec::new();
+    let mut stale: Vec<Held> = Vec::new();
+    let mut starts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    // The live lease of each active job, as the test saw it handed out.
+    let mut live: BTreeMap<String, Held> = BTreeMap::new();
+    for step in steps {
+        match step {
+            Step::Enqueue {
+                group,
+                delay_ms,
+                id,
+            } => {
+                let mut job = NewJob::new(format!("g{group}"), vec![group])
+                    .delay(Duration::from_millis(u64::from(delay_ms)));
+                if let Some(id) = id {
+                    job = job.id(format!("job-{id}"));
+                }
+                let e = q
+                    .enqueue(now, job)
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                if e.created {
+                    prop_assert!(e.estimated_start >= now);
+                    enqueued.insert(e.id.clone());
+                    gone.remove(&e.id);
+                }
+            }
+            Step::Lease { max_jobs } => {
+                let leased = q
+                    .lease(now, "w", usize::from(max_jobs), None)
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+                for job in leased {
+                    // Never two live leases on one job.
+                    if let Some(previous) = live.get(&job.id) {
+                        prop_assert!(
+                            previous.expires <= now,
+                            "{} leased again while its lease {} is live",
+                            job.id,
+                            previous.token
+                        );
+                        stale.push(previous.clone());
+                    }
+                    starts
+                        .entry(job.group.clone())
+                        .or_default()
+                        .push(job.started);
+                    let h = Held {
+                        id: job.id.clone(),
+                        token: job.lease,
+                        expires: job.lease_expires,
+                    };
+                    live.insert(job.id.clone(), h.clone());
+                    held.push(h);
+                }
+            }
+            Step::Ack { pick: p } => {
+                if let Some(h) = pick(&held, p) {
+                    held.retain(|x| x.token != h.token);
+                    match q.ack(now, &h.id, h.token) {
+                        Ok(()) => {
+                            prop_assert!(h.expires > now, "an expired lease acked");
+                            gone.insert(h.id.clone());
+                            live.remove(&h.id);
+                        }
+                        Err(QueueError::LeaseLost { .. }) => {
+                            prop_assert!(h.expires <= now, "a live lease refused")
+                        }
+                        Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+                    }
+                    stale.push(h);
+                }
+            }
+            Step::Fail {
+                pick: p,
+                kind,
+                ms: d,
+            } => {
+                if let Some(h) = pick(&held, p) {
+                    held.retain(|x| x.token != h.token);
+                    let failure = match kind {
+                        0 => Failure::Fatal { error: None },
+                        1 => Failure::PauseGroup {
+                            error: None,
+                            pause: Duration::from_millis(u64::from(d)),
+                        },
+                        2 => Failure::Retry {
+                            error: Some("x".into()),
+                            after: Some(Duration::from_millis(u64::from(d))),
+                        },
+                        _ => Failure::Retry {
+                            error: None,
+                            after: None,
+                        },
+                    };
+                    match q.fail(now, &h.id, h.token, failure, 0.5) {
+                        Ok(_) => {
+                            prop_assert!(h.expires > now);
+                            live.remove(&h.id);
+                        }
+                        Err(QueueError::LeaseLost { .. }) => prop_assert!(h.expires <= now),
+                        Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+                    }
+                    stale.push(h);
+                }
+            }
+            Step::Extend { pick: p } => {
+                if let Some(h) = pick(&held, p) {
+                    match q.extend(now, &h.id, h.token, Duration::from_millis(1_500)) {
+                        Ok(expires) => {
+                            prop_assert!(h.expires > now);
+                            for x in held.iter_mut().filter(|x| x.token == h.token) {
+                                x.expires = expires;
+                            }
+                            if let Some(l) = live.get_mut(&h.id) {
+                                l.expires = expires;
+                            }
+                        }
+                        Err(QueueError::LeaseLost { .. }) => {
+                            prop_assert!(h.expires <= now);
+                            held.retain(|x| x.token != h.token);
+                            stale.push(h);
+                        }
+                        Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+                    }
+                }
+            }
+            Step::Crash { pick: p } => {
+                if let Some(h) = pick(&held, p) {
+                    held.retain(|x| x.token != h.token);
+                    crashed.push(h);
+                }
+            }
+            Step::Stale { pick: p } => {
+                if let Some(h) = pick(&stale, p) {
+                    // A token once used up or outlived is refused, whatever the job's state.
+                    let refused = matches!(
+                        q.ack(now, &h.id, h.token),
+                        Err(QueueError::LeaseLost { .. })
+                    );
+                    prop_assert!(refused, "stale lease {} of {} accepted", h.token, h.id);
+                }
+            }
+            Step::Advance { ms: d } => now += u64::from(d) * ms,
+            Step::Cancel { pick: p } => {
+                let ids: Vec<String> = enqueued.difference(&gone).cloned().collect();
+                if let Some(id) = pick(&ids, p) {
+                    match q.cancel(now, &id) {
+                        Ok(()) => {
+                            gone.insert(id);
+                        }
+                        Err(QueueError::Conflict { .. }) => {
+                            prop_assert_eq!(q.job(&id).map(|j| j.state), Some(JobState::Active))
+                        }
+                        Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
+                    }
+                }
+            }
+            Step::RetryDead => {
+                q.retry_dead(now, None)
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            }
+        }
+        // Crashed workers' leases run out on their own.
+        crashed.retain(|h| h.expires > now);
+        if let Err(e) = q.check_invariants() {
+            return Err(TestCaseError::fail(e));
+        }
+    }
+    // No job lost: every job enqueued and not acked, cancelled or purged is still there.
+    for id in enqueued.difference(&gone) {
+        prop_assert!(q.job(id).is_some(), "job {} lost", id);
+    }
+    // And once workers take everything (crashed workers' leases running out), every job
+    // ends acknowledged or dead.
+    now += 3_600_000 * ms;
+    for _ in 0..10_000 {
+        let leased = q
+            .lease(now, "closer", 1_000, None)
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        for job in leased {
+            starts
+                .entry(job.group.clone())
+                .or_default()
+                .push(job.started);
+            q.ack(now, &job.id, job.lease)
+                .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            gone.insert(job.id);
+        }
+        match q.next_event() {
+            Some(next) => now = now.max(next),
+            None => break,
+        }
+    }
+    for id in enqueued.difference(&gone) {
+        let state = q.job(id).map(|j| j.state);
+        prop_assert_eq!(
+            state,
+            Some(JobState::Dead),
+            "job {} neither acked nor dead",
+            id
+        );
+    }
+    // Every group's starts pass its policy, replayed in order.
+    for (group, times) in &starts {
+        let mut state = None;
+        for &t in times {
+            let d = policy
+                .apply(&mut state, t, Op::Limit, 1)
+                .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            prop_assert!(d.allowed, "{} started at {} over {}", group, t, spec);
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn random_workloads_keep_every_rule(
+        spec in proptest::sample::select(POLICIES),
+        cap in prop_oneof![Just(0u32), 1u32..3],
+        steps in proptest::collection::vec(step(), 1..120),
+    ) {
+        run(spec, cap, steps)?;
+    }
+}
