@@ -674,6 +674,10 @@ impl QueueCore {
                 let until = now.saturating_add(micros_up(pause));
                 FailOutcome::Paused { until }
             }
+            Failure::Release => {
+                job.attempts = job.attempts.saturating_sub(1);
+                FailOutcome::Released
+            }
         };
         match outcome {
             FailOutcome::Dead => {
@@ -699,6 +703,10 @@ impl QueueCore {
                 job.place = Place::Waiting;
                 let g = self.groups.entry(group.clone()).or_default();
                 g.paused_until = g.paused_until.max(until);
+                self.join_head(&group, id);
+            }
+            FailOutcome::Released => {
+                job.place = Place::Waiting;
                 self.join_head(&group, id);
             }
         }

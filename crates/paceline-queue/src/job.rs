@@ -216,6 +216,10 @@ pub enum Failure {
         /// How long the group starts nothing.
         pause: Duration,
     },
+    /// Not run after all (a worker shutting down hands back what it holds): the job goes
+    /// back to the head of its group at once and costs no attempt. Its start still counted
+    /// against the group's limit.
+    Release,
 }
 
 /// What became of a failed job.
@@ -233,6 +237,8 @@ pub enum FailOutcome {
         /// When the group may start jobs again.
         until: u64,
     },
+    /// Back at the head of its group.
+    Released,
 }
 
 /// Everything the queue knows of one job.

@@ -11,6 +11,10 @@
 //! - [`QueueCore`]: the queue as a pure state machine over injected time, which every store
 //!   runs (its docs hold the model and an example).
 //! - [`NewJob`], [`Leased`], [`Failure`]: what producers send, workers get and report.
+//! - [`Queue`]: the handle producers and workers hold, over a [`QueueBackend`]
+//!   ([`MemoryQueue`] in this process); its `lease` waits for work without polling.
+//! - [`Worker`]: runs a handler over the jobs, `concurrency` at a time, with heartbeats
+//!   and a graceful shutdown.
 //!
 //! Leases carry fencing tokens: a worker whose lease expired is refused
 //! ([`QueueError::LeaseLost`]) when it acknowledges, fails or extends the job, so a job is
@@ -23,6 +27,9 @@ pub mod config;
 pub mod core;
 pub mod error;
 pub mod job;
+pub mod memory;
+pub mod queue;
+pub mod worker;
 
 pub use crate::config::QueueConfig;
 pub use crate::core::QueueCore;
@@ -30,3 +37,6 @@ pub use crate::error::QueueError;
 pub use crate::job::{
     Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased, NewJob, Stats,
 };
+pub use crate::memory::MemoryQueue;
+pub use crate::queue::{Queue, QueueBackend, QueueFuture};
+pub use crate::worker::{Report, Worker};

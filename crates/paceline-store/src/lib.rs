@@ -49,7 +49,7 @@ mod open;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-pub use clock::SystemClock;
+pub use clock::{SystemClock, TokioClock};
 pub use failure::FailurePolicy;
 pub use limiter::Limiter;
 pub use memory::{MemoryStore, MemoryStoreBuilder};

@@ -1,0 +1,230 @@
+//! The queue held in this process: a [`QueueCore`] behind a lock, on a clock.
+//!
+//! Not durable: jobs live as long as the process. For tests (on a virtual clock),
+//! simulations and single-process apps.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use paceline_core::{Clock, InputError};
+use paceline_store::SystemClock;
+use tokio::sync::Notify;
+
+use crate::config::QueueConfig;
+use crate::core::QueueCore;
+use crate::error::QueueError;
+use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
+use crate::queue::{QueueBackend, QueueFuture};
+
+/// A queue in this process's memory. See [`Queue::in_memory`](crate::Queue::in_memory).
+pub struct MemoryQueue {
+    name: String,
+    config: QueueConfig,
+    core: Mutex<QueueCore>,
+    changed: Notify,
+    clock: Arc<dyn Clock>,
+    /// The state of the jitter's random numbers (xorshift).
+    random: AtomicU64,
+}
+
+impl std::fmt::Debug for MemoryQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryQueue")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryQueue {
+    /// An empty queue on the system clock.
+    pub fn new(name: &str, config: QueueConfig) -> Result<MemoryQueue, InputError> {
+        MemoryQueue::with_clock(name, config, Arc::new(SystemClock::new()))
+    }
+
+    /// An empty queue on `clock` (a `ManualClock` or a `TokioClock` in tests).
+    pub fn with_clock(
+        name: &str,
+        config: QueueConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<MemoryQueue, InputError> {
+        check_queue_name(name)?;
+        let core = QueueCore::new(config.clone())?;
+        let seed = clock.now_micros() | 1;
+        Ok(MemoryQueue {
+            name: name.to_string(),
+            config,
+            core: Mutex::new(core),
+            changed: Notify::new(),
+            clock,
+            random: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+        })
+    }
+
+    fn core(&self) -> MutexGuard<'_, QueueCore> {
+        // The core's operations never panic midway, so a poisoned lock holds a whole state.
+        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_micros()
+    }
+
+    /// A number from 0 to 1 for the backoff's jitter.
+    fn jitter(&self) -> f64 {
+        let mut x = self.random.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.random.store(x, Ordering::Relaxed);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Wakes every waiting lease call.
+    fn wake(&self) {
+        self.changed.notify_waiters();
+    }
+}
+
+/// The longest queue name, in bytes.
+pub const MAX_QUEUE_NAME: usize = 128;
+
+/// Queue names: 1 to [`MAX_QUEUE_NAME`] bytes of `A-Z a-z 0-9 - _ .` (they appear in URLs,
+/// metric labels and keys as they are).
+pub fn check_queue_name(name: &str) -> Result<(), InputError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_QUEUE_NAME
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(InputError::new(
+            "queue",
+            format!("`{name}` is not a valid queue name; use 1 to {MAX_QUEUE_NAME} of A-Z a-z 0-9 - _ ."),
+        ))
+    }
+}
+
+fn ready<'a, T: Send + 'a>(value: T) -> QueueFuture<'a, T> {
+    Box::pin(std::future::ready(value))
+}
+
+impl QueueBackend for MemoryQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    fn enqueue(&self, jobs: Vec<NewJob>) -> QueueFuture<'_, Vec<Result<Enqueued, QueueError>>> {
+        let now = self.now();
+        let answers: Vec<_> = {
+            let mut core = self.core();
+            jobs.into_iter().map(|job| core.enqueue(now, job)).collect()
+        };
+        if answers.iter().any(|a| a.as_ref().is_ok_and(|e| e.created)) {
+            self.wake();
+        }
+        ready(answers)
+    }
+
+    fn lease<'a>(
+        &'a self,
+        worker: &'a str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+    ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+        let now = self.now();
+        ready(self.core().lease(now, worker, max_jobs, lease))
+    }
+
+    fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
+        let now = self.now();
+        let answer = self.core().ack(now, id, lease);
+        if answer.is_ok() && self.config.group_concurrency > 0 {
+            self.wake();
+        }
+        ready(answer)
+    }
+
+    fn fail<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        failure: Failure,
+    ) -> QueueFuture<'a, Result<FailOutcome, QueueError>> {
+        let now = self.now();
+        let jitter = self.jitter();
+        let answer = self.core().fail(now, id, lease, failure, jitter);
+        if answer.is_ok() {
+            self.wake();
+        }
+        ready(answer)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        length: Duration,
+    ) -> QueueFuture<'a, Result<u64, QueueError>> {
+        let now = self.now();
+        ready(self.core().extend(now, id, lease, length))
+    }
+
+    fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>> {
+        let now = self.now();
+        ready(self.core().cancel(now, id))
+    }
+
+    fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
+        ready(Ok(self.core().job(id)))
+    }
+
+    fn stats(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
+        let now = self.now();
+        ready(self.core().stats(now))
+    }
+
+    fn dead(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>> {
+        ready(Ok(self.core().dead(offset, limit)))
+    }
+
+    fn retry_dead<'a>(
+        &'a self,
+        ids: Option<&'a [String]>,
+    ) -> QueueFuture<'a, Result<usize, QueueError>> {
+        let now = self.now();
+        let answer = self.core().retry_dead(now, ids);
+        if answer.as_ref().is_ok_and(|&n| n > 0) {
+            self.wake();
+        }
+        ready(answer)
+    }
+
+    fn purge_dead(&self) -> QueueFuture<'_, Result<usize, QueueError>> {
+        ready(Ok(self.core().purge_dead()))
+    }
+
+    fn next_event(&self) -> QueueFuture<'_, Result<Option<u64>, QueueError>> {
+        ready(Ok(self.core().next_event()))
+    }
+
+    fn changed(&self) -> QueueFuture<'_, ()> {
+        let mut notified = Box::pin(self.changed.notified());
+        notified.as_mut().enable();
+        notified
+    }
+}

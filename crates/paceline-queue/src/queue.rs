@@ -1,0 +1,258 @@
+//! [`Queue`]: the handle producers and workers hold, over any [`QueueBackend`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline_core::{Clock, InputError};
+
+use crate::config::QueueConfig;
+use crate::error::QueueError;
+use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
+use crate::memory::MemoryQueue;
+
+/// A boxed future of a queue operation.
+pub type QueueFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The longest a lease call may wait for a job: 5 minutes.
+pub const MAX_LEASE_WAIT: Duration = Duration::from_secs(300);
+
+/// Where a queue's state lives and how each operation runs on it: one atomic step per
+/// operation, on the backend's clock. [`MemoryQueue`] holds it in this process; every
+/// backend runs the rules of [`QueueCore`](crate::QueueCore), so they answer alike.
+///
+/// Front ends hold a [`Queue`], which adds waiting (a lease that waits for a job) on top.
+pub trait QueueBackend: Send + Sync + 'static {
+    /// The queue's name.
+    fn name(&self) -> &str;
+    /// The queue's configuration.
+    fn config(&self) -> &QueueConfig;
+    /// The backend's clock (µs since the Unix epoch), which every time it reports is on.
+    fn clock(&self) -> &dyn Clock;
+    /// Adds jobs, each on its own: one refused job does not stop the others.
+    fn enqueue(&self, jobs: Vec<NewJob>) -> QueueFuture<'_, Vec<Result<Enqueued, QueueError>>>;
+    /// Starts up to `max_jobs` jobs now (none if no group may start one).
+    fn lease<'a>(
+        &'a self,
+        worker: &'a str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+    ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>>;
+    /// Acknowledges a job.
+    fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>>;
+    /// Fails a job.
+    fn fail<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        failure: Failure,
+    ) -> QueueFuture<'a, Result<FailOutcome, QueueError>>;
+    /// Extends a lease; answers when it now expires.
+    fn extend<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        length: Duration,
+    ) -> QueueFuture<'a, Result<u64, QueueError>>;
+    /// Removes a job no worker holds.
+    fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>>;
+    /// One job.
+    fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>>;
+    /// The counts.
+    fn stats(&self) -> QueueFuture<'_, Result<Stats, QueueError>>;
+    /// Dead jobs, oldest death first.
+    fn dead(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>>;
+    /// Retries dead jobs (`None`: all); answers how many.
+    fn retry_dead<'a>(
+        &'a self,
+        ids: Option<&'a [String]>,
+    ) -> QueueFuture<'a, Result<usize, QueueError>>;
+    /// Removes every dead job; answers how many.
+    fn purge_dead(&self) -> QueueFuture<'_, Result<usize, QueueError>>;
+    /// The earliest time (µs) a job may become leasable without a call; see
+    /// [`QueueCore::next_event`](crate::QueueCore::next_event).
+    fn next_event(&self) -> QueueFuture<'_, Result<Option<u64>, QueueError>>;
+    /// A future that completes once the queue changes in a way that may let a job start
+    /// (a job enqueued, released or returned, a slot freed). It watches from the moment
+    /// this is called, so a change between this call and the first poll is not missed.
+    fn changed(&self) -> QueueFuture<'_, ()>;
+}
+
+/// A job queue: what producers enqueue into and workers lease from. Clones share the queue.
+///
+/// ```
+/// use paceline_queue::{NewJob, Queue, QueueConfig};
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), paceline_queue::QueueError> {
+/// let config = QueueConfig::new("fixed_window:limit=10,window=10s".parse()?);
+/// let queue = Queue::in_memory("discord-roles", config)?;
+/// let job = queue.enqueue(NewJob::new("guild:1", b"grant 42 7".to_vec())).await?;
+/// let leased = queue.lease("worker-1", 10, None, Duration::from_secs(1)).await?;
+/// assert_eq!(leased[0].id, job.id);
+/// queue.ack(&leased[0].id, leased[0].lease).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Queue {
+    backend: Arc<dyn QueueBackend>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("name", &self.backend.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    /// A queue held in this process on the system clock: for tests, simulations and
+    /// single-process apps. It is not durable: its jobs go with the process.
+    pub fn in_memory(name: &str, config: QueueConfig) -> Result<Queue, InputError> {
+        Ok(Queue::new(MemoryQueue::new(name, config)?))
+    }
+
+    /// A queue over `backend`.
+    pub fn new(backend: impl QueueBackend) -> Queue {
+        Queue {
+            backend: Arc::new(backend),
+        }
+    }
+
+    /// A queue over a shared backend.
+    pub fn from_backend(backend: Arc<dyn QueueBackend>) -> Queue {
+        Queue { backend }
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        self.backend.name()
+    }
+
+    /// The queue's configuration.
+    pub fn config(&self) -> &QueueConfig {
+        self.backend.config()
+    }
+
+    /// The queue's clock: every time it reports is on it.
+    pub fn now_micros(&self) -> u64 {
+        self.backend.clock().now_micros()
+    }
+
+    /// Waits `duration` on the queue's clock.
+    pub(crate) fn sleep(&self, duration: Duration) -> paceline_core::Sleep {
+        self.backend.clock().sleep(duration)
+    }
+
+    /// Adds a job: see [`QueueCore::enqueue`](crate::QueueCore::enqueue) for the estimate.
+    pub async fn enqueue(&self, job: NewJob) -> Result<Enqueued, QueueError> {
+        let mut answers = self.backend.enqueue(vec![job]).await;
+        answers
+            .pop()
+            .unwrap_or_else(|| Err(QueueError::Input(InputError::new("jobs", "no answer"))))
+    }
+
+    /// Adds jobs in one step, each on its own: the answers come in order.
+    pub async fn enqueue_batch(&self, jobs: Vec<NewJob>) -> Vec<Result<Enqueued, QueueError>> {
+        self.backend.enqueue(jobs).await
+    }
+
+    /// Starts up to `max_jobs` jobs for `worker`, waiting up to `wait` for the first if no
+    /// group may start one now. It does not poll: it sleeps until the next group becomes
+    /// eligible, a scheduled job is due or a lease expires, or until the queue changes.
+    /// An empty answer means `wait` passed with nothing to start.
+    pub async fn lease(
+        &self,
+        worker: &str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        wait: Duration,
+    ) -> Result<Vec<Leased>, QueueError> {
+        if wait > MAX_LEASE_WAIT {
+            return Err(InputError::new("wait_ms", "must be at most 300000 (5 minutes)").into());
+        }
+        let clock = self.backend.clock();
+        let deadline = clock
+            .now_micros()
+            .saturating_add(paceline_core::round_to_micros(wait));
+        loop {
+            let changed = self.backend.changed();
+            let jobs = self.backend.lease(worker, max_jobs, lease).await?;
+            let now = clock.now_micros();
+            if !jobs.is_empty() || now >= deadline {
+                return Ok(jobs);
+            }
+            let until = self
+                .backend
+                .next_event()
+                .await?
+                .map_or(deadline, |t| t.min(deadline));
+            if until <= now {
+                // Work is due now, but another caller may have taken it: ask again.
+                tokio::task::yield_now().await;
+                continue;
+            }
+            let sleep = clock.sleep(Duration::from_micros(until - now));
+            tokio::select! {
+                () = changed => {}
+                () = sleep => {}
+            }
+        }
+    }
+
+    /// Acknowledges a job: it is done and leaves the queue.
+    pub async fn ack(&self, id: &str, lease: u64) -> Result<(), QueueError> {
+        self.backend.ack(id, lease).await
+    }
+
+    /// Fails a job: see [`Failure`].
+    pub async fn fail(
+        &self,
+        id: &str,
+        lease: u64,
+        failure: Failure,
+    ) -> Result<FailOutcome, QueueError> {
+        self.backend.fail(id, lease, failure).await
+    }
+
+    /// Extends a lease by `length` from now; answers when it now expires.
+    pub async fn extend(&self, id: &str, lease: u64, length: Duration) -> Result<u64, QueueError> {
+        self.backend.extend(id, lease, length).await
+    }
+
+    /// Removes a job no worker holds.
+    pub async fn cancel(&self, id: &str) -> Result<(), QueueError> {
+        self.backend.cancel(id).await
+    }
+
+    /// One job, if the queue has it.
+    pub async fn job(&self, id: &str) -> Result<Option<JobInfo>, QueueError> {
+        self.backend.job(id).await
+    }
+
+    /// The counts by state and by group.
+    pub async fn stats(&self) -> Result<Stats, QueueError> {
+        self.backend.stats().await
+    }
+
+    /// Up to `limit` dead jobs, oldest death first, after the first `offset`.
+    pub async fn dead(&self, offset: usize, limit: usize) -> Result<Vec<JobInfo>, QueueError> {
+        self.backend.dead(offset, limit).await
+    }
+
+    /// Puts dead jobs back in line with fresh attempts (`None`: all); answers how many.
+    pub async fn retry_dead(&self, ids: Option<&[String]>) -> Result<usize, QueueError> {
+        self.backend.retry_dead(ids).await
+    }
+
+    /// Removes every dead job; answers how many.
+    pub async fn purge_dead(&self) -> Result<usize, QueueError> {
+        self.backend.purge_dead().await
+    }
+}
