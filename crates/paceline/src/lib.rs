@@ -31,6 +31,7 @@
 //! |---|---|
 //! | limits in one process | `cargo add paceline` |
 //! | limits shared through Redis / Redis Cluster | `cargo add paceline -F redis` |
+//! | a rate-limited job queue (groups, leases, retries) | `cargo add paceline -F queue` |
 //!
 //! ## Any store, from a URL
 //!
@@ -64,6 +65,12 @@
 //! # Ok::<(), paceline::Error>(())
 //! ```
 //!
+//! ## A rate-limited job queue (feature `queue`)
+//!
+//! Jobs belong to groups; each group's policy limits the times its jobs *start*, whatever
+//! the backlog. Producers learn when a job is expected to start; workers lease jobs with
+//! fencing tokens. See [`queue`].
+//!
 //! ## The crates behind it
 //!
 //! `paceline` re-exports what users need from `paceline-core` (the policy engine: pure
@@ -79,8 +86,30 @@ pub use paceline_store::{
     open, without_credentials, Clock, Decision, Error, FailurePolicy, Fallback, InputError,
     Limiter, ManualClock, MemoryStore, MemoryStoreBuilder, Op, Policy, Rate, Request, SharedStore,
     Sleep, State, Store, StoreError, StoreErrorKind, StoreFuture, StoreOptions, SyncStore,
-    SystemClock, ALGORITHMS,
+    SystemClock, TokioClock, ALGORITHMS,
 };
+
+/// The rate-limited job queue (feature `queue`): see [`paceline_queue`]'s docs, re-exported
+/// here whole.
+///
+/// ```
+/// use paceline::queue::{NewJob, Queue, QueueConfig};
+/// use std::time::Duration;
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), paceline::queue::QueueError> {
+/// // Discord: 10 role updates per 10 s per server.
+/// let config = QueueConfig::new("fixed_window:limit=10,window=10s".parse()?);
+/// let queue = Queue::in_memory("discord-roles", config)?;
+/// let job = queue.enqueue(NewJob::new("guild:1", b"grant 42 7".to_vec())).await?;
+/// println!("expected to start at {} µs", job.estimated_start);
+/// let leased = queue.lease("worker-1", 10, None, Duration::from_secs(1)).await?;
+/// queue.ack(&leased[0].id, leased[0].lease).await?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "queue")]
+pub mod queue {
+    pub use paceline_queue::*;
+}
 
 /// The Redis and Redis Cluster store (feature `redis`).
 ///
