@@ -1,133 +1,13 @@
 //! `paceline serve` end to end: the real binary on a free port, spoken to over HTTP.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A running `paceline serve`, stopped (SIGKILL) when dropped.
-struct Service {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn start(args: &[&str]) -> Service {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_paceline"))
-        .arg("serve")
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(args)
-        .env_remove("PACELINE_AUTH_TOKEN")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the paceline binary starts");
-    let service = Service { child, port };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "paceline serve did not start listening"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    service
-}
-
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
-    }
-
-    /// The error's `code` and `field`.
-    fn error(&self) -> (String, String) {
-        let v = self.json();
-        (
-            v["error"]["code"].as_str().unwrap_or_default().to_string(),
-            v["error"]["field"].as_str().unwrap_or_default().to_string(),
-        )
-    }
-}
-
-/// One HTTP/1.1 request with `Connection: close`.
-fn http(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes()).expect("send");
-    // A server may answer (413) before reading a large body; ignore a broken pipe.
-    let _ = stream.write_all(body);
-    let mut raw = Vec::new();
-    let _ = stream.read_to_end(&mut raw);
-    parse(&raw)
-}
-
-fn parse(raw: &[u8]) -> Reply {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {text:?}"));
-    let headers = lines
-        .filter_map(|l| l.split_once(": "))
-        .map(|(n, v)| (n.to_string(), v.to_string()))
-        .collect();
-    Reply {
-        status,
-        headers,
-        body: body.to_string(),
-    }
-}
-
-fn post(port: u16, path: &str, body: &str) -> Reply {
-    http(
-        port,
-        "POST",
-        path,
-        &[("Content-Type", "application/json")],
-        body.as_bytes(),
-    )
-}
+use common::{free_port, http, parse, post, start, write, Service};
 
 const CONFIG: &str = r#"
 allow_inline_policies = false
@@ -146,12 +26,6 @@ fn signal(service: &Service, name: &str) {
         .status()
         .expect("kill runs");
     assert!(sent.success(), "kill -{name} {pid}");
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write");
-    path.display().to_string()
 }
 
 #[test]

@@ -54,7 +54,7 @@ use crate::config::QueueConfig;
 use crate::error::QueueError;
 use crate::job::{
     check_lease_length, Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased,
-    NewJob, Stats,
+    NewJob, Stats, Totals,
 };
 
 /// The most expired leases, due jobs and idle groups each call handles before its own work;
@@ -92,6 +92,7 @@ pub struct QueueCore {
     last_id: u64,
     /// The latest `now` seen: time never goes back inside the queue.
     now: u64,
+    totals: Totals,
 }
 
 #[derive(Debug)]
@@ -205,6 +206,7 @@ impl QueueCore {
             seq: 0,
             last_id: 0,
             now: 0,
+            totals: Totals::default(),
         })
     }
 
@@ -292,6 +294,7 @@ impl QueueCore {
             (Place::Waiting, estimate)
         };
         let state = place.state();
+        self.totals.enqueued += 1;
         self.jobs.insert(
             id.clone(),
             Job {
@@ -467,11 +470,13 @@ impl QueueCore {
             return;
         };
         self.leases.remove(&(expires, token, id.to_string()));
+        self.totals.lease_expiries += 1;
         let group = job.group.clone();
         if let Some(g) = self.groups.get_mut(&group) {
             g.active = g.active.saturating_sub(1);
         }
         if job.attempts >= job.max_attempts {
+            self.totals.dead += 1;
             job.last_error = Some(format!(
                 "the lease expired on attempt {} of {}",
                 job.attempts, job.max_attempts
@@ -563,6 +568,7 @@ impl QueueCore {
                 worker: worker.to_string(),
             };
             self.leases.insert((expires, token, id.clone()));
+            self.totals.started += 1;
             out.push(Leased {
                 id,
                 group: name.clone(),
@@ -570,6 +576,7 @@ impl QueueCore {
                 attempt: job.attempts,
                 lease: token,
                 started: now,
+                eligible: first.0,
                 lease_expires: expires,
             });
             // Behind every other eligible group.
@@ -618,6 +625,7 @@ impl QueueCore {
         self.held(now, id, lease)?;
         if let Some(group) = self.release(id) {
             self.jobs.remove(id);
+            self.totals.acked += 1;
             self.refresh(&group);
         }
         Ok(())
@@ -680,7 +688,20 @@ impl QueueCore {
             }
         };
         match outcome {
+            FailOutcome::Released => {}
+            FailOutcome::Dead => self.totals.failed += 1,
+            FailOutcome::Retrying { .. } => {
+                self.totals.failed += 1;
+                self.totals.retried += 1;
+            }
+            FailOutcome::Paused { .. } => {
+                self.totals.failed += 1;
+                self.totals.pauses += 1;
+            }
+        }
+        match outcome {
             FailOutcome::Dead => {
+                self.totals.dead += 1;
                 self.seq += 1;
                 job.place = Place::Dead { order: self.seq };
                 self.dead.insert((self.seq, id.to_string()));
@@ -837,6 +858,7 @@ impl QueueCore {
             active: self.leases.len() as u64,
             dead: self.dead.len() as u64,
             groups,
+            totals: self.totals,
         })
     }
 

@@ -187,6 +187,9 @@ pub struct Leased {
     pub lease: u64,
     /// When the job started (µs since the epoch).
     pub started: u64,
+    /// Since when its group could have started it (µs since the epoch): `started -
+    /// eligible` is the time the job waited for a worker, its start lag.
+    pub eligible: u64,
     /// When the lease runs out unless extended (µs since the epoch).
     pub lease_expires: u64,
 }
@@ -270,6 +273,27 @@ pub struct JobInfo {
     pub payload: Vec<u8>,
 }
 
+/// What a queue has done since it was created, counted once each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Totals {
+    /// Jobs added (not counting an existing id enqueued again).
+    pub enqueued: u64,
+    /// Leases handed out: every start, redeliveries and retries included.
+    pub started: u64,
+    /// Jobs acknowledged.
+    pub acked: u64,
+    /// Failures reported by workers (of every kind but a hand-back).
+    pub failed: u64,
+    /// Jobs scheduled for a retry after a failure.
+    pub retried: u64,
+    /// Jobs that went to the dead set.
+    pub dead: u64,
+    /// Leases that ran out before their worker reported.
+    pub lease_expiries: u64,
+    /// Group pauses asked by workers (an upstream's refusal).
+    pub pauses: u64,
+}
+
 /// A queue's counts, and each group's.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
@@ -283,6 +307,8 @@ pub struct Stats {
     pub dead: u64,
     /// The groups with jobs waiting or active, by name.
     pub groups: Vec<GroupStats>,
+    /// What the queue has done since it was created.
+    pub totals: Totals,
 }
 
 /// One group's counts.

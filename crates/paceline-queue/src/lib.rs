@@ -35,7 +35,7 @@ pub use crate::config::QueueConfig;
 pub use crate::core::QueueCore;
 pub use crate::error::QueueError;
 pub use crate::job::{
-    Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased, NewJob, Stats,
+    Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased, NewJob, Stats, Totals,
 };
 pub use crate::memory::MemoryQueue;
 pub use crate::queue::{Queue, QueueBackend, QueueFuture};

@@ -113,6 +113,8 @@ pub(crate) struct AppState {
     pub(crate) metrics: Metrics,
     /// How long a request's body may take to arrive.
     pub(crate) body_read_timeout: Duration,
+    /// The job queues of the config file, by name.
+    pub(crate) queues: BTreeMap<String, paceline_queue::Queue>,
     /// The settings the service started with (flags and file); a reload lays the file's
     /// policies and access rules over them. The lock also makes reloads one at a time.
     pub(crate) base: Mutex<Settings>,
@@ -134,6 +136,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/v1/reload", post(reload));
     Router::new()
         .merge(v1)
+        .merge(crate::queues::routes())
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -159,14 +162,14 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
 /// A JSON error: `{"error": {"code", "field", "message"}}` with its status.
 #[derive(Debug)]
 pub(crate) struct ApiError {
-    status: StatusCode,
+    pub(crate) status: StatusCode,
     code: &'static str,
     field: String,
     message: String,
 }
 
 impl ApiError {
-    fn new(
+    pub(crate) fn new(
         status: StatusCode,
         code: &'static str,
         field: impl Into<String>,
@@ -180,7 +183,7 @@ impl ApiError {
         }
     }
 
-    fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", field, message)
     }
 
@@ -198,7 +201,12 @@ impl ApiError {
         )
     }
 
-    fn body(&self) -> ErrorBody<'_> {
+    /// The status it answers with.
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub(crate) fn body(&self) -> ErrorBody<'_> {
         ErrorBody {
             code: self.code,
             field: &self.field,
@@ -215,7 +223,7 @@ impl IntoResponse for ApiError {
 
 /// `{"code", "field", "message"}` of an error (fields in the order JSON objects print).
 #[derive(Serialize)]
-struct ErrorBody<'a> {
+pub(crate) struct ErrorBody<'a> {
     code: &'static str,
     field: &'a str,
     message: &'a str,
@@ -263,7 +271,7 @@ enum BatchItem<'a> {
 /// The live configuration, for a request whose token it accepts: every `/v1` handler
 /// takes one, so that none runs unauthenticated, and all of a request is decided under
 /// the one configuration its token was checked against.
-struct Authorized(Arc<Live>);
+pub(crate) struct Authorized(pub(crate) Arc<Live>);
 
 impl FromRequestParts<Arc<AppState>> for Authorized {
     type Rejection = Response;
@@ -326,7 +334,11 @@ struct Ask<'a> {
 /// A request's whole body, at most `limit` bytes (else `413`), read within the service's
 /// `body_read_timeout` once the headers are in (else `408`), so that a client that stops
 /// mid-body cannot hold its connection.
-async fn read_body(state: &AppState, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(
+    state: &AppState,
+    body: Body,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     let timeout = state.body_read_timeout;
     match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
@@ -355,7 +367,7 @@ async fn read_body(state: &AppState, body: Body, limit: usize) -> Result<Bytes, 
 }
 
 /// A body as text: JSON is UTF-8.
-fn utf8(bytes: &[u8]) -> Result<&str, ApiError> {
+pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, ApiError> {
     std::str::from_utf8(bytes)
         .map_err(|e| ApiError::invalid("body", format!("not valid UTF-8, which JSON is: {e}")))
 }
@@ -496,7 +508,7 @@ fn ms(d: Duration) -> f64 {
 }
 
 /// The API error for a store call that failed.
-fn store_failure(e: Error) -> ApiError {
+pub(crate) fn store_failure(e: Error) -> ApiError {
     match e {
         Error::Input(e) => ApiError::input(&e),
         Error::Store(e) => {
@@ -767,6 +779,11 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    for (name, queue) in &state.queues {
+        if let Ok(stats) = queue.stats().await {
+            state.metrics.queue_stats(name, &stats);
+        }
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -17,6 +17,18 @@
 //! algorithm = "fixed_window"
 //! limit = 10
 //! window = "10s"
+//!
+//! [queues.discord-roles]                              # a rate-limited job queue
+//! group_policy = "fixed_window:limit=10,window=10s"   # each group's own limit
+//! group_concurrency = 0                               # 0: no cap on leased jobs per group
+//! max_attempts = 5
+//! lease = "30s"
+//! retry_backoff = "1s"                                # first retry; doubles, jittered, capped
+//! retry_backoff_max = "1h"
+//! max_payload = 1048576                               # bytes of a job's payload
+//!
+//! [queues.discord-roles.groups."guild:1"]
+//! policy = "fixed_window:limit=50,window=10s"         # one group's own override
 //! ```
 
 use std::collections::BTreeMap;
@@ -26,6 +38,7 @@ use std::path::{Path, PathBuf};
 
 use std::time::Duration;
 
+use paceline_queue::QueueConfig;
 use paceline_store::{FailurePolicy, Policy};
 use serde::Deserialize;
 
@@ -54,6 +67,8 @@ pub struct Settings {
     pub allow_inline_policies: bool,
     /// The named policies.
     pub policies: BTreeMap<String, Policy>,
+    /// The job queues, by name (read at start-up; a reload does not change them).
+    pub queues: BTreeMap<String, QueueConfig>,
     /// The file the settings came from, if any (reloaded on SIGHUP).
     pub config_file: Option<PathBuf>,
     /// What the command line set of what a reload can change: it wins over the file, at
@@ -117,6 +132,7 @@ impl Default for Settings {
             auth_token: None,
             allow_inline_policies: true,
             policies: BTreeMap::new(),
+            queues: BTreeMap::new(),
             config_file: None,
             flags: LiveFlags::default(),
         }
@@ -169,6 +185,8 @@ pub struct FileSettings {
     pub allow_inline_policies: Option<bool>,
     /// `[policies.NAME]` tables.
     pub policies: BTreeMap<String, Policy>,
+    /// `[queues.NAME]` tables.
+    pub queues: BTreeMap<String, QueueConfig>,
 }
 
 impl Settings {
@@ -192,6 +210,7 @@ impl Settings {
         c.idle_timeout = file.idle_timeout.unwrap_or(c.idle_timeout);
         c.max_connections = file.max_connections.unwrap_or(c.max_connections);
         c.shutdown_timeout = file.shutdown_timeout.unwrap_or(c.shutdown_timeout);
+        self.queues = std::mem::take(&mut file.queues);
         self.apply_live(file);
     }
 
@@ -247,6 +266,62 @@ struct FileToml {
     allow_inline_policies: Option<bool>,
     #[serde(default)]
     policies: BTreeMap<String, Policy>,
+    #[serde(default)]
+    queues: BTreeMap<String, QueueToml>,
+}
+
+/// A `[queues.NAME]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueToml {
+    group_policy: Policy,
+    group_concurrency: Option<u32>,
+    max_attempts: Option<u32>,
+    lease: Option<String>,
+    retry_backoff: Option<String>,
+    retry_backoff_max: Option<String>,
+    max_payload: Option<usize>,
+    #[serde(default)]
+    groups: BTreeMap<String, GroupToml>,
+}
+
+/// A `[queues.NAME.groups."GROUP"]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupToml {
+    policy: Policy,
+}
+
+impl QueueToml {
+    /// The queue's configuration, or the first setting at fault (named within the queue).
+    fn into_config(self) -> Result<QueueConfig, (String, String)> {
+        let duration = |field: &str, text: Option<String>, default: Duration| match text {
+            None => Ok(default),
+            Some(t) => paceline_store::spec::parse_duration(field, &t)
+                .map(Duration::from_micros)
+                .map_err(|e| (field.to_string(), e.message().to_string())),
+        };
+        let mut config = QueueConfig::new(self.group_policy);
+        config.group_concurrency = self.group_concurrency.unwrap_or(config.group_concurrency);
+        config.max_attempts = self.max_attempts.unwrap_or(config.max_attempts);
+        config.lease = duration("lease", self.lease, config.lease)?;
+        config.retry_backoff = duration("retry_backoff", self.retry_backoff, config.retry_backoff)?;
+        config.retry_backoff_max = duration(
+            "retry_backoff_max",
+            self.retry_backoff_max,
+            config.retry_backoff_max.max(config.retry_backoff),
+        )?;
+        config.max_payload = self.max_payload.unwrap_or(config.max_payload);
+        config.groups = self
+            .groups
+            .into_iter()
+            .map(|(name, g)| (name, g.policy))
+            .collect();
+        config
+            .validate()
+            .map_err(|e| (e.field().to_string(), e.message().to_string()))?;
+        Ok(config)
+    }
 }
 
 /// What each setting takes, as an error for a value of the wrong type says it.
@@ -272,6 +347,7 @@ const ALLOWED: &[(&str, &str)] = &[
     ("auth_token", "a string"),
     ("allow_inline_policies", "true or false"),
     ("policies", "tables: [policies.NAME]"),
+    ("queues", "tables: [queues.NAME]"),
 ];
 
 /// Parses and validates config text; `source` names it in errors.
@@ -348,6 +424,14 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
     for (name, policy) in file.policies {
         check_policy_name(&name).map_err(|m| err(&format!("policies.{name}"), m))?;
         out.policies.insert(name, policy);
+    }
+    for (name, queue) in file.queues {
+        paceline_queue::memory::check_queue_name(&name)
+            .map_err(|e| err(&format!("queues.{name}"), e.message().to_string()))?;
+        let config = queue
+            .into_config()
+            .map_err(|(field, message)| err(&format!("queues.{name}.{field}"), message))?;
+        out.queues.insert(name, config);
     }
     Ok(out)
 }
@@ -497,6 +581,58 @@ burst = 20
         assert_eq!(settings.redis_auto_batch, Some(Duration::ZERO));
         settings.apply_file(read("off").unwrap());
         assert_eq!(settings.redis_auto_batch, None);
+    }
+
+    #[test]
+    fn queues_are_tables_with_defaults_and_per_group_policies() {
+        let file = parse(
+            "p.toml",
+            r#"
+[queues.discord-roles]
+group_policy = "fixed_window:limit=10,window=10s"
+max_attempts = 3
+lease = "20s"
+
+[queues.discord-roles.groups."guild:1"]
+policy = "fixed_window:limit=50,window=10s"
+"#,
+        )
+        .unwrap();
+        let q = &file.queues["discord-roles"];
+        assert_eq!(q.max_attempts, 3);
+        assert_eq!(q.lease, Duration::from_secs(20));
+        assert_eq!(q.retry_backoff, Duration::from_secs(1));
+        assert_eq!(q.policy_of("guild:1").limit(), 50);
+        assert_eq!(q.policy_of("guild:2").limit(), 10);
+        for (text, field) in [
+            (
+                "[queues.q]\ngroup_policy = \"exec_evenly:points=1,duration=1s\"",
+                "queues.q.group_policy",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nlease = \"0s\"",
+                "queues.q.lease",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nmax_attempts = 0",
+                "queues.q.max_attempts",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\ncolour = 1",
+                "queues.q.colour",
+            ),
+            ("[queues.q]\nmax_attempts = 3", "queues.q"),
+            (
+                "[queues.\"a b\"]\ngroup_policy = \"gcra:rate=1/s\"",
+                "queues.a b",
+            ),
+        ] {
+            let e = parse("p.toml", text).unwrap_err();
+            assert_eq!(e.field, field, "{text}: {}", e.message);
+        }
+        let mut settings = Settings::default();
+        settings.apply_file(file);
+        assert_eq!(settings.queues.len(), 1);
     }
 
     #[test]

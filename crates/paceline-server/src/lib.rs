@@ -11,6 +11,7 @@
 //! | `DELETE /v1/keys/{policy}/{key}` | reset a key |
 //! | `GET /v1/policies` | the configured policies |
 //! | `POST /v1/reload` | re-read the config file (also on SIGHUP) |
+//! | `/v1/queues/{queue}/...` | the job queues of the config file: enqueue, lease, ack, fail, extend, stats, dead jobs |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness, store reachability, Prometheus |
 //!
 //! ```no_run
@@ -29,6 +30,7 @@ mod api;
 pub mod config;
 mod conn;
 mod metrics;
+mod queues;
 mod request;
 
 use std::future::Future;
@@ -50,6 +52,8 @@ pub enum ServerError {
     Store(paceline_store::Error),
     /// The address cannot be listened on.
     Listen(std::io::Error),
+    /// The configured queues cannot be opened on this store.
+    Queues(String),
 }
 
 impl std::fmt::Display for ServerError {
@@ -57,6 +61,7 @@ impl std::fmt::Display for ServerError {
         match self {
             ServerError::Store(e) => write!(f, "store: {e}"),
             ServerError::Listen(e) => write!(f, "cannot listen: {e}"),
+            ServerError::Queues(e) => write!(f, "queues: {e}"),
         }
     }
 }
@@ -102,6 +107,9 @@ impl AppState {
         if file.listen.is_some_and(|l| l != base.listen) {
             notes.push("`listen` changed: restart to apply it");
         }
+        if file.queues != base.queues {
+            notes.push("`queues` changed: restart to apply them");
+        }
         let mut next = base.clone();
         next.apply_live(file);
         let count = next.policies.len();
@@ -119,6 +127,17 @@ impl AppState {
 impl Server {
     /// Connects the store and binds the listening socket.
     pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
+        let mut queues = std::collections::BTreeMap::new();
+        for (name, config) in &settings.queues {
+            if settings.store != "memory" {
+                return Err(ServerError::Queues(format!(
+                    "queue `{name}`: job queues are kept in the memory store only (`--store memory`); on Redis they are not available in this version"
+                )));
+            }
+            let queue = paceline_queue::Queue::in_memory(name, config.clone())
+                .map_err(|e| ServerError::Queues(format!("queue `{name}`: {e}")))?;
+            queues.insert(name.clone(), queue);
+        }
         let options = StoreOptions::new()
             .failure_policy(settings.failure_policy)
             .auto_batch(settings.redis_auto_batch);
@@ -135,6 +154,7 @@ impl Server {
             store,
             metrics,
             body_read_timeout: settings.connections.body_read_timeout,
+            queues,
             base: Mutex::new(settings),
         });
         Ok(Server {

@@ -1,7 +1,7 @@
 //! Prometheus metrics: decisions by policy and outcome, the delays handed out, the store's
 //! latency and errors.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
@@ -19,6 +20,26 @@ struct DecisionLabels {
     pub(crate) policy: String,
     /// `allowed`, `rejected`, `fail_open`, `local`, or `error`.
     pub(crate) outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueEventLabels {
+    queue: String,
+    /// `enqueued`, `started`, `acked`, `failed`, `retried`, `dead`, `lease_expired`,
+    /// `paused`.
+    event: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueStateLabels {
+    queue: String,
+    /// `scheduled`, `waiting`, `active`, `dead`.
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueueLabel {
+    queue: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -145,6 +166,16 @@ pub(crate) struct Metrics {
     delay: Family<PolicyLabel, Histogram, fn() -> Histogram>,
     pub(crate) store_latency: Histogram,
     pub(crate) store_errors: Counter<u64, AtomicU64>,
+    queue_events: Family<QueueEventLabels, Counter<u64, AtomicU64>>,
+    queue_jobs: Family<QueueStateLabels, Gauge<i64, AtomicI64>>,
+    start_lag: Family<QueueLabel, Histogram, fn() -> Histogram>,
+    /// One scrape at a time brings the queues' counters up to their totals.
+    queue_sync: std::sync::Mutex<()>,
+}
+
+fn lag_histogram() -> Histogram {
+    // 1 ms to about 17 minutes.
+    Histogram::new((0..11).map(|i| 0.001 * 4f64.powi(i)))
 }
 
 fn delay_histogram() -> Histogram {
@@ -187,12 +218,35 @@ impl Metrics {
             "Store failures (whatever the failure policy answered)",
             store_errors.clone(),
         );
+        let queue_events = Family::<QueueEventLabels, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "queue_jobs",
+            "Job queue events, by queue: enqueued, started (every lease), acked, failed, retried, dead, lease_expired, paused",
+            queue_events.clone(),
+        );
+        let queue_jobs = Family::<QueueStateLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "queue_jobs_current",
+            "Jobs in each queue now, by state: scheduled, waiting, active, dead",
+            queue_jobs.clone(),
+        );
+        let start_lag =
+            Family::<QueueLabel, Histogram, fn() -> Histogram>::new_with_constructor(lag_histogram);
+        registry.register(
+            "queue_start_lag_seconds",
+            "Time from when a job could start (its group's turn) to its lease, in seconds",
+            start_lag.clone(),
+        );
         Metrics {
             registry,
             decisions,
             delay,
             store_latency,
             store_errors,
+            queue_events,
+            queue_jobs,
+            start_lag,
+            queue_sync: std::sync::Mutex::new(()),
         }
     }
 
@@ -224,6 +278,58 @@ impl Metrics {
 
     pub(crate) fn observe_store(&self, took: Duration) {
         self.store_latency.observe(took.as_secs_f64());
+    }
+
+    /// Records a lease's start lag (its count comes from the queue's totals).
+    pub(crate) fn queue_started(&self, queue: &str, job: &paceline_queue::Leased) {
+        let lag = job.started.saturating_sub(job.eligible) as f64 / 1e6;
+        self.start_lag
+            .get_or_create(&QueueLabel {
+                queue: queue.to_string(),
+            })
+            .observe(lag);
+    }
+
+    /// Brings a queue's series up to its stats: the event counters to its totals (which
+    /// only grow), the gauges to its counts.
+    pub(crate) fn queue_stats(&self, queue: &str, stats: &paceline_queue::Stats) {
+        let t = &stats.totals;
+        let _one_at_a_time = self
+            .queue_sync
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (event, total) in [
+            ("enqueued", t.enqueued),
+            ("started", t.started),
+            ("acked", t.acked),
+            ("failed", t.failed),
+            ("retried", t.retried),
+            ("dead", t.dead),
+            ("lease_expired", t.lease_expiries),
+            ("paused", t.pauses),
+        ] {
+            let counter = self.queue_events.get_or_create(&QueueEventLabels {
+                queue: queue.to_string(),
+                event,
+            });
+            let seen = counter.get();
+            if total > seen {
+                counter.inc_by(total - seen);
+            }
+        }
+        for (state, n) in [
+            ("scheduled", stats.scheduled),
+            ("waiting", stats.waiting),
+            ("active", stats.active),
+            ("dead", stats.dead),
+        ] {
+            self.queue_jobs
+                .get_or_create(&QueueStateLabels {
+                    queue: queue.to_string(),
+                    state,
+                })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
     }
 
     /// The text exposition format.

@@ -1,0 +1,322 @@
+//! The job queues of `paceline serve` over HTTP, end to end on the real binary.
+
+mod common;
+
+use common::{http, post, start, write, Reply, Service};
+
+const CONFIG: &str = r#"
+[queues.roles]
+group_policy = "gcra:rate=1000/s,burst=1000"
+max_payload = 1024
+max_attempts = 2
+retry_backoff = "1h"
+
+[queues.roles.groups."guild:slow"]
+policy = "fixed_window:limit=1,window=1h"
+"#;
+
+fn service() -> (tempfile::TempDir, Service) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(dir.path(), "paceline.toml", CONFIG);
+    let s = start(&["--config", &config]);
+    (dir, s)
+}
+
+fn get(port: u16, path: &str) -> Reply {
+    http(port, "GET", path, &[], b"")
+}
+
+fn delete(port: u16, path: &str) -> Reply {
+    http(port, "DELETE", path, &[], b"")
+}
+
+fn lease(port: u16, body: &str) -> Vec<serde_json::Value> {
+    let r = post(port, "/v1/queues/roles/leases", body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["jobs"].as_array().cloned().unwrap_or_default()
+}
+
+fn text(v: &serde_json::Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn enqueue_lease_ack_fail_extend_and_the_dead_set() {
+    let (_dir, s) = service();
+    let p = s.port;
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:1", "payload": {"user": 42, "role": 7}, "id": "grant-42-7"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let created = r.json();
+    assert_eq!(
+        (text(&created["id"]), text(&created["state"])),
+        ("grant-42-7".into(), "waiting".into())
+    );
+    assert!(created["estimated_start_ms"].as_u64().unwrap_or(0) > 1_600_000_000_000);
+    // The same id again: nothing added, the existing job answered.
+    let again = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:1", "payload": "other", "id": "grant-42-7"}"#,
+    );
+    assert_eq!((again.status, again.json()), (200, created));
+    let jobs = lease(p, r#"{"worker": "w1", "max_jobs": 10}"#);
+    assert_eq!(jobs.len(), 1);
+    let job = &jobs[0];
+    assert_eq!(job["payload"], serde_json::json!({"user": 42, "role": 7}));
+    assert_eq!(
+        (job["attempt"].as_u64(), text(&job["group"])),
+        (Some(1), "guild:1".into())
+    );
+    let token = text(&job["lease"]);
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs/grant-42-7/extend",
+        &format!(r#"{{"lease": "{token}", "lease_ms": 60000}}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.json()["lease_expires_ms"].as_u64() > job["lease_expires_ms"].as_u64());
+    let info = get(p, "/v1/queues/roles/jobs/grant-42-7").json();
+    assert_eq!(
+        (text(&info["state"]), text(&info["worker"])),
+        ("active".into(), "w1".into())
+    );
+    // An active job cannot be cancelled.
+    assert_eq!(
+        delete(p, "/v1/queues/roles/jobs/grant-42-7").error().0,
+        "conflict"
+    );
+    let ack = format!(r#"{{"lease": "{token}"}}"#);
+    assert_eq!(
+        post(p, "/v1/queues/roles/jobs/grant-42-7/ack", &ack).status,
+        204
+    );
+    // Acknowledged once: the same lease again is lost.
+    let r = post(p, "/v1/queues/roles/jobs/grant-42-7/ack", &ack);
+    assert_eq!((r.status, r.error().0.as_str()), (409, "lease_lost"));
+    assert_eq!(
+        get(p, "/v1/queues/roles/jobs/grant-42-7").error().0,
+        "unknown_job"
+    );
+
+    // A retry waits for its backoff; a fatal failure goes to the dead set.
+    for (id, failure) in [
+        (
+            "retry-me",
+            r#""retry_after_ms": 3600000, "error": "upstream 500""#,
+        ),
+        ("kill-me", r#""fatal": true, "error": "bad role""#),
+    ] {
+        let body = format!(r#"{{"group": "guild:2", "payload": null, "id": "{id}"}}"#);
+        assert_eq!(post(p, "/v1/queues/roles/jobs", &body).status, 201);
+        let jobs = lease(p, r#"{"worker": "w1"}"#);
+        assert_eq!(text(&jobs[0]["id"]), id);
+        let body = format!(r#"{{"lease": "{}", {failure}}}"#, text(&jobs[0]["lease"]));
+        let r = post(p, &format!("/v1/queues/roles/jobs/{id}/fail"), &body);
+        assert_eq!(r.status, 204, "{}", r.body);
+    }
+    let retrying = get(p, "/v1/queues/roles/jobs/retry-me").json();
+    assert_eq!(
+        (text(&retrying["state"]), text(&retrying["last_error"])),
+        ("scheduled".into(), "upstream 500".into())
+    );
+    let dead = get(p, "/v1/queues/roles/dead").json();
+    assert_eq!(text(&dead["jobs"][0]["id"]), "kill-me");
+    assert_eq!(text(&dead["jobs"][0]["last_error"]), "bad role");
+    let stats = get(p, "/v1/queues/roles").json();
+    assert_eq!(
+        (
+            stats["scheduled"].as_u64(),
+            stats["dead"].as_u64(),
+            stats["waiting"].as_u64()
+        ),
+        (Some(1), Some(1), Some(0))
+    );
+    let r = post(p, "/v1/queues/roles/dead/retry", "{}");
+    assert_eq!(r.json()["retried"], 1);
+    let jobs = lease(p, r#"{"worker": "w2"}"#);
+    assert_eq!(
+        (text(&jobs[0]["id"]), jobs[0]["attempt"].as_u64()),
+        ("kill-me".into(), Some(1))
+    );
+    let body = format!(
+        r#"{{"lease": "{}", "fatal": true}}"#,
+        text(&jobs[0]["lease"])
+    );
+    assert_eq!(
+        post(p, "/v1/queues/roles/jobs/kill-me/fail", &body).status,
+        204
+    );
+    assert_eq!(delete(p, "/v1/queues/roles/dead").json()["purged"], 1);
+    // A scheduled job can be cancelled.
+    assert_eq!(delete(p, "/v1/queues/roles/jobs/retry-me").status, 204);
+    let metrics = get(p, "/metrics").body;
+    for line in [
+        "paceline_queue_jobs_total{queue=\"roles\",event=\"enqueued\"} 3",
+        "paceline_queue_jobs_total{queue=\"roles\",event=\"started\"} 4",
+        "paceline_queue_jobs_total{queue=\"roles\",event=\"acked\"} 1",
+        "paceline_queue_jobs_total{queue=\"roles\",event=\"dead\"} 2",
+        "paceline_queue_jobs_current{queue=\"roles\",state=\"waiting\"} 0",
+        "paceline_queue_start_lag_seconds_count{queue=\"roles\"} 4",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+}
+
+#[test]
+fn a_group_s_limit_holds_its_starts_and_a_pause_holds_the_group() {
+    let (_dir, s) = service();
+    let p = s.port;
+    for n in 0..2 {
+        let body = format!(r#"{{"group": "guild:slow", "payload": {n}}}"#);
+        assert_eq!(post(p, "/v1/queues/roles/jobs", &body).status, 201);
+    }
+    let body = r#"{"group": "guild:fast", "payload": "x"}"#;
+    assert_eq!(post(p, "/v1/queues/roles/jobs", body).status, 201);
+    // One an hour for guild:slow: its second job waits; guild:fast runs.
+    let jobs = lease(p, r#"{"worker": "w", "max_jobs": 10}"#);
+    let groups: Vec<String> = jobs.iter().map(|j| text(&j["group"])).collect();
+    assert_eq!(groups, ["guild:slow", "guild:fast"]);
+    let stats = get(p, "/v1/queues/roles").json();
+    let slow = &stats["groups"]["guild:slow"];
+    assert_eq!(
+        (slow["waiting"].as_u64(), slow["active"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(slow["next_eligible_ms"].as_u64() > jobs[0]["started_ms"].as_u64());
+    // The upstream said 429 for guild:fast: its job goes back first, the group waits.
+    let fast = &jobs[1];
+    let body = format!(
+        r#"{{"lease": "{}", "pause_group_ms": 3600000}}"#,
+        text(&fast["lease"])
+    );
+    let url = format!("/v1/queues/roles/jobs/{}/fail", text(&fast["id"]));
+    assert_eq!(post(p, &url, &body).status, 204);
+    let info = get(p, &format!("/v1/queues/roles/jobs/{}", text(&fast["id"]))).json();
+    assert_eq!(
+        (text(&info["state"]), info["attempts"].as_u64()),
+        ("waiting".into(), Some(0))
+    );
+    assert!(lease(p, r#"{"worker": "w", "max_jobs": 10}"#).is_empty());
+}
+
+#[test]
+fn a_waiting_lease_answers_when_a_job_arrives() {
+    let (_dir, s) = service();
+    let p = s.port;
+    let waiting = std::thread::spawn(move || lease(p, r#"{"worker": "w", "wait_ms": 20000}"#));
+    // The lease is in its wait (or about to be): either way it gets the job.
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "g", "payload": 1, "id": "late"}"#,
+    );
+    assert_eq!(r.status, 201);
+    let jobs = waiting.join().expect("the waiting lease");
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(text(&jobs[0]["id"]), "late");
+}
+
+#[test]
+fn bad_input_names_its_field_and_enqueues_nothing() {
+    let (_dir, s) = service();
+    let p = s.port;
+    let huge_group = format!(r#"{{"group": "{}", "payload": 1}}"#, "g".repeat(1 << 20));
+    let big_payload = format!(r#"{{"group": "g", "payload": "{}"}}"#, "x".repeat(2000));
+    for (body, field) in [
+        (r#"{"payload": 1}"#, "group"),
+        (r#"{"group": "", "payload": 1}"#, "group"),
+        (huge_group.as_str(), "group"),
+        (big_payload.as_str(), "payload"),
+        (r#"{"group": "g", "delay_ms": -5}"#, "delay_ms"),
+        (r#"{"group": "g", "colour": "red"}"#, "colour"),
+        (r#"{"group": "g", "id": "12"}"#, "id"),
+        (r#"{"group": 5}"#, "group"),
+        (r#"{"group": "g", "max_attempts": 0}"#, "max_attempts"),
+        (r#"["g", 1]"#, "body"),
+        (r#"{"group": "g""#, "body"),
+    ] {
+        let r = post(p, "/v1/queues/roles/jobs", body);
+        let short: String = body.chars().take(60).collect();
+        assert_eq!(
+            (r.status, r.error()),
+            (400, ("invalid_argument".into(), field.into())),
+            "{short}: {}",
+            r.body
+        );
+    }
+    for (body, field) in [
+        (r#"{"max_jobs": 1}"#, "worker"),
+        (r#"{"worker": "w", "max_jobs": 0}"#, "max_jobs"),
+        (r#"{"worker": "w", "max_jobs": 1001}"#, "max_jobs"),
+        (r#"{"worker": "w", "wait_ms": 300001}"#, "wait_ms"),
+        (r#"{"worker": "w", "lease_ms": 0}"#, "lease_ms"),
+    ] {
+        let r = post(p, "/v1/queues/roles/leases", body);
+        assert_eq!(
+            (r.status, r.error().1),
+            (400, field.to_string()),
+            "{body}: {}",
+            r.body
+        );
+    }
+    for (body, field) in [
+        (r#"{}"#, "lease"),
+        (r#"{"lease": "nope"}"#, "lease"),
+        (
+            r#"{"lease": "1", "fatal": true, "retry_after_ms": 5}"#,
+            "fatal",
+        ),
+        (
+            r#"{"lease": "1", "retry_after_ms": 5, "pause_group_ms": 5}"#,
+            "pause_group_ms",
+        ),
+    ] {
+        let r = post(p, "/v1/queues/roles/jobs/x/fail", body);
+        assert_eq!(
+            (r.status, r.error().1),
+            (400, field.to_string()),
+            "{body}: {}",
+            r.body
+        );
+    }
+    // A batch answers each job in order; the bad ones are not enqueued.
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs/batch",
+        r#"[{"group": "g", "payload": 1}, {"group": ""}, {"group": "g", "payload": 2, "id": "b"}]"#,
+    );
+    let answers = r.json();
+    let statuses: Vec<u64> = answers
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x["status"].as_u64()).collect())
+        .unwrap_or_default();
+    assert_eq!(statuses, [201, 400, 201]);
+    assert_eq!(text(&answers[1]["error"]["field"]), "group");
+    assert_eq!(get(p, "/v1/queues/roles").json()["waiting"], 2);
+    let r = post(p, "/v1/queues/nowhere/jobs", r#"{"group": "g"}"#);
+    assert_eq!((r.status, r.error().0.as_str()), (404, "unknown_queue"));
+    assert!(r.body.contains("roles"), "{}", r.body);
+    let r = http(p, "GET", "/v1/queues/roles/jobs/%FF", &[], b"");
+    assert_eq!((r.status, r.error().1.as_str()), (400, "path"));
+}
+
+#[test]
+fn queues_on_a_redis_store_are_refused_at_start_with_the_reason() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(dir.path(), "paceline.toml", CONFIG);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config", &config])
+        .args(["--store", "redis://127.0.0.1:1"])
+        .output()
+        .expect("paceline runs");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("roles") && stderr.contains("memory"),
+        "{stderr}"
+    );
+}

@@ -1,0 +1,631 @@
+//! The job queues over HTTP: `/v1/queues/{queue}/...`, so that producers and workers in any
+//! language share the queues of the config file.
+//!
+//! Times (`*_ms`) are Unix milliseconds on the queue's clock, so `started_ms` of jobs leased
+//! through different instances compare. A lease token travels as a string.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use paceline_queue::{Enqueued, Failure, JobInfo, Leased, NewJob, Queue, QueueError};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{json, Number, Value};
+
+use crate::api::{read_body, store_failure, utf8, ApiError, AppState, Authorized};
+
+/// The largest body of a queue request other than a batch.
+const MAX_QUEUE_BODY: usize = 17 * 1024 * 1024;
+/// The most jobs in one enqueue batch.
+pub const MAX_ENQUEUE_BATCH: usize = 1_000;
+/// The most dead jobs one listing answers.
+const MAX_DEAD_LIST: usize = 1_000;
+
+/// The queue routes.
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/queues/{queue}", get(stats))
+        .route("/v1/queues/{queue}/jobs", post(enqueue))
+        .route("/v1/queues/{queue}/jobs/batch", post(enqueue_batch))
+        .route("/v1/queues/{queue}/leases", post(lease))
+        .route("/v1/queues/{queue}/jobs/{id}", get(job).delete(cancel))
+        .route("/v1/queues/{queue}/jobs/{id}/ack", post(ack))
+        .route("/v1/queues/{queue}/jobs/{id}/fail", post(fail))
+        .route("/v1/queues/{queue}/jobs/{id}/extend", post(extend))
+        .route("/v1/queues/{queue}/dead", get(dead).delete(purge_dead))
+        .route("/v1/queues/{queue}/dead/retry", post(retry_dead))
+}
+
+/// Unix milliseconds from microseconds.
+fn ms(us: u64) -> u64 {
+    us / 1_000
+}
+
+/// A queue error as the API answers it.
+fn queue_error(e: QueueError) -> ApiError {
+    match e {
+        QueueError::Input(e) => {
+            // The core's names, as the HTTP API spells them.
+            let field = match e.field() {
+                "delay" => "delay_ms",
+                other => other,
+            };
+            ApiError::invalid(field.to_string(), e.message().to_string())
+        }
+        QueueError::LeaseLost { id } => ApiError::new(
+            StatusCode::CONFLICT,
+            "lease_lost",
+            "lease",
+            format!(
+                "job `{id}`: this lease is not the job's current one (it expired, or the job was already acknowledged or failed); stop working on it"
+            ),
+        ),
+        QueueError::UnknownJob { id } => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_job",
+            "id",
+            format!("no job `{id}` in this queue (acknowledged, cancelled, purged or never enqueued)"),
+        ),
+        QueueError::Conflict { id, state, message } => ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            "id",
+            format!("job `{id}` is {state}: {message}"),
+        ),
+        QueueError::Store(e) => store_failure(paceline_store::Error::Store(e)),
+        other => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "queue",
+            other.to_string(),
+        ),
+    }
+}
+
+/// The path's parts, or the JSON error for a path that does not decode.
+fn path<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
+    path.map(|Path(p)| p).map_err(|e| {
+        ApiError::invalid(
+            "path",
+            format!(
+                "the queue and job id must be UTF-8 text, percent-encoded in the URL: {}",
+                e.body_text()
+            ),
+        )
+    })
+}
+
+/// The queue called `name`.
+fn queue(state: &AppState, name: &str) -> Result<Queue, ApiError> {
+    state.queues.get(name).cloned().ok_or_else(|| {
+        let known: Vec<&str> = state.queues.keys().map(String::as_str).collect();
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "unknown_queue",
+            "queue",
+            if known.is_empty() {
+                format!("no queue named `{name}`: this service has no queues; add [queues.NAME] tables to its config file")
+            } else {
+                format!("no queue named `{name}`; the queues are {}", known.join(", "))
+            },
+        )
+    })
+}
+
+/// Reads a JSON object into `T`, naming the field at fault.
+fn object<T: DeserializeOwned>(json: &str) -> Result<T, ApiError> {
+    if !json.trim_start().starts_with('{') {
+        return Err(match serde_json::from_str::<Value>(json) {
+            Ok(_) => ApiError::invalid("body", "must be a JSON object"),
+            Err(e) => ApiError::invalid("body", format!("not valid JSON: {e}")),
+        });
+    }
+    let mut reader = serde_json::Deserializer::from_str(json);
+    let value = serde_path_to_error::deserialize(&mut reader).map_err(|e| {
+        let field = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() {
+            ApiError::invalid("body", format!("not valid JSON: {inner}"))
+        } else if field == "." {
+            ApiError::invalid("body", inner.to_string())
+        } else {
+            ApiError::invalid(field, inner.to_string())
+        }
+    })?;
+    reader
+        .end()
+        .map_err(|e| ApiError::invalid("body", format!("not valid JSON: {e}")))?;
+    Ok(value)
+}
+
+/// Reads a request's body as a JSON object into `T`.
+async fn read<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, ApiError> {
+    let bytes = read_body(state, body, MAX_QUEUE_BODY).await?;
+    object(utf8(&bytes)?)
+}
+
+/// A number of milliseconds from 0 to `max_ms`, named `field`.
+fn millis(field: &str, n: Option<&Number>, max_ms: f64) -> Result<Option<Duration>, ApiError> {
+    let Some(n) = n else {
+        return Ok(None);
+    };
+    match n.as_f64().filter(|ms| (0.0..=max_ms).contains(ms)) {
+        Some(ms) => Ok(Some(Duration::from_secs_f64(ms / 1000.0))),
+        None => Err(ApiError::invalid(
+            field,
+            format!("{n} is not allowed; use milliseconds from 0 to {max_ms}"),
+        )),
+    }
+}
+
+/// A lease token: the string a lease answered.
+fn token(lease: Option<&str>) -> Result<u64, ApiError> {
+    let lease = lease.ok_or_else(|| {
+        ApiError::invalid(
+            "lease",
+            "is required: the `lease` string the job was leased with",
+        )
+    })?;
+    lease.parse().map_err(|_| {
+        ApiError::invalid(
+            "lease",
+            format!(
+                "`{lease}` is not a lease token; send the `lease` string the job was leased with"
+            ),
+        )
+    })
+}
+
+/// A job to enqueue, as sent.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnqueueBody {
+    group: Option<String>,
+    payload: Option<Box<RawValue>>,
+    id: Option<String>,
+    delay_ms: Option<Number>,
+    max_attempts: Option<u64>,
+}
+
+/// 365 days, in milliseconds.
+const MAX_DELAY_MS: f64 = 365.0 * 86_400_000.0;
+
+impl EnqueueBody {
+    fn into_job(self) -> Result<NewJob, ApiError> {
+        let group = self.group.ok_or_else(|| {
+            ApiError::invalid(
+                "group",
+                "is required: the group whose policy limits the job",
+            )
+        })?;
+        let payload = self
+            .payload
+            .map_or_else(|| b"null".to_vec(), |p| p.get().as_bytes().to_vec());
+        let mut job = NewJob::new(group, payload);
+        if let Some(id) = self.id {
+            job = job.id(id);
+        }
+        if let Some(delay) = millis("delay_ms", self.delay_ms.as_ref(), MAX_DELAY_MS)? {
+            job = job.delay(delay);
+        }
+        if let Some(n) = self.max_attempts {
+            let n = u32::try_from(n)
+                .map_err(|_| ApiError::invalid("max_attempts", "must be from 1 to 1000"))?;
+            job = job.max_attempts(n);
+        }
+        Ok(job)
+    }
+}
+
+#[derive(Serialize)]
+struct EnqueuedBody<'a> {
+    id: &'a str,
+    state: &'static str,
+    estimated_start_ms: u64,
+}
+
+fn enqueued(e: &Enqueued) -> (StatusCode, EnqueuedBody<'_>) {
+    let status = if e.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (
+        status,
+        EnqueuedBody {
+            id: &e.id,
+            state: e.state.name(),
+            estimated_start_ms: ms(e.estimated_start),
+        },
+    )
+}
+
+async fn enqueue(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    name: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let queue = queue(&state, &path(name)?)?;
+    let job = read::<EnqueueBody>(&state, body).await?.into_job()?;
+    let e = queue.enqueue(job).await.map_err(queue_error)?;
+    let (status, body) = enqueued(&e);
+    Ok((status, Json(body)).into_response())
+}
+
+async fn enqueue_batch(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    name: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let queue = queue(&state, &path(name)?)?;
+    let bytes = read_body(&state, body, MAX_QUEUE_BODY).await?;
+    let json = utf8(&bytes)?;
+    let items: Vec<Box<RawValue>> = if json.trim_start().starts_with('[') {
+        serde_json::from_str(json)
+            .map_err(|e| ApiError::invalid("body", format!("not valid JSON: {e}")))?
+    } else {
+        return Err(ApiError::invalid(
+            "body",
+            "must be a JSON array of jobs: [{\"group\", \"payload\"}, ...]",
+        ));
+    };
+    if items.len() > MAX_ENQUEUE_BATCH {
+        return Err(ApiError::invalid(
+            "body",
+            format!(
+                "{} jobs; at most {MAX_ENQUEUE_BATCH} per batch",
+                items.len()
+            ),
+        ));
+    }
+    // Each job is read on its own: a bad one is its own error, and is not enqueued.
+    let read: Vec<Result<NewJob, ApiError>> = items
+        .iter()
+        .map(|raw| object::<EnqueueBody>(raw.get()).and_then(EnqueueBody::into_job))
+        .collect();
+    let valid: Vec<NewJob> = read
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .cloned()
+        .collect();
+    let mut answers = queue.enqueue_batch(valid).await.into_iter();
+    let out: Vec<Value> = read
+        .into_iter()
+        .map(|r| {
+            let answer = r.and_then(|_| {
+                answers
+                    .next()
+                    .unwrap_or_else(|| Err(QueueError::UnknownJob { id: String::new() }))
+                    .map_err(queue_error)
+            });
+            match answer {
+                Ok(e) => {
+                    let (status, body) = enqueued(&e);
+                    json!({"status": status.as_u16(), "id": body.id, "state": body.state, "estimated_start_ms": body.estimated_start_ms})
+                }
+                Err(e) => json!({"status": e.status().as_u16(), "error": e.body()}),
+            }
+        })
+        .collect();
+    Ok(Json(out).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseBody {
+    worker: Option<String>,
+    max_jobs: Option<u64>,
+    lease_ms: Option<Number>,
+    wait_ms: Option<Number>,
+}
+
+/// A payload as JSON: the JSON it was enqueued as, or (bytes a Rust producer gave that are
+/// not JSON) a string of them.
+fn payload(bytes: &[u8]) -> Box<RawValue> {
+    let as_json = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|text| RawValue::from_string(text.to_string()).ok());
+    as_json.unwrap_or_else(|| {
+        let text = String::from_utf8_lossy(bytes);
+        // A JSON string always serialises.
+        serde_json::value::to_raw_value(&text).unwrap_or_default()
+    })
+}
+
+fn leased(job: &Leased) -> Value {
+    json!({
+        "id": job.id,
+        "group": job.group,
+        "payload": payload(&job.payload),
+        "attempt": job.attempt,
+        "lease": job.lease.to_string(),
+        "started_ms": ms(job.started),
+        "lease_expires_ms": ms(job.lease_expires),
+    })
+}
+
+async fn lease(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    name: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let name = path(name)?;
+    let queue = queue(&state, &name)?;
+    let body: LeaseBody = read(&state, body).await?;
+    let worker = body
+        .worker
+        .ok_or_else(|| ApiError::invalid("worker", "is required: a name for the worker"))?;
+    let max_jobs = match body.max_jobs {
+        None => 1,
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    let lease = millis("lease_ms", body.lease_ms.as_ref(), 86_400_000.0)?;
+    let wait = millis("wait_ms", body.wait_ms.as_ref(), 300_000.0)?.unwrap_or(Duration::ZERO);
+    let jobs = queue
+        .lease(&worker, max_jobs, lease, wait)
+        .await
+        .map_err(queue_error)?;
+    for job in &jobs {
+        state.metrics.queue_started(&name, job);
+    }
+    let jobs: Vec<Value> = jobs.iter().map(leased).collect();
+    Ok(Json(json!({ "jobs": jobs })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckBody {
+    lease: Option<String>,
+}
+
+async fn ack(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (name, id) = path(ids)?;
+    let queue = queue(&state, &name)?;
+    let body: AckBody = read(&state, body).await?;
+    queue
+        .ack(&id, token(body.lease.as_deref())?)
+        .await
+        .map_err(queue_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailBody {
+    lease: Option<String>,
+    error: Option<String>,
+    retry_after_ms: Option<Number>,
+    pause_group_ms: Option<Number>,
+    fatal: Option<bool>,
+}
+
+async fn fail(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (name, id) = path(ids)?;
+    let queue = queue(&state, &name)?;
+    let body: FailBody = read(&state, body).await?;
+    let lease = token(body.lease.as_deref())?;
+    let retry_after = millis("retry_after_ms", body.retry_after_ms.as_ref(), MAX_DELAY_MS)?;
+    let pause = millis("pause_group_ms", body.pause_group_ms.as_ref(), 86_400_000.0)?;
+    let fatal = body.fatal.unwrap_or(false);
+    let failure = match (fatal, retry_after, pause) {
+        (true, None, None) => Failure::Fatal { error: body.error },
+        (false, after, None) => Failure::Retry {
+            error: body.error,
+            after,
+        },
+        (false, None, Some(pause)) => Failure::PauseGroup {
+            error: body.error,
+            pause,
+        },
+        (true, _, _) => {
+            return Err(ApiError::invalid(
+                "fatal",
+                "a fatal failure is not retried: send `fatal` without `retry_after_ms` and `pause_group_ms`",
+            ))
+        }
+        (false, Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                "pause_group_ms",
+                "a paused job goes back to the head of its group: send `retry_after_ms` or `pause_group_ms`, not both",
+            ))
+        }
+    };
+    queue.fail(&id, lease, failure).await.map_err(queue_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExtendBody {
+    lease: Option<String>,
+    lease_ms: Option<Number>,
+}
+
+async fn extend(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let (name, id) = path(ids)?;
+    let queue = queue(&state, &name)?;
+    let body: ExtendBody = read(&state, body).await?;
+    let lease = token(body.lease.as_deref())?;
+    let length =
+        millis("lease_ms", body.lease_ms.as_ref(), 86_400_000.0)?.unwrap_or(queue.config().lease);
+    let expires = queue
+        .extend(&id, lease, length)
+        .await
+        .map_err(queue_error)?;
+    Ok(Json(json!({ "lease_expires_ms": ms(expires) })).into_response())
+}
+
+fn job_body(job: &JobInfo) -> Value {
+    let mut body = json!({
+        "id": job.id,
+        "group": job.group,
+        "state": job.state.name(),
+        "attempts": job.attempts,
+        "max_attempts": job.max_attempts,
+        "last_error": job.last_error,
+        "enqueued_ms": ms(job.enqueued_at),
+        "payload": payload(&job.payload),
+    });
+    let extra = [
+        ("not_before_ms", job.not_before.map(ms).map(Value::from)),
+        ("started_ms", job.started.map(ms).map(Value::from)),
+        (
+            "lease_expires_ms",
+            job.lease_expires.map(ms).map(Value::from),
+        ),
+        ("worker", job.worker.clone().map(Value::from)),
+    ];
+    if let Value::Object(map) = &mut body {
+        for (key, value) in extra {
+            if let Some(value) = value {
+                map.insert(key.to_string(), value);
+            }
+        }
+    }
+    body
+}
+
+async fn job(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    ids: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let (name, id) = path(ids)?;
+    let queue = queue(&state, &name)?;
+    match queue.job(&id).await.map_err(queue_error)? {
+        Some(job) => Ok(Json(job_body(&job)).into_response()),
+        None => Err(queue_error(QueueError::UnknownJob { id })),
+    }
+}
+
+async fn cancel(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    ids: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let (name, id) = path(ids)?;
+    let queue = queue(&state, &name)?;
+    queue.cancel(&id).await.map_err(queue_error)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn stats(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let name = path(name)?;
+    let queue = queue(&state, &name)?;
+    let s = queue.stats().await.map_err(queue_error)?;
+    let groups: BTreeMap<&str, Value> = s
+        .groups
+        .iter()
+        .map(|g| {
+            (
+                g.group.as_str(),
+                json!({
+                    "waiting": g.waiting,
+                    "active": g.active,
+                    "next_eligible_ms": g.next_eligible.map(ms),
+                }),
+            )
+        })
+        .collect();
+    Ok(Json(json!({
+        "queue": name,
+        "scheduled": s.scheduled,
+        "waiting": s.waiting,
+        "active": s.active,
+        "dead": s.dead,
+        "groups": groups,
+    }))
+    .into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeadQuery {
+    offset: Option<usize>,
+    limit: Option<usize>,
+}
+
+async fn dead(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    name: Result<Path<String>, PathRejection>,
+    query: Result<Query<DeadQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let queue = queue(&state, &path(name)?)?;
+    let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    let limit = query.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_DEAD_LIST {
+        return Err(ApiError::invalid(
+            "limit",
+            format!("must be from 1 to {MAX_DEAD_LIST}"),
+        ));
+    }
+    let jobs = queue
+        .dead(query.offset.unwrap_or(0), limit)
+        .await
+        .map_err(queue_error)?;
+    let jobs: Vec<Value> = jobs.iter().map(job_body).collect();
+    Ok(Json(json!({ "jobs": jobs })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryBody {
+    ids: Option<Vec<String>>,
+}
+
+async fn retry_dead(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    name: Result<Path<String>, PathRejection>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let queue = queue(&state, &path(name)?)?;
+    let body: RetryBody = read(&state, body).await?;
+    let n = queue
+        .retry_dead(body.ids.as_deref())
+        .await
+        .map_err(queue_error)?;
+    Ok(Json(json!({ "retried": n })).into_response())
+}
+
+async fn purge_dead(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let queue = queue(&state, &path(name)?)?;
+    let n = queue.purge_dead().await.map_err(queue_error)?;
+    Ok(Json(json!({ "purged": n })).into_response())
+}
