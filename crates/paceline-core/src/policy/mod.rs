@@ -270,17 +270,25 @@ fn apply_typed<A: Algorithm>(
 /// Checks that `now` (microseconds since the Unix epoch) is within the supported range: at
 /// most [`MAX_NOW_US`], so that times stay exact in f64 arithmetic, here and in stores that
 /// compute elsewhere (Lua).
-// Stores (paceline-store) check injected and server times with it; not part of the
-// public API.
+// Stores (paceline-store) and the job queue (paceline-queue) check injected and server
+// times with it; not part of the public API.
 #[doc(hidden)]
+#[inline]
 pub fn check_now(now: u64) -> Result<(), InputError> {
     if now > MAX_NOW_US {
-        return Err(InputError::new(
-            "now",
-            format!("{now} µs is past the last supported time ({MAX_NOW_US} µs after the epoch, in the year 2255)"),
-        ));
+        return Err(now_out_of_range(now));
     }
     Ok(())
+}
+
+/// [`check_now`]'s error, out of the decision's way.
+#[cold]
+#[inline(never)]
+fn now_out_of_range(now: u64) -> InputError {
+    InputError::new(
+        "now",
+        format!("{now} µs is past the last supported time ({MAX_NOW_US} µs after the epoch, in the year 2255)"),
+    )
 }
 
 impl Policy {
