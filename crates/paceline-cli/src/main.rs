@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 mod serve;
 mod simulate;
+mod simulate_queue;
 
 /// The service allocates a few small buffers per request on every core; mimalloc's
 /// per-thread free lists serve them without the locking and consolidation of glibc's
@@ -39,24 +40,56 @@ enum Command {
     /// requests finish (within --shutdown-timeout).
     Serve(ServeArgs),
     /// Replay a traffic script (JSON Lines) through a policy on a virtual clock and print
-    /// one decision per request.
+    /// one decision per request; or, with --queue, a job-queue script through a queue whose
+    /// groups that policy limits, printing one line per event.
     ///
-    /// Each input line is one of:
+    /// With --policy, each input line is one of:
     ///   {"sleep_ms": 200}             advance the virtual clock
     ///   {"at_ms": 1500}               set the virtual clock (never backwards)
     ///   {"key": "k", "op": "pace", "cost": 1, "max_wait_ms": 200, "policy": "SPEC"}
     ///                                 a request; op: pace (default), limit, acquire,
     ///                                 peek, reset; every field optional
+    /// With --queue, sleep_ms and at_ms lines, and:
+    ///   {"op": "enqueue", "group": "g", "count": 1, "id": "x", "delay_ms": 0,
+    ///    "max_attempts": 5, "payload": ...}     add jobs; prints each estimated start
+    ///   {"op": "lease", "worker": "w", "max_jobs": 1, "lease_ms": 30000}
+    ///                                 start what the groups' policies allow now
+    ///   {"op": "ack", "id": "x"}      acknowledge a job the script leased
+    ///   {"op": "fail", "id": "x", "retry_after_ms": 1000 | "pause_group_ms": 10000
+    ///    | "fatal": true, "error": "..."}        fail it (no option: the backoff)
+    ///   {"op": "crash", "id": "x"}    its worker dies: the job returns when the lease ends
+    ///   {"op": "run", "until_ms": 60000}        workers that start every job as soon as
+    ///                                 its group allows and ack it, until none is left
+    ///   {"op": "stats"}               the counts, by state and group
     /// Blank lines and lines starting with # are skipped. The clock starts at 0 ms, the
     /// Unix epoch, so aligned windows start at 0.
     ///
     /// Exit codes: 0 done; 1 a file cannot be read or written; 2 invalid input (a line,
-    /// --policy or --store); 3 the store failed (unreachable, or failing during the run).
+    /// --policy, --queue or --store); 3 the store failed (unreachable, or failing during
+    /// the run).
     #[command(verbatim_doc_comment)]
     Simulate {
         /// The policy for requests that name none, e.g. `gcra:rate=10/s,burst=5`.
+        #[arg(
+            long,
+            value_name = "SPEC",
+            required_unless_present = "queue",
+            conflicts_with = "queue"
+        )]
+        policy: Option<String>,
+        /// Run a job-queue script: each group of the queue is limited by SPEC, e.g.
+        /// `fixed_window:limit=10,window=10s`.
         #[arg(long, value_name = "SPEC")]
-        policy: String,
+        queue: Option<String>,
+        /// With --queue: at most N jobs of one group leased at once (0: no cap).
+        #[arg(long, value_name = "N", requires = "queue")]
+        group_concurrency: Option<u32>,
+        /// With --queue: the starts a job may have before it goes to the dead set.
+        #[arg(long, value_name = "N", requires = "queue")]
+        max_attempts: Option<u32>,
+        /// With --queue: how long a lease lasts (default 30s).
+        #[arg(long, value_name = "DURATION", requires = "queue")]
+        lease: Option<String>,
         /// Read the script from FILE instead of standard input.
         #[arg(long, value_name = "FILE")]
         input: Option<PathBuf>,
@@ -66,7 +99,7 @@ enum Command {
         /// Where keys' state lives: `memory`, `redis://HOST:PORT[/DB]` (or `rediss://` for
         /// TLS) or `redis-cluster://HOST:PORT[,HOST:PORT...]`. Every store reads the same
         /// virtual clock and gives the same output; on Redis the run uses keys of its own
-        /// and deletes them at the end.
+        /// and deletes them at the end. Queue scripts run in memory.
         #[arg(long, value_name = "STORE", default_value = "memory")]
         store: String,
     },
@@ -134,10 +167,28 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Simulate {
             policy,
+            queue,
+            group_concurrency,
+            max_attempts,
+            lease,
             input,
             output,
             store,
-        } => run_simulate(&policy, input, output, &store),
+        } => match (policy, queue) {
+            (_, Some(spec)) => {
+                let options = QueueOptions {
+                    group_concurrency,
+                    max_attempts,
+                    lease,
+                };
+                run_simulate_queue(&spec, &options, input, output, &store)
+            }
+            (Some(policy), None) => run_simulate(&policy, input, output, &store),
+            (None, None) => {
+                eprintln!("error: give --policy SPEC, or --queue SPEC for a queue script");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 
@@ -194,26 +245,9 @@ fn run_simulate(
             return ExitCode::from(2);
         }
     };
-    let mut bytes = Vec::new();
-    let read = match &input {
-        Some(path) => File::open(path).and_then(|f| BufReader::new(f).read_to_end(&mut bytes)),
-        None => io::stdin().read_to_end(&mut bytes),
-    };
-    if let Err(e) = read {
-        let source = input
-            .as_ref()
-            .map_or("standard input".to_string(), |p| p.display().to_string());
-        eprintln!("error: cannot read {source}: {e}");
-        return ExitCode::from(1);
-    }
-    let script = match String::from_utf8(bytes) {
+    let script = match read_script(input.as_ref()) {
         Ok(script) => script,
-        Err(e) => {
-            let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
-            let line = valid.iter().filter(|b| **b == b'\n').count() + 1;
-            eprintln!("error: line {line}: invalid `json`: the line is not UTF-8 text");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -225,18 +259,94 @@ fn run_simulate(
             return ExitCode::from(1);
         }
     };
-    let decisions = match runtime.block_on(simulate_on(store, policy, &script)) {
-        Ok(out) => out,
+    match runtime.block_on(simulate_on(store, policy, &script)) {
+        Ok(out) => write_output(output.as_ref(), &out),
+        Err(code) => code,
+    }
+}
+
+/// `paceline simulate --queue`'s settings of the queue.
+struct QueueOptions {
+    group_concurrency: Option<u32>,
+    max_attempts: Option<u32>,
+    lease: Option<String>,
+}
+
+fn run_simulate_queue(
+    spec: &str,
+    options: &QueueOptions,
+    input: Option<PathBuf>,
+    output: Option<PathBuf>,
+    store: &str,
+) -> ExitCode {
+    if store != "memory" {
+        eprintln!("error: --store: queue scripts run on the in-memory queue; leave --store out");
+        return ExitCode::from(2);
+    }
+    let policy: Policy = match spec.parse() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: --queue: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut config = paceline_queue::QueueConfig::new(policy);
+    config.group_concurrency = options.group_concurrency.unwrap_or(0);
+    config.max_attempts = options.max_attempts.unwrap_or(config.max_attempts);
+    if let Some(lease) = &options.lease {
+        match paceline_store::spec::parse_duration("lease", lease) {
+            Ok(us) => config.lease = std::time::Duration::from_micros(us),
+            Err(e) => {
+                eprintln!("error: --lease: {}", e.message());
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let script = match read_script(input.as_ref()) {
+        Ok(script) => script,
         Err(code) => return code,
     };
-    let written = match &output {
-        Some(path) => std::fs::write(path, decisions.as_bytes()),
-        None => io::stdout().lock().write_all(decisions.as_bytes()),
+    match simulate_queue::run(config, &script) {
+        Ok(out) => write_output(output.as_ref(), &out),
+        Err(e) if e.line == 0 => {
+            eprintln!("error: --queue: invalid `{}`: {}", e.field, e.message);
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// The script, from FILE or standard input (exit code 1 if unreadable, 2 if not UTF-8).
+fn read_script(input: Option<&PathBuf>) -> Result<String, ExitCode> {
+    let mut bytes = Vec::new();
+    let read = match input {
+        Some(path) => File::open(path).and_then(|f| BufReader::new(f).read_to_end(&mut bytes)),
+        None => io::stdin().read_to_end(&mut bytes),
+    };
+    if let Err(e) = read {
+        let source = input.map_or("standard input".to_string(), |p| p.display().to_string());
+        eprintln!("error: cannot read {source}: {e}");
+        return Err(ExitCode::from(1));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let line = valid.iter().filter(|b| **b == b'\n').count() + 1;
+        eprintln!("error: line {line}: invalid `json`: the line is not UTF-8 text");
+        ExitCode::from(2)
+    })
+}
+
+/// Writes the output to FILE or standard output (exit code 1 if it cannot).
+fn write_output(output: Option<&PathBuf>, text: &str) -> ExitCode {
+    let written = match output {
+        Some(path) => std::fs::write(path, text.as_bytes()),
+        None => io::stdout().lock().write_all(text.as_bytes()),
     };
     if let Err(e) = written {
-        let target = output
-            .as_ref()
-            .map_or("standard output".to_string(), |p| p.display().to_string());
+        let target = output.map_or("standard output".to_string(), |p| p.display().to_string());
         eprintln!("error: cannot write {target}: {e}");
         return ExitCode::from(1);
     }

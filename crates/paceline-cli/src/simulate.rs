@@ -103,7 +103,7 @@ impl From<&Decision> for DecisionRecord {
 
 /// The latest virtual time, 2^53 µs after the epoch: times stay exact, and within what the
 /// engine accepts.
-const MAX_CLOCK_US: u64 = paceline_store::policy::MAX_NOW_US;
+pub(crate) const MAX_CLOCK_US: u64 = paceline_store::policy::MAX_NOW_US;
 
 /// Moves the virtual clock forward by `us`, refusing to pass [`MAX_CLOCK_US`].
 fn advance(clock: &ManualClock, us: u64) -> Result<(), String> {
@@ -123,7 +123,7 @@ fn duration_ms(d: std::time::Duration) -> f64 {
     paceline_core::round_to_micros(d) as f64 / 1_000.0
 }
 
-fn micros_ms(us: u64) -> f64 {
+pub(crate) fn micros_ms(us: u64) -> f64 {
     us as f64 / 1_000.0
 }
 
@@ -287,15 +287,15 @@ async fn replay(
     Ok(out)
 }
 
-type FieldError = (String, String);
+pub(crate) type FieldError = (String, String);
 
-fn field_err(field: &str, message: impl Into<String>) -> FieldError {
+pub(crate) fn field_err(field: &str, message: impl Into<String>) -> FieldError {
     (field.to_string(), message.into())
 }
 
 /// A JSON object read field by field, so that a field given twice is an error rather
 /// than a silent "last one wins".
-struct StrictObject(Map<String, Value>);
+pub(crate) struct StrictObject(pub(crate) Map<String, Value>);
 
 impl<'de> serde::Deserialize<'de> for StrictObject {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -353,7 +353,7 @@ fn parse_line(text: &str) -> Result<Line, FieldError> {
 }
 
 /// A non-negative number of milliseconds, rounded to the microsecond.
-fn millis_to_micros(field: &str, value: &Value) -> Result<u64, FieldError> {
+pub(crate) fn millis_to_micros(field: &str, value: &Value) -> Result<u64, FieldError> {
     let ms = value.as_f64().ok_or_else(|| {
         field_err(
             field,

@@ -97,7 +97,11 @@ fn every_golden_script_gives_the_same_output_on_redis_and_redis_cluster() {
     let server = paceline_testkit::RedisServer::start().expect("a private redis-server");
     let cluster = paceline_testkit::RedisCluster::start().expect("a private Redis Cluster");
     for store in [server.url(), cluster.url()] {
-        for script in scripts() {
+        // Queue scripts run on the in-memory queue only (`--store` is refused with them).
+        for script in scripts()
+            .into_iter()
+            .filter(|s| !args_of(s).iter().any(|a| a == "--queue"))
+        {
             let mut args = args_of(&script);
             args.extend(["--store".to_string(), store.clone()]);
             let out = simulate(&args, &script);
@@ -120,6 +124,39 @@ fn every_golden_script_gives_the_same_output_on_redis_and_redis_cluster() {
     // The runs deleted their keys.
     assert_eq!(server.dbsize().expect("DBSIZE"), 0);
     assert_eq!(cluster.dbsize().expect("DBSIZE"), 0);
+}
+
+#[test]
+fn a_queue_script_refuses_a_store_and_a_policy_it_cannot_use() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("one.jsonl");
+    std::fs::write(&script, "{\"op\": \"stats\"}\n").expect("writable");
+    for (args, says) in [
+        (
+            vec!["--queue", "gcra:rate=1/s", "--store", "redis://127.0.0.1:1"],
+            "--store",
+        ),
+        (
+            vec!["--queue", "exec_evenly:points=1,duration=1s"],
+            "group_policy",
+        ),
+        (
+            vec!["--queue", "gcra:rate=1/s", "--lease", "soon"],
+            "--lease",
+        ),
+    ] {
+        let args: Vec<String> = args.into_iter().map(str::to_string).collect();
+        let out = simulate(&args, &script);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    let ok = simulate(
+        &["--queue".to_string(), "gcra:rate=1/s".to_string()],
+        &script,
+    );
+    assert!(ok.status.success());
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("\"event\":\"stats\""));
 }
 
 #[test]

@@ -1,0 +1,555 @@
+//! `paceline simulate --queue`: a job-queue script replayed on a virtual clock, so that a
+//! user sees what a group policy does to a backlog before deploying it.
+//!
+//! The queue is the in-memory queue's own core ([`QueueCore`]) on a clock that starts at
+//! 0 ms and moves only when a line says so, so a script always prints the same events.
+//! Every line is checked strictly; an invalid one stops the run with an error naming the
+//! line and the field, and nothing is printed.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use paceline_queue::{FailOutcome, Failure, NewJob, QueueConfig, QueueCore, QueueError};
+use serde_json::{json, Map, Value};
+
+use crate::simulate::{
+    field_err, micros_ms, millis_to_micros, FieldError, ScriptError, StrictObject, MAX_CLOCK_US,
+};
+
+/// The most jobs one `enqueue` line may add.
+const MAX_COUNT: u64 = 100_000;
+/// The most starts one `run` line may make before it stops.
+const MAX_RUN_STARTS: usize = 1_000_000;
+
+/// Runs `script` on a fresh queue of `config`; returns one JSON object per event.
+pub fn run(config: QueueConfig, script: &str) -> Result<String, ScriptError> {
+    let mut queue = QueueCore::new(config).map_err(|e| ScriptError {
+        line: 0,
+        field: format!("queue.{}", e.field()),
+        message: e.message().to_string(),
+        kind: crate::simulate::Failure::Input,
+    })?;
+    let mut sim = Sim {
+        queue: &mut queue,
+        now: 0,
+        held: HashMap::new(),
+        out: String::new(),
+        line: 0,
+    };
+    for (index, text) in script.lines().enumerate() {
+        let trimmed = text.trim();
+        if trimmed.is_empty() || trimmed.starts_with('#') {
+            continue;
+        }
+        sim.line = index + 1;
+        sim.step(trimmed).map_err(|(field, message)| ScriptError {
+            line: index + 1,
+            field,
+            message,
+            kind: crate::simulate::Failure::Input,
+        })?;
+    }
+    Ok(sim.out)
+}
+
+struct Sim<'a> {
+    queue: &'a mut QueueCore,
+    /// The virtual clock, in µs.
+    now: u64,
+    /// The leases the script holds, by job id.
+    held: HashMap<String, u64>,
+    out: String,
+    line: usize,
+}
+
+/// The fields a line of each op may have.
+fn fields_of(op: &str) -> Option<&'static [&'static str]> {
+    Some(match op {
+        "enqueue" => &[
+            "op",
+            "group",
+            "count",
+            "id",
+            "delay_ms",
+            "max_attempts",
+            "payload",
+        ],
+        "lease" => &["op", "worker", "max_jobs", "lease_ms"],
+        "ack" | "crash" => &["op", "id"],
+        "fail" => &[
+            "op",
+            "id",
+            "error",
+            "retry_after_ms",
+            "pause_group_ms",
+            "fatal",
+        ],
+        "run" => &["op", "until_ms"],
+        "stats" => &["op"],
+        _ => return None,
+    })
+}
+
+fn text<'m>(map: &'m Map<String, Value>, field: &str) -> Result<Option<&'m str>, FieldError> {
+    match map.get(field) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(field_err(field, format!("must be a string, not {other}"))),
+    }
+}
+
+fn count(map: &Map<String, Value>, field: &str, max: u64) -> Result<Option<u64>, FieldError> {
+    match map.get(field) {
+        None => Ok(None),
+        Some(v) => match v.as_u64().filter(|n| (1..=max).contains(n)) {
+            Some(n) => Ok(Some(n)),
+            None => Err(field_err(
+                field,
+                format!("must be a whole number from 1 to {max}, not {v}"),
+            )),
+        },
+    }
+}
+
+fn millis(map: &Map<String, Value>, field: &str) -> Result<Option<Duration>, FieldError> {
+    map.get(field)
+        .map(|v| millis_to_micros(field, v).map(Duration::from_micros))
+        .transpose()
+}
+
+/// A queue error as a script error, naming the field.
+fn queue_err(e: QueueError) -> FieldError {
+    match e {
+        QueueError::Input(e) => {
+            let field = match e.field() {
+                "delay" => "delay_ms",
+                other => other,
+            };
+            field_err(field, e.message())
+        }
+        other => field_err("id", other.to_string()),
+    }
+}
+
+impl Sim<'_> {
+    /// Prints one event: `line`, `t_ms` and `event` first, then its fields.
+    fn emit(&mut self, record: Value) {
+        #[derive(serde::Serialize)]
+        struct Event<'a> {
+            line: usize,
+            t_ms: f64,
+            event: &'a Value,
+            #[serde(flatten)]
+            fields: &'a Map<String, Value>,
+        }
+        let Value::Object(mut fields) = record else {
+            return;
+        };
+        let event = fields.remove("event").unwrap_or(Value::Null);
+        let line = Event {
+            line: self.line,
+            t_ms: micros_ms(self.now),
+            event: &event,
+            fields: &fields,
+        };
+        // A record of strings and numbers always serialises.
+        if let Ok(text) = serde_json::to_string(&line) {
+            self.out.push_str(&text);
+            self.out.push('\n');
+        }
+    }
+
+    fn step(&mut self, text: &str) -> Result<(), FieldError> {
+        let StrictObject(map) = serde_json::from_str(text).map_err(|e| {
+            if e.is_data() {
+                field_err("json", format!("each line must be one JSON object: {e}"))
+            } else {
+                field_err("json", format!("not valid JSON: {e}"))
+            }
+        })?;
+        for clock in ["sleep_ms", "at_ms"] {
+            if let Some(value) = map.get(clock) {
+                if let Some(other) = map.keys().find(|k| k.as_str() != clock) {
+                    return Err(field_err(
+                        other,
+                        format!("a `{clock}` line takes no other field"),
+                    ));
+                }
+                let us = millis_to_micros(clock, value)?;
+                let to = if clock == "sleep_ms" {
+                    self.now.saturating_add(us)
+                } else if us < self.now {
+                    return Err(field_err(
+                        clock,
+                        format!(
+                            "{} is before the current time {} ms; the clock cannot go backwards",
+                            micros_ms(us),
+                            micros_ms(self.now)
+                        ),
+                    ));
+                } else {
+                    us
+                };
+                if to > MAX_CLOCK_US {
+                    return Err(field_err(clock, "moves the clock past the year 2255"));
+                }
+                self.now = to;
+                return Ok(());
+            }
+        }
+        let op = text_required(&map, "op")?;
+        let allowed = fields_of(op).ok_or_else(|| {
+            field_err(
+                "op",
+                format!("`{op}` is not a queue op; use enqueue, lease, ack, fail, crash, run or stats (or a sleep_ms / at_ms line)"),
+            )
+        })?;
+        if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
+            return Err(field_err(
+                unknown,
+                format!(
+                    "unknown field; a `{op}` line takes {}",
+                    allowed[1..].join(", ")
+                ),
+            ));
+        }
+        match op {
+            "enqueue" => self.enqueue(&map),
+            "lease" => self.lease(&map),
+            "ack" => self.ack(&map),
+            "fail" => self.fail(&map),
+            "crash" => {
+                let id = text_required(&map, "id")?;
+                self.take_lease(id)?;
+                self.emit(json!({"event": "crashed", "id": id}));
+                Ok(())
+            }
+            "run" => self.run_workers(&map),
+            _ => {
+                let stats = self.queue.stats(self.now).map_err(queue_err)?;
+                let groups: Map<String, Value> = stats
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        (
+                            g.group.clone(),
+                            json!({"waiting": g.waiting, "active": g.active, "next_eligible_ms": g.next_eligible.map(micros_ms)}),
+                        )
+                    })
+                    .collect();
+                self.emit(json!({
+                    "event": "stats",
+                    "scheduled": stats.scheduled,
+                    "waiting": stats.waiting,
+                    "active": stats.active,
+                    "dead": stats.dead,
+                    "groups": groups,
+                }));
+                Ok(())
+            }
+        }
+    }
+
+    fn enqueue(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let group = text_required(map, "group")?;
+        let n = count(map, "count", MAX_COUNT)?.unwrap_or(1);
+        let id = text(map, "id")?;
+        if id.is_some() && n > 1 {
+            return Err(field_err("id", "names one job: use it without `count`"));
+        }
+        let payload = map
+            .get("payload")
+            .map_or(b"null".to_vec(), |v| v.to_string().into_bytes());
+        let mut job = NewJob::new(group, payload);
+        if let Some(id) = id {
+            job = job.id(id);
+        }
+        if let Some(delay) = millis(map, "delay_ms")? {
+            job = job.delay(delay);
+        }
+        if let Some(attempts) = count(map, "max_attempts", u64::from(u32::MAX))? {
+            job = job.max_attempts(u32::try_from(attempts).unwrap_or(u32::MAX));
+        }
+        // Checked once, so that an invalid line adds no job.
+        job.validate(self.queue.config().max_payload)
+            .map_err(|e| queue_err(e.into()))?;
+        for _ in 0..n {
+            let e = self
+                .queue
+                .enqueue(self.now, job.clone())
+                .map_err(queue_err)?;
+            self.emit(json!({
+                "event": if e.created { "enqueued" } else { "exists" },
+                "id": e.id,
+                "group": group,
+                "state": e.state.name(),
+                "estimated_start_ms": micros_ms(e.estimated_start),
+            }));
+        }
+        Ok(())
+    }
+
+    fn started(&mut self, job: &paceline_queue::Leased) {
+        self.emit(json!({
+            "event": "started",
+            "id": job.id,
+            "group": job.group,
+            "attempt": job.attempt,
+            "lease_expires_ms": micros_ms(job.lease_expires),
+        }));
+    }
+
+    fn lease(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let worker = text(map, "worker")?.unwrap_or("simulate");
+        let max_jobs = count(map, "max_jobs", 1_000)?.unwrap_or(1);
+        let lease = millis(map, "lease_ms")?;
+        let jobs = self
+            .queue
+            .lease(
+                self.now,
+                worker,
+                usize::try_from(max_jobs).unwrap_or(1),
+                lease,
+            )
+            .map_err(queue_err)?;
+        if jobs.is_empty() {
+            let next = self.queue.next_event().map(micros_ms);
+            self.emit(json!({"event": "none", "next_event_ms": next}));
+        }
+        for job in jobs {
+            self.started(&job);
+            self.held.insert(job.id.clone(), job.lease);
+        }
+        Ok(())
+    }
+
+    fn take_lease(&mut self, id: &str) -> Result<u64, FieldError> {
+        self.held.remove(id).ok_or_else(|| {
+            field_err(
+                "id",
+                format!("the script holds no lease on job `{id}` (lease it first)"),
+            )
+        })
+    }
+
+    fn ack(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let id = text_required(map, "id")?;
+        let token = self.take_lease(id)?;
+        let event = match self.queue.ack(self.now, id, token) {
+            Ok(()) => "acked",
+            Err(QueueError::LeaseLost { .. }) => "lease_lost",
+            Err(e) => return Err(queue_err(e)),
+        };
+        self.emit(json!({"event": event, "id": id}));
+        Ok(())
+    }
+
+    fn fail(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let id = text_required(map, "id")?;
+        let error = text(map, "error")?.map(str::to_string);
+        let after = millis(map, "retry_after_ms")?;
+        let pause = millis(map, "pause_group_ms")?;
+        let fatal = match map.get("fatal") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => {
+                return Err(field_err(
+                    "fatal",
+                    format!("must be true or false, not {other}"),
+                ))
+            }
+        };
+        let failure = match (fatal, after, pause) {
+            (true, None, None) => Failure::Fatal { error },
+            (false, after, None) => Failure::Retry { error, after },
+            (false, None, Some(pause)) => Failure::PauseGroup { error, pause },
+            (true, _, _) => return Err(field_err(
+                "fatal",
+                "a fatal failure is not retried: use it without retry_after_ms and pause_group_ms",
+            )),
+            (false, Some(_), Some(_)) => {
+                return Err(field_err(
+                    "pause_group_ms",
+                    "use retry_after_ms or pause_group_ms, not both",
+                ))
+            }
+        };
+        let token = self.take_lease(id)?;
+        // The jitter is fixed (the middle of its range) so that a script's output is the same
+        // on every run.
+        let record = match self.queue.fail(self.now, id, token, failure, 0.5) {
+            Ok(FailOutcome::Retrying { at }) => {
+                json!({"event": "failed", "id": id, "outcome": "retrying", "at_ms": micros_ms(at)})
+            }
+            Ok(FailOutcome::Dead) => json!({"event": "failed", "id": id, "outcome": "dead"}),
+            Ok(FailOutcome::Paused { until }) => {
+                json!({"event": "failed", "id": id, "outcome": "paused", "until_ms": micros_ms(until)})
+            }
+            Ok(FailOutcome::Released) => {
+                json!({"event": "failed", "id": id, "outcome": "released"})
+            }
+            Err(QueueError::LeaseLost { .. }) => json!({"event": "lease_lost", "id": id}),
+            Err(e) => return Err(queue_err(e)),
+        };
+        self.emit(record);
+        Ok(())
+    }
+
+    /// Workers that lease every job as soon as it may start and acknowledge it at once,
+    /// until nothing is left to start, or until `until_ms`; the clock ends at the last
+    /// start (or at `until_ms`).
+    fn run_workers(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let until = map
+            .get("until_ms")
+            .map(|v| millis_to_micros("until_ms", v))
+            .transpose()?;
+        if let Some(until) = until {
+            if until < self.now {
+                return Err(field_err(
+                    "until_ms",
+                    format!(
+                        "{} is before the current time {} ms",
+                        micros_ms(until),
+                        micros_ms(self.now)
+                    ),
+                ));
+            }
+        }
+        let mut starts = 0;
+        loop {
+            let jobs = self
+                .queue
+                .lease(self.now, "run", 1_000, None)
+                .map_err(queue_err)?;
+            for job in &jobs {
+                self.started(job);
+                self.held.remove(&job.id);
+                self.queue
+                    .ack(self.now, &job.id, job.lease)
+                    .map_err(queue_err)?;
+            }
+            starts += jobs.len();
+            if starts >= MAX_RUN_STARTS {
+                return Err(field_err(
+                    "op",
+                    format!("`run` stopped after {MAX_RUN_STARTS} starts; give it an until_ms"),
+                ));
+            }
+            // Only what the run can act on: a group's turn or a due job. A lease held by the
+            // script (or a crashed one) expiring also returns its job.
+            match self.queue.next_event() {
+                Some(next) if until.is_none_or(|u| next <= u) => {
+                    if next <= self.now && jobs.is_empty() {
+                        // Due now but nothing started: the rest waits on leases the run
+                        // does not hold.
+                        break;
+                    }
+                    self.now = self.now.max(next);
+                }
+                _ => break,
+            }
+        }
+        if let Some(until) = until {
+            self.now = self.now.max(until);
+        }
+        Ok(())
+    }
+}
+
+fn text_required<'m>(map: &'m Map<String, Value>, field: &str) -> Result<&'m str, FieldError> {
+    text(map, field)?.ok_or_else(|| field_err(field, "is required"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(spec: &str) -> QueueConfig {
+        QueueConfig::new(spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}")))
+    }
+
+    fn events(out: &str) -> Vec<Value> {
+        out.lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect()
+    }
+
+    #[test]
+    fn a_backlog_starts_as_the_group_policy_allows() {
+        let out = run(
+            config("fixed_window:limit=2,window=10s"),
+            "{\"op\": \"enqueue\", \"group\": \"g\", \"count\": 5}\n{\"op\": \"run\"}\n",
+        )
+        .unwrap();
+        let events = events(&out);
+        let estimates: Vec<f64> = events
+            .iter()
+            .filter(|e| e["event"] == "enqueued")
+            .filter_map(|e| e["estimated_start_ms"].as_f64())
+            .collect();
+        assert_eq!(estimates, [0.0, 0.0, 10_000.0, 10_000.0, 20_000.0]);
+        let starts: Vec<f64> = events
+            .iter()
+            .filter(|e| e["event"] == "started")
+            .filter_map(|e| e["t_ms"].as_f64())
+            .collect();
+        assert_eq!(starts, estimates);
+    }
+
+    #[test]
+    fn a_crashed_worker_s_job_returns_when_its_lease_expires() {
+        let mut c = config("gcra:rate=100/s,burst=10");
+        c.lease = Duration::from_secs(5);
+        let script = r#"
+{"op": "enqueue", "group": "g", "id": "a"}
+{"op": "lease"}
+{"op": "crash", "id": "a"}
+{"sleep_ms": 4999}
+{"op": "lease"}
+{"sleep_ms": 1}
+{"op": "lease"}
+{"op": "ack", "id": "a"}
+"#;
+        let events = events(&run(c, script).unwrap());
+        let kinds: Vec<&str> = events.iter().filter_map(|e| e["event"].as_str()).collect();
+        assert_eq!(
+            kinds,
+            ["enqueued", "started", "crashed", "none", "started", "acked"]
+        );
+        assert_eq!(events[4]["attempt"], 2);
+        assert_eq!(events[3]["next_event_ms"], 5000.0);
+    }
+
+    #[test]
+    fn bad_lines_name_their_field() {
+        for (line, field) in [
+            (r#"{"op": "enqueue"}"#, "group"),
+            (r#"{"op": "enqueue", "group": "g", "colour": 1}"#, "colour"),
+            (r#"{"op": "enqueue", "group": "g", "count": 0}"#, "count"),
+            (
+                r#"{"op": "enqueue", "group": "g", "count": 2, "id": "x"}"#,
+                "id",
+            ),
+            (
+                r#"{"op": "enqueue", "group": "g", "delay_ms": -1}"#,
+                "delay_ms",
+            ),
+            (r#"{"op": "enqueue", "group": ""}"#, "group"),
+            (r#"{"op": "ack", "id": "nobody"}"#, "id"),
+            (r#"{"op": "lease", "max_jobs": 1001}"#, "max_jobs"),
+            (r#"{"op": "jump"}"#, "op"),
+            (r#"{"sleep_ms": 1, "op": "run"}"#, "op"),
+            ("[1]", "json"),
+        ] {
+            let e = run(config("gcra:rate=1/s"), line).unwrap_err();
+            assert_eq!(
+                (e.line, e.field.as_str()),
+                (1, field),
+                "{line}: {}",
+                e.message
+            );
+        }
+        let e = run(config("exec_evenly:points=1,duration=1s"), "").unwrap_err();
+        assert_eq!(e.field, "queue.group_policy");
+    }
+}
