@@ -320,3 +320,39 @@ fn queues_on_a_redis_store_are_refused_at_start_with_the_reason() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_waiting_lease_answers_with_nothing_when_the_service_shuts_down() {
+    let (_dir, mut s) = service();
+    let p = s.port;
+    let waiting = std::thread::spawn(move || {
+        post(
+            p,
+            "/v1/queues/roles/leases",
+            r#"{"worker": "w", "wait_ms": 120000}"#,
+        )
+    });
+    // Until the service counts the lease as waiting.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !get(p, "/metrics")
+        .body
+        .contains("paceline_queue_waiting_leases{queue=\"roles\"} 1")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lease never waited"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let pid = s.child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success());
+    let r = waiting.join().expect("the waiting lease");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["jobs"], serde_json::json!([]));
+    let exit = s.child.wait().expect("the service exits");
+    assert!(exit.success(), "{exit:?}");
+}

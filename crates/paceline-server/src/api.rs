@@ -115,6 +115,9 @@ pub(crate) struct AppState {
     pub(crate) body_read_timeout: Duration,
     /// The job queues of the config file, by name.
     pub(crate) queues: BTreeMap<String, paceline_queue::Queue>,
+    /// Becomes true when the service starts shutting down: lease calls waiting for a job
+    /// answer with what they have instead of holding the shutdown.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
     /// The settings the service started with (flags and file); a reload lays the file's
     /// policies and access rules over them. The lock also makes reloads one at a time.
     pub(crate) base: Mutex<Settings>,

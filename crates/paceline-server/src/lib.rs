@@ -155,6 +155,7 @@ impl Server {
             metrics,
             body_read_timeout: settings.connections.body_read_timeout,
             queues,
+            stopping: tokio::sync::watch::Sender::new(false),
             base: Mutex::new(settings),
         });
         Ok(Server {
@@ -196,6 +197,11 @@ impl Server {
             .unwrap_or_else(PoisonError::into_inner)
             .connections;
         let app = api::router(Arc::clone(&self.state));
+        let state = Arc::clone(&self.state);
+        let shutdown = async move {
+            shutdown.await;
+            state.stopping.send_replace(true);
+        };
         conn::serve(self.listener, app, limits, shutdown).await
     }
 }

@@ -159,6 +159,15 @@ impl PolicyMetrics {
     }
 }
 
+/// Holds one count of a queue's waiting lease calls; gives it back when dropped.
+pub(crate) struct WaitingGuard(Gauge<i64, AtomicI64>);
+
+impl Drop for WaitingGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// The service's metrics.
 pub(crate) struct Metrics {
     registry: Registry,
@@ -169,6 +178,7 @@ pub(crate) struct Metrics {
     queue_events: Family<QueueEventLabels, Counter<u64, AtomicU64>>,
     queue_jobs: Family<QueueStateLabels, Gauge<i64, AtomicI64>>,
     start_lag: Family<QueueLabel, Histogram, fn() -> Histogram>,
+    waiting_workers: Family<QueueLabel, Gauge<i64, AtomicI64>>,
     /// One scrape at a time brings the queues' counters up to their totals.
     queue_sync: std::sync::Mutex<()>,
 }
@@ -237,12 +247,19 @@ impl Metrics {
             "Time from when a job could start (its group's turn) to its lease, in seconds",
             start_lag.clone(),
         );
+        let waiting_workers = Family::<QueueLabel, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "queue_waiting_leases",
+            "Lease calls waiting for a job (their wait_ms), by queue",
+            waiting_workers.clone(),
+        );
         Metrics {
             registry,
             decisions,
             delay,
             store_latency,
             store_errors,
+            waiting_workers,
             queue_events,
             queue_jobs,
             start_lag,
@@ -278,6 +295,18 @@ impl Metrics {
 
     pub(crate) fn observe_store(&self, took: Duration) {
         self.store_latency.observe(took.as_secs_f64());
+    }
+
+    /// Counts a lease call waiting for a job on `queue` until the guard is dropped.
+    pub(crate) fn worker_waiting(&self, queue: &str) -> WaitingGuard {
+        let gauge = self
+            .waiting_workers
+            .get_or_create(&QueueLabel {
+                queue: queue.to_string(),
+            })
+            .clone();
+        gauge.inc();
+        WaitingGuard(gauge)
     }
 
     /// Records a lease's start lag (its count comes from the queue's totals).

@@ -373,10 +373,14 @@ async fn lease(
     };
     let lease = millis("lease_ms", body.lease_ms.as_ref(), 86_400_000.0)?;
     let wait = millis("wait_ms", body.wait_ms.as_ref(), 300_000.0)?.unwrap_or(Duration::ZERO);
-    let jobs = queue
-        .lease(&worker, max_jobs, lease, wait)
-        .await
-        .map_err(queue_error)?;
+    // A lease waiting for a job ends, with what it has, when the service shuts down.
+    let mut stopping = state.stopping.subscribe();
+    let _waiting = (!wait.is_zero()).then(|| state.metrics.worker_waiting(&name));
+    let jobs = tokio::select! {
+        biased;
+        jobs = queue.lease(&worker, max_jobs, lease, wait) => jobs.map_err(queue_error)?,
+        _ = stopping.wait_for(|&stopping| stopping) => Vec::new(),
+    };
     for job in &jobs {
         state.metrics.queue_started(&name, job);
     }
