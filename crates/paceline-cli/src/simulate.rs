@@ -135,12 +135,6 @@ struct Request {
     policy: Option<String>,
 }
 
-enum Line {
-    Sleep(u64),
-    At(u64),
-    Request(Request),
-}
-
 /// Runs `script` through `default_policy` on a fresh in-memory store, returning the output
 /// (one JSON object per line).
 #[cfg(test)]
@@ -202,87 +196,66 @@ async fn replay(
             message,
             kind: Failure::Input,
         };
-        match parse_line(trimmed).map_err(|(field, message)| fail(&field, message))? {
-            Line::Sleep(us) => {
-                advance(clock, us).map_err(|message| fail("sleep_ms", message))?;
+        let map = read_object(trimmed).map_err(|(field, message)| fail(&field, message))?;
+        if let Some(to) = clock_line(&map, clock.now_micros())
+            .map_err(|(field, message)| fail(&field, message))?
+        {
+            clock.set_micros(to);
+            continue;
+        }
+        let req = parse_request(&map).map_err(|(field, message)| fail(&field, message))?;
+        let limiter = match &req.policy {
+            None => default,
+            Some(spec) => {
+                if !limiters.contains_key(spec) {
+                    let policy: Policy = spec
+                        .parse()
+                        .map_err(|e: paceline_store::InputError| fail("policy", e.to_string()))?;
+                    limiters.insert(spec.clone(), Limiter::with_store(policy, Arc::clone(store)));
+                }
+                &limiters[spec]
             }
-            Line::At(us) => {
-                let now = clock.now_micros();
-                if us < now {
-                    return Err(fail(
-                        "at_ms",
-                        format!(
-                            "{} is before the current time {} ms; the clock cannot go backwards",
-                            micros_ms(us),
-                            micros_ms(now)
-                        ),
-                    ));
-                }
-                clock.set_micros(us);
+        };
+        let t_ms = micros_ms(clock.now_micros());
+        let key = req.key.as_str();
+        if !touched.contains(key) {
+            touched.insert(key.to_string());
+        }
+        let max_wait = req.max_wait_us.map(std::time::Duration::from_micros);
+        let result = match (req.op, max_wait) {
+            (SimOp::Reset, _) => limiter.reset(key).await.map(|()| None),
+            (SimOp::Limit, _) => limiter.limit(key, req.cost).await.map(Some),
+            (SimOp::Peek, _) => limiter.peek(key, req.cost).await.map(Some),
+            (SimOp::Pace | SimOp::Acquire, None) => limiter.pace(key, req.cost).await.map(Some),
+            (SimOp::Pace | SimOp::Acquire, Some(w)) => {
+                limiter.try_pace(key, req.cost, w).await.map(Some)
             }
-            Line::Request(req) => {
-                let limiter = match &req.policy {
-                    None => default,
-                    Some(spec) => {
-                        if !limiters.contains_key(spec) {
-                            let policy: Policy =
-                                spec.parse().map_err(|e: paceline_store::InputError| {
-                                    fail("policy", e.to_string())
-                                })?;
-                            limiters.insert(
-                                spec.clone(),
-                                Limiter::with_store(policy, Arc::clone(store)),
-                            );
-                        }
-                        &limiters[spec]
-                    }
-                };
-                let t_ms = micros_ms(clock.now_micros());
-                let key = req.key.as_str();
-                if !touched.contains(key) {
-                    touched.insert(key.to_string());
-                }
-                let max_wait = req.max_wait_us.map(std::time::Duration::from_micros);
-                let result = match (req.op, max_wait) {
-                    (SimOp::Reset, _) => limiter.reset(key).await.map(|()| None),
-                    (SimOp::Limit, _) => limiter.limit(key, req.cost).await.map(Some),
-                    (SimOp::Peek, _) => limiter.peek(key, req.cost).await.map(Some),
-                    (SimOp::Pace | SimOp::Acquire, None) => {
-                        limiter.pace(key, req.cost).await.map(Some)
-                    }
-                    (SimOp::Pace | SimOp::Acquire, Some(w)) => {
-                        limiter.try_pace(key, req.cost, w).await.map(Some)
-                    }
-                };
-                let decision = result.map_err(|e| match e {
-                    paceline_store::Error::Input(input) => {
-                        fail(input.field(), input.message().to_string())
-                    }
-                    other => ScriptError {
-                        kind: Failure::Store,
-                        ..fail("store", other.to_string())
-                    },
-                })?;
-                if let (SimOp::Acquire, Some(d)) = (req.op, &decision) {
-                    if d.allowed {
-                        // The same rounding (to the nearest microsecond) as `delay_ms`.
-                        advance(clock, paceline_core::round_to_micros(d.delay))
-                            .map_err(|message| fail("op", format!("acquire {message}")))?;
-                    }
-                }
-                let record = Record {
-                    line: number,
-                    t_ms,
-                    key,
-                    op: req.op.name(),
-                    decision: decision.as_ref().map(DecisionRecord::from),
-                };
-                let json = serde_json::to_string(&record)
-                    .map_err(|e| fail("output", format!("cannot encode the decision: {e}")))?;
-                out.push_str(&json);
-                out.push('\n');
+        };
+        let decision = result.map_err(|e| match e {
+            paceline_store::Error::Input(input) => fail(input.field(), input.message().to_string()),
+            other => ScriptError {
+                kind: Failure::Store,
+                ..fail("store", other.to_string())
+            },
+        })?;
+        if let (SimOp::Acquire, Some(d)) = (req.op, &decision) {
+            if d.allowed {
+                // The same rounding (to the nearest microsecond) as `delay_ms`.
+                advance(clock, paceline_core::round_to_micros(d.delay))
+                    .map_err(|message| fail("op", format!("acquire {message}")))?;
             }
         }
+        let record = Record {
+            line: number,
+            t_ms,
+            key,
+            op: req.op.name(),
+            decision: decision.as_ref().map(DecisionRecord::from),
+        };
+        let json = serde_json::to_string(&record)
+            .map_err(|e| fail("output", format!("cannot encode the decision: {e}")))?;
+        out.push_str(&json);
+        out.push('\n');
     }
     Ok(out)
 }
@@ -325,7 +298,8 @@ impl<'de> serde::Deserialize<'de> for StrictObject {
     }
 }
 
-fn parse_line(text: &str) -> Result<Line, FieldError> {
+/// A script line as a JSON object (a field given twice refused).
+pub(crate) fn read_object(text: &str) -> Result<Map<String, Value>, FieldError> {
     let StrictObject(map) = serde_json::from_str(text).map_err(|e| {
         if e.is_data() {
             field_err("json", format!("each line must be one JSON object: {e}"))
@@ -333,23 +307,49 @@ fn parse_line(text: &str) -> Result<Line, FieldError> {
             field_err("json", format!("not valid JSON: {e}"))
         }
     })?;
-    for (field, kind) in [("sleep_ms", "sleep_ms"), ("at_ms", "at_ms")] {
-        if map.contains_key(field) {
-            if let Some(other) = map.keys().find(|k| k.as_str() != field) {
-                return Err(field_err(
-                    other,
-                    format!("a `{kind}` line takes no other field"),
-                ));
-            }
-            let us = millis_to_micros(field, &map[field])?;
-            return Ok(if field == "sleep_ms" {
-                Line::Sleep(us)
-            } else {
-                Line::At(us)
-            });
+    Ok(map)
+}
+
+/// A `sleep_ms` or `at_ms` line (`None`: neither): the time the clock moves to from `now`,
+/// in µs, never backwards.
+pub(crate) fn clock_line(map: &Map<String, Value>, now: u64) -> Result<Option<u64>, FieldError> {
+    for field in ["sleep_ms", "at_ms"] {
+        let Some(value) = map.get(field) else {
+            continue;
+        };
+        if let Some(other) = map.keys().find(|k| k.as_str() != field) {
+            return Err(field_err(
+                other,
+                format!("a `{field}` line takes no other field"),
+            ));
         }
+        let us = millis_to_micros(field, value)?;
+        let to = if field == "sleep_ms" {
+            now.saturating_add(us)
+        } else if us < now {
+            return Err(field_err(
+                field,
+                format!(
+                    "{} is before the current time {} ms; the clock cannot go backwards",
+                    micros_ms(us),
+                    micros_ms(now)
+                ),
+            ));
+        } else {
+            us
+        };
+        if to > MAX_CLOCK_US {
+            return Err(field_err(
+                field,
+                format!(
+                    "would move the clock past its maximum of {} ms",
+                    micros_ms(MAX_CLOCK_US)
+                ),
+            ));
+        }
+        return Ok(Some(to));
     }
-    parse_request(&map).map(Line::Request)
+    Ok(None)
 }
 
 /// A non-negative number of milliseconds, rounded to the microsecond.

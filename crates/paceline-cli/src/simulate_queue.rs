@@ -13,7 +13,7 @@ use paceline_queue::{FailOutcome, Failure, NewJob, QueueConfig, QueueCore, Queue
 use serde_json::{json, Map, Value};
 
 use crate::simulate::{
-    field_err, micros_ms, millis_to_micros, FieldError, ScriptError, StrictObject, MAX_CLOCK_US,
+    clock_line, field_err, micros_ms, millis_to_micros, read_object, FieldError, ScriptError,
 };
 
 /// The most jobs one `enqueue` line may add.
@@ -160,42 +160,10 @@ impl Sim<'_> {
     }
 
     fn step(&mut self, text: &str) -> Result<(), FieldError> {
-        let StrictObject(map) = serde_json::from_str(text).map_err(|e| {
-            if e.is_data() {
-                field_err("json", format!("each line must be one JSON object: {e}"))
-            } else {
-                field_err("json", format!("not valid JSON: {e}"))
-            }
-        })?;
-        for clock in ["sleep_ms", "at_ms"] {
-            if let Some(value) = map.get(clock) {
-                if let Some(other) = map.keys().find(|k| k.as_str() != clock) {
-                    return Err(field_err(
-                        other,
-                        format!("a `{clock}` line takes no other field"),
-                    ));
-                }
-                let us = millis_to_micros(clock, value)?;
-                let to = if clock == "sleep_ms" {
-                    self.now.saturating_add(us)
-                } else if us < self.now {
-                    return Err(field_err(
-                        clock,
-                        format!(
-                            "{} is before the current time {} ms; the clock cannot go backwards",
-                            micros_ms(us),
-                            micros_ms(self.now)
-                        ),
-                    ));
-                } else {
-                    us
-                };
-                if to > MAX_CLOCK_US {
-                    return Err(field_err(clock, "moves the clock past the year 2255"));
-                }
-                self.now = to;
-                return Ok(());
-            }
+        let map = read_object(text)?;
+        if let Some(to) = clock_line(&map, self.now)? {
+            self.now = to;
+            return Ok(());
         }
         let op = text_required(&map, "op")?;
         let allowed = fields_of(op).ok_or_else(|| {
@@ -359,21 +327,8 @@ impl Sim<'_> {
                 ))
             }
         };
-        let failure = match (fatal, after, pause) {
-            (true, None, None) => Failure::Fatal { error },
-            (false, after, None) => Failure::Retry { error, after },
-            (false, None, Some(pause)) => Failure::PauseGroup { error, pause },
-            (true, _, _) => return Err(field_err(
-                "fatal",
-                "a fatal failure is not retried: use it without retry_after_ms and pause_group_ms",
-            )),
-            (false, Some(_), Some(_)) => {
-                return Err(field_err(
-                    "pause_group_ms",
-                    "use retry_after_ms or pause_group_ms, not both",
-                ))
-            }
-        };
+        let failure = Failure::from_parts(error, fatal, after, pause)
+            .map_err(|e| field_err(e.field(), e.message()))?;
         let token = self.take_lease(id)?;
         // The jitter is fixed (the middle of its range) so that a script's output is the same
         // on every run.

@@ -225,6 +225,45 @@ pub enum Failure {
     Release,
 }
 
+impl Failure {
+    /// The failure a worker describes with the HTTP API's fields (and `paceline simulate`'s):
+    /// `fatal`, or a retry after `retry_after` (none: the backoff), or a group pause of
+    /// `pause_group`. Fatal with a retry or a pause, or a retry with a pause, is refused,
+    /// naming the field that contradicts the others.
+    ///
+    /// ```
+    /// use paceline_queue::Failure;
+    /// use std::time::Duration;
+    /// let pause = Failure::from_parts(None, false, None, Some(Duration::from_secs(10)))?;
+    /// assert!(matches!(pause, Failure::PauseGroup { .. }));
+    /// assert_eq!(
+    ///     Failure::from_parts(None, true, Some(Duration::ZERO), None).unwrap_err().field(),
+    ///     "fatal"
+    /// );
+    /// # Ok::<(), paceline_core::InputError>(())
+    /// ```
+    pub fn from_parts(
+        error: Option<String>,
+        fatal: bool,
+        retry_after: Option<Duration>,
+        pause_group: Option<Duration>,
+    ) -> Result<Failure, InputError> {
+        match (fatal, retry_after, pause_group) {
+            (true, None, None) => Ok(Failure::Fatal { error }),
+            (false, after, None) => Ok(Failure::Retry { error, after }),
+            (false, None, Some(pause)) => Ok(Failure::PauseGroup { error, pause }),
+            (true, _, _) => Err(InputError::new(
+                "fatal",
+                "a fatal failure is not retried: send it without retry_after_ms and pause_group_ms",
+            )),
+            (false, Some(_), Some(_)) => Err(InputError::new(
+                "pause_group_ms",
+                "a paused job goes back to the head of its group: send retry_after_ms or pause_group_ms, not both",
+            )),
+        }
+    }
+}
+
 /// What became of a failed job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FailOutcome {

@@ -388,6 +388,18 @@ async fn lease(
     Ok(Json(json!({ "jobs": jobs })).into_response())
 }
 
+/// A request about one job: its queue, its id, and its body read into `T`.
+async fn about_job<T: DeserializeOwned>(
+    state: &AppState,
+    ids: Result<Path<(String, String)>, PathRejection>,
+    body: Body,
+) -> Result<(Queue, String, T), ApiError> {
+    let (name, id) = path(ids)?;
+    let queue = queue(state, &name)?;
+    let body = read(state, body).await?;
+    Ok((queue, id, body))
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AckBody {
@@ -400,9 +412,7 @@ async fn ack(
     ids: Result<Path<(String, String)>, PathRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (name, id) = path(ids)?;
-    let queue = queue(&state, &name)?;
-    let body: AckBody = read(&state, body).await?;
+    let (queue, id, body): (Queue, String, AckBody) = about_job(&state, ids, body).await?;
     queue
         .ack(&id, token(body.lease.as_deref())?)
         .await
@@ -426,36 +436,12 @@ async fn fail(
     ids: Result<Path<(String, String)>, PathRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (name, id) = path(ids)?;
-    let queue = queue(&state, &name)?;
-    let body: FailBody = read(&state, body).await?;
+    let (queue, id, body): (Queue, String, FailBody) = about_job(&state, ids, body).await?;
     let lease = token(body.lease.as_deref())?;
     let retry_after = millis("retry_after_ms", body.retry_after_ms.as_ref(), MAX_DELAY_MS)?;
     let pause = millis("pause_group_ms", body.pause_group_ms.as_ref(), 86_400_000.0)?;
-    let fatal = body.fatal.unwrap_or(false);
-    let failure = match (fatal, retry_after, pause) {
-        (true, None, None) => Failure::Fatal { error: body.error },
-        (false, after, None) => Failure::Retry {
-            error: body.error,
-            after,
-        },
-        (false, None, Some(pause)) => Failure::PauseGroup {
-            error: body.error,
-            pause,
-        },
-        (true, _, _) => {
-            return Err(ApiError::invalid(
-                "fatal",
-                "a fatal failure is not retried: send `fatal` without `retry_after_ms` and `pause_group_ms`",
-            ))
-        }
-        (false, Some(_), Some(_)) => {
-            return Err(ApiError::invalid(
-                "pause_group_ms",
-                "a paused job goes back to the head of its group: send `retry_after_ms` or `pause_group_ms`, not both",
-            ))
-        }
-    };
+    let failure = Failure::from_parts(body.error, body.fatal.unwrap_or(false), retry_after, pause)
+        .map_err(|e| ApiError::invalid(e.field().to_string(), e.message().to_string()))?;
     queue.fail(&id, lease, failure).await.map_err(queue_error)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -473,9 +459,7 @@ async fn extend(
     ids: Result<Path<(String, String)>, PathRejection>,
     body: Body,
 ) -> Result<Response, ApiError> {
-    let (name, id) = path(ids)?;
-    let queue = queue(&state, &name)?;
-    let body: ExtendBody = read(&state, body).await?;
+    let (queue, id, body): (Queue, String, ExtendBody) = about_job(&state, ids, body).await?;
     let lease = token(body.lease.as_deref())?;
     let length =
         millis("lease_ms", body.lease_ms.as_ref(), 86_400_000.0)?.unwrap_or(queue.config().lease);
