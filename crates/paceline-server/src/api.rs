@@ -191,7 +191,7 @@ impl ApiError {
     }
 
     /// Bad input, named by its field.
-    fn input(e: &InputError) -> ApiError {
+    pub(crate) fn input(e: &InputError) -> ApiError {
         ApiError::invalid(e.field(), e.message())
     }
 

@@ -441,7 +441,7 @@ async fn fail(
     let retry_after = millis("retry_after_ms", body.retry_after_ms.as_ref(), MAX_DELAY_MS)?;
     let pause = millis("pause_group_ms", body.pause_group_ms.as_ref(), 86_400_000.0)?;
     let failure = Failure::from_parts(body.error, body.fatal.unwrap_or(false), retry_after, pause)
-        .map_err(|e| ApiError::invalid(e.field().to_string(), e.message().to_string()))?;
+        .map_err(|e| ApiError::input(&e))?;
     queue.fail(&id, lease, failure).await.map_err(queue_error)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
