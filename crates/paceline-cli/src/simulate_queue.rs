@@ -20,6 +20,8 @@ use crate::simulate::{
 const MAX_COUNT: u64 = 100_000;
 /// The most starts one `run` line may make before it stops.
 const MAX_RUN_STARTS: usize = 1_000_000;
+/// The most lease rounds one `run` line may take before it stops.
+const MAX_RUN_ROUNDS: usize = 10_000_000;
 
 /// Runs `script` on a fresh queue of `config`; returns one JSON object per event.
 pub fn run(config: QueueConfig, script: &str) -> Result<String, ScriptError> {
@@ -351,8 +353,9 @@ impl Sim<'_> {
     }
 
     /// Workers that lease every job as soon as it may start and acknowledge it at once,
-    /// until nothing is left to start, or until `until_ms`; the clock ends at the last
-    /// start (or at `until_ms`).
+    /// until nothing is left to happen, or until `until_ms`; the clock ends at the last
+    /// event the run handled (or at `until_ms`). A job the script holds comes back, and is
+    /// run, when its lease runs out.
     fn run_workers(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
         let until = map
             .get("until_ms")
@@ -370,7 +373,7 @@ impl Sim<'_> {
                 ));
             }
         }
-        let mut starts = 0;
+        let (mut starts, mut rounds) = (0, 0usize);
         loop {
             let jobs = self
                 .queue
@@ -390,18 +393,21 @@ impl Sim<'_> {
                     format!("`run` stopped after {MAX_RUN_STARTS} starts; give it an until_ms"),
                 ));
             }
-            // Only what the run can act on: a group's turn or a due job. A lease held by the
-            // script (or a crashed one) expiring also returns its job.
+            // The next thing to happen: a group's turn, a due job, a lease running out (its
+            // job then comes back). Due now with nothing started means work this call left
+            // (more than a call handles): the next call goes on with it.
             match self.queue.next_event() {
                 Some(next) if until.is_none_or(|u| next <= u) => {
-                    if next <= self.now && jobs.is_empty() {
-                        // Due now but nothing started: the rest waits on leases the run
-                        // does not hold.
-                        break;
-                    }
                     self.now = self.now.max(next);
                 }
                 _ => break,
+            }
+            rounds += 1;
+            if rounds > MAX_RUN_ROUNDS {
+                return Err(field_err(
+                    "op",
+                    format!("`run` stopped after {MAX_RUN_ROUNDS} rounds; give it an until_ms"),
+                ));
             }
         }
         if let Some(until) = until {
@@ -473,6 +479,21 @@ mod tests {
         );
         assert_eq!(events[4]["attempt"], 2);
         assert_eq!(events[3]["next_event_ms"], 5000.0);
+    }
+
+    #[test]
+    fn a_run_goes_on_past_more_due_jobs_than_one_call_handles() {
+        let script = "{\"op\": \"enqueue\", \"group\": \"g\", \"count\": 10}\n\
+                      {\"op\": \"enqueue\", \"group\": \"g\", \"count\": 3000, \"delay_ms\": 1000}\n\
+                      {\"op\": \"run\"}\n{\"op\": \"stats\"}\n";
+        let events = events(&run(config("fixed_window:limit=10,window=10s"), script).unwrap());
+        let started = events.iter().filter(|e| e["event"] == "started").count();
+        assert_eq!(started, 3010);
+        let stats = events.last().cloned().unwrap_or_default();
+        assert_eq!(
+            (stats["waiting"].as_u64(), stats["scheduled"].as_u64()),
+            (Some(0), Some(0))
+        );
     }
 
     #[test]

@@ -10,6 +10,8 @@ use paceline_core::{InputError, Policy};
 pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
 /// The most attempts a job may be given.
 pub const MAX_ATTEMPTS: u32 = 1_000;
+/// The most jobs a queue may be configured to hold.
+pub const MAX_JOBS_LIMIT: usize = 100_000_000;
 /// The largest payload a queue may be configured to take: 16 MiB.
 pub const MAX_PAYLOAD_LIMIT: usize = 16 * 1024 * 1024;
 
@@ -54,12 +56,15 @@ pub struct QueueConfig {
     pub retry_backoff_max: Duration,
     /// The largest payload, in bytes.
     pub max_payload: usize,
+    /// The most jobs the queue holds (scheduled, waiting, active and dead): an enqueue
+    /// beyond is refused with a `Capacity` store error, so that memory stays bounded.
+    pub max_jobs: usize,
 }
 
 impl QueueConfig {
     /// A queue whose groups are each limited by `group_policy`, with the defaults: no
-    /// concurrency cap, 5 attempts, 30 s leases, retries after 1 s doubling up to 1 h, and
-    /// payloads up to 1 MiB.
+    /// concurrency cap, 5 attempts, 30 s leases, retries after 1 s doubling up to 1 h,
+    /// payloads up to 1 MiB, and at most a million jobs held.
     pub fn new(group_policy: Policy) -> QueueConfig {
         QueueConfig {
             group_policy,
@@ -70,6 +75,7 @@ impl QueueConfig {
             retry_backoff: Duration::from_secs(1),
             retry_backoff_max: Duration::from_secs(3_600),
             max_payload: 1024 * 1024,
+            max_jobs: 1_000_000,
         }
     }
 
@@ -116,6 +122,13 @@ impl QueueConfig {
         self
     }
 
+    /// Sets the most jobs the queue holds.
+    #[must_use]
+    pub fn max_jobs(mut self, n: usize) -> QueueConfig {
+        self.max_jobs = n;
+        self
+    }
+
     /// The policy that limits `group`.
     pub fn policy_of(&self, group: &str) -> &Policy {
         self.groups.get(group).unwrap_or(&self.group_policy)
@@ -145,6 +158,12 @@ impl QueueConfig {
             return Err(InputError::new(
                 "retry_backoff_max",
                 "must be from retry_backoff to 1d, e.g. 1h",
+            ));
+        }
+        if self.max_jobs == 0 || self.max_jobs > MAX_JOBS_LIMIT {
+            return Err(InputError::new(
+                "max_jobs",
+                format!("must be from 1 to {MAX_JOBS_LIMIT}"),
             ));
         }
         if self.max_payload == 0 || self.max_payload > MAX_PAYLOAD_LIMIT {

@@ -48,7 +48,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::Duration;
 
 use paceline_core::policy::check_now;
-use paceline_core::{round_to_micros, InputError, Op, Policy, State};
+use paceline_core::{round_to_micros, InputError, Op, Policy, State, StoreError, StoreErrorKind};
 
 use crate::config::QueueConfig;
 use crate::error::QueueError;
@@ -98,6 +98,10 @@ pub struct QueueCore {
 #[derive(Debug)]
 struct Job {
     group: String,
+    /// The job's place in its group's line: lines are kept in rank order, so a job that
+    /// comes back (a retry, an expired lease, a pause) goes before every job that joined
+    /// after it, and jobs that come back together keep their order.
+    rank: u64,
     payload: Vec<u8>,
     attempts: u32,
     max_attempts: u32,
@@ -140,7 +144,8 @@ impl Place {
 
 #[derive(Debug, Default)]
 struct Group {
-    waiting: VecDeque<String>,
+    /// The line: (rank, job id), in rank order.
+    waiting: VecDeque<(u64, String)>,
     active: u32,
     /// The group's policy state.
     state: Option<State>,
@@ -222,6 +227,8 @@ impl QueueCore {
         self.config = config;
         for g in self.groups.values_mut() {
             g.projection = None;
+            // A refusal under the old policy says nothing of the new one: ask it afresh.
+            g.next_at = 0;
         }
         let names: Vec<String> = self.groups.keys().cloned().collect();
         for name in names {
@@ -264,6 +271,15 @@ impl QueueCore {
                 });
             }
         }
+        if self.jobs.len() >= self.config.max_jobs {
+            return Err(QueueError::Store(StoreError::new(
+                StoreErrorKind::Capacity,
+                format!(
+                    "the queue holds its maximum of {} jobs (max_jobs); let workers catch up, purge dead jobs or raise max_jobs",
+                    self.config.max_jobs
+                ),
+            )));
+        }
         let id = match job.id {
             Some(id) => id,
             None => loop {
@@ -276,6 +292,7 @@ impl QueueCore {
         };
         let max_attempts = job.max_attempts.unwrap_or(self.config.max_attempts);
         let delay = round_to_micros(job.delay);
+        let mut rank = 0;
         let (place, estimated_start) = if delay > 0 {
             let at = now.saturating_add(delay);
             let order = self.next_seq();
@@ -290,7 +307,8 @@ impl QueueCore {
                 at.max(line),
             )
         } else {
-            let estimate = self.join_tail(&job.group, &id, now);
+            let (estimate, joined) = self.join_tail(&job.group, &id, now);
+            rank = joined;
             (Place::Waiting, estimate)
         };
         let state = place.state();
@@ -299,6 +317,7 @@ impl QueueCore {
             id.clone(),
             Job {
                 group: job.group,
+                rank,
                 payload: job.payload,
                 attempts: 0,
                 max_attempts,
@@ -349,22 +368,37 @@ impl QueueCore {
         project_one(policy, &mut p, now)
     }
 
-    /// Puts `id` at the tail of `group`'s line; returns its estimated start.
-    fn join_tail(&mut self, group: &str, id: &str, now: u64) -> u64 {
+    /// Puts `id` at the tail of `group`'s line with a new rank; returns its estimated start
+    /// and its rank (the caller keeps the rank on the job).
+    fn join_tail(&mut self, group: &str, id: &str, now: u64) -> (u64, u64) {
+        self.seq += 1;
+        let rank = self.seq;
         let g = self.groups.entry(group.to_string()).or_default();
         let mut p = Self::projection(&self.config, group, g, now);
         let estimate = project_one(self.config.policy_of(group), &mut p, now);
         g.projection = Some(p);
-        g.waiting.push_back(id.to_string());
+        g.waiting.push_back((rank, id.to_string()));
         self.refresh(group);
-        estimate
+        (estimate, rank)
     }
 
-    /// Puts `id` back at the head of `group`'s line (a retry, an expired lease, a pause).
+    /// Puts `id` back in `group`'s line at its rank (a retry, an expired lease, a pause):
+    /// ahead of every job that joined after it.
     fn join_head(&mut self, group: &str, id: &str) {
+        let rank = self.jobs.get(id).map_or(0, |j| j.rank);
+        let now = self.now;
+        let policy = self.config.policy_of(group);
         let g = self.groups.entry(group.to_string()).or_default();
-        g.waiting.push_front(id.to_string());
-        g.projection = None;
+        let at = g.waiting.partition_point(|(r, _)| *r < rank);
+        // The line's projection now has one more job to start: one more step keeps the
+        // tail's estimate in step without replaying the line.
+        match &mut g.projection {
+            Some(p) if p.covers == g.waiting.len() => {
+                project_one(policy, p, now);
+            }
+            _ => g.projection = None,
+        }
+        g.waiting.insert(at, (rank, id.to_string()));
         self.refresh(group);
     }
 
@@ -439,7 +473,10 @@ impl QueueCore {
             if head {
                 self.join_head(&group, &id);
             } else {
-                self.join_tail(&group, &id, now);
+                let (_, rank) = self.join_tail(&group, &id, now);
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.rank = rank;
+                }
             }
         }
         for _ in 0..MAINTENANCE_BATCH {
@@ -546,8 +583,17 @@ impl QueueCore {
                 continue;
             }
             g.idle_at = now.saturating_add(round_to_micros(decision.reset_after));
-            let Some(id) = g.waiting.pop_front() else {
+            let popped = g.waiting.pop_front();
+            let known = popped
+                .as_ref()
+                .is_some_and(|(_, id)| self.jobs.contains_key(id));
+            let (Some((_, id)), true) = (popped, known) else {
+                // An empty line, or an id of no job (which the indexes never hold): the
+                // group is put back where its state says.
                 self.refresh(&name);
+                continue;
+            };
+            let Some(g) = self.groups.get_mut(&name) else {
                 continue;
             };
             g.active += 1;
@@ -724,6 +770,10 @@ impl QueueCore {
                 job.place = Place::Waiting;
                 let g = self.groups.entry(group.clone()).or_default();
                 g.paused_until = g.paused_until.max(until);
+                if let Some(p) = &mut g.projection {
+                    // The whole line waits for the pause.
+                    p.last = p.last.max(g.paused_until);
+                }
                 self.join_head(&group, id);
             }
             FailOutcome::Released => {
@@ -796,8 +846,18 @@ impl QueueCore {
             }
             Place::Waiting => {
                 if let Some(g) = self.groups.get_mut(&job.group) {
-                    g.waiting.retain(|w| w != id);
-                    g.projection = None;
+                    let at = g.waiting.partition_point(|(r, _)| *r < job.rank);
+                    if g.waiting.get(at).is_some_and(|(_, w)| w == id) {
+                        let before = g.waiting.len();
+                        g.waiting.remove(at);
+                        // One job fewer ahead: the tail's estimate keeps its (now slightly
+                        // pessimistic) projection rather than replaying the line.
+                        if let Some(p) = &mut g.projection {
+                            if p.covers == before {
+                                p.covers -= 1;
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -863,7 +923,8 @@ impl QueueCore {
     }
 
     /// How many groups the queue holds state for: those with jobs waiting or active, and
-    /// those whose policy state is not yet idle (dropped at the first call after it is).
+    /// those whose policy state is not yet idle or that are paused (dropped by the calls
+    /// after that, up to [`MAINTENANCE_BATCH`] a call).
     pub fn groups_held(&self) -> usize {
         self.groups.len()
     }
@@ -904,9 +965,10 @@ impl QueueCore {
             job.attempts = 0;
             job.place = Place::Waiting;
             let group = job.group.clone();
-            let estimate = self.join_tail(&group, &id, now);
+            let (estimate, rank) = self.join_tail(&group, &id, now);
             if let Some(job) = self.jobs.get_mut(&id) {
                 job.estimated_start = estimate;
+                job.rank = rank;
             }
             n += 1;
         }
@@ -924,8 +986,9 @@ impl QueueCore {
 
     /// The earliest time something happens without a call: a group becomes eligible, a
     /// scheduled job is due, or a lease expires. A time at or before the last `now` means
-    /// a job may be leased at once. `None`: the queue is empty or every job is active with
-    /// no lease to expire.
+    /// work is due: a group to ask, or due jobs and expired leases beyond what the last
+    /// call handled ([`MAINTENANCE_BATCH`]); the next call makes progress on it. `None`:
+    /// no job is waiting, scheduled or leased.
     pub fn next_event(&self) -> Option<u64> {
         [
             self.ready.first().map(|r| r.0),
@@ -950,12 +1013,20 @@ impl QueueCore {
             if active != g.active as usize {
                 return Err(format!("group {name}: active {} != {active}", g.active));
             }
-            for id in &g.waiting {
+            if !g
+                .waiting
+                .iter()
+                .zip(g.waiting.iter().skip(1))
+                .all(|(a, b)| a.0 < b.0)
+            {
+                return Err(format!("group {name}: its line is out of rank order"));
+            }
+            for (rank, id) in &g.waiting {
                 let job = self
                     .jobs
                     .get(id)
                     .ok_or(format!("{id} waiting but unknown"))?;
-                if !matches!(job.place, Place::Waiting) || &job.group != name {
+                if !matches!(job.place, Place::Waiting) || &job.group != name || job.rank != *rank {
                     return Err(format!("{id} in {name}'s line but {:?}", job.place));
                 }
             }

@@ -164,7 +164,7 @@ pub struct Enqueued {
     /// The job's state now.
     pub state: JobState,
     /// False when a job of this id already existed: nothing was added, and the other fields
-    /// describe the existing job.
+    /// describe the existing job (`estimated_start` as estimated when it was enqueued).
     pub created: bool,
     /// When the job is expected to start (µs since the epoch): see
     /// [`QueueCore::enqueue`](crate::QueueCore::enqueue) for how exact this is.
@@ -359,7 +359,8 @@ pub struct GroupStats {
     pub waiting: u64,
     /// Its jobs leased.
     pub active: u64,
-    /// When it may next start a job (µs since the epoch), if it has one waiting; it may be
-    /// in the past when the group is only waiting for a worker.
+    /// When it may next start a job (µs since the epoch), if it has one waiting and is
+    /// below its concurrency cap (`None` at the cap: a job must end first); it may be in
+    /// the past when the group is only waiting for a worker.
     pub next_eligible: Option<u64>,
 }

@@ -177,7 +177,18 @@ impl QueueBackend for MemoryQueue {
         length: Duration,
     ) -> QueueFuture<'a, Result<u64, QueueError>> {
         let now = self.now();
-        ready(self.core().extend(now, id, lease, length))
+        let (answer, sooner) = {
+            let mut core = self.core();
+            let before = core.next_event();
+            let answer = core.extend(now, id, lease, length);
+            // A lease made shorter may now expire before what waiting calls sleep until.
+            let after = core.next_event();
+            (answer, after < before && after.is_some())
+        };
+        if sooner {
+            self.wake();
+        }
+        ready(answer)
     }
 
     fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>> {

@@ -35,8 +35,8 @@ pub struct Report {
 /// - At most `concurrency` jobs run at once; the worker leases as many as it has room for,
 ///   waiting without polling while no group may start a job.
 /// - While a handler runs, its lease is extended every third of the lease; if the lease is
-///   lost anyway (the worker stalled past it), the handler's future is dropped at once,
-///   since another worker may now run the job.
+///   lost anyway (the worker stalled past it), the handler's future is dropped at the
+///   heartbeat that learns it, since another worker may now run the job.
 /// - The handler's `Ok` acknowledges the job; its `Err(Failure)` retries it, kills it, or
 ///   pauses its group for an upstream's retry-after ([`Failure`]).
 /// - When `shutdown` completes, the worker leases nothing more, gives running handlers
@@ -160,7 +160,10 @@ impl Worker {
                 () = &mut shutdown => break,
             };
             let room = 1 + slots.available_permits();
+            // The lease first: a call that has its jobs completes rather than being dropped
+            // with them by the shutdown.
             let leased = tokio::select! {
+                biased;
                 r = self.queue.lease(&self.name, room, self.lease, LEASE_WAIT) => r,
                 () = &mut shutdown => break,
             };

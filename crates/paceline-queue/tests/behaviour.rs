@@ -322,3 +322,69 @@ fn idle_groups_are_dropped_once_their_policy_state_is_idle() {
     assert_eq!(q.groups_held(), 1);
     assert_eq!(q.check_invariants(), Ok(()));
 }
+
+#[test]
+fn jobs_that_come_back_together_keep_their_order_ahead_of_later_ones() {
+    let mut q = queue(config("gcra:rate=1000/s,burst=1000").lease(Duration::from_secs(1)));
+    let ids: Vec<String> = (0..5u8)
+        .map(|i| q.enqueue(0, NewJob::new("g", vec![i])).unwrap().id)
+        .collect();
+    // Three leased, their worker dies: they come back in their order, ahead of the rest.
+    assert_eq!(q.lease(0, "w", 3, None).unwrap().len(), 3);
+    let again: Vec<String> = q
+        .lease(S, "w", 5, None)
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(again, ids);
+    // Retries due together, leases expiring together and a hand-back come back in rank
+    // order too: every one ahead of a job enqueued meanwhile.
+    let later = q.enqueue(S, NewJob::new("g", vec![9])).unwrap().id;
+    let held = q.lease(2 * S, "w", 6, None).unwrap();
+    let mut expected = ids.clone();
+    expected.push(later.clone());
+    assert_eq!(
+        held.iter().map(|j| j.id.clone()).collect::<Vec<_>>(),
+        expected
+    );
+    for job in held.iter().take(3) {
+        let retry = Failure::Retry {
+            error: None,
+            after: Some(Duration::from_secs(1)),
+        };
+        q.fail(2 * S, &job.id, job.lease, retry, 0.0).unwrap();
+    }
+    q.fail(2 * S, &later, held[5].lease, Failure::Release, 0.0)
+        .unwrap();
+    let back: Vec<String> = q
+        .lease(3 * S, "w", 10, None)
+        .unwrap()
+        .into_iter()
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(back, expected);
+    assert_eq!(q.check_invariants(), Ok(()));
+}
+
+#[test]
+fn a_full_queue_refuses_new_jobs_but_answers_existing_ids() {
+    let mut q = queue(config("gcra:rate=100/s,burst=100").max_jobs(2));
+    q.enqueue(0, NewJob::new("g", vec![]).id("a")).unwrap();
+    q.enqueue(0, NewJob::new("g", vec![])).unwrap();
+    match q.enqueue(0, NewJob::new("g", vec![])) {
+        Err(QueueError::Store(e)) => {
+            assert_eq!(e.kind(), paceline_core::StoreErrorKind::Capacity);
+            assert!(e.message().contains("max_jobs"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !q.enqueue(0, NewJob::new("g", vec![]).id("a"))
+            .unwrap()
+            .created
+    );
+    let l = q.lease(0, "w", 1, None).unwrap();
+    q.ack(0, &l[0].id, l[0].lease).unwrap();
+    assert!(q.enqueue(0, NewJob::new("g", vec![])).is_ok());
+}

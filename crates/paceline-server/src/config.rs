@@ -26,6 +26,7 @@
 //! retry_backoff = "1s"                                # first retry; doubles, jittered, capped
 //! retry_backoff_max = "1h"
 //! max_payload = 1048576                               # bytes of a job's payload
+//! max_jobs = 1000000                                  # jobs held; more are refused (503)
 //!
 //! [queues.discord-roles.groups."guild:1"]
 //! policy = "fixed_window:limit=50,window=10s"         # one group's own override
@@ -281,6 +282,7 @@ struct QueueToml {
     retry_backoff: Option<String>,
     retry_backoff_max: Option<String>,
     max_payload: Option<usize>,
+    max_jobs: Option<usize>,
     #[serde(default)]
     groups: BTreeMap<String, GroupToml>,
 }
@@ -312,6 +314,7 @@ impl QueueToml {
             config.retry_backoff_max.max(config.retry_backoff),
         )?;
         config.max_payload = self.max_payload.unwrap_or(config.max_payload);
+        config.max_jobs = self.max_jobs.unwrap_or(config.max_jobs);
         config.groups = self
             .groups
             .into_iter()

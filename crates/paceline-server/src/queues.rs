@@ -23,7 +23,8 @@ use serde_json::{json, Number, Value};
 
 use crate::api::{read_body, store_failure, utf8, ApiError, AppState, Authorized};
 
-/// The largest body of a queue request other than a batch.
+/// The largest body of a queue request, a batch's included (a job's payload is at most
+/// 16 MiB).
 const MAX_QUEUE_BODY: usize = 17 * 1024 * 1024;
 /// The most jobs in one enqueue batch.
 pub const MAX_ENQUEUE_BATCH: usize = 1_000;
