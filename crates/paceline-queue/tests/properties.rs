@@ -327,3 +327,76 @@ proptest! {
         run(spec, cap, steps)?;
     }
 }
+
+/// Enqueues at random times into random groups, with workers that start every job the
+/// moment its group allows: each job starts exactly at its `estimated_start`, and each
+/// group's jobs start in the order they were enqueued.
+fn estimates_hold(spec: &str, steps: Vec<(u8, u16)>) -> Result<(), TestCaseError> {
+    let policy: Policy = spec
+        .parse()
+        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+    let mut q = QueueCore::new(QueueConfig::new(policy))
+        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+    let mut now = 1_000_000_000u64;
+    let mut estimates: BTreeMap<String, u64> = BTreeMap::new();
+    let mut order: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut started: BTreeMap<String, u64> = BTreeMap::new();
+    let mut lines: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    // Workers that are always there: everything that may start up to `until` starts.
+    let drain = |q: &mut QueueCore,
+                 now: &mut u64,
+                 until: u64,
+                 started: &mut BTreeMap<String, u64>,
+                 lines: &mut BTreeMap<String, Vec<String>>|
+     -> Result<(), TestCaseError> {
+        loop {
+            let jobs = q
+                .lease(*now, "w", 1_000, None)
+                .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            for job in jobs {
+                started.insert(job.id.clone(), job.started);
+                lines
+                    .entry(job.group.clone())
+                    .or_default()
+                    .push(job.id.clone());
+                q.ack(*now, &job.id, job.lease)
+                    .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+            }
+            match q.next_event() {
+                Some(next) if next <= until => *now = (*now).max(next),
+                _ => {
+                    *now = until;
+                    return Ok(());
+                }
+            }
+        }
+    };
+    for (group, gap_ms) in steps {
+        let until = now + u64::from(gap_ms) * 1_000;
+        drain(&mut q, &mut now, until, &mut started, &mut lines)?;
+        let group = format!("g{}", group % 3);
+        let e = q
+            .enqueue(now, NewJob::new(group.clone(), vec![]))
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        estimates.insert(e.id.clone(), e.estimated_start);
+        order.entry(group).or_default().push(e.id);
+    }
+    drain(&mut q, &mut now, u64::MAX / 4, &mut started, &mut lines)?;
+    for (id, estimate) in &estimates {
+        prop_assert_eq!(started.get(id), Some(estimate), "job {} under {}", id, spec);
+    }
+    prop_assert_eq!(lines, order);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn with_workers_always_there_every_job_starts_at_its_estimate(
+        spec in proptest::sample::select(POLICIES),
+        steps in proptest::collection::vec((0u8..3, prop_oneof![2 => Just(0u16), 1 => 0u16..3_000]), 1..80),
+    ) {
+        estimates_hold(spec, steps)?;
+    }
+}
