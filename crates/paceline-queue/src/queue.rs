@@ -118,6 +118,37 @@ impl Queue {
         Ok(Queue::new(MemoryQueue::new(name, config)?))
     }
 
+    /// The queue `name` on the store at `url`, the URL `paceline_store::open` takes:
+    /// `memory` gives a queue held in this process (see [`Queue::in_memory`]). Queues are
+    /// not yet kept in Redis: a `redis://`, `rediss://` or `redis-cluster://` URL is refused
+    /// with an `Input` error on `store` that says so, rather than giving each process a
+    /// queue of its own where one shared queue was meant.
+    ///
+    /// ```
+    /// use paceline_queue::{Queue, QueueConfig};
+    /// let config = QueueConfig::new("gcra:rate=10/s".parse()?);
+    /// let queue = Queue::open("memory", "emails", config.clone())?;
+    /// assert_eq!(queue.name(), "emails");
+    /// assert_eq!(Queue::open("redis://127.0.0.1", "emails", config).unwrap_err().field(), "store");
+    /// # Ok::<(), paceline_core::InputError>(())
+    /// ```
+    pub fn open(url: &str, name: &str, config: QueueConfig) -> Result<Queue, InputError> {
+        match url.trim() {
+            "memory" => Queue::in_memory(name, config),
+            other if other.contains("://") => Err(InputError::new(
+                "store",
+                format!(
+                    "queue `{name}`: job queues are kept in this process's memory only (store `memory`); a shared store such as `{}` does not hold queues yet",
+                    other.split("://").next().unwrap_or("redis")
+                ),
+            )),
+            other => Err(InputError::new(
+                "store",
+                format!("`{other}` is not a store URL; use memory"),
+            )),
+        }
+    }
+
     /// A queue over `backend`.
     pub fn new(backend: impl QueueBackend) -> Queue {
         Queue {

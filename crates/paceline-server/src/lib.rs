@@ -129,13 +129,8 @@ impl Server {
     pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
         let mut queues = std::collections::BTreeMap::new();
         for (name, config) in &settings.queues {
-            if settings.store != "memory" {
-                return Err(ServerError::Queues(format!(
-                    "queue `{name}`: job queues are kept in the memory store only (`--store memory`); on Redis they are not available in this version"
-                )));
-            }
-            let queue = paceline_queue::Queue::in_memory(name, config.clone())
-                .map_err(|e| ServerError::Queues(format!("queue `{name}`: {e}")))?;
+            let queue = paceline_queue::Queue::open(&settings.store, name, config.clone())
+                .map_err(|e| ServerError::Queues(e.message().to_string()))?;
             queues.insert(name.clone(), queue);
         }
         let options = StoreOptions::new()
