@@ -922,6 +922,22 @@ impl QueueCore {
         })
     }
 
+    /// The counts by state and the totals, without the groups: constant work whatever the
+    /// queue holds (for metrics, which any scrape may ask for).
+    pub fn counts(&mut self, now: u64) -> Result<Stats, QueueError> {
+        let now = self.tick(now)?;
+        self.maintain(now);
+        let (scheduled, active, dead) = (self.scheduled.len(), self.leases.len(), self.dead.len());
+        Ok(Stats {
+            scheduled: scheduled as u64,
+            waiting: self.jobs.len().saturating_sub(scheduled + active + dead) as u64,
+            active: active as u64,
+            dead: dead as u64,
+            groups: Vec::new(),
+            totals: self.totals,
+        })
+    }
+
     /// How many groups the queue holds state for: those with jobs waiting or active, and
     /// those whose policy state is not yet idle or that are paused (dropped by the calls
     /// after that, up to [`MAINTENANCE_BATCH`] a call).

@@ -205,6 +205,11 @@ impl QueueBackend for MemoryQueue {
         ready(self.core().stats(now))
     }
 
+    fn counts(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
+        let now = self.now();
+        ready(self.core().counts(now))
+    }
+
     fn dead(
         &self,
         offset: usize,

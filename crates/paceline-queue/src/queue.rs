@@ -59,8 +59,10 @@ pub trait QueueBackend: Send + Sync + 'static {
     fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>>;
     /// One job.
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>>;
-    /// The counts.
+    /// The counts, and each group's.
     fn stats(&self) -> QueueFuture<'_, Result<Stats, QueueError>>;
+    /// The counts and totals without the groups, at a cost that does not grow with them.
+    fn counts(&self) -> QueueFuture<'_, Result<Stats, QueueError>>;
     /// Dead jobs, oldest death first.
     fn dead(
         &self,
@@ -270,6 +272,12 @@ impl Queue {
     /// The counts by state and by group.
     pub async fn stats(&self) -> Result<Stats, QueueError> {
         self.backend.stats().await
+    }
+
+    /// The counts by state and the totals, without the groups (`groups` is empty): cheap
+    /// whatever the queue holds.
+    pub async fn counts(&self) -> Result<Stats, QueueError> {
+        self.backend.counts().await
     }
 
     /// Up to `limit` dead jobs, oldest death first, after the first `offset`.

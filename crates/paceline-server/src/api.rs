@@ -783,7 +783,7 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
     for (name, queue) in &state.queues {
-        if let Ok(stats) = queue.stats().await {
+        if let Ok(stats) = queue.counts().await {
             state.metrics.queue_stats(name, &stats);
         }
     }
