@@ -267,9 +267,16 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
         if let Err(e) = q.check_invariants() {
             return Err(TestCaseError::fail(e));
         }
-        let counts = q.counts(now).map_err(|e| TestCaseError::fail(format!("{e}")))?;
-        let mut stats = q.stats(now).map_err(|e| TestCaseError::fail(format!("{e}")))?;
-        prop_assert_eq!(stats.waiting, stats.groups.iter().map(|g| g.waiting).sum::<u64>());
+        let counts = q
+            .counts(now)
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        let mut stats = q
+            .stats(now)
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        prop_assert_eq!(
+            stats.waiting,
+            stats.groups.iter().map(|g| g.waiting).sum::<u64>()
+        );
         stats.groups.clear();
         prop_assert_eq!(counts, stats);
     }
