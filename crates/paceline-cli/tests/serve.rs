@@ -241,8 +241,7 @@ fn every_bad_input_is_a_clear_4xx() {
         r.body
     );
     assert_eq!(r.header("content-type"), Some("application/json"));
-    // A value no double holds is its field's error; a field given twice is the body's,
-    // and the message names the field.
+    // A value no double holds is its field's error, and so is a field given twice.
     for (body, field, says) in [
         (
             r#"{"policy": "discord-roles", "key": "k", "cost": 1e309}"#,
@@ -256,12 +255,12 @@ fn every_bad_input_is_a_clear_4xx() {
         ),
         (
             r#"{"policy": "discord-roles", "key": "a", "key": "b"}"#,
-            "body",
+            "key",
             "`key`",
         ),
         (
             r#"{"policy": "discord-roles", "policy": "discord-roles", "key": "k"}"#,
-            "body",
+            "policy",
             "`policy`",
         ),
     ] {

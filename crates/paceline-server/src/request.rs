@@ -7,7 +7,7 @@
 
 use std::borrow::Cow;
 
-use serde::de::IgnoredAny;
+use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Number;
@@ -120,9 +120,41 @@ fn explain(json: &str) -> BodyError {
             field,
             message: inner.to_string(),
         },
-        // A field given twice: serde's message names it.
-        None => BodyError::body(format!("{inner}; send each field once")),
+        // A field given twice: the derive reports it on the object, so the field is found
+        // by reading the keys; serde's message names it too.
+        None => match first_repeated_key(json) {
+            Some(key) => BodyError {
+                field: key,
+                message: format!("{inner}: it appears more than once; send each field once"),
+            },
+            None => BodyError::body(inner.to_string()),
+        },
     }
+}
+
+/// The first key a JSON object gives twice, if any (read only for a body that failed).
+fn first_repeated_key(json: &str) -> Option<String> {
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<String>, A::Error> {
+            let (mut seen, mut repeated) = (std::collections::HashSet::new(), None);
+            while let Some(key) = map.next_key::<String>()? {
+                map.next_value::<IgnoredAny>()?;
+                // The map is read to its end either way, as the reader checks.
+                if repeated.is_none() && !seen.insert(key.clone()) {
+                    repeated = Some(key);
+                }
+            }
+            Ok(repeated)
+        }
+    }
+    serde::Deserializer::deserialize_map(&mut serde_json::Deserializer::from_str(json), Keys)
+        .ok()
+        .flatten()
 }
 
 /// Reads a batch: an array of requests, each read on its own so that one bad request is
@@ -210,9 +242,10 @@ mod tests {
         for (json, name) in [
             (r#"{"key": "a", "policy": "p", "key": "b"}"#, "`key`"),
             (r#"{"cost": 1, "cost": 1}"#, "`cost`"),
+            (r#"{"policy": "p", "policy": "p", "key": "k"}"#, "`policy`"),
         ] {
             let e = refused(json);
-            assert_eq!(e.field, "body", "{json}");
+            assert_eq!(format!("`{}`", e.field), name, "{json}");
             assert!(
                 e.message.contains(name) && e.message.contains("once"),
                 "{json}: {}",
