@@ -122,13 +122,8 @@ fn millis(map: &Map<String, Value>, field: &str) -> Result<Option<Duration>, Fie
 /// A queue error as a script error, naming the field.
 fn queue_err(e: QueueError) -> FieldError {
     match e {
-        QueueError::Input(e) => {
-            let field = match e.field() {
-                "delay" => "delay_ms",
-                other => other,
-            };
-            field_err(field, e.message())
-        }
+        // The core names the fields the script has (the delay is checked as `delay_ms` before).
+        QueueError::Input(e) => field_err(e.field(), e.message()),
         other => field_err("id", other.to_string()),
     }
 }
@@ -235,6 +230,9 @@ impl Sim<'_> {
             job = job.id(id);
         }
         if let Some(delay) = millis(map, "delay_ms")? {
+            if delay > paceline_queue::job::MAX_DELAY {
+                return Err(field_err("delay_ms", "must be at most 365 days"));
+            }
             job = job.delay(delay);
         }
         if let Some(attempts) = count(map, "max_attempts", u64::from(u32::MAX))? {

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{http, post, start, write, Reply, Service};
+use common::{exits_cleanly, http, post, signal, start, write, Reply, Service};
 
 const CONFIG: &str = r#"
 [queues.roles]
@@ -344,15 +344,9 @@ fn a_waiting_lease_answers_with_nothing_when_the_service_shuts_down() {
         );
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    let pid = s.child.id().to_string();
-    let sent = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .expect("kill runs");
-    assert!(sent.success());
+    signal(&s, "TERM");
     let r = waiting.join().expect("the waiting lease");
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["jobs"], serde_json::json!([]));
-    let exit = s.child.wait().expect("the service exits");
-    assert!(exit.success(), "{exit:?}");
+    exits_cleanly(&mut s);
 }

@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{free_port, http, parse, post, start, write, Service};
+use common::{exits_cleanly, free_port, http, parse, post, signal, start, write};
 
 const CONFIG: &str = r#"
 allow_inline_policies = false
@@ -17,16 +17,6 @@ algorithm = "fixed_window"
 limit = 2
 window = "10s"
 "#;
-
-/// Sends `SIGNAL` (`TERM`, `HUP`) to the service.
-fn signal(service: &Service, name: &str) {
-    let pid = service.child.id().to_string();
-    let sent = Command::new("kill")
-        .args([&format!("-{name}"), &pid])
-        .status()
-        .expect("kill runs");
-    assert!(sent.success(), "kill -{name} {pid}");
-}
 
 #[test]
 fn decisions_headers_batch_reset_policies_and_health() {
@@ -761,18 +751,7 @@ fn sigterm_gives_up_on_an_unfinished_request_after_the_shutdown_timeout() {
     assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);
     signal(&s, "TERM");
     // The service exits by itself (the test would hang here before the deadline existed).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = s.child.try_wait().expect("wait") {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the service did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    exits_cleanly(&mut s);
     until_closed(&mut stuck);
 }
 
@@ -809,16 +788,5 @@ fn sigterm_closes_kept_alive_connections_cleanly_after_answering_them() {
         other => panic!("the kept-alive connection was not closed cleanly: {other:?}"),
     }
     // ... and the service exits by itself.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = s.child.try_wait().expect("wait") {
-            assert!(status.success(), "{status}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the service did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    exits_cleanly(&mut s);
 }

@@ -465,9 +465,26 @@ fn validate<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<Ask<'a>, ApiError
     })
 }
 
+/// A path's parts; a path that does not decode (percent-encoded bytes that are not UTF-8)
+/// is answered like any bad input, as JSON, saying what the parts (`what`) must be.
+pub(crate) fn path_parts<T>(
+    path: Result<Path<T>, PathRejection>,
+    what: &str,
+) -> Result<T, ApiError> {
+    path.map(|Path(parts)| parts).map_err(|e| {
+        ApiError::invalid(
+            "path",
+            format!(
+                "{what} must be UTF-8 text, percent-encoded in the URL: {}",
+                e.body_text()
+            ),
+        )
+    })
+}
+
 /// A number field of a request: `None` if absent or null, else what `convert` makes of it,
 /// which refuses a number by returning `None` (the error then says what is `allowed`).
-fn number_field<T>(
+pub(crate) fn number_field<T>(
     field: Option<&serde_json::Number>,
     name: &str,
     allowed: &str,
@@ -716,20 +733,9 @@ async fn reset_key(
     Authorized(live): Authorized,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
-    // A path that does not decode (percent-encoded bytes that are not UTF-8) is answered
-    // like any bad input, as JSON.
-    let Path((policy, key)) = match path {
-        Ok(path) => path,
-        Err(e) => {
-            return ApiError::invalid(
-                "path",
-                format!(
-                    "the policy and key must be UTF-8 text, percent-encoded in the URL: {}",
-                    e.body_text()
-                ),
-            )
-            .into_response()
-        }
+    let (policy, key) = match path_parts(path, "the policy and key") {
+        Ok(parts) => parts,
+        Err(e) => return e.into_response(),
     };
     if !live.policies.contains_key(&policy) {
         return ApiError::unknown_policy(&policy).into_response();

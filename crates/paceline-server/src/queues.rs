@@ -21,7 +21,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Number, Value};
 
-use crate::api::{read_body, store_failure, utf8, ApiError, AppState, Authorized};
+use crate::api::{
+    number_field, path_parts, read_body, store_failure, utf8, ApiError, AppState, Authorized,
+};
+use crate::request;
 
 /// The largest body of a queue request, a batch's included (a job's payload is at most
 /// 16 MiB).
@@ -54,14 +57,8 @@ fn ms(us: u64) -> u64 {
 /// A queue error as the API answers it.
 fn queue_error(e: QueueError) -> ApiError {
     match e {
-        QueueError::Input(e) => {
-            // The core's names, as the HTTP API spells them.
-            let field = match e.field() {
-                "delay" => "delay_ms",
-                other => other,
-            };
-            ApiError::invalid(field.to_string(), e.message().to_string())
-        }
+        // The core names the fields the API has (the delay is checked as `delay_ms` before).
+        QueueError::Input(e) => ApiError::input(&e),
         QueueError::LeaseLost { id } => ApiError::new(
             StatusCode::CONFLICT,
             "lease_lost",
@@ -94,15 +91,7 @@ fn queue_error(e: QueueError) -> ApiError {
 
 /// The path's parts, or the JSON error for a path that does not decode.
 fn path<T>(path: Result<Path<T>, PathRejection>) -> Result<T, ApiError> {
-    path.map(|Path(p)| p).map_err(|e| {
-        ApiError::invalid(
-            "path",
-            format!(
-                "the queue and job id must be UTF-8 text, percent-encoded in the URL: {}",
-                e.body_text()
-            ),
-        )
-    })
+    path_parts(path, "the queue and job id")
 }
 
 /// The queue called `name`.
@@ -122,50 +111,24 @@ fn queue(state: &AppState, name: &str) -> Result<Queue, ApiError> {
     })
 }
 
-/// Reads a JSON object into `T`, naming the field at fault.
-fn object<T: DeserializeOwned>(json: &str) -> Result<T, ApiError> {
-    if !json.trim_start().starts_with('{') {
-        return Err(match serde_json::from_str::<Value>(json) {
-            Ok(_) => ApiError::invalid("body", "must be a JSON object"),
-            Err(e) => ApiError::invalid("body", format!("not valid JSON: {e}")),
-        });
-    }
-    let mut reader = serde_json::Deserializer::from_str(json);
-    let value = serde_path_to_error::deserialize(&mut reader).map_err(|e| {
-        let field = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            ApiError::invalid("body", format!("not valid JSON: {inner}"))
-        } else if field == "." {
-            ApiError::invalid("body", inner.to_string())
-        } else {
-            ApiError::invalid(field, inner.to_string())
-        }
-    })?;
-    reader
-        .end()
-        .map_err(|e| ApiError::invalid("body", format!("not valid JSON: {e}")))?;
-    Ok(value)
-}
-
 /// Reads a request's body as a JSON object into `T`.
 async fn read<T: DeserializeOwned>(state: &AppState, body: Body) -> Result<T, ApiError> {
     let bytes = read_body(state, body, MAX_QUEUE_BODY).await?;
-    object(utf8(&bytes)?)
+    Ok(request::object(utf8(&bytes)?, "a JSON object", &[])?)
 }
 
 /// A number of milliseconds from 0 to `max_ms`, named `field`.
 fn millis(field: &str, n: Option<&Number>, max_ms: f64) -> Result<Option<Duration>, ApiError> {
-    let Some(n) = n else {
-        return Ok(None);
-    };
-    match n.as_f64().filter(|ms| (0.0..=max_ms).contains(ms)) {
-        Some(ms) => Ok(Some(Duration::from_secs_f64(ms / 1000.0))),
-        None => Err(ApiError::invalid(
-            field,
-            format!("{n} is not allowed; use milliseconds from 0 to {max_ms}"),
-        )),
-    }
+    number_field(
+        n,
+        field,
+        &format!("use milliseconds from 0 to {max_ms}"),
+        |n| {
+            n.as_f64()
+                .filter(|ms| (0.0..=max_ms).contains(ms))
+                .map(|ms| Duration::from_secs_f64(ms / 1000.0))
+        },
+    )
 }
 
 /// A lease token: the string a lease answered.
@@ -198,7 +161,13 @@ struct EnqueueBody {
 }
 
 /// 365 days, in milliseconds.
-const MAX_DELAY_MS: f64 = 365.0 * 86_400_000.0;
+const MAX_DELAY_MS: f64 = paceline_queue::job::MAX_DELAY.as_secs() as f64 * 1000.0;
+/// The longest lease, in milliseconds.
+const MAX_LEASE_MS: f64 = paceline_queue::config::MAX_LEASE.as_secs() as f64 * 1000.0;
+/// The longest group pause, in milliseconds.
+const MAX_PAUSE_MS: f64 = paceline_queue::core::MAX_PAUSE.as_secs() as f64 * 1000.0;
+/// The longest a lease call may wait, in milliseconds.
+const MAX_WAIT_MS: f64 = paceline_queue::queue::MAX_LEASE_WAIT.as_secs() as f64 * 1000.0;
 
 impl EnqueueBody {
     fn into_job(self) -> Result<NewJob, ApiError> {
@@ -272,15 +241,10 @@ async fn enqueue_batch(
     let queue = queue(&state, &path(name)?)?;
     let bytes = read_body(&state, body, MAX_QUEUE_BODY).await?;
     let json = utf8(&bytes)?;
-    let items: Vec<Box<RawValue>> = if json.trim_start().starts_with('[') {
-        serde_json::from_str(json)
-            .map_err(|e| ApiError::invalid("body", format!("not valid JSON: {e}")))?
-    } else {
-        return Err(ApiError::invalid(
-            "body",
-            "must be a JSON array of jobs: [{\"group\", \"payload\"}, ...]",
-        ));
-    };
+    let items = request::array(
+        json,
+        "a JSON array of jobs: [{\"group\", \"payload\"}, ...]",
+    )?;
     if items.len() > MAX_ENQUEUE_BATCH {
         return Err(ApiError::invalid(
             "body",
@@ -293,7 +257,11 @@ async fn enqueue_batch(
     // Each job is read on its own: a bad one is its own error, and is not enqueued.
     let read: Vec<Result<NewJob, ApiError>> = items
         .iter()
-        .map(|raw| object::<EnqueueBody>(raw.get()).and_then(EnqueueBody::into_job))
+        .map(|raw| {
+            request::object::<EnqueueBody>(raw.get(), "a JSON object", &[])
+                .map_err(ApiError::from)
+                .and_then(EnqueueBody::into_job)
+        })
         .collect();
     let valid: Vec<NewJob> = read
         .iter()
@@ -372,8 +340,8 @@ async fn lease(
         None => 1,
         Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
     };
-    let lease = millis("lease_ms", body.lease_ms.as_ref(), 86_400_000.0)?;
-    let wait = millis("wait_ms", body.wait_ms.as_ref(), 300_000.0)?.unwrap_or(Duration::ZERO);
+    let lease = millis("lease_ms", body.lease_ms.as_ref(), MAX_LEASE_MS)?;
+    let wait = millis("wait_ms", body.wait_ms.as_ref(), MAX_WAIT_MS)?.unwrap_or(Duration::ZERO);
     // A lease waiting for a job ends, with what it has, when the service shuts down.
     let mut stopping = state.stopping.subscribe();
     let _waiting = (!wait.is_zero()).then(|| state.metrics.worker_waiting(&name));
@@ -440,7 +408,7 @@ async fn fail(
     let (queue, id, body): (Queue, String, FailBody) = about_job(&state, ids, body).await?;
     let lease = token(body.lease.as_deref())?;
     let retry_after = millis("retry_after_ms", body.retry_after_ms.as_ref(), MAX_DELAY_MS)?;
-    let pause = millis("pause_group_ms", body.pause_group_ms.as_ref(), 86_400_000.0)?;
+    let pause = millis("pause_group_ms", body.pause_group_ms.as_ref(), MAX_PAUSE_MS)?;
     let failure = Failure::from_parts(body.error, body.fatal.unwrap_or(false), retry_after, pause)
         .map_err(|e| ApiError::input(&e))?;
     queue.fail(&id, lease, failure).await.map_err(queue_error)?;
@@ -463,7 +431,7 @@ async fn extend(
     let (queue, id, body): (Queue, String, ExtendBody) = about_job(&state, ids, body).await?;
     let lease = token(body.lease.as_deref())?;
     let length =
-        millis("lease_ms", body.lease_ms.as_ref(), 86_400_000.0)?.unwrap_or(queue.config().lease);
+        millis("lease_ms", body.lease_ms.as_ref(), MAX_LEASE_MS)?.unwrap_or(queue.config().lease);
     let expires = queue
         .extend(&id, lease, length)
         .await

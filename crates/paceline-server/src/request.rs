@@ -84,38 +84,52 @@ fn kind(json: &str) -> &'static str {
 /// Only an object is a request: serde's derive would also take an array of the fields'
 /// values in order, which no client means.
 pub(crate) fn ask(json: &str) -> Result<RawAsk<'_>, BodyError> {
-    if !json.trim_start().starts_with('{') {
-        return Err(match serde_json::from_str::<IgnoredAny>(json) {
-            Ok(_) => BodyError::body(format!(
-                "must be a JSON object with `policy` and `key`, not {}",
-                kind(json)
-            )),
-            Err(e) => BodyError::body(format!("not valid JSON: {e}")),
-        });
-    }
-    serde_json::from_str(json).map_err(|_| explain(json))
+    object(json, "a JSON object with `policy` and `key`", ALLOWED)
 }
 
-/// Says where a request object that failed to read went wrong.
+/// Reads a JSON object into `T` (a derived struct), or says what is wrong: a body that is
+/// no object (`must be WHAT, not an array`), malformed JSON, or the field at fault, with
+/// what `allowed` says the field takes.
+pub(crate) fn object<'a, T: Deserialize<'a>>(
+    json: &'a str,
+    what: &str,
+    allowed: &[(&str, &str)],
+) -> Result<T, BodyError> {
+    if !json.trim_start().starts_with('{') {
+        return Err(not_a(json, what));
+    }
+    serde_json::from_str(json).map_err(|_| explain::<T>(json, allowed))
+}
+
+/// The error of a body that is not the JSON type expected (`what`), or not JSON at all.
+fn not_a(json: &str, what: &str) -> BodyError {
+    match serde_json::from_str::<IgnoredAny>(json) {
+        Ok(_) => BodyError::body(format!("must be {what}, not {}", kind(json))),
+        Err(e) => BodyError::body(format!("not valid JSON: {e}")),
+    }
+}
+
+/// Says where an object that failed to read into `T` went wrong.
 #[cold]
-fn explain(json: &str) -> BodyError {
+fn explain<'a, T: Deserialize<'a>>(json: &'a str, allowed: &[(&str, &str)]) -> BodyError {
     // Malformed JSON is the body's error wherever it shows; JSON that reads but not into a
     // request (a wrong type, a number no double holds) is the field's.
     if let Err(syntax) = serde_json::from_str::<IgnoredAny>(json) {
         return BodyError::body(format!("not valid JSON: {syntax}"));
     }
     let mut reader = serde_json::Deserializer::from_str(json);
-    let Err(e) = serde_path_to_error::deserialize::<_, RawAsk>(&mut reader) else {
+    let Err(e) = serde_path_to_error::deserialize::<_, T>(&mut reader) else {
         return BodyError::body("could not be read as a request".into());
     };
     let field = e.path().to_string();
     let inner = e.into_inner();
-    match ALLOWED.iter().find(|(name, _)| *name == field) {
+    match allowed.iter().find(|(name, _)| *name == field) {
         Some((name, allowed)) => BodyError {
             field: (*name).to_string(),
             message: format!("{inner}; use {allowed}"),
         },
-        // An unknown field: the path is its name, and serde's message lists the fields.
+        // An unknown field (the path is its name, and serde's message lists the fields), or
+        // a value of the wrong type in a field `allowed` does not describe.
         None if field != "." => BodyError {
             field,
             message: inner.to_string(),
@@ -160,18 +174,19 @@ fn first_repeated_key(json: &str) -> Option<String> {
 /// Reads a batch: an array of requests, each read on its own so that one bad request is
 /// that request's error, not the batch's.
 pub(crate) fn batch(json: &str) -> Result<Vec<Result<RawAsk<'_>, BodyError>>, BodyError> {
+    Ok(array(json, "a JSON array of requests")?
+        .into_iter()
+        .map(|item| ask(item.get()))
+        .collect())
+}
+
+/// The items of a JSON array, each as written, to be read on its own; or the error of a
+/// body that is no array (`must be WHAT, not an object`) or not JSON.
+pub(crate) fn array<'a>(json: &'a str, what: &str) -> Result<Vec<&'a RawValue>, BodyError> {
     if !json.trim_start().starts_with('[') {
-        return Err(match serde_json::from_str::<IgnoredAny>(json) {
-            Ok(_) => BodyError::body(format!(
-                "must be a JSON array of requests, not {}",
-                kind(json)
-            )),
-            Err(e) => BodyError::body(format!("not valid JSON: {e}")),
-        });
+        return Err(not_a(json, what));
     }
-    let items: Vec<&RawValue> =
-        serde_json::from_str(json).map_err(|e| BodyError::body(format!("not valid JSON: {e}")))?;
-    Ok(items.into_iter().map(|item| ask(item.get())).collect())
+    serde_json::from_str(json).map_err(|e| BodyError::body(format!("not valid JSON: {e}")))
 }
 
 #[cfg(test)]

@@ -136,3 +136,29 @@ pub fn write(dir: &Path, name: &str, text: &str) -> String {
     std::fs::write(&path, text).expect("write");
     path.display().to_string()
 }
+
+/// Sends `SIGNAL` (`TERM`, `HUP`) to the service.
+pub fn signal(service: &Service, name: &str) {
+    let pid = service.child.id().to_string();
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &pid])
+        .status()
+        .expect("kill runs");
+    assert!(sent.success(), "kill -{name} {pid}");
+}
+
+/// Waits (at most 20 s) for the service to exit by itself, and checks it exited with 0.
+pub fn exits_cleanly(service: &mut Service) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = service.child.try_wait().expect("wait") {
+            assert!(status.success(), "{status}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the service did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
