@@ -10,7 +10,7 @@
 -- one, which the algorithm treats as idle; for `pacer` only a live record), else nothing.
 -- A record's tag byte tells its length: 'g' 9 bytes, 'p' 33.
 --
--- Like `decide`, each entry point calls `PL.clock` first: it also sets the prelude's `math`
+-- Like `decide`, each entry point calls `PL.clock` first: it also sets the prelude's
 -- upvalues.
 
 -- One `gcra` decision with parameters `p1`, `p2` on a key holding `raw` (false: nothing).

@@ -30,20 +30,18 @@ function PL.pacer_step(interval, max_burst, configured, w, l, n, now, op, cost, 
   local factor = configured or (op == 'pace' and 0.5 or 1.0)
 
   -- Steps 1 and 2: the key as it stands at `now`, before this request.
+  -- An idle key has an empty bucket and its next free slot now (leaking it changes nothing).
   local watermark, next_shot = 0, now
   if w then
     watermark, next_shot = w, now > n and now or n
-  end
-  if next_shot <= now then
-    -- Leak only over idle time, since the *stored* last_drip/next_shot (not the clamped one).
-    local idle_since = now
-    if w then
-      idle_since = n > l and n or l
-    end
-    local idle = now - idle_since
-    watermark = watermark - (0 > idle and 0 or idle) / interval * factor
-    if watermark * interval / factor < 1 then
-      watermark = 0
+    if next_shot <= now then
+      -- Leak only over idle time, since the *stored* last_drip/next_shot (not the clamped
+      -- one).
+      local idle = now - (n > l and n or l)
+      watermark = watermark - (0 > idle and 0 or idle) / interval * factor
+      if watermark * interval / factor < 1 then
+        watermark = 0
+      end
     end
   end
   local cur_watermark, cur_next_shot = watermark, next_shot

@@ -20,12 +20,14 @@
 -- give bit-identical results: Redis's Lua numbers are IEEE doubles like Rust's f64.
 local PL = { alg = {} }
 
--- `math`'s functions as upvalues, which every function here reads faster than a global.
--- A function library's load cannot see `math`, so `PL.clock`, which every entry point calls
--- first, sets them at the first call. The hottest paths (`gcra` and `pacer`) compare
--- inline instead: `b > a and b or a` is exactly `max(a, b)` (which keeps `a` unless `b` is
--- greater), `b < a and b or a` exactly `min(a, b)`, and saves a C call.
+-- `math`'s functions, and the `struct` and `string` functions the records use, as upvalues,
+-- which every function here reads faster than a global. A function library's load cannot
+-- see the globals, so `PL.clock`, which every entry point calls first, sets them at the
+-- first call. The hottest paths (`gcra` and `pacer`) compare inline instead:
+-- `b > a and b or a` is exactly `max(a, b)` (which keeps `a` unless `b` is greater),
+-- `b < a and b or a` exactly `min(a, b)`, and saves a C call.
 local max, min, floor, ceil
+local pack_struct, unpack_struct, byte
 
 -- Rust's `util::floor_count`: a non-negative count, truncated.
 function PL.floor_count(x)
@@ -77,6 +79,7 @@ end
 function PL.clock(arg)
   if not ceil then
     max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
+    pack_struct, unpack_struct, byte = struct.pack, struct.unpack, string.byte
   end
   if arg == '' then
     local t = redis.call('TIME')
@@ -134,12 +137,12 @@ local PACER_TAG, PACER_LAYOUT = 112, '<Bdddd'
 
 -- A `gcra` record.
 function PL.pack_tat(tat)
-  return struct.pack(GCRA_LAYOUT, GCRA_TAG, tat)
+  return pack_struct(GCRA_LAYOUT, GCRA_TAG, tat)
 end
 
 -- A `pacer` record.
 function PL.pack_pacer(exp, watermark, last_drip, next_shot)
-  return struct.pack(PACER_LAYOUT, PACER_TAG, exp, watermark, last_drip, next_shot)
+  return pack_struct(PACER_LAYOUT, PACER_TAG, exp, watermark, last_drip, next_shot)
 end
 
 function PL.pack(alg, exp, state)
@@ -153,8 +156,8 @@ end
 
 -- The TAT of a `gcra` record, or nil for another algorithm's.
 function PL.gcra_tat(raw)
-  if string.byte(raw) == GCRA_TAG and #raw == 9 then
-    local _, tat = struct.unpack(GCRA_LAYOUT, raw)
+  if byte(raw) == GCRA_TAG and #raw == 9 then
+    local _, tat = unpack_struct(GCRA_LAYOUT, raw)
     return tat
   end
   return nil
@@ -163,8 +166,8 @@ end
 -- The expiry, watermark, last_drip and next_shot of a `pacer` record, or nothing for
 -- another algorithm's.
 function PL.pacer_record(raw)
-  if string.byte(raw) == PACER_TAG and #raw == 33 then
-    local _, exp, watermark, last_drip, next_shot = struct.unpack(PACER_LAYOUT, raw)
+  if byte(raw) == PACER_TAG and #raw == 33 then
+    local _, exp, watermark, last_drip, next_shot = unpack_struct(PACER_LAYOUT, raw)
     return exp, watermark, last_drip, next_shot
   end
   return nil
@@ -192,8 +195,16 @@ end
 -- idle exactly when its TAT has passed; `now` is a whole number of µs). Unchanged, the key's
 -- own live record is rewritten only to live longer.
 function PL.next_expiry(now, reset_after, old_exp, idle_at, changed)
-  if not changed and not old_exp then
-    return nil
+  if not old_exp then
+    -- A new state on an idle key (the common case first), or nothing to write.
+    if not changed then
+      return nil
+    end
+    local exp = now + ceil(round_nanos(reset_after) / 1000)
+    if idle_at then
+      exp = max(exp, ceil(idle_at))
+    end
+    return exp
   end
   local exp = PL.expiry(now, reset_after)
   if old_exp and old_exp > exp then
