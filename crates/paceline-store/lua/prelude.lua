@@ -258,6 +258,32 @@ function PL.save(key, alg, state, old_exp, new_state, reset_after, idle_at, now,
   return PL.put(key, PL.pack(alg, exp, new_state or state), exp, now, slack)
 end
 
+-- A policy from `args` at index `a`: its algorithm, the number of parameters n, then the n
+-- parameters, as the Rust store sends them. Returns { alg, f, p } (`f`: the algorithm's
+-- function, `p`: the parameters as numbers) and the index after the policy; or nil and an
+-- error message.
+function PL.read_policy(args, a)
+  local alg = args[a]
+  local f = PL.alg[alg]
+  if not f then
+    return nil, 'paceline: unknown algorithm ' .. tostring(alg)
+  end
+  local n = PL.num(args[a + 1])
+  if not n then
+    return nil, 'paceline: ' .. alg .. ' with ' .. tostring(args[a + 1]) .. ' parameters'
+  end
+  local p = {}
+  for j = 1, n do
+    local text = args[a + 1 + j]
+    p[j] = PL.num(text)
+    -- '' leaves an optional parameter unset.
+    if not p[j] and text ~= '' then
+      return nil, 'paceline: ' .. alg .. ' parameter ' .. j .. ' is ' .. tostring(text)
+    end
+  end
+  return { alg = alg, f = f, p = p }, a + 2 + n
+end
+
 -- The requests of a batch call (`decide` and the lean batch take the same arguments):
 --
 -- KEYS[i]   the i-th decision's Redis key; or only the first decision's key, when the
@@ -287,26 +313,12 @@ function PL.read_batch(KEYS, ARGV)
   local m = PL.num(ARGV[a])
   a = a + 1
   for i = 1, m do
-    local alg = ARGV[a]
-    local f = PL.alg[alg]
-    if not f then
-      return nil, 'paceline: unknown algorithm ' .. tostring(alg)
+    local policy, after = PL.read_policy(ARGV, a)
+    if not policy then
+      return nil, after
     end
-    local n = PL.num(ARGV[a + 1])
-    if not n then
-      return nil, 'paceline: ' .. alg .. ' with ' .. tostring(ARGV[a + 1]) .. ' parameters'
-    end
-    local p = {}
-    for j = 1, n do
-      local text = ARGV[a + 1 + j]
-      p[j] = PL.num(text)
-      -- '' leaves an optional parameter unset.
-      if not p[j] and text ~= '' then
-        return nil, 'paceline: ' .. alg .. ' parameter ' .. j .. ' is ' .. tostring(text)
-      end
-    end
-    policies[i] = { alg = alg, f = f, p = p }
-    a = a + 2 + n
+    policies[i] = policy
+    a = after
   end
   local runs, total = {}, 0
   for r = 1, PL.num(ARGV[a]) do
