@@ -173,7 +173,7 @@ struct Projection {
 }
 
 /// A Duration in whole microseconds, rounded up, at least 1.
-fn micros_up(d: Duration) -> u64 {
+pub(crate) fn micros_up(d: Duration) -> u64 {
     let us = round_to_micros(d);
     if Duration::from_micros(us) < d {
         us + 1
@@ -182,7 +182,8 @@ fn micros_up(d: Duration) -> u64 {
     }
 }
 
-fn cut(error: Option<String>) -> Option<String> {
+/// The error kept on a job: at most [`MAX_ERROR`] bytes, cut at a character boundary.
+pub(crate) fn cut(error: Option<String>) -> Option<String> {
     error.map(|mut e| {
         if e.len() > MAX_ERROR {
             let mut end = MAX_ERROR;
@@ -272,13 +273,7 @@ impl QueueCore {
             }
         }
         if self.jobs.len() >= self.config.max_jobs {
-            return Err(QueueError::Store(StoreError::new(
-                StoreErrorKind::Capacity,
-                format!(
-                    "the queue holds its maximum of {} jobs (max_jobs); let workers catch up, purge dead jobs or raise max_jobs",
-                    self.config.max_jobs
-                ),
-            )));
+            return Err(queue_full(self.config.max_jobs));
         }
         let id = match job.id {
             Some(id) => id,
@@ -541,17 +536,9 @@ impl QueueCore {
         max_jobs: usize,
         lease: Option<Duration>,
     ) -> Result<Vec<Leased>, QueueError> {
-        check_worker(worker)?;
-        if max_jobs == 0 || max_jobs > MAX_LEASE_JOBS {
-            return Err(
-                InputError::new("max_jobs", format!("must be from 1 to {MAX_LEASE_JOBS}")).into(),
-            );
-        }
-        let lease = lease.unwrap_or(self.config.lease);
-        check_lease_length(lease)?;
+        let lease_us = check_lease_request(&self.config, worker, max_jobs, lease)?;
         let now = self.tick(now)?;
         self.maintain(now);
-        let lease_us = round_to_micros(lease);
         let mut out = Vec::new();
         while out.len() < max_jobs {
             let Some(first) = self.ready.first().cloned() else {
@@ -688,16 +675,7 @@ impl QueueCore {
         failure: Failure,
         jitter: f64,
     ) -> Result<FailOutcome, QueueError> {
-        if let Failure::PauseGroup { pause, .. } = &failure {
-            if pause.is_zero() || *pause > MAX_PAUSE {
-                return Err(InputError::new("pause_group_ms", "must be from 1µs to 1d").into());
-            }
-        }
-        if let Failure::Retry { after: Some(d), .. } = &failure {
-            if *d > crate::job::MAX_DELAY {
-                return Err(InputError::new("retry_after_ms", "must be at most 365 days").into());
-            }
-        }
+        check_failure(&failure)?;
         let now = self.tick(now)?;
         self.maintain(now);
         self.held(now, id, lease)?;
@@ -831,13 +809,7 @@ impl QueueCore {
             .get(id)
             .ok_or_else(|| QueueError::UnknownJob { id: id.to_string() })?;
         match job.place {
-            Place::Active { .. } => {
-                return Err(QueueError::Conflict {
-                    id: id.to_string(),
-                    state: "active",
-                    message: "a worker holds it; it can be cancelled once it is back in the queue",
-                })
-            }
+            Place::Active { .. } => return Err(active_conflict(id)),
             Place::Scheduled { at, order, .. } => {
                 self.scheduled.remove(&(at, order, id.to_string()));
             }
@@ -1108,6 +1080,59 @@ fn project_one(policy: &Policy, p: &mut Projection, now: u64) -> u64 {
     p.last = t;
     p.covers += 1;
     t
+}
+
+/// The answer to an enqueue into a full queue.
+pub(crate) fn queue_full(max_jobs: usize) -> QueueError {
+    QueueError::Store(StoreError::new(
+        StoreErrorKind::Capacity,
+        format!(
+            "the queue holds its maximum of {max_jobs} jobs (max_jobs); let workers catch up, purge dead jobs or raise max_jobs"
+        ),
+    ))
+}
+
+/// The answer to cancelling a job a worker holds.
+pub(crate) fn active_conflict(id: &str) -> QueueError {
+    QueueError::Conflict {
+        id: id.to_string(),
+        state: "active",
+        message: "a worker holds it; it can be cancelled once it is back in the queue",
+    }
+}
+
+/// Checks a lease call's arguments; answers the lease's length in µs (the queue's when
+/// `lease` is `None`).
+pub(crate) fn check_lease_request(
+    config: &QueueConfig,
+    worker: &str,
+    max_jobs: usize,
+    lease: Option<Duration>,
+) -> Result<u64, QueueError> {
+    check_worker(worker)?;
+    if max_jobs == 0 || max_jobs > MAX_LEASE_JOBS {
+        return Err(
+            InputError::new("max_jobs", format!("must be from 1 to {MAX_LEASE_JOBS}")).into(),
+        );
+    }
+    let lease = lease.unwrap_or(config.lease);
+    check_lease_length(lease)?;
+    Ok(round_to_micros(lease))
+}
+
+/// Checks a failure's pause and retry delay.
+pub(crate) fn check_failure(failure: &Failure) -> Result<(), QueueError> {
+    if let Failure::PauseGroup { pause, .. } = failure {
+        if pause.is_zero() || *pause > MAX_PAUSE {
+            return Err(InputError::new("pause_group_ms", "must be from 1µs to 1d").into());
+        }
+    }
+    if let Failure::Retry { after: Some(d), .. } = failure {
+        if *d > crate::job::MAX_DELAY {
+            return Err(InputError::new("retry_after_ms", "must be at most 365 days").into());
+        }
+    }
+    Ok(())
 }
 
 /// Worker names: 1 to [`MAX_WORKER`] bytes, no control characters.

@@ -154,6 +154,18 @@ impl JobState {
             JobState::Dead => "dead",
         }
     }
+
+    /// The state named `name` (as [`name`](Self::name) gives it).
+    pub(crate) fn from_name(name: &str) -> Option<JobState> {
+        [
+            JobState::Scheduled,
+            JobState::Waiting,
+            JobState::Active,
+            JobState::Dead,
+        ]
+        .into_iter()
+        .find(|s| s.name() == name)
+    }
 }
 
 /// What enqueueing answered.

@@ -12,7 +12,8 @@
 //!   runs (its docs hold the model and an example).
 //! - [`NewJob`], [`Leased`], [`Failure`]: what producers send, workers get and report.
 //! - [`Queue`]: the handle producers and workers hold, over a [`QueueBackend`]
-//!   ([`MemoryQueue`] in this process); its `lease` waits for work without polling.
+//!   ([`MemoryQueue`] in this process; `RedisQueue` in Redis or Redis Cluster, feature
+//!   `redis`); its `lease` waits for work without polling.
 //! - [`Worker`]: runs a handler over the jobs, `concurrency` at a time, with heartbeats
 //!   and a graceful shutdown.
 //!
@@ -29,6 +30,8 @@ pub mod error;
 pub mod job;
 pub mod memory;
 pub mod queue;
+#[cfg(feature = "redis")]
+pub mod redis;
 pub mod worker;
 
 pub use crate::config::QueueConfig;
@@ -39,4 +42,6 @@ pub use crate::job::{
 };
 pub use crate::memory::MemoryQueue;
 pub use crate::queue::{Queue, QueueBackend, QueueFuture};
+#[cfg(feature = "redis")]
+pub use crate::redis::RedisQueue;
 pub use crate::worker::{Report, Worker};

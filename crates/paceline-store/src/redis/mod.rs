@@ -25,6 +25,8 @@
 
 mod args;
 mod batch;
+#[doc(hidden)]
+pub mod extension;
 mod resilience;
 mod routing;
 mod script;

@@ -68,9 +68,16 @@ impl Library {
     }
 }
 
+/// The shared helpers and the algorithm twins, without an entry point: what every library
+/// holds before its functions.
+pub(crate) static ALGORITHMS: LazyLock<String> = LazyLock::new(|| {
+    let (_, library) = SOURCES.split_last().unwrap_or((&"", &[]));
+    library.join("\n")
+});
+
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
-    let (entry, library) = SOURCES.split_last().unwrap_or((&"", &[]));
-    let library = library.join("\n");
+    let entry = SOURCES.last().copied().unwrap_or("");
+    let library = ALGORITHMS.as_str();
     let body = format!("{library}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n{LEAN}\n");
     // Each function: its name's stem, its callback in `body`, its flags.
     let functions = [

@@ -89,6 +89,8 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     /// The auto-batching linger (zero when off).
     linger: Duration,
+    /// See [`RedisStore::subscriber`].
+    subscriber: redis::Client,
 }
 
 /// Configures and connects a [`RedisStore`].
@@ -160,8 +162,20 @@ impl RedisStore {
             .map(|_| ())
     }
 
-    fn transport(&self) -> &Transport {
+    pub(super) fn transport(&self) -> &Transport {
         self.inner.router.transport()
+    }
+
+    /// A client for connections of their own (subscriptions), to the server or to the
+    /// cluster's first node.
+    pub(super) fn subscriber(&self) -> &redis::Client {
+        &self.inner.subscriber
+    }
+
+    /// What every Redis key of this store starts with, e.g. `paceline:v2:`.
+    #[doc(hidden)]
+    pub fn key_prefix(&self) -> &str {
+        self.transport().key_prefix()
     }
 
     /// The Redis key holding `key`'s state.
@@ -450,6 +464,9 @@ impl RedisStoreBuilder {
             )
             .into());
         }
+        let subscriber = target
+            .client(self.root_certificate.as_deref())
+            .map_err(|e| super::transport::store_error(e, "a client"))?;
         let connection = Connection::open(
             &target,
             self.root_certificate.as_deref(),
@@ -495,6 +512,7 @@ impl RedisStoreBuilder {
                 resilience,
                 clock: self.clock,
                 linger,
+                subscriber,
             }),
         };
         Ok(store)

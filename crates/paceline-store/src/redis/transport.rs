@@ -72,6 +72,26 @@ impl Target {
         }
     }
 
+    /// A client for one connection of its own: to the server, or to a cluster's first node.
+    pub(crate) fn client(&self, root_certificate: Option<&[u8]>) -> RedisResult<redis::Client> {
+        let url = match self {
+            Target::Single(url) => url,
+            Target::Cluster(nodes) => nodes.first().ok_or_else(|| {
+                RedisError::from((ErrorKind::Client, "a cluster URL names no node"))
+            })?,
+        };
+        match root_certificate {
+            Some(pem) => redis::Client::build_with_tls(
+                url.as_str(),
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.to_vec()),
+                },
+            ),
+            None => redis::Client::open(url.as_str()),
+        }
+    }
+
     pub(crate) fn uses_tls(&self) -> bool {
         match self {
             Target::Single(url) => url.starts_with("rediss://"),
@@ -126,13 +146,8 @@ impl Connection {
         };
         let opened = async {
             match target {
-                Target::Single(url) => {
-                    let client = match root_certificate {
-                        Some(pem) => {
-                            redis::Client::build_with_tls(url.as_str(), certificates(pem))?
-                        }
-                        None => redis::Client::open(url.as_str())?,
-                    };
+                Target::Single(_) => {
+                    let client = target.client(root_certificate)?;
                     let config = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(connect_timeout))
                         .set_response_timeout(Some(response_timeout))

@@ -1,0 +1,966 @@
+-- paceline's job queue in Redis: the Lua twin of `QueueCore` (`src/core.rs`), rule for rule
+-- and in the same order, so that a queue answers alike in memory and in Redis (a
+-- differential test runs both on one virtual clock). It is loaded after paceline's
+-- algorithm twins (`PL`), which decide the groups' starts.
+--
+-- Every call is one atomic step on one queue. KEYS[1] is the queue's base, `PREFIX{q:NAME}:`
+-- (never a key itself): every key of the queue is the base and a suffix, so all of them
+-- share one hash tag and one cluster slot.
+--
+--   meta         MessagePack { seq, last_id, now, jobs, totals = { ... } }
+--   config       MessagePack { fp, default, gc, ma, lease, bo, bo_max, max_jobs }
+--   policies     hash: group -> MessagePack of its own policy's arguments
+--   groups       set of the groups held
+--   g:GROUP      MessagePack of the group (see `new_group`)
+--   l:GROUP      the group's line: sorted set, job id scored by its rank
+--   j:ID         MessagePack of the job (see `enqueue_one`)
+--   ready        sorted set of the groups with a job waiting: score the time the group is
+--                eligible, member its order (20 digits) then its name
+--   scheduled    jobs waiting for a time: score the time, member the order then the id
+--   leases       score the expiry, member the token (20 digits) then the id
+--   dead         score the order of death, member the id
+--   retiring     groups with nothing waiting or active: score when they may be dropped
+--   changed      the channel a call publishes on when a job may start sooner
+--
+-- Times are µs since the Unix epoch and every number is a whole number below 2^53, kept
+-- exact: numbers go to Redis as text made by `int`, never by Lua's own formatting (14
+-- digits).
+--
+-- ARGV[1] is the operation, ARGV[2] the clock as `PL.clock` reads it; the rest is the
+-- operation's (see each entry below).
+
+local MAINTENANCE_BATCH = 1000
+local MAX_PROJECTION_STEPS = 64
+
+local function int(x)
+  return string.format('%.0f', x)
+end
+
+local function padded(n)
+  return string.format('%020.0f', n)
+end
+
+-- The call's state: the base key, the time, the queue's meta and config, and the objects
+-- read so far (false: known absent), written back by `flush`.
+local base, now, meta, config
+local groups, jobs, deleted_jobs, dropped_groups, policy_cache
+
+local function copy(t)
+  if t == nil then
+    return nil
+  end
+  return cmsgpack.unpack(cmsgpack.pack(t))
+end
+
+local function begin(KEYS, clock_arg)
+  base = KEYS[1]
+  local t = PL.clock(clock_arg)
+  groups, jobs, deleted_jobs, dropped_groups, policy_cache = {}, {}, {}, {}, {}
+  local raw = redis.call('GET', base .. 'meta')
+  if raw then
+    meta = cmsgpack.unpack(raw)
+  else
+    meta = {
+      seq = 0, last_id = 0, now = 0, jobs = 0,
+      totals = { enqueued = 0, started = 0, acked = 0, failed = 0, retried = 0, dead = 0,
+        lease_expiries = 0, pauses = 0 },
+    }
+  end
+  raw = redis.call('GET', base .. 'config')
+  config = raw and cmsgpack.unpack(raw)
+  return t
+end
+
+-- Time never goes back inside the queue.
+local function tick(t)
+  if t > meta.now then
+    meta.now = t
+  end
+  now = meta.now
+  return now
+end
+
+local function next_seq()
+  meta.seq = meta.seq + 1
+  return meta.seq
+end
+
+local function flush()
+  redis.call('SET', base .. 'meta', cmsgpack.pack(meta))
+  for name, g in pairs(groups) do
+    if g then
+      redis.call('SET', base .. 'g:' .. name, cmsgpack.pack(g))
+    elseif dropped_groups[name] then
+      redis.call('DEL', base .. 'g:' .. name, base .. 'l:' .. name)
+      redis.call('SREM', base .. 'groups', name)
+    end
+  end
+  for id, job in pairs(jobs) do
+    if job then
+      redis.call('SET', base .. 'j:' .. id, cmsgpack.pack(job))
+    elseif deleted_jobs[id] then
+      redis.call('DEL', base .. 'j:' .. id)
+    end
+  end
+end
+
+local function load_job(id)
+  local job = jobs[id]
+  if job == nil then
+    local raw = redis.call('GET', base .. 'j:' .. id)
+    job = raw and cmsgpack.unpack(raw) or false
+    jobs[id] = job
+  end
+  return job or nil
+end
+
+local function remove_job(id)
+  jobs[id] = false
+  deleted_jobs[id] = true
+  meta.jobs = meta.jobs - 1
+end
+
+local function load_group(name)
+  local g = groups[name]
+  if g == nil then
+    local raw = redis.call('GET', base .. 'g:' .. name)
+    g = raw and cmsgpack.unpack(raw) or false
+    groups[name] = g
+  end
+  return g or nil
+end
+
+-- The group, created if the queue holds none of that name. `n` is the length of its line;
+-- `state` its policy's state; `ra`, `ro` its entry in `ready`; `rt` its entry in
+-- `retiring`; `p` its projection { s, last, covers } (see `projection`).
+local function group_entry(name)
+  local g = load_group(name)
+  if not g then
+    g = { n = 0, active = 0, idle_at = 0, next_at = 0, paused_until = 0 }
+    groups[name] = g
+    dropped_groups[name] = nil
+    redis.call('SADD', base .. 'groups', name)
+  end
+  return g
+end
+
+local function policy_of(name)
+  local policy = policy_cache[name]
+  if not policy then
+    local raw = redis.call('HGET', base .. 'policies', name)
+    policy = PL.read_policy(raw and cmsgpack.unpack(raw) or config.default, 1)
+    policy_cache[name] = policy
+  end
+  return policy
+end
+
+-- The first entry of a sorted set: its member and score, or nil.
+local function first(key)
+  local e = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if e[1] then
+    return e[1], tonumber(e[2])
+  end
+  return nil
+end
+
+-- Rust's `round_to_micros(micros_to_duration(us))`.
+local function round_micros(us)
+  return floor((round_nanos(us) + 500) / 1000)
+end
+
+-- Rust's `micros_up(micros_to_duration(us))`: whole µs rounded up, at least 1.
+local function micros_up(us)
+  local ns = round_nanos(us)
+  local whole = floor((ns + 500) / 1000)
+  if whole * 1000 < ns then
+    return whole + 1
+  end
+  return max(whole, 1)
+end
+
+-- `policy.apply(&mut state, t, Op::Limit, 1)`: allowed, delay, reset_after, the state after.
+local function apply(policy, state, t)
+  local allowed, delay, _, reset_after, new_state = policy.f(policy.p, state, t, 'limit', 1,
+    nil, nil)
+  return allowed, delay, reset_after, new_state or state
+end
+
+-- Runs the policy forward to the next start after the projection's last; returns it.
+local function project_one(policy, p, t0)
+  local t = max(p.last, t0)
+  for _ = 1, MAX_PROJECTION_STEPS do
+    local allowed, delay, _, state = apply(policy, p.s, t)
+    p.s = state
+    if allowed then
+      break
+    end
+    t = t + micros_up(delay)
+  end
+  p.last = t
+  p.covers = p.covers + 1
+  return t
+end
+
+-- The group's projection, brought to cover every waiting job (a copy).
+local function projection(name, g, t)
+  if g.p and g.p.covers == g.n then
+    return copy(g.p)
+  end
+  local p = { s = copy(g.state), last = max(t, g.next_at, g.paused_until), covers = 0 }
+  local policy = policy_of(name)
+  for _ = 1, g.n do
+    project_one(policy, p, t)
+  end
+  return p
+end
+
+local function peek_tail(name, t)
+  local g = load_group(name)
+  local p
+  if g then
+    p = projection(name, g, t)
+  else
+    p = { last = t, covers = 0 }
+  end
+  return project_one(policy_of(name), p, t)
+end
+
+-- Puts the group in or out of the ready and retiring sets as its state says.
+local function refresh(name)
+  local g = load_group(name)
+  if not g then
+    return
+  end
+  local cap = config.gc
+  local ready = g.n > 0 and (cap == 0 or g.active < cap)
+  local at = max(g.next_at, g.paused_until)
+  if g.ra then
+    -- A group stays where it is unless it leaves the set or must wait longer.
+    if not ready or g.ra < at then
+      redis.call('ZREM', base .. 'ready', padded(g.ro) .. name)
+      g.ra, g.ro = nil, nil
+    end
+  end
+  if ready and not g.ra then
+    local order = next_seq()
+    g.ra, g.ro = max(at, now), order
+    redis.call('ZADD', base .. 'ready', int(g.ra), padded(order) .. name)
+  end
+  local empty = g.n == 0 and g.active == 0
+  if g.rt and not empty then
+    redis.call('ZREM', base .. 'retiring', name)
+    g.rt = nil
+  elseif not g.rt and empty then
+    g.rt = max(g.idle_at, g.paused_until)
+    redis.call('ZADD', base .. 'retiring', int(g.rt), name)
+  end
+  if g.n == 0 then
+    g.p = nil
+  end
+end
+
+-- Puts `id` at the tail of the group's line; returns its estimated start and its rank.
+local function join_tail(name, id, t)
+  local rank = next_seq()
+  local g = group_entry(name)
+  local p = projection(name, g, t)
+  local estimate = project_one(policy_of(name), p, t)
+  g.p = p
+  redis.call('ZADD', base .. 'l:' .. name, int(rank), id)
+  g.n = g.n + 1
+  refresh(name)
+  return estimate, rank
+end
+
+-- Puts `id` back in its group's line at its rank.
+local function join_head(name, id)
+  local job = load_job(id)
+  local rank = job and job.rank or 0
+  local g = group_entry(name)
+  if g.p and g.p.covers == g.n then
+    project_one(policy_of(name), g.p, now)
+  else
+    g.p = nil
+  end
+  redis.call('ZADD', base .. 'l:' .. name, int(rank), id)
+  g.n = g.n + 1
+  refresh(name)
+end
+
+local function to_dead(id, job)
+  local order = next_seq()
+  job.place, job.dead_order = 'dead', order
+  redis.call('ZADD', base .. 'dead', int(order), id)
+end
+
+local function to_waiting(job)
+  job.place = 'waiting'
+  job.token, job.started, job.expires, job.worker = nil, nil, nil, nil
+  job.at, job.order, job.head = nil, nil, nil
+end
+
+-- A lease ran out: the job goes back to the head of its group, or dies.
+local function lease_expired(id)
+  local job = load_job(id)
+  if not job or job.place ~= 'active' then
+    return false
+  end
+  redis.call('ZREM', base .. 'leases', padded(job.token) .. id)
+  meta.totals.lease_expiries = meta.totals.lease_expiries + 1
+  local name = job.group
+  local g = load_group(name)
+  if g then
+    g.active = max(g.active - 1, 0)
+  end
+  if job.attempts >= job.max_attempts then
+    meta.totals.dead = meta.totals.dead + 1
+    job.last_error = 'the lease expired on attempt ' .. job.attempts .. ' of '
+      .. job.max_attempts
+    to_waiting(job)
+    to_dead(id, job)
+    refresh(name)
+  else
+    to_waiting(job)
+    join_head(name, id)
+  end
+  return true
+end
+
+-- Whether a maintenance at `now` left work due (more than a batch of something).
+local maintained_at
+
+-- Expired leases back to their groups, due jobs into theirs, idle groups dropped: at most
+-- MAINTENANCE_BATCH of each.
+local function maintain(t)
+  if maintained_at == t then
+    -- Nothing comes due at `t` that a finished maintenance at `t` left.
+    return
+  end
+  local finished = true
+  local done = 0
+  while true do
+    local member, expires = first(base .. 'leases')
+    if not member or expires > t then
+      break
+    end
+    if done == MAINTENANCE_BATCH then
+      finished = false
+      break
+    end
+    done = done + 1
+    if not lease_expired(member:sub(21)) then
+      redis.call('ZREM', base .. 'leases', member)
+    end
+  end
+  done = 0
+  while true do
+    local member, at = first(base .. 'scheduled')
+    if not member or at > t then
+      break
+    end
+    if done == MAINTENANCE_BATCH then
+      finished = false
+      break
+    end
+    done = done + 1
+    redis.call('ZREM', base .. 'scheduled', member)
+    local id = member:sub(21)
+    local job = load_job(id)
+    if job then
+      local head = job.place == 'scheduled' and job.head
+      to_waiting(job)
+      if head then
+        join_head(job.group, id)
+      else
+        local _, rank = join_tail(job.group, id, t)
+        job.rank = rank
+      end
+    end
+  end
+  done = 0
+  while true do
+    local name, at = first(base .. 'retiring')
+    if not name or at > t then
+      break
+    end
+    if done == MAINTENANCE_BATCH then
+      finished = false
+      break
+    end
+    done = done + 1
+    redis.call('ZREM', base .. 'retiring', name)
+    local g = load_group(name)
+    if g and g.n == 0 and g.active == 0 and g.rt == at then
+      groups[name] = false
+      dropped_groups[name] = true
+    end
+  end
+  maintained_at = finished and t or nil
+end
+
+local function publish()
+  redis.call('PUBLISH', base .. 'changed', '')
+end
+
+local function next_event()
+  local best
+  for _, set in ipairs({ 'ready', 'scheduled', 'leases' }) do
+    local _, at = first(base .. set)
+    if at and (not best or at < best) then
+      best = at
+    end
+  end
+  return best or -1
+end
+
+-- The job as `JobInfo` reads it: group, state, attempts, max_attempts, last_error ('' and
+-- a 0 flag for none), enqueued_at, not_before, started, lease_expires (-1: none), worker,
+-- payload.
+local function job_reply(id, job, out)
+  out[#out + 1] = id
+  out[#out + 1] = job.group
+  out[#out + 1] = job.place
+  out[#out + 1] = job.attempts
+  out[#out + 1] = job.max_attempts
+  out[#out + 1] = job.last_error and 1 or 0
+  out[#out + 1] = job.last_error or ''
+  out[#out + 1] = job.enqueued_at
+  out[#out + 1] = job.place == 'scheduled' and job.at or -1
+  out[#out + 1] = job.place == 'active' and job.started or -1
+  out[#out + 1] = job.place == 'active' and job.expires or -1
+  out[#out + 1] = job.place == 'active' and job.worker or ''
+  out[#out + 1] = job.payload
+end
+
+local ops = {}
+
+-- config FP DEFAULT_N DEFAULT... OVERRIDES (NAME N ARGS...)... GC MA LEASE BO BO_MAX MAX_JOBS
+-- Stores the configuration unless it is the one stored (same fingerprint); a changed one
+-- applies to every group as `QueueCore::set_config` does. Answers 1 if it changed.
+function ops.config(ARGV)
+  local fp = ARGV[3]
+  if config and config.fp == fp then
+    return { now, 0 }
+  end
+  local a = 4
+  local function list()
+    local n = tonumber(ARGV[a])
+    local out = {}
+    for i = 1, n do
+      out[i] = ARGV[a + i]
+    end
+    a = a + n + 1
+    return out
+  end
+  local default = list()
+  local overrides = tonumber(ARGV[a])
+  a = a + 1
+  redis.call('DEL', base .. 'policies')
+  for _ = 1, overrides do
+    local name = ARGV[a]
+    a = a + 1
+    redis.call('HSET', base .. 'policies', name, cmsgpack.pack(list()))
+  end
+  local previous = config
+  config = {
+    fp = fp, default = default, gc = tonumber(ARGV[a]), ma = tonumber(ARGV[a + 1]),
+    lease = tonumber(ARGV[a + 2]), bo = tonumber(ARGV[a + 3]), bo_max = tonumber(ARGV[a + 4]),
+    max_jobs = tonumber(ARGV[a + 5]),
+  }
+  redis.call('SET', base .. 'config', cmsgpack.pack(config))
+  if previous then
+    local names = redis.call('SMEMBERS', base .. 'groups')
+    for _, name in ipairs(names) do
+      local g = load_group(name)
+      if g then
+        g.p = nil
+        g.next_at = 0
+      end
+    end
+    for _, name in ipairs(names) do
+      refresh(name)
+    end
+  end
+  flush()
+  return { now, 1 }
+end
+
+-- One job of an enqueue: ARGV from `a`: id ('' to generate one), group, payload, delay
+-- (µs), max_attempts ('' for the queue's). Answers status ('created', 'exists', 'full'),
+-- id, state, estimated start.
+local function enqueue_one(ARGV, a, out)
+  maintain(now)
+  local id, name, payload = ARGV[a], ARGV[a + 1], ARGV[a + 2]
+  if id ~= '' then
+    local existing = load_job(id)
+    if existing then
+      out[#out + 1] = 'exists'
+      out[#out + 1] = id
+      out[#out + 1] = existing.place
+      out[#out + 1] = existing.estimated_start
+      return
+    end
+  end
+  if meta.jobs >= config.max_jobs then
+    out[#out + 1] = 'full'
+    out[#out + 1] = id
+    out[#out + 1] = ''
+    out[#out + 1] = config.max_jobs
+    return
+  end
+  if id == '' then
+    repeat
+      meta.last_id = meta.last_id + 1
+      id = int(meta.last_id)
+    until not load_job(id)
+  end
+  local max_attempts = ARGV[a + 4] ~= '' and tonumber(ARGV[a + 4]) or config.ma
+  local delay = tonumber(ARGV[a + 3])
+  local job = {
+    group = name, rank = 0, payload = payload, attempts = 0, max_attempts = max_attempts,
+    enqueued_at = now,
+  }
+  if delay > 0 then
+    local at = now + delay
+    local order = next_seq()
+    redis.call('ZADD', base .. 'scheduled', int(at), padded(order) .. id)
+    local line = peek_tail(name, now)
+    job.place, job.at, job.order, job.head = 'scheduled', at, order, false
+    job.estimated_start = max(at, line)
+  else
+    local estimate, rank = join_tail(name, id, now)
+    job.place, job.rank, job.estimated_start = 'waiting', rank, estimate
+  end
+  meta.totals.enqueued = meta.totals.enqueued + 1
+  meta.jobs = meta.jobs + 1
+  jobs[id] = job
+  deleted_jobs[id] = nil
+  out[#out + 1] = 'created'
+  out[#out + 1] = id
+  out[#out + 1] = job.place
+  out[#out + 1] = job.estimated_start
+end
+
+-- enqueue N (ID GROUP PAYLOAD DELAY MAX_ATTEMPTS)*N: answers now, then four values per job.
+function ops.enqueue(ARGV)
+  local out = { now }
+  local created = false
+  local count = tonumber(ARGV[3])
+  for i = 0, count - 1 do
+    enqueue_one(ARGV, 4 + i * 5, out)
+    if out[#out - 3] == 'created' then
+      created = true
+    end
+  end
+  flush()
+  if created then
+    publish()
+  end
+  return out
+end
+
+-- lease WORKER MAX_JOBS LEASE: answers now, then per job: id, group, payload, attempt,
+-- token, started, eligible, lease expiry.
+function ops.lease(ARGV)
+  local worker, max_jobs, lease = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  maintain(now)
+  local out = { now }
+  local count = 0
+  while count < max_jobs do
+    local member, at = first(base .. 'ready')
+    if not member or at > now then
+      break
+    end
+    redis.call('ZREM', base .. 'ready', member)
+    local name = member:sub(21)
+    local policy = policy_of(name)
+    local g = load_group(name)
+    if g then
+      g.ra, g.ro = nil, nil
+      local allowed, delay, reset_after, state = apply(policy, g.state, now)
+      g.state = state
+      if not allowed then
+        g.next_at = now + micros_up(delay)
+        refresh(name)
+      else
+        g.idle_at = now + round_micros(reset_after)
+        local popped = redis.call('ZPOPMIN', base .. 'l:' .. name)
+        local id = popped[1]
+        if id then
+          g.n = g.n - 1
+        end
+        local job = id and load_job(id)
+        if not job then
+          refresh(name)
+        else
+          g.active = g.active + 1
+          if g.p then
+            g.p.covers = max(g.p.covers - 1, 0)
+          end
+          local token = next_seq()
+          local expires = now + lease
+          job.attempts = job.attempts + 1
+          job.place, job.token, job.started, job.expires, job.worker =
+            'active', token, now, expires, worker
+          redis.call('ZADD', base .. 'leases', int(expires), padded(token) .. id)
+          meta.totals.started = meta.totals.started + 1
+          count = count + 1
+          local n = #out
+          out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, name, job.payload, job.attempts
+          out[n + 5], out[n + 6], out[n + 7], out[n + 8] = token, now, at, expires
+          refresh(name)
+        end
+      end
+    end
+  end
+  flush()
+  return out
+end
+
+-- Whether `id` is leased with `token` (its text) and the lease is live; an expired one is
+-- handled on the spot.
+local function held(id, token)
+  local job = load_job(id)
+  if not job or job.place ~= 'active' or int(job.token) ~= token then
+    return false
+  end
+  if job.expires <= now then
+    lease_expired(id)
+    return false
+  end
+  return true
+end
+
+-- Takes an active job out of its lease and its group's count; returns its group.
+local function release(id)
+  local job = load_job(id)
+  if not job or job.place ~= 'active' then
+    return nil
+  end
+  redis.call('ZREM', base .. 'leases', padded(job.token) .. id)
+  local g = load_group(job.group)
+  if g then
+    g.active = max(g.active - 1, 0)
+  end
+  return job.group
+end
+
+-- ack ID TOKEN: answers now, then 'ok' or 'lost'.
+function ops.ack(ARGV)
+  local id = ARGV[3]
+  maintain(now)
+  if not held(id, ARGV[4]) then
+    flush()
+    return { now, 'lost' }
+  end
+  local name = release(id)
+  if name then
+    remove_job(id)
+    meta.totals.acked = meta.totals.acked + 1
+    refresh(name)
+  end
+  flush()
+  if config.gc > 0 then
+    publish()
+  end
+  return { now, 'ok' }
+end
+
+-- The backoff before the retry of the job's latest attempt, in µs.
+local function backoff_for(job, jitter)
+  local attempts = max(job.attempts, 1)
+  local full = min(config.bo * 2 ^ min(attempts - 1, 60), config.bo_max)
+  if jitter ~= jitter then
+    jitter = 0
+  end
+  jitter = min(max(jitter, 0), 1)
+  local x = full * (0.5 + 0.5 * jitter)
+  -- Rust's `f64::round`: halves away from zero (x is positive).
+  local r = floor(x)
+  if x - r >= 0.5 then
+    r = r + 1
+  end
+  return max(r, 1)
+end
+
+-- fail ID TOKEN KIND ERROR_FLAG ERROR AFTER PAUSE JITTER: KIND 'fatal', 'retry', 'pause' or
+-- 'release'; ERROR_FLAG 1 if ERROR is given; AFTER the retry's delay in µs ('' for the
+-- backoff); PAUSE the pause in µs, rounded up. Answers now, then the outcome ('lost',
+-- 'dead', 'retrying', 'paused', 'released') and its time (0 for none).
+function ops.fail(ARGV)
+  local id, kind = ARGV[3], ARGV[5]
+  local error = ARGV[6] == '1' and ARGV[7] or nil
+  maintain(now)
+  if not held(id, ARGV[4]) then
+    flush()
+    return { now, 'lost', 0 }
+  end
+  local name = release(id)
+  if not name then
+    flush()
+    return { now, 'lost', 0 }
+  end
+  local job = load_job(id)
+  local backoff = backoff_for(job, tonumber(ARGV[10]))
+  local outcome, at = nil, 0
+  if kind == 'fatal' then
+    job.last_error = error
+    outcome = 'dead'
+  elseif kind == 'retry' then
+    job.last_error = error
+    if job.attempts >= job.max_attempts then
+      outcome = 'dead'
+    else
+      outcome = 'retrying'
+      at = now + (ARGV[8] ~= '' and tonumber(ARGV[8]) or backoff)
+    end
+  elseif kind == 'pause' then
+    job.last_error = error
+    job.attempts = max(job.attempts - 1, 0)
+    outcome = 'paused'
+    at = now + tonumber(ARGV[9])
+  else
+    job.attempts = max(job.attempts - 1, 0)
+    outcome = 'released'
+  end
+  local totals = meta.totals
+  if outcome ~= 'released' then
+    totals.failed = totals.failed + 1
+  end
+  if outcome == 'retrying' then
+    totals.retried = totals.retried + 1
+  elseif outcome == 'paused' then
+    totals.pauses = totals.pauses + 1
+  end
+  if outcome == 'dead' then
+    totals.dead = totals.dead + 1
+    to_waiting(job)
+    to_dead(id, job)
+    refresh(name)
+  elseif outcome == 'retrying' then
+    local order = next_seq()
+    to_waiting(job)
+    job.place, job.at, job.order, job.head = 'scheduled', at, order, true
+    redis.call('ZADD', base .. 'scheduled', int(at), padded(order) .. id)
+    refresh(name)
+    if at <= now then
+      maintained_at = nil
+      maintain(now)
+    end
+  elseif outcome == 'paused' then
+    to_waiting(job)
+    local g = group_entry(name)
+    g.paused_until = max(g.paused_until, at)
+    if g.p then
+      g.p.last = max(g.p.last, g.paused_until)
+    end
+    join_head(name, id)
+  else
+    to_waiting(job)
+    join_head(name, id)
+  end
+  flush()
+  publish()
+  return { now, outcome, at }
+end
+
+-- extend ID TOKEN LEASE: answers now, then 'ok' and the new expiry, or 'lost' and 0.
+function ops.extend(ARGV)
+  local id = ARGV[3]
+  local before = next_event()
+  maintain(now)
+  if not held(id, ARGV[4]) then
+    flush()
+    return { now, 'lost', 0 }
+  end
+  local job = load_job(id)
+  redis.call('ZREM', base .. 'leases', padded(job.token) .. id)
+  job.expires = now + tonumber(ARGV[5])
+  redis.call('ZADD', base .. 'leases', int(job.expires), padded(job.token) .. id)
+  flush()
+  local after = next_event()
+  if after ~= -1 and (before == -1 or after < before) then
+    -- A lease made shorter may expire before what waiting calls sleep until.
+    publish()
+  end
+  return { now, 'ok', job.expires }
+end
+
+-- cancel ID: answers now, then 'ok', 'unknown' or 'active'.
+function ops.cancel(ARGV)
+  local id = ARGV[3]
+  maintain(now)
+  local job = load_job(id)
+  if not job then
+    flush()
+    return { now, 'unknown' }
+  end
+  if job.place == 'active' then
+    flush()
+    return { now, 'active' }
+  elseif job.place == 'scheduled' then
+    redis.call('ZREM', base .. 'scheduled', padded(job.order) .. id)
+  elseif job.place == 'dead' then
+    redis.call('ZREM', base .. 'dead', id)
+  else
+    local g = load_group(job.group)
+    if g and redis.call('ZREM', base .. 'l:' .. job.group, id) == 1 then
+      local before = g.n
+      g.n = g.n - 1
+      -- One job fewer ahead: the projection is kept (now slightly pessimistic).
+      if g.p and g.p.covers == before then
+        g.p.covers = g.p.covers - 1
+      end
+    end
+  end
+  remove_job(id)
+  refresh(job.group)
+  flush()
+  return { now, 'ok' }
+end
+
+-- job ID: answers the job (see `job_reply`), or nothing. Reads only.
+function ops.job(ARGV)
+  local id = ARGV[3]
+  local job = load_job(id)
+  local out = {}
+  if job then
+    job_reply(id, job, out)
+  end
+  return out
+end
+
+-- The counts by state and the totals.
+local function counts(out)
+  local scheduled = redis.call('ZCARD', base .. 'scheduled')
+  local active = redis.call('ZCARD', base .. 'leases')
+  local dead = redis.call('ZCARD', base .. 'dead')
+  local t = meta.totals
+  local values = { now, scheduled, max(meta.jobs - scheduled - active - dead, 0), active, dead,
+    t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries, t.pauses }
+  for i = 1, #values do
+    out[#out + 1] = values[i]
+  end
+  return out
+end
+
+-- counts: answers now, scheduled, waiting, active, dead, then the totals (enqueued,
+-- started, acked, failed, retried, dead, lease expiries, pauses).
+function ops.counts()
+  maintain(now)
+  flush()
+  return counts({})
+end
+
+-- stats: as `counts`, then per group with a job waiting or active: name, waiting, active,
+-- next eligible time (-1: none). Unsorted.
+function ops.stats()
+  maintain(now)
+  flush()
+  local out = counts({})
+  for _, name in ipairs(redis.call('SMEMBERS', base .. 'groups')) do
+    local g = load_group(name)
+    if g and (g.n > 0 or g.active > 0) then
+      out[#out + 1] = name
+      out[#out + 1] = g.n
+      out[#out + 1] = g.active
+      out[#out + 1] = g.ra or -1
+    end
+  end
+  return out
+end
+
+-- groups: how many groups the queue holds state for. Reads only.
+function ops.groups()
+  return redis.call('SCARD', base .. 'groups')
+end
+
+-- dead OFFSET LIMIT: the dead jobs in order of death, each as `job_reply`. Reads only.
+function ops.dead(ARGV)
+  local offset, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+  local out = {}
+  if limit > 0 then
+    for _, id in ipairs(redis.call('ZRANGE', base .. 'dead', offset, offset + limit - 1)) do
+      local job = load_job(id)
+      if job then
+        job_reply(id, job, out)
+      end
+    end
+  end
+  return out
+end
+
+-- retry_dead ALL IDS...: ALL 1 for every dead job, else the ids given. Answers now and
+-- how many went back in line.
+function ops.retry_dead(ARGV)
+  maintain(now)
+  local chosen = {}
+  if ARGV[3] == '1' then
+    chosen = redis.call('ZRANGE', base .. 'dead', 0, -1)
+  else
+    for i = 4, #ARGV do
+      local job = load_job(ARGV[i])
+      if job and job.place == 'dead' then
+        chosen[#chosen + 1] = ARGV[i]
+      end
+    end
+  end
+  local n = 0
+  for _, id in ipairs(chosen) do
+    local job = load_job(id)
+    if job and redis.call('ZREM', base .. 'dead', id) == 1 then
+      job.attempts = 0
+      to_waiting(job)
+      job.dead_order = nil
+      local estimate, rank = join_tail(job.group, id, now)
+      job.estimated_start, job.rank = estimate, rank
+      n = n + 1
+    end
+  end
+  flush()
+  if n > 0 then
+    publish()
+  end
+  return { now, n }
+end
+
+-- purge_dead: removes every dead job; answers how many.
+function ops.purge_dead()
+  local ids = redis.call('ZRANGE', base .. 'dead', 0, -1)
+  for _, id in ipairs(ids) do
+    remove_job(id)
+  end
+  redis.call('DEL', base .. 'dead')
+  flush()
+  return #ids
+end
+
+-- next_event: the earliest time a group becomes eligible, a scheduled job is due or a
+-- lease expires (-1: none). Reads only.
+function ops.next_event()
+  return next_event()
+end
+
+-- The operations that tick the queue's clock (the others read it as it is).
+local ticking = {
+  config = false, enqueue = true, lease = true, ack = true, fail = true, extend = true,
+  cancel = true, counts = true, stats = true, retry_dead = true,
+}
+
+local function queue_call(KEYS, ARGV)
+  local op = ops[ARGV[1]]
+  if not op then
+    return redis.error_reply('paceline: unknown queue operation ' .. tostring(ARGV[1]))
+  end
+  local t = begin(KEYS, ARGV[2])
+  if not config and ARGV[1] ~= 'config' then
+    return redis.error_reply('paceline: the queue has no configuration; open it first')
+  end
+  maintained_at = nil
+  if ticking[ARGV[1]] then
+    tick(t)
+  else
+    now = meta.now
+  end
+  return op(ARGV)
+end

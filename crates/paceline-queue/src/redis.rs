@@ -1,0 +1,755 @@
+//! The queue in Redis or Redis Cluster (feature `redis`): shared by every process that
+//! opens it, durable as far as the Redis server is (its persistence settings decide).
+//!
+//! Every operation is one atomic call of a Redis function (`lua/queue.lua`), the Lua twin of
+//! [`QueueCore`](crate::QueueCore): the same rules, the same order, the same numbers, which
+//! a differential test checks on a virtual clock. The groups' policies run on paceline's
+//! algorithm twins inside the same call, so a lease that starts a job has applied the
+//! group's policy in the same atomic step. All of a queue's keys share the hash tag
+//! `{q:NAME}`: a queue lives on one slot of a cluster, and many queues spread over it.
+//!
+//! Times are the Redis server's (`TIME`), so jobs started through different processes and
+//! machines compare; [`QueueBackend::clock`] follows the server's clock (the local clock
+//! plus the offset the last answer showed). Idle workers wait without polling: every call
+//! that may let a job start publishes on the queue's channel, which each process follows
+//! on one connection of its own.
+//!
+//! Every process sharing a queue must open it with the same configuration: the last to
+//! open it sets it for all (a changed configuration applies as
+//! [`QueueCore::set_config`](crate::QueueCore::set_config) does).
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use paceline_core::{Clock, InputError, Sleep, StoreError, StoreErrorKind};
+use paceline_store::redis::extension::{policy_args, Extension};
+use paceline_store::redis::RedisStore;
+use paceline_store::SystemClock;
+use redis::Value;
+use tokio::sync::Notify;
+
+use crate::config::QueueConfig;
+use crate::core::{
+    active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full,
+};
+use crate::error::QueueError;
+use crate::job::{
+    check_lease_length, Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased,
+    NewJob, Stats, Totals,
+};
+use crate::memory::check_queue_name;
+use crate::queue::{QueueBackend, QueueFuture};
+
+static LIBRARY: LazyLock<Extension> =
+    LazyLock::new(|| Extension::new("queue", include_str!("../lua/queue.lua"), "queue_call"));
+
+/// A queue in Redis. See the [module docs](self).
+pub struct RedisQueue {
+    name: String,
+    config: QueueConfig,
+    store: RedisStore,
+    /// `PREFIX{q:NAME}:`, the start of every key of the queue.
+    base: String,
+    clock: Arc<dyn Clock>,
+    /// An injected clock's time goes with every call; else the server's `TIME` rules, and
+    /// `server_clock` follows it.
+    injected: bool,
+    server_clock: Option<Arc<ServerClock>>,
+    changed: Arc<Notify>,
+    listener: tokio::task::JoinHandle<()>,
+    random: AtomicU64,
+}
+
+impl std::fmt::Debug for RedisQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisQueue")
+            .field("name", &self.name)
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisQueue {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+/// The local clock plus the offset to the Redis server's, as the last answer showed it.
+struct ServerClock {
+    local: SystemClock,
+    offset: AtomicI64,
+}
+
+impl ServerClock {
+    fn observe(&self, server_now: u64) {
+        let local = self.local.now_micros();
+        let offset = i64::try_from(server_now).unwrap_or(i64::MAX)
+            - i64::try_from(local).unwrap_or(i64::MAX);
+        self.offset.store(offset, Ordering::Relaxed);
+    }
+}
+
+impl Clock for ServerClock {
+    fn now_micros(&self) -> u64 {
+        self.local
+            .now_micros()
+            .saturating_add_signed(self.offset.load(Ordering::Relaxed))
+    }
+
+    fn sleep(&self, duration: Duration) -> Sleep {
+        self.local.sleep(duration)
+    }
+}
+
+/// A 64-bit FNV-1a hash, in hex: the configuration's fingerprint.
+fn fingerprint(args: &[Vec<u8>]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for arg in args {
+        for b in arg.iter().chain(std::iter::once(&0xff)) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    format!("{h:016x}")
+}
+
+fn arg(x: impl ToString) -> Vec<u8> {
+    x.to_string().into_bytes()
+}
+
+fn protocol(what: &str, reply: &Value) -> QueueError {
+    QueueError::Store(StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("the queue's Redis function answered {what} unexpectedly: {reply:?}"),
+    ))
+}
+
+/// A reply's values, read in order.
+struct Reader<'a> {
+    values: std::slice::Iter<'a, Value>,
+    reply: &'a Value,
+}
+
+impl<'a> Reader<'a> {
+    fn new(reply: &'a Value) -> Result<Reader<'a>, QueueError> {
+        match reply {
+            Value::Array(values) => Ok(Reader {
+                values: values.iter(),
+                reply,
+            }),
+            _ => Err(protocol("not an array", reply)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.values.len() == 0
+    }
+
+    fn next(&mut self) -> Result<&'a Value, QueueError> {
+        self.values
+            .next()
+            .ok_or_else(|| protocol("too few values", self.reply))
+    }
+
+    fn int(&mut self) -> Result<i64, QueueError> {
+        match self.next()? {
+            Value::Int(n) => Ok(*n),
+            _ => Err(protocol("a non-number", self.reply)),
+        }
+    }
+
+    fn u64(&mut self) -> Result<u64, QueueError> {
+        u64::try_from(self.int()?).map_err(|_| protocol("a negative number", self.reply))
+    }
+
+    /// A time, or `None` for -1.
+    fn time(&mut self) -> Result<Option<u64>, QueueError> {
+        let n = self.int()?;
+        Ok(u64::try_from(n).ok())
+    }
+
+    fn u32(&mut self) -> Result<u32, QueueError> {
+        u32::try_from(self.int()?).map_err(|_| protocol("a number out of range", self.reply))
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, QueueError> {
+        match self.next()? {
+            Value::BulkString(b) => Ok(b.clone()),
+            _ => Err(protocol("a non-string", self.reply)),
+        }
+    }
+
+    fn text(&mut self) -> Result<String, QueueError> {
+        String::from_utf8(self.bytes()?).map_err(|_| protocol("text that is not UTF-8", self.reply))
+    }
+
+    fn state(&mut self) -> Result<JobState, QueueError> {
+        let name = self.text()?;
+        JobState::from_name(&name).ok_or_else(|| protocol("an unknown job state", self.reply))
+    }
+
+    fn job(&mut self) -> Result<JobInfo, QueueError> {
+        let id = self.text()?;
+        let group = self.text()?;
+        let state = self.state()?;
+        let attempts = self.u32()?;
+        let max_attempts = self.u32()?;
+        let has_error = self.int()? == 1;
+        let error = self.text()?;
+        let enqueued_at = self.u64()?;
+        let not_before = self.time()?;
+        let started = self.time()?;
+        let lease_expires = self.time()?;
+        let worker = self.text()?;
+        let payload = self.bytes()?;
+        Ok(JobInfo {
+            id,
+            group,
+            state,
+            attempts,
+            max_attempts,
+            last_error: has_error.then_some(error),
+            enqueued_at,
+            not_before,
+            started,
+            lease_expires,
+            worker: (state == JobState::Active).then_some(worker),
+            payload,
+        })
+    }
+
+    fn counts(&mut self) -> Result<Stats, QueueError> {
+        let _now = self.u64()?;
+        let (scheduled, waiting, active, dead) =
+            (self.u64()?, self.u64()?, self.u64()?, self.u64()?);
+        let totals = Totals {
+            enqueued: self.u64()?,
+            started: self.u64()?,
+            acked: self.u64()?,
+            failed: self.u64()?,
+            retried: self.u64()?,
+            dead: self.u64()?,
+            lease_expiries: self.u64()?,
+            pauses: self.u64()?,
+        };
+        Ok(Stats {
+            scheduled,
+            waiting,
+            active,
+            dead,
+            groups: Vec::new(),
+            totals,
+        })
+    }
+}
+
+impl RedisQueue {
+    /// Opens the queue `name` in the Redis (or Redis Cluster) behind `store`, setting its
+    /// configuration, and follows its channel for wake-ups. `clock`: `None` for the server's
+    /// time (what production uses); a virtual clock for tests, whose time then goes with
+    /// every call.
+    pub async fn open(
+        store: RedisStore,
+        name: &str,
+        config: QueueConfig,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<RedisQueue, QueueError> {
+        check_queue_name(name)?;
+        config.validate()?;
+        let base = format!("{}{{q:{name}}}:", store.key_prefix());
+        let changed = Arc::new(Notify::new());
+        let messages = store.subscribe(&format!("{base}changed")).await?;
+        let listener = tokio::spawn(listen(
+            store.clone(),
+            format!("{base}changed"),
+            messages,
+            Arc::clone(&changed),
+        ));
+        let (clock, injected, server_clock): (Arc<dyn Clock>, bool, _) = match clock {
+            Some(clock) => (clock, true, None),
+            None => {
+                let server = Arc::new(ServerClock {
+                    local: SystemClock::new(),
+                    offset: AtomicI64::new(0),
+                });
+                (server.clone(), false, Some(server))
+            }
+        };
+        let seed = clock.now_micros() | 1;
+        let queue = RedisQueue {
+            name: name.to_string(),
+            config,
+            store,
+            base,
+            clock,
+            injected,
+            server_clock,
+            changed,
+            listener,
+            random: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+        };
+        queue.set_config().await?;
+        Ok(queue)
+    }
+
+    /// The Redis key every key of this queue starts with (a hash tag, then `:`).
+    pub fn key_base(&self) -> &str {
+        &self.base
+    }
+
+    /// How many groups the queue holds state for; see
+    /// [`QueueCore::groups_held`](crate::QueueCore::groups_held).
+    pub async fn groups_held(&self) -> Result<usize, QueueError> {
+        match self.call("groups", Vec::new()).await? {
+            Value::Int(n) => Ok(usize::try_from(n).unwrap_or(0)),
+            other => Err(protocol("groups", &other)),
+        }
+    }
+
+    async fn set_config(&self) -> Result<(), QueueError> {
+        let c = &self.config;
+        let mut args = Vec::new();
+        let push_policy = |args: &mut Vec<Vec<u8>>, policy| {
+            let list = policy_args(policy);
+            args.push(arg(list.len()));
+            args.extend(list);
+        };
+        push_policy(&mut args, &c.group_policy);
+        args.push(arg(c.groups.len()));
+        for (group, policy) in &c.groups {
+            args.push(group.clone().into_bytes());
+            push_policy(&mut args, policy);
+        }
+        args.push(arg(c.group_concurrency));
+        args.push(arg(c.max_attempts));
+        args.push(arg(paceline_core::round_to_micros(c.lease)));
+        args.push(arg(paceline_core::round_to_micros(c.retry_backoff)));
+        args.push(arg(paceline_core::round_to_micros(c.retry_backoff_max)));
+        args.push(arg(c.max_jobs));
+        let mut all = vec![arg(fingerprint(&args))];
+        all.extend(args);
+        let reply = self.call("config", all).await?;
+        Reader::new(&reply)?.u64()?;
+        Ok(())
+    }
+
+    /// Calls the operation `op` with `args` after the clock argument.
+    async fn call(&self, op: &str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
+        let clock = if self.injected {
+            arg(format!("{} 0", self.clock.now_micros()))
+        } else {
+            Vec::new()
+        };
+        let all = [arg(op), clock].into_iter().chain(args);
+        let reply = self
+            .store
+            .call_extension(&LIBRARY, &[&self.base], all)
+            .await?;
+        // Every answer but `config`'s (which leaves the queue's clock as it is) starts with
+        // the server's time, when it is an array of values.
+        if let (Some(server), Value::Array(values), false) =
+            (&self.server_clock, &reply, op == "config")
+        {
+            if let Some(Value::Int(now)) = values.first() {
+                if let Ok(now) = u64::try_from(*now) {
+                    server.observe(now);
+                }
+            }
+        }
+        Ok(reply)
+    }
+
+    /// A number from 0 to 1 for the backoff's jitter.
+    fn jitter(&self) -> f64 {
+        let mut x = self.random.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.random.store(x, Ordering::Relaxed);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Vec<Result<Enqueued, QueueError>> {
+        let mut answers: Vec<Option<Result<Enqueued, QueueError>>> = Vec::new();
+        let mut args = Vec::new();
+        let mut sent = 0usize;
+        for job in jobs {
+            if let Err(e) = job.validate(self.config.max_payload) {
+                answers.push(Some(Err(e.into())));
+                continue;
+            }
+            answers.push(None);
+            sent += 1;
+            args.push(job.id.unwrap_or_default().into_bytes());
+            args.push(job.group.into_bytes());
+            args.push(job.payload);
+            args.push(arg(paceline_core::round_to_micros(job.delay)));
+            args.push(job.max_attempts.map(arg).unwrap_or_default());
+        }
+        if sent > 0 {
+            let mut all = vec![arg(sent)];
+            all.extend(args);
+            let replies = match self.call("enqueue", all).await {
+                Ok(reply) => self.read_enqueued(&reply, sent),
+                Err(e) => Err(e),
+            };
+            match replies {
+                Ok(mut replies) => {
+                    replies.reverse();
+                    for slot in answers.iter_mut().filter(|a| a.is_none()) {
+                        *slot = replies.pop();
+                    }
+                }
+                Err(e) => {
+                    for slot in answers.iter_mut().filter(|a| a.is_none()) {
+                        *slot = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(InputError::new("jobs", "no answer").into())))
+            .collect()
+    }
+
+    fn read_enqueued(
+        &self,
+        reply: &Value,
+        count: usize,
+    ) -> Result<Vec<Result<Enqueued, QueueError>>, QueueError> {
+        let mut r = Reader::new(reply)?;
+        r.u64()?;
+        let mut out = Vec::with_capacity(count);
+        for _ in 0..count {
+            let status = r.text()?;
+            let id = r.text()?;
+            match status.as_str() {
+                "full" => {
+                    r.next()?;
+                    let max = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
+                    out.push(Err(queue_full(max)));
+                }
+                "created" | "exists" => {
+                    let state = r.state()?;
+                    let estimated_start = r.u64()?;
+                    out.push(Ok(Enqueued {
+                        id,
+                        state,
+                        created: status == "created",
+                        estimated_start,
+                    }));
+                }
+                _ => return Err(protocol("an unknown enqueue status", reply)),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn lease_now(
+        &self,
+        worker: &str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+    ) -> Result<Vec<Leased>, QueueError> {
+        let lease_us = check_lease_request(&self.config, worker, max_jobs, lease)?;
+        let reply = self
+            .call("lease", vec![arg(worker), arg(max_jobs), arg(lease_us)])
+            .await?;
+        let mut r = Reader::new(&reply)?;
+        r.u64()?;
+        let mut jobs = Vec::new();
+        while !r.is_empty() {
+            jobs.push(Leased {
+                id: r.text()?,
+                group: r.text()?,
+                payload: r.bytes()?,
+                attempt: r.u32()?,
+                lease: r.u64()?,
+                started: r.u64()?,
+                eligible: r.u64()?,
+                lease_expires: r.u64()?,
+            });
+        }
+        Ok(jobs)
+    }
+
+    /// An answer of `now` then a status: the status.
+    fn status(reply: &Value) -> Result<(String, Reader<'_>), QueueError> {
+        let mut r = Reader::new(reply)?;
+        r.u64()?;
+        let status = r.text()?;
+        Ok((status, r))
+    }
+
+    async fn ack_job(&self, id: &str, lease: u64) -> Result<(), QueueError> {
+        let reply = self.call("ack", vec![arg(id), arg(lease)]).await?;
+        match Self::status(&reply)?.0.as_str() {
+            "ok" => Ok(()),
+            "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
+            _ => Err(protocol("ack", &reply)),
+        }
+    }
+
+    async fn fail_job(
+        &self,
+        id: &str,
+        lease: u64,
+        failure: Failure,
+    ) -> Result<FailOutcome, QueueError> {
+        check_failure(&failure)?;
+        let (kind, error, after, pause) = match failure {
+            Failure::Fatal { error } => ("fatal", error, None, 0),
+            Failure::Retry { error, after } => {
+                ("retry", error, after.map(paceline_core::round_to_micros), 0)
+            }
+            Failure::PauseGroup { error, pause } => ("pause", error, None, micros_up(pause)),
+            Failure::Release => ("release", None, None, 0),
+        };
+        let error = cut(error);
+        let reply = self
+            .call(
+                "fail",
+                vec![
+                    arg(id),
+                    arg(lease),
+                    arg(kind),
+                    arg(u8::from(error.is_some())),
+                    error.unwrap_or_default().into_bytes(),
+                    after.map(arg).unwrap_or_default(),
+                    arg(pause),
+                    arg(format!("{:?}", self.jitter())),
+                ],
+            )
+            .await?;
+        let (status, mut r) = Self::status(&reply)?;
+        let at = r.u64()?;
+        match status.as_str() {
+            "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
+            "dead" => Ok(FailOutcome::Dead),
+            "retrying" => Ok(FailOutcome::Retrying { at }),
+            "paused" => Ok(FailOutcome::Paused { until: at }),
+            "released" => Ok(FailOutcome::Released),
+            _ => Err(protocol("fail", &reply)),
+        }
+    }
+
+    async fn extend_job(&self, id: &str, lease: u64, length: Duration) -> Result<u64, QueueError> {
+        check_lease_length(length)?;
+        let reply = self
+            .call(
+                "extend",
+                vec![
+                    arg(id),
+                    arg(lease),
+                    arg(paceline_core::round_to_micros(length)),
+                ],
+            )
+            .await?;
+        let (status, mut r) = Self::status(&reply)?;
+        let expires = r.u64()?;
+        match status.as_str() {
+            "ok" => Ok(expires),
+            "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
+            _ => Err(protocol("extend", &reply)),
+        }
+    }
+
+    async fn cancel_job(&self, id: &str) -> Result<(), QueueError> {
+        let reply = self.call("cancel", vec![arg(id)]).await?;
+        match Self::status(&reply)?.0.as_str() {
+            "ok" => Ok(()),
+            "unknown" => Err(QueueError::UnknownJob { id: id.to_string() }),
+            "active" => Err(active_conflict(id)),
+            _ => Err(protocol("cancel", &reply)),
+        }
+    }
+
+    async fn job_info(&self, id: &str) -> Result<Option<JobInfo>, QueueError> {
+        let reply = self.call("job", vec![arg(id)]).await?;
+        let mut r = Reader::new(&reply)?;
+        if r.is_empty() {
+            return Ok(None);
+        }
+        r.job().map(Some)
+    }
+
+    async fn read_stats(&self, with_groups: bool) -> Result<Stats, QueueError> {
+        let reply = self
+            .call(if with_groups { "stats" } else { "counts" }, Vec::new())
+            .await?;
+        let mut r = Reader::new(&reply)?;
+        let mut stats = r.counts()?;
+        while !r.is_empty() {
+            stats.groups.push(GroupStats {
+                group: r.text()?,
+                waiting: r.u64()?,
+                active: r.u64()?,
+                next_eligible: r.time()?,
+            });
+        }
+        stats.groups.sort_by(|a, b| a.group.cmp(&b.group));
+        if with_groups {
+            stats.waiting = stats.groups.iter().map(|g| g.waiting).sum();
+        }
+        Ok(stats)
+    }
+
+    async fn dead_jobs(&self, offset: usize, limit: usize) -> Result<Vec<JobInfo>, QueueError> {
+        let reply = self.call("dead", vec![arg(offset), arg(limit)]).await?;
+        let mut r = Reader::new(&reply)?;
+        let mut jobs = Vec::new();
+        while !r.is_empty() {
+            jobs.push(r.job()?);
+        }
+        Ok(jobs)
+    }
+
+    async fn retry_dead_jobs(&self, ids: Option<&[String]>) -> Result<usize, QueueError> {
+        let mut args = vec![arg(u8::from(ids.is_none()))];
+        args.extend(
+            ids.unwrap_or_default()
+                .iter()
+                .map(|id| id.clone().into_bytes()),
+        );
+        let reply = self.call("retry_dead", args).await?;
+        let mut r = Reader::new(&reply)?;
+        r.u64()?;
+        Ok(usize::try_from(r.u64()?).unwrap_or(usize::MAX))
+    }
+
+    async fn purge(&self) -> Result<usize, QueueError> {
+        match self.call("purge_dead", Vec::new()).await? {
+            Value::Int(n) => Ok(usize::try_from(n).unwrap_or(0)),
+            other => Err(protocol("purge_dead", &other)),
+        }
+    }
+
+    async fn next(&self) -> Result<Option<u64>, QueueError> {
+        match self.call("next_event", Vec::new()).await? {
+            Value::Int(n) => Ok(u64::try_from(n).ok()),
+            other => Err(protocol("next_event", &other)),
+        }
+    }
+}
+
+/// Follows the queue's channel, waking every waiting lease call at each message; after a
+/// lost subscription, wakes them (they ask the queue again) and subscribes anew.
+async fn listen(
+    store: RedisStore,
+    channel: String,
+    mut messages: paceline_store::redis::extension::Messages,
+    changed: Arc<Notify>,
+) {
+    loop {
+        while messages.next().await.is_some() {
+            changed.notify_waiters();
+        }
+        changed.notify_waiters();
+        loop {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            if let Ok(m) = store.subscribe(&channel).await {
+                messages = m;
+                changed.notify_waiters();
+                break;
+            }
+        }
+    }
+}
+
+impl QueueBackend for RedisQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        &*self.clock
+    }
+
+    fn enqueue(&self, jobs: Vec<NewJob>) -> QueueFuture<'_, Vec<Result<Enqueued, QueueError>>> {
+        Box::pin(self.enqueue_all(jobs))
+    }
+
+    fn lease<'a>(
+        &'a self,
+        worker: &'a str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+    ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+        Box::pin(self.lease_now(worker, max_jobs, lease))
+    }
+
+    fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.ack_job(id, lease))
+    }
+
+    fn fail<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        failure: Failure,
+    ) -> QueueFuture<'a, Result<FailOutcome, QueueError>> {
+        Box::pin(self.fail_job(id, lease, failure))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        length: Duration,
+    ) -> QueueFuture<'a, Result<u64, QueueError>> {
+        Box::pin(self.extend_job(id, lease, length))
+    }
+
+    fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.cancel_job(id))
+    }
+
+    fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
+        Box::pin(self.job_info(id))
+    }
+
+    fn stats(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
+        Box::pin(self.read_stats(true))
+    }
+
+    fn counts(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
+        Box::pin(self.read_stats(false))
+    }
+
+    fn dead(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>> {
+        Box::pin(self.dead_jobs(offset, limit))
+    }
+
+    fn retry_dead<'a>(
+        &'a self,
+        ids: Option<&'a [String]>,
+    ) -> QueueFuture<'a, Result<usize, QueueError>> {
+        Box::pin(self.retry_dead_jobs(ids))
+    }
+
+    fn purge_dead(&self) -> QueueFuture<'_, Result<usize, QueueError>> {
+        Box::pin(self.purge())
+    }
+
+    fn next_event(&self) -> QueueFuture<'_, Result<Option<u64>, QueueError>> {
+        Box::pin(self.next())
+    }
+
+    fn changed(&self) -> QueueFuture<'_, ()> {
+        let mut notified = Box::pin(self.changed.notified());
+        notified.as_mut().enable();
+        notified
+    }
+}

@@ -1,0 +1,433 @@
+//! The queue in Redis against the queue in memory: random sequences of every operation on
+//! one virtual clock give the same answers, step by step (ids, estimates, leases, tokens,
+//! outcomes, errors, counts, jobs, next events). Then what only Redis has: queues shared
+//! by several handles (processes), on different slots of a cluster, and the wake-up of a
+//! waiting lease by an enqueue through another handle.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline_core::{Clock, ManualClock, Policy};
+use paceline_queue::{Failure, MemoryQueue, NewJob, Queue, QueueConfig, QueueError, RedisQueue};
+use paceline_store::redis::RedisStore;
+use paceline_store::FailurePolicy;
+use paceline_testkit::{shared_cluster, shared_server};
+use proptest::prelude::*;
+
+const POLICIES: &[&str] = &[
+    "fixed_window:limit=3,window=1s",
+    "gcra:rate=2/s,burst=2",
+    "sliding_window:limit=3,window=1s",
+    "sliding_log:limit=2,window=1s,min_interval=100ms",
+    "pacer:rate=3/s,max_burst=1",
+    "smooth_bursty:rate=2/s,max_burst_seconds=1",
+    "smooth_warming_up:rate=4/s,warmup=1s",
+];
+
+/// A fresh queue name per use: tests share one server.
+fn fresh(stem: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{stem}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn store(url: &str) -> RedisStore {
+    RedisStore::builder(url, FailurePolicy::FailClosed)
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("the test's Redis is up")
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Enqueue {
+        group: u8,
+        delay_ms: u16,
+        id: Option<u8>,
+        max_attempts: Option<u8>,
+    },
+    Batch {
+        groups: Vec<u8>,
+    },
+    Lease {
+        max_jobs: u8,
+        lease_ms: Option<u16>,
+    },
+    Ack {
+        pick: u8,
+        stale: bool,
+    },
+    Fail {
+        pick: u8,
+        kind: u8,
+        ms: u16,
+    },
+    Extend {
+        pick: u8,
+        ms: u16,
+    },
+    Advance {
+        ms: u16,
+    },
+    Cancel {
+        id: u8,
+    },
+    Job {
+        id: u8,
+    },
+    Stats,
+    Dead,
+    RetryDead {
+        all: bool,
+        id: u8,
+    },
+    PurgeDead,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => (0u8..3, prop_oneof![3 => Just(0u16), 1 => 1u16..3_000], proptest::option::of(0u8..6),
+              proptest::option::of(1u8..4))
+            .prop_map(|(group, delay_ms, id, max_attempts)| Step::Enqueue { group, delay_ms, id, max_attempts }),
+        1 => proptest::collection::vec(0u8..3, 1..6).prop_map(|groups| Step::Batch { groups }),
+        5 => (1u8..4, proptest::option::of(1u16..3_000)).prop_map(|(max_jobs, lease_ms)| Step::Lease { max_jobs, lease_ms }),
+        3 => (any::<u8>(), proptest::bool::weighted(0.1)).prop_map(|(pick, stale)| Step::Ack { pick, stale }),
+        2 => (any::<u8>(), 0u8..5, 1u16..3_000).prop_map(|(pick, kind, ms)| Step::Fail { pick, kind, ms }),
+        1 => (any::<u8>(), 1u16..3_000).prop_map(|(pick, ms)| Step::Extend { pick, ms }),
+        5 => (1u16..2_500).prop_map(|ms| Step::Advance { ms }),
+        1 => (0u8..8).prop_map(|id| Step::Cancel { id }),
+        1 => (0u8..8).prop_map(|id| Step::Job { id }),
+        1 => Just(Step::Stats),
+        1 => Just(Step::Dead),
+        1 => (any::<bool>(), 0u8..8).prop_map(|(all, id)| Step::RetryDead { all, id }),
+        1 => Just(Step::PurgeDead),
+    ]
+}
+
+/// Ids the steps name: a producer's (`job-N`) or a generated one (`N`).
+fn id_of(n: u8) -> String {
+    if n.is_multiple_of(2) {
+        format!("job-{}", n / 2)
+    } else {
+        format!("{}", n / 2 + 1)
+    }
+}
+
+/// Runs `steps` on both queues, comparing every answer.
+async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let policy: Policy = spec
+        .parse()
+        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+    let mut config = QueueConfig::new(policy)
+        .group_concurrency(cap)
+        .max_attempts(3)
+        .lease(Duration::from_millis(1_500))
+        .retry_backoff(Duration::from_millis(200), Duration::from_secs(2));
+    config.groups.insert(
+        "g2".into(),
+        "fixed_window:limit=1,window=700ms"
+            .parse()
+            .map_err(|e| TestCaseError::fail(format!("{e:?}")))?,
+    );
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let memory = Queue::new(
+        MemoryQueue::with_clock("q", config.clone(), Arc::clone(&shared))
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?,
+    );
+    let redis = Queue::new(
+        RedisQueue::open(
+            store(&shared_server().url()).await,
+            &fresh("diff"),
+            config,
+            Some(shared),
+        )
+        .await
+        .map_err(|e| TestCaseError::fail(format!("{e}")))?,
+    );
+    // The leases handed out (the same on both sides, as checked), and those given up.
+    let mut held: Vec<(String, u64)> = Vec::new();
+    let mut spent: Vec<(String, u64)> = Vec::new();
+    let pick = |items: &[(String, u64)], p: u8| {
+        (!items.is_empty()).then(|| items[p as usize % items.len()].clone())
+    };
+    for (n, step) in steps.into_iter().enumerate() {
+        let at = format!("step {n}: {step:?}");
+        match step {
+            Step::Enqueue {
+                group,
+                delay_ms,
+                id,
+                max_attempts,
+            } => {
+                let mut job = NewJob::new(format!("g{group}"), vec![group, 0xff, 0])
+                    .delay(Duration::from_millis(u64::from(delay_ms)));
+                if let Some(id) = id {
+                    job = job.id(format!("job-{id}"));
+                }
+                if let Some(m) = max_attempts {
+                    job = job.max_attempts(u32::from(m));
+                }
+                let (a, b) = (memory.enqueue(job.clone()).await, redis.enqueue(job).await);
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::Batch { groups } => {
+                let jobs: Vec<NewJob> = groups
+                    .iter()
+                    .map(|g| NewJob::new(format!("g{g}"), b"batch".to_vec()))
+                    .collect();
+                let (a, b) = (
+                    memory.enqueue_batch(jobs.clone()).await,
+                    redis.enqueue_batch(jobs).await,
+                );
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::Lease { max_jobs, lease_ms } => {
+                let lease = lease_ms.map(|ms| Duration::from_millis(u64::from(ms)));
+                let max_jobs = usize::from(max_jobs);
+                let (a, b) = (
+                    memory.lease("w", max_jobs, lease, Duration::ZERO).await,
+                    redis.lease("w", max_jobs, lease, Duration::ZERO).await,
+                );
+                if let Ok(jobs) = &a {
+                    held.extend(jobs.iter().map(|j| (j.id.clone(), j.lease)));
+                }
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::Ack { pick: p, stale } => {
+                let from = if stale { &spent } else { &held };
+                if let Some((id, token)) = pick(from, p) {
+                    held.retain(|h| h.1 != token);
+                    spent.push((id.clone(), token));
+                    let (a, b) = (memory.ack(&id, token).await, redis.ack(&id, token).await);
+                    prop_assert_eq!(a, b, "{}", at);
+                }
+            }
+            Step::Fail { pick: p, kind, ms } => {
+                if let Some((id, token)) = pick(&held, p) {
+                    held.retain(|h| h.1 != token);
+                    spent.push((id.clone(), token));
+                    let d = Duration::from_millis(u64::from(ms));
+                    let failure = match kind {
+                        0 => Failure::Fatal {
+                            error: Some("boom".into()),
+                        },
+                        1 => Failure::PauseGroup {
+                            error: None,
+                            pause: d,
+                        },
+                        2 => Failure::Retry {
+                            error: Some("x".into()),
+                            after: Some(d),
+                        },
+                        3 => Failure::Release,
+                        _ => Failure::Retry {
+                            error: None,
+                            after: None,
+                        },
+                    };
+                    let (a, b) = (
+                        memory.fail(&id, token, failure.clone()).await,
+                        redis.fail(&id, token, failure).await,
+                    );
+                    prop_assert_eq!(a, b, "{}", at);
+                }
+            }
+            Step::Extend { pick: p, ms } => {
+                if let Some((id, token)) = pick(&held, p) {
+                    let d = Duration::from_millis(u64::from(ms));
+                    let (a, b) = (
+                        memory.extend(&id, token, d).await,
+                        redis.extend(&id, token, d).await,
+                    );
+                    prop_assert_eq!(a, b, "{}", at);
+                }
+            }
+            Step::Advance { ms } => clock.advance(Duration::from_millis(u64::from(ms))),
+            Step::Cancel { id } => {
+                let id = id_of(id);
+                let (a, b) = (memory.cancel(&id).await, redis.cancel(&id).await);
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::Job { id } => {
+                let id = id_of(id);
+                let (a, b) = (memory.job(&id).await, redis.job(&id).await);
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::Stats => {
+                let (a, b) = (memory.stats().await, redis.stats().await);
+                prop_assert_eq!(a, b, "{}", at);
+                let (a, b) = (memory.counts().await, redis.counts().await);
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::Dead => {
+                let (a, b) = (memory.dead(0, 100).await, redis.dead(0, 100).await);
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::RetryDead { all, id } => {
+                let ids = vec![id_of(id), id_of(id)];
+                let ids = (!all).then_some(ids.as_slice());
+                let (a, b) = (memory.retry_dead(ids).await, redis.retry_dead(ids).await);
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::PurgeDead => {
+                let (a, b) = (memory.purge_dead().await, redis.purge_dead().await);
+                prop_assert_eq!(a, b, "{}", at);
+            }
+        }
+    }
+    let (a, b) = (memory.stats().await, redis.stats().await);
+    prop_assert_eq!(a, b, "the end");
+    Ok(())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn redis_answers_as_memory_does(
+        policy in 0..POLICIES.len(),
+        cap in prop_oneof![Just(0u32), 1u32..3],
+        steps in proptest::collection::vec(step(), 1..80),
+    ) {
+        runtime().block_on(differential(POLICIES[policy], cap, steps))?;
+    }
+}
+
+/// The seed's scenario through Redis on the server's clock: ids and estimates as in memory.
+#[test]
+fn a_group_backlog_gets_the_seed_estimates_in_redis() {
+    runtime().block_on(async {
+        let config = QueueConfig::new("fixed_window:limit=10,window=10s".parse().unwrap());
+        let q = Queue::new(
+            RedisQueue::open(
+                store(&shared_server().url()).await,
+                &fresh("seed"),
+                config,
+                None,
+            )
+            .await
+            .unwrap(),
+        );
+        // One call: one time for all 25.
+        let jobs = (0..25u8).map(|n| NewJob::new("guild:1", vec![n])).collect();
+        let estimates: Vec<u64> = q
+            .enqueue_batch(jobs)
+            .await
+            .into_iter()
+            .map(|e| e.unwrap().estimated_start)
+            .collect();
+        // The seed's formula: windows aligned to the epoch, 10 jobs in each.
+        let window = 10_000_000;
+        let now = estimates[0];
+        let next_window = (now / window + 1) * window;
+        for (n, estimate) in estimates.iter().enumerate() {
+            let expected = if n < 10 {
+                now
+            } else {
+                next_window + (n as u64 / 10 - 1) * window
+            };
+            assert_eq!(*estimate, expected, "job {n}");
+        }
+        let leased = q.lease("w", 100, None, Duration::ZERO).await.unwrap();
+        assert_eq!(leased.len(), 10, "one window's worth starts now");
+    });
+}
+
+/// Two handles on one queue (two processes): one enqueues, the other's waiting lease wakes
+/// at once through the queue's channel, and a job is leased by exactly one of them.
+#[test]
+fn handles_share_a_queue_and_wake_each_other() {
+    runtime().block_on(async {
+        let name = fresh("shared");
+        let config = QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().unwrap());
+        let url = shared_server().url();
+        let producer = Queue::new(
+            RedisQueue::open(store(&url).await, &name, config.clone(), None)
+                .await
+                .unwrap(),
+        );
+        let worker = Queue::new(
+            RedisQueue::open(store(&url).await, &name, config, None)
+                .await
+                .unwrap(),
+        );
+        let waiting = tokio::spawn({
+            let worker = worker.clone();
+            async move { worker.lease("w", 1, None, Duration::from_secs(30)).await }
+        });
+        // Let the lease call reach its wait.
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let job = producer
+            .enqueue(NewJob::new("g", b"hello".to_vec()))
+            .await
+            .unwrap();
+        let leased = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the enqueue woke the waiting lease")
+            .unwrap()
+            .unwrap();
+        assert_eq!(leased.len(), 1);
+        assert_eq!(leased[0].id, job.id);
+        assert_eq!(leased[0].payload, b"hello");
+        assert!(producer
+            .lease("w2", 1, None, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty());
+        assert_eq!(
+            producer.ack(&leased[0].id, leased[0].lease + 1).await,
+            Err(QueueError::LeaseLost { id: job.id.clone() })
+        );
+        worker.ack(&leased[0].id, leased[0].lease).await.unwrap();
+        let stats = producer.stats().await.unwrap();
+        assert_eq!((stats.totals.enqueued, stats.totals.acked), (1, 1));
+    });
+}
+
+/// Queues on different slots of a cluster work side by side.
+#[test]
+fn queues_on_different_cluster_slots_work_side_by_side() {
+    runtime().block_on(async {
+        let cluster = shared_cluster();
+        let config = QueueConfig::new("fixed_window:limit=2,window=10s".parse().unwrap());
+        let mut queues = Vec::new();
+        for n in 0..6 {
+            let q = RedisQueue::open(
+                store(&cluster.url()).await,
+                &fresh(&format!("c{n}")),
+                config.clone(),
+                None,
+            )
+            .await
+            .unwrap();
+            queues.push(Queue::new(q));
+        }
+        for q in &queues {
+            for n in 0..3u8 {
+                q.enqueue(NewJob::new("g", vec![n])).await.unwrap();
+            }
+        }
+        for q in &queues {
+            let leased = q.lease("w", 10, None, Duration::ZERO).await.unwrap();
+            assert_eq!(leased.len(), 2, "each queue's own group limit");
+            for job in leased {
+                q.ack(&job.id, job.lease).await.unwrap();
+            }
+            assert_eq!(q.stats().await.unwrap().waiting, 1);
+        }
+    });
+}

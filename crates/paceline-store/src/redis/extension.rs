@@ -1,0 +1,131 @@
+//! Lua function libraries built on paceline's algorithm twins, for paceline's own front
+//! ends that keep more than a key's state in Redis (the job queue): the library carries the
+//! twins (`PL`), so its functions decide with exactly the algorithms `decide` runs, and the
+//! store calls it over its own connection, timeouts and cluster routing.
+//!
+//! Not a stable API: the front ends are paceline's own crates.
+
+use std::pin::Pin;
+
+use futures_util::{Stream, StreamExt};
+use paceline_core::{Policy, StoreError, StoreErrorKind};
+use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
+
+use super::args::push_policy;
+use super::script::ALGORITHMS;
+use super::store::RedisStore;
+
+/// A function library: paceline's algorithm twins, then `source`, which defines the local
+/// Lua function `entry(KEYS, ARGV)`; registered as one Redis function whose name carries
+/// the hash of the code.
+#[derive(Debug)]
+pub struct Extension {
+    function: String,
+    code: String,
+}
+
+impl Extension {
+    /// The library of `source` under the name stem `stem` (e.g. `queue`).
+    pub fn new(stem: &str, source: &str, entry: &str) -> Extension {
+        let body = format!("{}\n{source}\n", ALGORITHMS.as_str());
+        let hash = redis::Script::new(&format!("{body}{stem}{entry}")).get_hash()[..16].to_string();
+        let function = format!("paceline_{stem}_{hash}");
+        let code = format!(
+            "#!lua name={function}\n{body}redis.register_function{{function_name = '{function}', callback = {entry}}}\n"
+        );
+        Extension { function, code }
+    }
+
+    /// The function's name, for `FCALL`.
+    pub fn function(&self) -> &str {
+        &self.function
+    }
+}
+
+/// A policy as the twins read it: its algorithm, the number of parameters, the parameters.
+pub fn policy_args(policy: &Policy) -> Vec<Vec<u8>> {
+    let mut cmd = Cmd::new();
+    push_policy(policy, &mut cmd);
+    cmd.args_iter()
+        .map(|arg| match arg {
+            redis::Arg::Simple(bytes) => bytes.to_vec(),
+            // `push_policy` writes plain arguments only.
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// A stream of the messages published on one channel (their payloads are not kept).
+pub type Messages = Pin<Box<dyn Stream<Item = ()> + Send>>;
+
+impl RedisStore {
+    /// Calls `extension`'s function with `keys` and `args`, within the store's response
+    /// timeout, loading the library first where the server lacks it (on every primary of a
+    /// cluster). Needs Redis 7 functions.
+    pub async fn call_extension(
+        &self,
+        extension: &Extension,
+        keys: &[&str],
+        args: impl IntoIterator<Item = Vec<u8>>,
+    ) -> Result<Value, StoreError> {
+        let transport = self.transport();
+        if !transport.runs_as_functions() {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "this Redis server does not run functions (Redis 7 or later, with permission to FUNCTION LOAD); paceline's job queues need them",
+            ));
+        }
+        let mut call = redis::cmd("FCALL");
+        call.arg(extension.function()).arg(keys.len());
+        for key in keys {
+            call.arg(*key);
+        }
+        for arg in args {
+            call.arg(arg);
+        }
+        let first = transport.query::<Value>(&call, "a queue call").await;
+        match first {
+            Err(e) if is_missing_function(&e) => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(&extension.code);
+                transport
+                    .query::<Value>(&load, "loading the queue's functions")
+                    .await?;
+                transport.query::<Value>(&call, "a queue call").await
+            }
+            other => other,
+        }
+    }
+
+    /// Subscribes to `channel` on a connection of its own (on a cluster, to its first
+    /// node: Redis Cluster passes every message to every node).
+    pub async fn subscribe(&self, channel: &str) -> Result<Messages, StoreError> {
+        let client = self.subscriber();
+        let what = "a subscription";
+        let pubsub = tokio::time::timeout(self.transport().response_timeout() * 4, async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        })
+        .await
+        .map_err(|_| {
+            StoreError::new(
+                StoreErrorKind::Timeout,
+                format!("Redis did not answer {what} in time"),
+            )
+        })?
+        .map_err(|e| super::transport::store_error(e, what))?;
+        Ok(Box::pin(pubsub.into_on_message().map(|_| ())))
+    }
+}
+
+/// Whether a call failed because the server lacks the function (a fresh or restarted
+/// server, or one whose functions were flushed).
+fn is_missing_function(e: &StoreError) -> bool {
+    super::transport::redis_cause(e).is_some_and(|r| {
+        r.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+            && r.code() == Some("ERR")
+            && r.detail()
+                .is_some_and(|d| d.starts_with("Function not found"))
+    })
+}
