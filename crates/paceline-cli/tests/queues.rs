@@ -305,20 +305,65 @@ fn bad_input_names_its_field_and_enqueues_nothing() {
 }
 
 #[test]
-fn queues_on_a_redis_store_are_refused_at_start_with_the_reason() {
+fn two_services_share_one_queue_in_redis() {
+    let redis = paceline_testkit::RedisServer::start().expect("redis-server starts");
     let dir = tempfile::tempdir().expect("temp dir");
     let config = write(dir.path(), "paceline.toml", CONFIG);
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_paceline"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config", &config])
-        .args(["--store", "redis://127.0.0.1:1"])
-        .output()
-        .expect("paceline runs");
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("roles") && stderr.contains("memory"),
-        "{stderr}"
+    let url = redis.url();
+    let a = start(&["--config", &config, "--store", &url]);
+    let b = start(&["--config", &config, "--store", &url]);
+    // A waiting lease on one service wakes when the other enqueues.
+    let port_b = b.port;
+    let waiting = std::thread::spawn(move || {
+        lease(
+            port_b,
+            r#"{"worker": "b", "max_jobs": 5, "wait_ms": 60000}"#,
+        )
+    });
+    let r = post(
+        a.port,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:1", "payload": "hello", "id": "shared-1"}"#,
     );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let jobs = waiting.join().expect("the lease call returns");
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(text(&jobs[0]["id"]), "shared-1");
+    assert_eq!(text(&jobs[0]["payload"]), "hello");
+    // The job is leased once: the other service sees it active and cannot lease it.
+    assert!(lease(a.port, r#"{"worker": "a"}"#).is_empty());
+    let job = get(a.port, "/v1/queues/roles/jobs/shared-1").json();
+    assert_eq!(text(&job["state"]), "active");
+    // The same id through the other service: the existing job, nothing added.
+    let again = post(
+        b.port,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:1", "id": "shared-1"}"#,
+    );
+    assert_eq!(again.status, 200, "{}", again.body);
+    let lease_token = jobs[0]["lease"].to_string();
+    let ack = post(
+        a.port,
+        "/v1/queues/roles/jobs/shared-1/ack",
+        &format!(r#"{{"lease": {lease_token}}}"#),
+    );
+    assert_eq!(ack.status, 204, "{}", ack.body);
+    // Acked through one, stale through the other.
+    let stale = post(
+        b.port,
+        "/v1/queues/roles/jobs/shared-1/ack",
+        &format!(r#"{{"lease": {lease_token}}}"#),
+    );
+    assert_eq!(
+        (stale.status, stale.error().0.as_str()),
+        (409, "lease_lost")
+    );
+    let stats = get(b.port, "/v1/queues/roles").json();
+    assert_eq!(stats["waiting"], 0, "{stats}");
+    assert_eq!(stats["active"], 0, "{stats}");
+    // Bad input is refused the same way on Redis.
+    let r = post(b.port, "/v1/queues/roles/jobs", r#"{"payload": 1}"#);
+    assert_eq!((r.status, r.error().1.as_str()), (400, "group"));
 }
 
 #[test]

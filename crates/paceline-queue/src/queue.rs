@@ -121,34 +121,70 @@ impl Queue {
     }
 
     /// The queue `name` on the store at `url`, the URL `paceline_store::open` takes:
-    /// `memory` gives a queue held in this process (see [`Queue::in_memory`]). Queues are
-    /// not yet kept in Redis: a `redis://`, `rediss://` or `redis-cluster://` URL is refused
-    /// with an `Input` error on `store` that says so, rather than giving each process a
-    /// queue of its own where one shared queue was meant.
+    /// `memory` for a queue held in this process (see [`Queue::in_memory`]); with the
+    /// `redis` feature, `redis://`, `rediss://`, `redis-cluster://` or `rediss-cluster://`
+    /// for a queue in Redis that every process opening it shares (see
+    /// [`RedisQueue`](crate::RedisQueue), which also takes a store built with every
+    /// setting). A Redis queue's configuration is the one its last opener gave.
     ///
     /// ```
     /// use paceline_queue::{Queue, QueueConfig};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_queue::QueueError> {
     /// let config = QueueConfig::new("gcra:rate=10/s".parse()?);
-    /// let queue = Queue::open("memory", "emails", config.clone())?;
+    /// let queue = Queue::open("memory", "emails", config.clone()).await?;
     /// assert_eq!(queue.name(), "emails");
-    /// assert_eq!(Queue::open("redis://127.0.0.1", "emails", config).unwrap_err().field(), "store");
-    /// # Ok::<(), paceline_core::InputError>(())
+    /// let refused = Queue::open("memcached://127.0.0.1", "emails", config).await.unwrap_err();
+    /// assert!(matches!(refused, paceline_queue::QueueError::Input(e) if e.field() == "store"));
+    /// # Ok(()) }
     /// ```
-    pub fn open(url: &str, name: &str, config: QueueConfig) -> Result<Queue, InputError> {
-        match url.trim() {
-            "memory" => Queue::in_memory(name, config),
-            other if other.contains("://") => Err(InputError::new(
-                "store",
-                format!(
-                    "queue `{name}`: job queues are kept in this process's memory only (store `memory`); a shared store such as `{}` does not hold queues yet",
-                    other.split("://").next().unwrap_or("redis")
-                ),
-            )),
-            other => Err(InputError::new(
-                "store",
-                format!("`{other}` is not a store URL; use memory"),
-            )),
+    pub async fn open(url: &str, name: &str, config: QueueConfig) -> Result<Queue, QueueError> {
+        let url = url.trim();
+        if url == "memory" {
+            return Ok(Queue::in_memory(name, config)?);
         }
+        let redis = [
+            "redis://",
+            "rediss://",
+            "redis-cluster://",
+            "rediss-cluster://",
+        ]
+        .iter()
+        .any(|scheme| url.starts_with(scheme));
+        if !redis {
+            return Err(InputError::new(
+                "store",
+                format!("`{}` is not a store URL; use memory, redis://HOST:PORT or redis-cluster://HOST:PORT,...", paceline_store::without_credentials(url)),
+            )
+            .into());
+        }
+        Queue::open_redis(url, name, config).await
+    }
+
+    #[cfg(feature = "redis")]
+    async fn open_redis(url: &str, name: &str, config: QueueConfig) -> Result<Queue, QueueError> {
+        let store = paceline_store::redis::RedisStore::builder(
+            url,
+            paceline_store::FailurePolicy::FailClosed,
+        )
+        .connect()
+        .await
+        .map_err(|e| match e {
+            paceline_core::Error::Input(e) => QueueError::Input(e),
+            paceline_core::Error::Store(e) => QueueError::Store(e),
+            other => QueueError::Input(InputError::new("store", other.to_string())),
+        })?;
+        let backend = crate::RedisQueue::open(store, name, config, None).await?;
+        Ok(Queue::new(backend))
+    }
+
+    #[cfg(not(feature = "redis"))]
+    async fn open_redis(_: &str, name: &str, _: QueueConfig) -> Result<Queue, QueueError> {
+        Err(InputError::new(
+            "store",
+            format!("queue `{name}`: this build has no Redis support; enable the `redis` feature"),
+        )
+        .into())
     }
 
     /// A queue over `backend`.

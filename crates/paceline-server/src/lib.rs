@@ -127,18 +127,19 @@ impl AppState {
 impl Server {
     /// Connects the store and binds the listening socket.
     pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
-        let mut queues = std::collections::BTreeMap::new();
-        for (name, config) in &settings.queues {
-            let queue = paceline_queue::Queue::open(&settings.store, name, config.clone())
-                .map_err(|e| ServerError::Queues(e.message().to_string()))?;
-            queues.insert(name.clone(), queue);
-        }
         let options = StoreOptions::new()
             .failure_policy(settings.failure_policy)
             .auto_batch(settings.redis_auto_batch);
         let store = open(&settings.store, &options)
             .await
             .map_err(ServerError::Store)?;
+        let mut queues = std::collections::BTreeMap::new();
+        for (name, config) in &settings.queues {
+            let queue = paceline_queue::Queue::open(&settings.store, name, config.clone())
+                .await
+                .map_err(|e| ServerError::Queues(format!("queue `{name}`: {e}")))?;
+            queues.insert(name.clone(), queue);
+        }
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(ServerError::Listen)?;
