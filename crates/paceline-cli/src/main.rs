@@ -2,6 +2,7 @@
 //!
 //! * `paceline serve`: the HTTP service (see the `paceline-server` crate).
 //! * `paceline simulate`: replay a traffic script through a policy on a virtual clock.
+//! * `paceline queue`: a job queue kept in Redis: its counts, jobs and dead set.
 
 use std::fs::File;
 use std::io::{self, BufReader, Read, Write};
@@ -12,6 +13,7 @@ use clap::{Parser, Subcommand};
 use paceline_store::{open, Clock, FailurePolicy, ManualClock, Policy, StoreOptions, SystemClock};
 use std::sync::Arc;
 
+mod queue_admin;
 mod serve;
 mod simulate;
 mod simulate_queue;
@@ -103,6 +105,16 @@ enum Command {
         #[arg(long, value_name = "STORE", default_value = "memory")]
         store: String,
     },
+    /// See and repair a job queue kept in Redis (shared by `paceline serve` instances and
+    /// programs), with the configuration they set: its counts, its jobs, its dead set.
+    /// Output is JSON, one object per line, as the HTTP API shows it.
+    ///
+    /// Exit codes: 0 done; 1 a job named is unknown (`jobs`); 2 invalid input (the URL,
+    /// the queue name, a queue the store does not hold); 3 the store failed.
+    Queue {
+        #[command(subcommand)]
+        action: queue_admin::Action,
+    },
 }
 
 /// `paceline serve`'s flags.
@@ -165,6 +177,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Queue { action } => queue_admin::run(action),
         Command::Simulate {
             policy,
             queue,
@@ -249,20 +262,26 @@ fn run_simulate(
         Ok(script) => script,
         Err(code) => return code,
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     match runtime.block_on(simulate_on(store, policy, &script)) {
         Ok(out) => write_output(output.as_ref(), &out),
         Err(code) => code,
     }
+}
+
+/// A single-threaded async runtime for a command; on failure the message is printed and
+/// the exit code returned.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::from(1)
+        })
 }
 
 /// `paceline simulate --queue`'s settings of the queue.

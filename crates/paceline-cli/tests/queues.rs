@@ -395,3 +395,82 @@ fn a_waiting_lease_answers_with_nothing_when_the_service_shuts_down() {
     assert_eq!(r.json()["jobs"], serde_json::json!([]));
     exits_cleanly(&mut s);
 }
+
+/// Runs `paceline queue ARGS`: its exit code, standard output and standard error.
+fn queue_command(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .arg("queue")
+        .args(args)
+        .output()
+        .expect("paceline runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_queue_command_shows_and_repairs_a_redis_queue() {
+    let redis = paceline_testkit::RedisServer::start().expect("redis-server starts");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(dir.path(), "paceline.toml", CONFIG);
+    let url = redis.url();
+    let s = start(&["--config", &config, "--store", &url]);
+    for id in ["a", "b"] {
+        let body = format!(r#"{{"group": "guild:1", "id": "{id}", "payload": {{"n": 1}}}}"#);
+        assert_eq!(post(s.port, "/v1/queues/roles/jobs", &body).status, 201);
+    }
+    let jobs = lease(s.port, r#"{"worker": "w", "max_jobs": 1}"#);
+    let token = jobs[0]["lease"].to_string();
+    let fail = post(
+        s.port,
+        &format!("/v1/queues/roles/jobs/{}/fail", text(&jobs[0]["id"])),
+        &format!(r#"{{"lease": {token}, "fatal": true, "error": "bad role"}}"#),
+    );
+    assert_eq!(fail.status, 204, "{}", fail.body);
+
+    let (code, out, err) = queue_command(&["stats", "--store", &url, "roles"]);
+    assert_eq!(code, 0, "{err}");
+    let stats: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(
+        (stats["waiting"].as_u64(), stats["dead"].as_u64()),
+        (Some(1), Some(1)),
+        "{stats}"
+    );
+
+    let (code, out, _) = queue_command(&["dead", "--store", &url, "roles"]);
+    assert_eq!(code, 0);
+    let dead: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    assert_eq!(
+        (text(&dead["id"]), text(&dead["last_error"])),
+        ("a".into(), "bad role".into())
+    );
+    assert_eq!(dead["payload"]["n"], 1);
+
+    let (code, out, err) = queue_command(&["jobs", "--store", &url, "roles", "b", "nope"]);
+    assert_eq!(code, 1, "an unknown job");
+    assert!(out.contains(r#""state":"waiting""#), "{out}");
+    assert!(err.contains("nope"), "{err}");
+
+    let (code, out, _) = queue_command(&["retry-dead", "--store", &url, "roles", "--all"]);
+    assert_eq!((code, out.trim()), (0, r#"{"retried":1}"#));
+    let (code, out, _) = queue_command(&["purge-dead", "--store", &url, "roles"]);
+    assert_eq!((code, out.trim()), (0, r#"{"purged":0}"#));
+    assert_eq!(get(s.port, "/v1/queues/roles").json()["waiting"], 2);
+
+    // A queue the store does not hold, a bad URL: input errors; an unreachable store: 3.
+    let (code, _, err) = queue_command(&["stats", "--store", &url, "elsewhere"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no queue `elsewhere`"), "{err}");
+    let (code, _, err) = queue_command(&["stats", "--store", "memory", "roles"]);
+    assert_eq!(code, 2, "{err}");
+    let port = common::free_port();
+    let (code, _, err) = queue_command(&[
+        "stats",
+        "--store",
+        &format!("redis://127.0.0.1:{port}"),
+        "roles",
+    ]);
+    assert_eq!(code, 3, "{err}");
+}

@@ -8,8 +8,9 @@
 -- share one hash tag and one cluster slot.
 --
 --   meta         MessagePack { seq, last_id, now, jobs, totals = { ... } }
---   config       MessagePack { fp, default, gc, ma, lease, bo, bo_max, max_jobs }
+--   config       MessagePack { fp, default, spec, gc, ma, lease, bo, bo_max, max_jobs, mp }
 --   policies     hash: group -> MessagePack of its own policy's arguments
+--   specs        hash: group -> its own policy's spec (for `read_config`)
 --   groups       set of the groups held
 --   g:GROUP      MessagePack of the group (see `new_group`)
 --   l:GROUP      the group's line: sorted set, job id scored by its rank
@@ -434,15 +435,17 @@ end
 
 local ops = {}
 
--- config FP DEFAULT_N DEFAULT... OVERRIDES (NAME N ARGS...)... GC MA LEASE BO BO_MAX MAX_JOBS
--- Stores the configuration unless it is the one stored (same fingerprint); a changed one
+-- config FP SPEC DEFAULT_N DEFAULT... OVERRIDES (NAME GROUP_SPEC N ARGS...)... GC MA LEASE BO
+-- BO_MAX MAX_JOBS MAX_PAYLOAD: the default policy's spec and arguments, each group's own,
+-- and the settings (durations in µs). Stores the configuration unless it is the one stored (same fingerprint); a changed one
 -- applies to every group as `QueueCore::set_config` does. Answers 1 if it changed.
 function ops.config(ARGV)
   local fp = ARGV[3]
   if config and config.fp == fp then
     return { now, 0 }
   end
-  local a = 4
+  local spec = ARGV[4]
+  local a = 5
   local function list()
     local n = tonumber(ARGV[a])
     local out = {}
@@ -455,17 +458,18 @@ function ops.config(ARGV)
   local default = list()
   local overrides = tonumber(ARGV[a])
   a = a + 1
-  redis.call('DEL', base .. 'policies')
+  redis.call('DEL', base .. 'policies', base .. 'specs')
   for _ = 1, overrides do
     local name = ARGV[a]
-    a = a + 1
+    redis.call('HSET', base .. 'specs', name, ARGV[a + 1])
+    a = a + 2
     redis.call('HSET', base .. 'policies', name, cmsgpack.pack(list()))
   end
   local previous = config
   config = {
-    fp = fp, default = default, gc = tonumber(ARGV[a]), ma = tonumber(ARGV[a + 1]),
+    fp = fp, default = default, spec = spec, gc = tonumber(ARGV[a]), ma = tonumber(ARGV[a + 1]),
     lease = tonumber(ARGV[a + 2]), bo = tonumber(ARGV[a + 3]), bo_max = tonumber(ARGV[a + 4]),
-    max_jobs = tonumber(ARGV[a + 5]),
+    max_jobs = tonumber(ARGV[a + 5]), mp = tonumber(ARGV[a + 6]),
   }
   redis.call('SET', base .. 'config', cmsgpack.pack(config))
   if previous then
@@ -483,6 +487,22 @@ function ops.config(ARGV)
   end
   flush()
   return { now, 1 }
+end
+
+-- read_config: the stored configuration: the default spec, GC, MA, LEASE, BO, BO_MAX,
+-- MAX_JOBS, MAX_PAYLOAD, then each group's own (name, spec); nothing if the queue has none.
+-- Reads only.
+function ops.read_config()
+  if not config then
+    return {}
+  end
+  local out = { config.spec, config.gc, config.ma, config.lease, config.bo, config.bo_max,
+    config.max_jobs, config.mp }
+  local specs = redis.call('HGETALL', base .. 'specs')
+  for i = 1, #specs do
+    out[#out + 1] = specs[i]
+  end
+  return out
 end
 
 -- One job of an enqueue: ARGV from `a`: id ('' to generate one), group, payload, delay
@@ -953,7 +973,7 @@ local function queue_call(KEYS, ARGV)
     return redis.error_reply('paceline: unknown queue operation ' .. tostring(ARGV[1]))
   end
   local t = begin(KEYS, ARGV[2])
-  if not config and ARGV[1] ~= 'config' then
+  if not config and ARGV[1] ~= 'config' and ARGV[1] ~= 'read_config' then
     return redis.error_reply('paceline: the queue has no configuration; open it first')
   end
   maintained_at = nil

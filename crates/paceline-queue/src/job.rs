@@ -155,8 +155,14 @@ impl JobState {
         }
     }
 
-    /// The state named `name` (as [`name`](Self::name) gives it).
-    pub(crate) fn from_name(name: &str) -> Option<JobState> {
+    /// The state named `name` (as [`name`](Self::name) gives it), if one is.
+    ///
+    /// ```
+    /// use paceline_queue::JobState;
+    /// assert_eq!(JobState::from_name("dead"), Some(JobState::Dead));
+    /// assert_eq!(JobState::from_name("gone"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<JobState> {
         [
             JobState::Scheduled,
             JobState::Waiting,

@@ -85,6 +85,28 @@ pub trait QueueBackend: Send + Sync + 'static {
     fn changed(&self) -> QueueFuture<'_, ()>;
 }
 
+/// A Redis store for queues at `url`, with the default settings.
+#[cfg(feature = "redis")]
+async fn redis_store(url: &str) -> Result<paceline_store::redis::RedisStore, QueueError> {
+    paceline_store::redis::RedisStore::builder(url, paceline_store::FailurePolicy::FailClosed)
+        .connect()
+        .await
+        .map_err(|e| match e {
+            paceline_core::Error::Input(e) => QueueError::Input(e),
+            paceline_core::Error::Store(e) => QueueError::Store(e),
+            other => QueueError::Input(InputError::new("store", other.to_string())),
+        })
+}
+
+#[cfg(not(feature = "redis"))]
+fn no_redis(name: &str) -> QueueError {
+    InputError::new(
+        "store",
+        format!("queue `{name}`: this build has no Redis support; enable the `redis` feature"),
+    )
+    .into()
+}
+
 /// A job queue: what producers enqueue into and workers lease from. Clones share the queue.
 ///
 /// ```
@@ -161,30 +183,42 @@ impl Queue {
         Queue::open_redis(url, name, config).await
     }
 
+    /// The queue `name` as a shared store holds it, with the configuration its last opener
+    /// set: for tools that inspect or repair a queue without knowing its configuration
+    /// (`paceline queue`). `memory` is refused: a memory queue lives in its own process.
+    pub async fn attach(url: &str, name: &str) -> Result<Queue, QueueError> {
+        let url = url.trim();
+        if url == "memory" {
+            return Err(InputError::new(
+                "store",
+                "a memory queue lives inside the process that holds it; give the Redis URL of a shared queue",
+            )
+            .into());
+        }
+        Queue::attach_redis(url, name).await
+    }
+
+    #[cfg(feature = "redis")]
+    async fn attach_redis(url: &str, name: &str) -> Result<Queue, QueueError> {
+        let store = redis_store(url).await?;
+        Ok(Queue::new(crate::RedisQueue::attach(store, name).await?))
+    }
+
+    #[cfg(not(feature = "redis"))]
+    async fn attach_redis(_: &str, name: &str) -> Result<Queue, QueueError> {
+        Err(no_redis(name))
+    }
+
     #[cfg(feature = "redis")]
     async fn open_redis(url: &str, name: &str, config: QueueConfig) -> Result<Queue, QueueError> {
-        let store = paceline_store::redis::RedisStore::builder(
-            url,
-            paceline_store::FailurePolicy::FailClosed,
-        )
-        .connect()
-        .await
-        .map_err(|e| match e {
-            paceline_core::Error::Input(e) => QueueError::Input(e),
-            paceline_core::Error::Store(e) => QueueError::Store(e),
-            other => QueueError::Input(InputError::new("store", other.to_string())),
-        })?;
+        let store = redis_store(url).await?;
         let backend = crate::RedisQueue::open(store, name, config, None).await?;
         Ok(Queue::new(backend))
     }
 
     #[cfg(not(feature = "redis"))]
     async fn open_redis(_: &str, name: &str, _: QueueConfig) -> Result<Queue, QueueError> {
-        Err(InputError::new(
-            "store",
-            format!("queue `{name}`: this build has no Redis support; enable the `redis` feature"),
-        )
-        .into())
+        Err(no_redis(name))
     }
 
     /// A queue over `backend`.

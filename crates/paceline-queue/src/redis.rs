@@ -257,6 +257,18 @@ impl RedisQueue {
         config: QueueConfig,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<RedisQueue, QueueError> {
+        let queue = RedisQueue::follow(store, name, config, clock).await?;
+        queue.set_config().await?;
+        Ok(queue)
+    }
+
+    /// The handle on the queue, following its channel, without setting its configuration.
+    async fn follow(
+        store: RedisStore,
+        name: &str,
+        config: QueueConfig,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<RedisQueue, QueueError> {
         check_queue_name(name)?;
         config.validate()?;
         let base = format!("{}{{q:{name}}}:", store.key_prefix());
@@ -279,7 +291,7 @@ impl RedisQueue {
             }
         };
         let seed = clock.now_micros() | 1;
-        let queue = RedisQueue {
+        Ok(RedisQueue {
             name: name.to_string(),
             config,
             store,
@@ -290,9 +302,48 @@ impl RedisQueue {
             changed,
             listener,
             random: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+        })
+    }
+
+    /// The queue `name` as it is in the Redis behind `store`, with the configuration its
+    /// last opener set (for tools that inspect or repair a queue: `paceline queue`). Fails
+    /// with an `Input` error on `queue` if the store holds no queue of that name.
+    pub async fn attach(store: RedisStore, name: &str) -> Result<RedisQueue, QueueError> {
+        check_queue_name(name)?;
+        let base = format!("{}{{q:{name}}}:", store.key_prefix());
+        let reply = store
+            .call_extension(&LIBRARY, &[&base], [arg("read_config"), Vec::new()])
+            .await?;
+        let mut r = Reader::new(&reply)?;
+        if r.is_empty() {
+            return Err(InputError::new(
+                "queue",
+                format!("this store holds no queue `{name}`; a queue is created by the first service or program that opens it with its configuration"),
+            )
+            .into());
+        }
+        let stored = |what: &str, e: InputError| {
+            protocol(
+                &format!("a stored {what} that does not read back ({e})"),
+                &reply,
+            )
         };
-        queue.set_config().await?;
-        Ok(queue)
+        let spec = r.text()?;
+        let mut config = QueueConfig::new(spec.parse().map_err(|e| stored("policy", e))?)
+            .group_concurrency(r.u32()?)
+            .max_attempts(r.u32()?)
+            .lease(Duration::from_micros(r.u64()?));
+        let (first, max) = (r.u64()?, r.u64()?);
+        config = config
+            .retry_backoff(Duration::from_micros(first), Duration::from_micros(max))
+            .max_jobs(usize::try_from(r.u64()?).unwrap_or(usize::MAX))
+            .max_payload(usize::try_from(r.u64()?).unwrap_or(usize::MAX));
+        while !r.is_empty() {
+            let group = r.text()?;
+            let policy = r.text()?.parse().map_err(|e| stored("policy", e))?;
+            config = config.group(group, policy);
+        }
+        RedisQueue::follow(store, name, config, None).await
     }
 
     /// The Redis key every key of this queue starts with (a hash tag, then `:`).
@@ -317,10 +368,12 @@ impl RedisQueue {
             args.push(arg(list.len()));
             args.extend(list);
         };
+        args.push(arg(&c.group_policy));
         push_policy(&mut args, &c.group_policy);
         args.push(arg(c.groups.len()));
         for (group, policy) in &c.groups {
             args.push(group.clone().into_bytes());
+            args.push(arg(policy));
             push_policy(&mut args, policy);
         }
         args.push(arg(c.group_concurrency));
@@ -329,6 +382,7 @@ impl RedisQueue {
         args.push(arg(paceline_core::round_to_micros(c.retry_backoff)));
         args.push(arg(paceline_core::round_to_micros(c.retry_backoff_max)));
         args.push(arg(c.max_jobs));
+        args.push(arg(c.max_payload));
         let mut all = vec![arg(fingerprint(&args))];
         all.extend(args);
         let reply = self.call("config", all).await?;

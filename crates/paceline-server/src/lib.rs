@@ -30,7 +30,7 @@ mod api;
 pub mod config;
 mod conn;
 mod metrics;
-mod queues;
+pub mod queues;
 mod request;
 
 use std::future::Future;

@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use paceline_queue::{Enqueued, Failure, JobInfo, Leased, NewJob, Queue, QueueError};
+use paceline_queue::{Enqueued, Failure, JobInfo, Leased, NewJob, Queue, QueueError, Stats};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -439,7 +439,8 @@ async fn extend(
     Ok(Json(json!({ "lease_expires_ms": ms(expires) })).into_response())
 }
 
-fn job_body(job: &JobInfo) -> Value {
+/// A job as the HTTP API (and `paceline queue`) shows it.
+pub fn job_body(job: &JobInfo) -> Value {
     let mut body = json!({
         "id": job.id,
         "group": job.group,
@@ -501,6 +502,11 @@ async fn stats(
     let name = path(name)?;
     let queue = queue(&state, &name)?;
     let s = queue.stats().await.map_err(queue_error)?;
+    Ok(Json(stats_body(&name, &s)).into_response())
+}
+
+/// A queue's counts as the HTTP API (and `paceline queue stats`) shows them.
+pub fn stats_body(name: &str, s: &Stats) -> Value {
     let groups: BTreeMap<&str, Value> = s
         .groups
         .iter()
@@ -515,15 +521,14 @@ async fn stats(
             )
         })
         .collect();
-    Ok(Json(json!({
+    json!({
         "queue": name,
         "scheduled": s.scheduled,
         "waiting": s.waiting,
         "active": s.active,
         "dead": s.dead,
         "groups": groups,
-    }))
-    .into_response())
+    })
 }
 
 #[derive(Deserialize)]

@@ -1,0 +1,127 @@
+//! `paceline queue`: a job queue kept in Redis, seen and repaired from the command line
+//! with the configuration its services set: counts, jobs, the dead set.
+
+use std::process::ExitCode;
+
+use paceline_queue::{Queue, QueueError};
+use paceline_server::queues::{job_body, stats_body};
+use serde_json::json;
+
+use crate::{runtime, EXIT_STORE_FAILED};
+
+/// What `paceline queue` does.
+#[derive(clap::Subcommand, Debug)]
+pub enum Action {
+    /// Print the counts by state and each group's waiting, active and next eligible time.
+    Stats(Target),
+    /// Print jobs by id, one JSON object per line (exit 1 if one is unknown).
+    Jobs {
+        #[command(flatten)]
+        target: Target,
+        /// The jobs' ids.
+        #[arg(required = true, value_name = "ID")]
+        ids: Vec<String>,
+    },
+    /// Print the dead jobs, oldest death first, one JSON object per line.
+    Dead {
+        #[command(flatten)]
+        target: Target,
+        /// Skip the first N.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        offset: usize,
+        /// Print at most N.
+        #[arg(long, value_name = "N", default_value_t = 1000)]
+        limit: usize,
+    },
+    /// Put dead jobs back in line with fresh attempts: those named, or every one (--all).
+    RetryDead {
+        #[command(flatten)]
+        target: Target,
+        /// Every dead job.
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+        /// The dead jobs' ids.
+        #[arg(value_name = "ID", required_unless_present = "all")]
+        ids: Vec<String>,
+    },
+    /// Remove every dead job.
+    PurgeDead(Target),
+}
+
+/// The queue an action works on.
+#[derive(clap::Args, Debug)]
+pub struct Target {
+    /// The Redis holding the queue: `redis://HOST:PORT[/DB]`, `rediss://...` or
+    /// `redis-cluster://HOST:PORT[,HOST:PORT...]`.
+    #[arg(long, value_name = "URL")]
+    store: String,
+    /// The queue's name (as in `[queues.NAME]`).
+    #[arg(value_name = "QUEUE")]
+    queue: String,
+}
+
+/// Runs `action`; prints what it found or did, or the error.
+pub fn run(action: Action) -> ExitCode {
+    let runtime = match runtime() {
+        Ok(runtime) => runtime,
+        Err(code) => return code,
+    };
+    match runtime.block_on(act(action)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            match e {
+                QueueError::Input(_) => ExitCode::from(2),
+                _ => ExitCode::from(EXIT_STORE_FAILED),
+            }
+        }
+    }
+}
+
+async fn attach(target: &Target) -> Result<Queue, QueueError> {
+    Queue::attach(&target.store, &target.queue).await
+}
+
+async fn act(action: Action) -> Result<ExitCode, QueueError> {
+    match action {
+        Action::Stats(target) => {
+            let stats = attach(&target).await?.stats().await?;
+            println!("{}", stats_body(&target.queue, &stats));
+        }
+        Action::Jobs { target, ids } => {
+            let queue = attach(&target).await?;
+            let mut missing = false;
+            for id in ids {
+                match queue.job(&id).await? {
+                    Some(job) => println!("{}", job_body(&job)),
+                    None => {
+                        eprintln!("error: no job `{id}` in queue `{}`", target.queue);
+                        missing = true;
+                    }
+                }
+            }
+            if missing {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        Action::Dead {
+            target,
+            offset,
+            limit,
+        } => {
+            for job in attach(&target).await?.dead(offset, limit).await? {
+                println!("{}", job_body(&job));
+            }
+        }
+        Action::RetryDead { target, all, ids } => {
+            let queue = attach(&target).await?;
+            let retried = queue.retry_dead((!all).then_some(ids.as_slice())).await?;
+            println!("{}", json!({ "retried": retried }));
+        }
+        Action::PurgeDead(target) => {
+            let purged = attach(&target).await?.purge_dead().await?;
+            println!("{}", json!({ "purged": purged }));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
