@@ -431,3 +431,270 @@ fn queues_on_different_cluster_slots_work_side_by_side() {
         }
     });
 }
+
+/// Redis killed (SIGKILL) and restarted mid-run with its append-only file synced at every
+/// write: what was acknowledged stays acknowledged, leases and their tokens survive, the
+/// handles reconnect on their own (their calls fail while Redis is down), and every job is
+/// done once.
+#[test]
+fn a_redis_restart_with_persistence_loses_nothing_acknowledged() {
+    let mut server = paceline_testkit::RedisServer::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+    ])
+    .expect("redis-server starts");
+    runtime().block_on(async {
+        let name = fresh("restart");
+        let config = QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().unwrap())
+            .lease(Duration::from_secs(60));
+        let q = Queue::new(
+            RedisQueue::open(store(&server.url()).await, &name, config.clone(), None)
+                .await
+                .unwrap(),
+        );
+        let jobs = (0..20u8)
+            .map(|n| NewJob::new(format!("g{}", n % 2), vec![n]).id(format!("job-{n}")))
+            .collect();
+        for e in q.enqueue_batch(jobs).await {
+            e.unwrap();
+        }
+        let leased = q.lease("w", 10, None, Duration::ZERO).await.unwrap();
+        assert_eq!(leased.len(), 10);
+        for job in &leased[..5] {
+            q.ack(&job.id, job.lease).await.unwrap();
+        }
+        server.restart().expect("redis-server restarts");
+        // Calls fail until the connection is back; then the queue is as it was.
+        let mut stats = None;
+        for _ in 0..200 {
+            match q.stats().await {
+                Ok(s) => {
+                    stats = Some(s);
+                    break;
+                }
+                Err(QueueError::Store(_)) => tokio::time::sleep(Duration::from_millis(25)).await,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let stats = stats.expect("the queue answers after the restart");
+        assert_eq!(
+            (stats.totals.acked, stats.active, stats.waiting),
+            (5, 5, 10),
+            "{stats:?}"
+        );
+        for job in &leased[..5] {
+            assert_eq!(q.job(&job.id).await.unwrap(), None, "acked before: gone");
+            assert_eq!(
+                q.ack(&job.id, job.lease).await,
+                Err(QueueError::LeaseLost { id: job.id.clone() }),
+                "never acknowledged twice"
+            );
+        }
+        // The live leases survived with their tokens.
+        for job in &leased[5..] {
+            q.ack(&job.id, job.lease).await.unwrap();
+        }
+        // A new handle after the restart, and the rest of the jobs.
+        let other = Queue::new(
+            RedisQueue::open(store(&server.url()).await, &name, config, None)
+                .await
+                .unwrap(),
+        );
+        let rest = other.lease("w2", 100, None, Duration::ZERO).await.unwrap();
+        assert_eq!(rest.len(), 10);
+        for job in rest {
+            other.ack(&job.id, job.lease).await.unwrap();
+        }
+        let stats = q.stats().await.unwrap();
+        assert_eq!(
+            (stats.totals.acked, stats.totals.started),
+            (20, 20),
+            "{stats:?}"
+        );
+        assert_eq!(
+            stats.waiting + stats.active + stats.scheduled + stats.dead,
+            0
+        );
+    });
+}
+
+/// One worker process of `workers_share_a_queue_and_survive_a_sigkill`: runs a `Worker`
+/// over the queue named by the environment, writing a line per start to its file. Run only
+/// by that test (it is ignored otherwise).
+#[test]
+#[ignore = "a child process of workers_share_a_queue_and_survive_a_sigkill"]
+fn worker_process() {
+    use std::io::Write;
+    let (Ok(url), Ok(name), Ok(path)) = (
+        std::env::var("PACELINE_TEST_REDIS"),
+        std::env::var("PACELINE_TEST_QUEUE"),
+        std::env::var("PACELINE_TEST_STARTS"),
+    ) else {
+        return;
+    };
+    let work = Duration::from_millis(
+        std::env::var("PACELINE_TEST_WORK_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or(40),
+    );
+    runtime().block_on(async {
+        let q = Queue::new(
+            RedisQueue::attach(store(&url).await, &name)
+                .await
+                .expect("the queue exists"),
+        );
+        let file = std::sync::Arc::new(std::sync::Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .expect("the starts file"),
+        ));
+        let worker = paceline_queue::Worker::new(q).concurrency(4);
+        let report = worker
+            .run(
+                move |job| {
+                    let file = std::sync::Arc::clone(&file);
+                    async move {
+                        let line =
+                            format!("{} {} {} {}\n", job.id, job.group, job.started, job.attempt);
+                        if let Ok(mut f) = file.lock() {
+                            let _ = f.write_all(line.as_bytes());
+                        }
+                        // The job's work.
+                        tokio::time::sleep(work).await;
+                        Ok(())
+                    }
+                },
+                std::future::pending::<()>(),
+            )
+            .await;
+        panic!("the worker stopped: {report:?}");
+    });
+}
+
+/// 4 worker processes on one Redis queue, one killed with SIGKILL mid-job and started
+/// again: every job is acknowledged, none is lost, a job starts twice only after its lease
+/// expired (and each such start is counted), and each group's starts, on the server's
+/// clock, pass its policy.
+#[test]
+fn workers_share_a_queue_and_survive_a_sigkill() {
+    use std::collections::BTreeMap;
+    use std::process::{Child, Command, Stdio};
+    let server = paceline_testkit::RedisServer::start().expect("redis-server starts");
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let name = fresh("sigkill");
+    let spec = "fixed_window:limit=5,window=500ms";
+    let policy: Policy = spec.parse().unwrap();
+    let rt = runtime();
+    let q = rt.block_on(async {
+        let config = QueueConfig::new(policy.clone()).lease(Duration::from_millis(1_000));
+        let q = Queue::new(
+            RedisQueue::open(store(&server.url()).await, &name, config, None)
+                .await
+                .unwrap(),
+        );
+        let jobs = (0..60u8)
+            .map(|n| NewJob::new(format!("g{}", n % 3), vec![n]))
+            .collect();
+        for e in q.enqueue_batch(jobs).await {
+            e.unwrap();
+        }
+        q
+    });
+    let spawn = |n: usize| -> Child {
+        Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", "worker_process", "--ignored", "--nocapture"])
+            .env("PACELINE_TEST_REDIS", server.url())
+            .env("PACELINE_TEST_QUEUE", &name)
+            .env(
+                "PACELINE_TEST_STARTS",
+                dir.path().join(format!("starts-{n}")),
+            )
+            // Worker 0's jobs hang, so it is surely killed mid-job.
+            .env("PACELINE_TEST_WORK_MS", if n == 0 { "60000" } else { "40" })
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("a worker process")
+    };
+    let mut workers: Vec<Child> = (0..4).map(spawn).collect();
+    let starts_of = |n: usize| {
+        std::fs::read_to_string(dir.path().join(format!("starts-{n}"))).unwrap_or_default()
+    };
+    // Kill worker 0 once it has started a job (mid-job: its jobs hang).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while starts_of(0).is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker 0 never started a job"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    workers[0].kill().expect("SIGKILL");
+    let _ = workers[0].wait();
+    workers[0] = spawn(4);
+    // Wait for every job to be acknowledged.
+    let stats = loop {
+        let stats = rt.block_on(q.stats()).unwrap();
+        if stats.totals.acked == 60 {
+            break stats;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every job was acked: {stats:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    for mut w in workers {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    assert_eq!(
+        (stats.waiting, stats.active, stats.scheduled, stats.dead),
+        (0, 0, 0, 0)
+    );
+    // Every start, by group, from every worker's file (a line cut by the kill is dropped).
+    let mut by_group: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut by_job: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for n in 0..5 {
+        for line in starts_of(n).lines() {
+            let parts: Vec<&str> = line.split(' ').collect();
+            let [id, group, started, attempt] = parts[..] else {
+                continue;
+            };
+            let (Ok(started), Ok(attempt)) = (started.parse::<u64>(), attempt.parse::<u32>())
+            else {
+                continue;
+            };
+            by_group.entry(group.to_string()).or_default().push(started);
+            by_job.entry(id.to_string()).or_default().push(attempt);
+        }
+    }
+    assert_eq!(by_job.len(), 60, "every job started");
+    let again: usize = by_job.values().map(|a| a.len() - 1).sum();
+    assert!(again >= 1, "the killed worker's job ran again");
+    assert_eq!(
+        stats.totals.started - 60,
+        stats.totals.lease_expiries,
+        "a job starts again only after its lease expired: {stats:?}"
+    );
+    assert!(again as u64 <= stats.totals.lease_expiries);
+    assert!(
+        by_job.values().flatten().all(|&a| a >= 1),
+        "attempts count from 1"
+    );
+    for (group, mut times) in by_group {
+        times.sort_unstable();
+        let mut state = None;
+        for t in times {
+            let d = policy
+                .apply(&mut state, t, paceline_core::Op::Limit, 1)
+                .unwrap();
+            assert!(d.allowed, "{group} started at {t}, over {spec}");
+        }
+    }
+}
