@@ -28,7 +28,9 @@
 -- digits).
 --
 -- ARGV[1] is the operation, ARGV[2] the clock as `PL.clock` reads it; the rest is the
--- operation's (see each entry below).
+-- operation's (see each entry below). The only error replies come before anything is
+-- written (an unknown operation, a queue with no configuration): the Rust side calls again
+-- after an error reply, having loaded the library, and must never apply a change twice.
 
 local MAINTENANCE_BATCH = 1000
 local MAX_PROJECTION_STEPS = 64

@@ -119,13 +119,12 @@ impl RedisStore {
     }
 }
 
-/// Whether a call failed because the server lacks the function (a fresh or restarted
-/// server, or one whose functions were flushed).
+/// Whether a call failed with an error reply, which is what a server that lacks the
+/// function answers (a fresh or restarted server, or one whose functions were flushed): the
+/// caller loads the library and calls once more, as `decide` does. An extension's own error
+/// replies must come before it writes anything, so that this second call applies nothing
+/// twice.
 fn is_missing_function(e: &StoreError) -> bool {
-    super::transport::redis_cause(e).is_some_and(|r| {
-        r.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
-            && r.code() == Some("ERR")
-            && r.detail()
-                .is_some_and(|d| d.starts_with("Function not found"))
-    })
+    super::transport::redis_cause(e)
+        .is_some_and(|r| r.kind() == ErrorKind::Server(ServerErrorKind::ResponseError))
 }
