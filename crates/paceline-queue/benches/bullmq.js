@@ -17,7 +17,10 @@ async function timed(name, tasks, body) {
   const start = process.hrtime.bigint();
   await Promise.all(Array.from({ length: tasks }, async () => {
     while (Date.now() < until) {
-      done += await body();
+      // Not `done += await body()`: that reads `done` before the await, and the tasks
+      // would overwrite each other's counts.
+      const n = await body();
+      done += n;
     }
   }));
   const elapsed = Number(process.hrtime.bigint() - start) / 1e9;

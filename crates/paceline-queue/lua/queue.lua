@@ -48,6 +48,9 @@ end
 local base, now, meta, config
 local groups, jobs, deleted_jobs, dropped_groups, policy_cache
 
+-- The time of the last maintenance that left nothing due (nil: none this call).
+local maintained_at
+
 local function copy(t)
   if t == nil then
     return nil
@@ -204,10 +207,11 @@ local function project_one(policy, p, t0)
   return t
 end
 
--- The group's projection, brought to cover every waiting job (a copy).
-local function projection(name, g, t)
+-- The group's projection, brought to cover every waiting job: a copy, or (`own`) the
+-- group's own when it is current, for a caller that stores what it gets back.
+local function projection(name, g, t, own)
   if g.p and g.p.covers == g.n then
-    return copy(g.p)
+    return own and g.p or copy(g.p)
   end
   local p = { s = copy(g.state), last = max(t, g.next_at, g.paused_until), covers = 0 }
   local policy = policy_of(name)
@@ -256,6 +260,10 @@ local function refresh(name)
   elseif not g.rt and empty then
     g.rt = max(g.idle_at, g.paused_until)
     redis.call('ZADD', base .. 'retiring', int(g.rt), name)
+    if g.rt <= now then
+      -- Due at once: the next maintenance of this call must see it.
+      maintained_at = nil
+    end
   end
   if g.n == 0 then
     g.p = nil
@@ -266,7 +274,7 @@ end
 local function join_tail(name, id, t)
   local rank = next_seq()
   local g = group_entry(name)
-  local p = projection(name, g, t)
+  local p = projection(name, g, t, true)
   local estimate = project_one(policy_of(name), p, t)
   g.p = p
   redis.call('ZADD', base .. 'l:' .. name, int(rank), id)
@@ -329,8 +337,6 @@ local function lease_expired(id)
   return true
 end
 
--- Whether a maintenance at `now` left work due (more than a batch of something).
-local maintained_at
 
 -- Expired leases back to their groups, due jobs into theirs, idle groups dropped: at most
 -- MAINTENANCE_BATCH of each.
@@ -401,8 +407,10 @@ local function maintain(t)
   maintained_at = finished and t or nil
 end
 
+-- Asks the call to publish on the queue's channel when it ends: a job may start sooner.
+local wake = false
 local function publish()
-  redis.call('PUBLISH', base .. 'changed', '')
+  wake = true
 end
 
 local function next_event()
@@ -487,7 +495,6 @@ function ops.config(ARGV)
       refresh(name)
     end
   end
-  flush()
   return { now, 1 }
 end
 
@@ -574,7 +581,6 @@ function ops.enqueue(ARGV)
       created = true
     end
   end
-  flush()
   if created then
     publish()
   end
@@ -635,7 +641,6 @@ function ops.lease(ARGV)
       end
     end
   end
-  flush()
   return out
 end
 
@@ -672,7 +677,6 @@ function ops.ack(ARGV)
   local id = ARGV[3]
   maintain(now)
   if not held(id, ARGV[4]) then
-    flush()
     return { now, 'lost' }
   end
   local name = release(id)
@@ -681,7 +685,6 @@ function ops.ack(ARGV)
     meta.totals.acked = meta.totals.acked + 1
     refresh(name)
   end
-  flush()
   if config.gc > 0 then
     publish()
   end
@@ -714,12 +717,10 @@ function ops.fail(ARGV)
   local error = ARGV[6] == '1' and ARGV[7] or nil
   maintain(now)
   if not held(id, ARGV[4]) then
-    flush()
     return { now, 'lost', 0 }
   end
   local name = release(id)
   if not name then
-    flush()
     return { now, 'lost', 0 }
   end
   local job = load_job(id)
@@ -781,7 +782,6 @@ function ops.fail(ARGV)
     to_waiting(job)
     join_head(name, id)
   end
-  flush()
   publish()
   return { now, outcome, at }
 end
@@ -792,14 +792,12 @@ function ops.extend(ARGV)
   local before = next_event()
   maintain(now)
   if not held(id, ARGV[4]) then
-    flush()
     return { now, 'lost', 0 }
   end
   local job = load_job(id)
   redis.call('ZREM', base .. 'leases', padded(job.token) .. id)
   job.expires = now + tonumber(ARGV[5])
   redis.call('ZADD', base .. 'leases', int(job.expires), padded(job.token) .. id)
-  flush()
   local after = next_event()
   if after ~= -1 and (before == -1 or after < before) then
     -- A lease made shorter may expire before what waiting calls sleep until.
@@ -814,11 +812,9 @@ function ops.cancel(ARGV)
   maintain(now)
   local job = load_job(id)
   if not job then
-    flush()
     return { now, 'unknown' }
   end
   if job.place == 'active' then
-    flush()
     return { now, 'active' }
   elseif job.place == 'scheduled' then
     redis.call('ZREM', base .. 'scheduled', padded(job.order) .. id)
@@ -837,7 +833,6 @@ function ops.cancel(ARGV)
   end
   remove_job(id)
   refresh(job.group)
-  flush()
   return { now, 'ok' }
 end
 
@@ -870,7 +865,6 @@ end
 -- started, acked, failed, retried, dead, lease expiries, pauses).
 function ops.counts()
   maintain(now)
-  flush()
   return counts({})
 end
 
@@ -878,7 +872,6 @@ end
 -- next eligible time (-1: none). Unsorted.
 function ops.stats()
   maintain(now)
-  flush()
   local out = counts({})
   for _, name in ipairs(redis.call('SMEMBERS', base .. 'groups')) do
     local g = load_group(name)
@@ -939,7 +932,6 @@ function ops.retry_dead(ARGV)
       n = n + 1
     end
   end
-  flush()
   if n > 0 then
     publish()
   end
@@ -953,7 +945,6 @@ function ops.purge_dead()
     remove_job(id)
   end
   redis.call('DEL', base .. 'dead')
-  flush()
   return #ids
 end
 
@@ -963,26 +954,67 @@ function ops.next_event()
   return next_event()
 end
 
--- The operations that tick the queue's clock (the others read it as it is).
+-- The operations that tick the queue's clock (the others read it as it is), and those
+-- that write (the others read only).
 local ticking = {
-  config = false, enqueue = true, lease = true, ack = true, fail = true, extend = true,
-  cancel = true, counts = true, stats = true, retry_dead = true,
+  enqueue = true, lease = true, ack = true, fail = true, extend = true, cancel = true,
+  counts = true, stats = true, retry_dead = true,
+}
+local writing = {
+  config = true, enqueue = true, lease = true, ack = true, fail = true, extend = true,
+  cancel = true, counts = true, stats = true, retry_dead = true, purge_dead = true,
 }
 
+-- multi COUNT (OP N ARGS...)...: the operations in order, as if each were its own call at
+-- the same time (each one's maintenance, ticks and answers as alone), written once.
+-- Answers each operation's answer, in order. Only ticking operations may be in it.
+function ops.multi(ARGV)
+  local out = {}
+  local a = 4
+  for i = 1, tonumber(ARGV[3]) do
+    local name, n = ARGV[a], tonumber(ARGV[a + 1])
+    local sub = { name, ARGV[2] }
+    for j = 1, n do
+      sub[2 + j] = ARGV[a + 1 + j]
+    end
+    a = a + 2 + n
+    out[i] = ops[name](sub)
+  end
+  return out
+end
+
 local function queue_call(KEYS, ARGV)
-  local op = ops[ARGV[1]]
+  local name = ARGV[1]
+  local op = ops[name]
   if not op then
-    return redis.error_reply('paceline: unknown queue operation ' .. tostring(ARGV[1]))
+    return redis.error_reply('paceline: unknown queue operation ' .. tostring(name))
+  end
+  if name == 'multi' then
+    -- Checked before anything is written, as every error reply.
+    local a = 4
+    for _ = 1, tonumber(ARGV[3]) or 0 do
+      if not ticking[ARGV[a]] or not tonumber(ARGV[a + 1]) then
+        return redis.error_reply('paceline: multi holds ticking operations only')
+      end
+      a = a + 2 + tonumber(ARGV[a + 1])
+    end
   end
   local t = begin(KEYS, ARGV[2])
-  if not config and ARGV[1] ~= 'config' and ARGV[1] ~= 'read_config' then
+  if not config and name ~= 'config' and name ~= 'read_config' then
     return redis.error_reply('paceline: the queue has no configuration; open it first')
   end
-  maintained_at = nil
-  if ticking[ARGV[1]] then
+  maintained_at, wake = nil, false
+  if ticking[name] or name == 'multi' then
     tick(t)
   else
     now = meta.now
   end
-  return op(ARGV)
+  local answer = op(ARGV)
+  if writing[name] or name == 'multi' then
+    flush()
+  end
+  if wake then
+    redis.call('PUBLISH', base .. 'changed', '')
+  end
+  return answer
 end

@@ -28,7 +28,7 @@ use paceline_store::redis::extension::{policy_args, Extension};
 use paceline_store::redis::RedisStore;
 use paceline_store::SystemClock;
 use redis::Value;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::config::QueueConfig;
 use crate::core::{
@@ -49,6 +49,17 @@ static LIBRARY: LazyLock<Extension> =
 pub struct RedisQueue {
     name: String,
     config: QueueConfig,
+    caller: Arc<Caller>,
+    /// The operations waiting for the next combined call (see `combine`).
+    pending: mpsc::UnboundedSender<Pending>,
+    combiner: tokio::task::JoinHandle<()>,
+    changed: Arc<Notify>,
+    listener: tokio::task::JoinHandle<()>,
+    random: AtomicU64,
+}
+
+/// What every call of the queue's function needs.
+struct Caller {
     store: RedisStore,
     /// `PREFIX{q:NAME}:`, the start of every key of the queue.
     base: String,
@@ -57,16 +68,37 @@ pub struct RedisQueue {
     /// `server_clock` follows it.
     injected: bool,
     server_clock: Option<Arc<ServerClock>>,
-    changed: Arc<Notify>,
-    listener: tokio::task::JoinHandle<()>,
-    random: AtomicU64,
 }
+
+/// An operation waiting for the next combined call, and where its answer goes.
+struct Pending {
+    op: &'static str,
+    args: Vec<Vec<u8>>,
+    answer: oneshot::Sender<Result<Value, QueueError>>,
+}
+
+/// The most operations one combined call carries.
+const MAX_COMBINED: usize = 256;
+/// The most combined calls in flight at once.
+const MAX_IN_FLIGHT: usize = 4;
+
+/// The operations that change the queue and tick its clock: concurrent ones go to Redis
+/// combined, in one call (`multi`), as if each had been its own call at the same time.
+const COMBINED: &[&str] = &[
+    "enqueue",
+    "lease",
+    "ack",
+    "fail",
+    "extend",
+    "cancel",
+    "retry_dead",
+];
 
 impl std::fmt::Debug for RedisQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisQueue")
             .field("name", &self.name)
-            .field("base", &self.base)
+            .field("base", &self.caller.base)
             .finish_non_exhaustive()
     }
 }
@@ -74,6 +106,94 @@ impl std::fmt::Debug for RedisQueue {
 impl Drop for RedisQueue {
     fn drop(&mut self) {
         self.listener.abort();
+        self.combiner.abort();
+    }
+}
+
+impl Caller {
+    /// Calls the operation `op` with `args` after the clock argument.
+    async fn call(&self, op: &str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
+        let clock = if self.injected {
+            arg(format!("{} 0", self.clock.now_micros()))
+        } else {
+            Vec::new()
+        };
+        let all = [arg(op), clock].into_iter().chain(args);
+        let reply = self
+            .store
+            .call_extension(&LIBRARY, &[&self.base], all)
+            .await?;
+        // Every answer of a ticking operation starts with the server's time (a combined
+        // call's, its first operation's).
+        if let (Some(server), Value::Array(values)) = (&self.server_clock, &reply) {
+            let first = match (op, values.first()) {
+                ("multi", Some(Value::Array(first))) => first.first(),
+                (op, first) if COMBINED.contains(&op) || op == "counts" || op == "stats" => first,
+                _ => None,
+            };
+            if let Some(Value::Int(now)) = first {
+                if let Ok(now) = u64::try_from(*now) {
+                    server.observe(now);
+                }
+            }
+        }
+        Ok(reply)
+    }
+}
+
+/// Sends the operations that wait, combined: one call for all that queued up while the
+/// calls before were in flight (at most `MAX_IN_FLIGHT` at once), each answer back to its
+/// caller. A lone operation goes as itself.
+async fn combine(caller: Arc<Caller>, mut pending: mpsc::UnboundedReceiver<Pending>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    while let Some(first) = pending.recv().await {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_COMBINED {
+            match pending.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let caller = Arc::clone(&caller);
+        tokio::spawn(async move {
+            let _slot = slot;
+            if batch.len() == 1 {
+                if let Some(p) = batch.pop() {
+                    let answer = caller.call(p.op, p.args).await;
+                    let _ = p.answer.send(answer);
+                }
+                return;
+            }
+            let mut args = vec![arg(batch.len())];
+            let mut answers = Vec::with_capacity(batch.len());
+            for p in batch {
+                args.push(arg(p.op));
+                args.push(arg(p.args.len()));
+                args.extend(p.args);
+                answers.push(p.answer);
+            }
+            match caller.call("multi", args).await {
+                Ok(Value::Array(replies)) if replies.len() == answers.len() => {
+                    for (answer, reply) in answers.into_iter().zip(replies) {
+                        let _ = answer.send(Ok(reply));
+                    }
+                }
+                Ok(other) => {
+                    let e = protocol("multi", &other);
+                    for answer in answers {
+                        let _ = answer.send(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    for answer in answers {
+                        let _ = answer.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -291,14 +411,21 @@ impl RedisQueue {
             }
         };
         let seed = clock.now_micros() | 1;
-        Ok(RedisQueue {
-            name: name.to_string(),
-            config,
+        let caller = Arc::new(Caller {
             store,
             base,
             clock,
             injected,
             server_clock,
+        });
+        let (pending, queued) = mpsc::unbounded_channel();
+        let combiner = tokio::spawn(combine(Arc::clone(&caller), queued));
+        Ok(RedisQueue {
+            name: name.to_string(),
+            config,
+            caller,
+            pending,
+            combiner,
             changed,
             listener,
             random: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
@@ -348,7 +475,7 @@ impl RedisQueue {
 
     /// The Redis key every key of this queue starts with (a hash tag, then `:`).
     pub fn key_base(&self) -> &str {
-        &self.base
+        &self.caller.base
     }
 
     /// How many groups the queue holds state for; see
@@ -390,30 +517,23 @@ impl RedisQueue {
         Ok(())
     }
 
-    /// Calls the operation `op` with `args` after the clock argument.
-    async fn call(&self, op: &str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
-        let clock = if self.injected {
-            arg(format!("{} 0", self.clock.now_micros()))
-        } else {
-            Vec::new()
-        };
-        let all = [arg(op), clock].into_iter().chain(args);
-        let reply = self
-            .store
-            .call_extension(&LIBRARY, &[&self.base], all)
-            .await?;
-        // Every answer but `config`'s (which leaves the queue's clock as it is) starts with
-        // the server's time, when it is an array of values.
-        if let (Some(server), Value::Array(values), false) =
-            (&self.server_clock, &reply, op == "config")
-        {
-            if let Some(Value::Int(now)) = values.first() {
-                if let Ok(now) = u64::try_from(*now) {
-                    server.observe(now);
-                }
-            }
+    /// Calls the operation `op` with `args`: combined with the concurrent ones if it
+    /// changes the queue, else on its own.
+    async fn call(&self, op: &'static str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
+        if !COMBINED.contains(&op) {
+            return self.caller.call(op, args).await;
         }
-        Ok(reply)
+        let (answer, answered) = oneshot::channel();
+        let gone = || {
+            QueueError::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the queue's handle is shutting down",
+            ))
+        };
+        self.pending
+            .send(Pending { op, args, answer })
+            .map_err(|_| gone())?;
+        answered.await.map_err(|_| gone())?
     }
 
     /// A number from 0 to 1 for the backoff's jitter.
@@ -724,7 +844,7 @@ impl QueueBackend for RedisQueue {
     }
 
     fn clock(&self) -> &dyn Clock {
-        &*self.clock
+        &*self.caller.clock
     }
 
     fn enqueue(&self, jobs: Vec<NewJob>) -> QueueFuture<'_, Vec<Result<Enqueued, QueueError>>> {

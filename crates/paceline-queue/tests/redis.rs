@@ -87,6 +87,86 @@ enum Step {
         id: u8,
     },
     PurgeDead,
+    /// Operations issued at once: on Redis they go in one combined call.
+    Together {
+        subs: Vec<Sub>,
+    },
+}
+
+#[derive(Clone, Debug)]
+enum Sub {
+    Enqueue { group: u8 },
+    Ack { pick: u8 },
+    Lease { max_jobs: u8 },
+    Fail { pick: u8 },
+}
+
+fn sub() -> impl Strategy<Value = Sub> {
+    prop_oneof![
+        (0u8..3).prop_map(|group| Sub::Enqueue { group }),
+        any::<u8>().prop_map(|pick| Sub::Ack { pick }),
+        (1u8..4).prop_map(|max_jobs| Sub::Lease { max_jobs }),
+        any::<u8>().prop_map(|pick| Sub::Fail { pick }),
+    ]
+}
+
+/// Runs `subs` at once on `queue` (each a future polled in order, as a caller issuing them
+/// together would); answers each one's outcome as text, and the leases handed out.
+async fn together(
+    queue: &Queue,
+    subs: &[(Sub, Option<(String, u64)>)],
+) -> (Vec<String>, Vec<(String, u64)>) {
+    let futures = subs.iter().map(|(sub, held)| async move {
+        match (sub, held) {
+            (Sub::Enqueue { group }, _) => (
+                format!(
+                    "{:?}",
+                    queue
+                        .enqueue(NewJob::new(format!("g{group}"), vec![*group]))
+                        .await
+                ),
+                Vec::new(),
+            ),
+            (Sub::Ack { .. }, Some((id, token))) => {
+                (format!("{:?}", queue.ack(id, *token).await), Vec::new())
+            }
+            (Sub::Fail { .. }, Some((id, token))) => (
+                format!(
+                    "{:?}",
+                    queue
+                        .fail(
+                            id,
+                            *token,
+                            Failure::Retry {
+                                error: None,
+                                after: None
+                            }
+                        )
+                        .await
+                ),
+                Vec::new(),
+            ),
+            (Sub::Lease { max_jobs }, _) => {
+                let leased = queue
+                    .lease("w", usize::from(*max_jobs), None, Duration::ZERO)
+                    .await;
+                let held = leased
+                    .as_ref()
+                    .map(|jobs| jobs.iter().map(|j| (j.id.clone(), j.lease)).collect())
+                    .unwrap_or_default();
+                (format!("{leased:?}"), held)
+            }
+            _ => (String::new(), Vec::new()),
+        }
+    });
+    let answers = futures_util::future::join_all(futures).await;
+    let mut held = Vec::new();
+    let mut out = Vec::new();
+    for (text, leases) in answers {
+        out.push(text);
+        held.extend(leases);
+    }
+    (out, held)
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -106,6 +186,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Dead),
         1 => (any::<bool>(), 0u8..8).prop_map(|(all, id)| Step::RetryDead { all, id }),
         1 => Just(Step::PurgeDead),
+        2 => proptest::collection::vec(sub(), 2..8).prop_map(|subs| Step::Together { subs }),
     ]
 }
 
@@ -277,6 +358,30 @@ async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), Test
             }
             Step::PurgeDead => {
                 let (a, b) = (memory.purge_dead().await, redis.purge_dead().await);
+                prop_assert_eq!(a, b, "{}", at);
+            }
+            Step::Together { subs } => {
+                // Each ack or fail takes a distinct lease the test holds.
+                let subs: Vec<(Sub, Option<(String, u64)>)> = subs
+                    .into_iter()
+                    .map(|sub| {
+                        let lease = match &sub {
+                            Sub::Ack { pick: p } | Sub::Fail { pick: p } => {
+                                let lease = pick(&held, *p);
+                                if let Some(l) = &lease {
+                                    held.retain(|h| h.1 != l.1);
+                                    spent.push(l.clone());
+                                }
+                                lease
+                            }
+                            _ => None,
+                        };
+                        (sub, lease)
+                    })
+                    .collect();
+                let (a, leased) = together(&memory, &subs).await;
+                let (b, _) = together(&redis, &subs).await;
+                held.extend(leased);
                 prop_assert_eq!(a, b, "{}", at);
             }
         }
