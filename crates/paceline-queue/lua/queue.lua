@@ -338,6 +338,51 @@ local function lease_expired(id)
 end
 
 
+-- Hands each entry of the sorted set `set` that is due by `t` to `handle`, which must
+-- take it out of the set: at most MAINTENANCE_BATCH. Answers whether none is left due.
+local function drain(set, t, handle)
+  for _ = 1, MAINTENANCE_BATCH do
+    local member, at = first(base .. set)
+    if not member or at > t then
+      return true
+    end
+    handle(member, at)
+  end
+  local member, at = first(base .. set)
+  return not member or at > t
+end
+
+local function expire_lease(member)
+  if not lease_expired(member:sub(21)) then
+    redis.call('ZREM', base .. 'leases', member)
+  end
+end
+
+local function schedule_due(member)
+  redis.call('ZREM', base .. 'scheduled', member)
+  local id = member:sub(21)
+  local job = load_job(id)
+  if job then
+    local head = job.place == 'scheduled' and job.head
+    to_waiting(job)
+    if head then
+      join_head(job.group, id)
+    else
+      local _, rank = join_tail(job.group, id, now)
+      job.rank = rank
+    end
+  end
+end
+
+local function retire(name, at)
+  redis.call('ZREM', base .. 'retiring', name)
+  local g = load_group(name)
+  if g and g.n == 0 and g.active == 0 and g.rt == at then
+    groups[name] = false
+    dropped_groups[name] = true
+  end
+end
+
 -- Expired leases back to their groups, due jobs into theirs, idle groups dropped: at most
 -- MAINTENANCE_BATCH of each.
 local function maintain(t)
@@ -345,65 +390,9 @@ local function maintain(t)
     -- Nothing comes due at `t` that a finished maintenance at `t` left.
     return
   end
-  local finished = true
-  local done = 0
-  while true do
-    local member, expires = first(base .. 'leases')
-    if not member or expires > t then
-      break
-    end
-    if done == MAINTENANCE_BATCH then
-      finished = false
-      break
-    end
-    done = done + 1
-    if not lease_expired(member:sub(21)) then
-      redis.call('ZREM', base .. 'leases', member)
-    end
-  end
-  done = 0
-  while true do
-    local member, at = first(base .. 'scheduled')
-    if not member or at > t then
-      break
-    end
-    if done == MAINTENANCE_BATCH then
-      finished = false
-      break
-    end
-    done = done + 1
-    redis.call('ZREM', base .. 'scheduled', member)
-    local id = member:sub(21)
-    local job = load_job(id)
-    if job then
-      local head = job.place == 'scheduled' and job.head
-      to_waiting(job)
-      if head then
-        join_head(job.group, id)
-      else
-        local _, rank = join_tail(job.group, id, t)
-        job.rank = rank
-      end
-    end
-  end
-  done = 0
-  while true do
-    local name, at = first(base .. 'retiring')
-    if not name or at > t then
-      break
-    end
-    if done == MAINTENANCE_BATCH then
-      finished = false
-      break
-    end
-    done = done + 1
-    redis.call('ZREM', base .. 'retiring', name)
-    local g = load_group(name)
-    if g and g.n == 0 and g.active == 0 and g.rt == at then
-      groups[name] = false
-      dropped_groups[name] = true
-    end
-  end
+  local finished = drain('leases', t, expire_lease)
+  finished = drain('scheduled', t, schedule_due) and finished
+  finished = drain('retiring', t, retire) and finished
   maintained_at = finished and t or nil
 end
 

@@ -1082,6 +1082,31 @@ fn project_one(policy: &Policy, p: &mut Projection, now: u64) -> u64 {
     t
 }
 
+/// The backoff's jitter for a backend: numbers from 0 to 1 (xorshift), seeded from the
+/// clock, so that a backend's sequence on a virtual clock repeats.
+#[derive(Debug)]
+pub(crate) struct Jitter(std::sync::atomic::AtomicU64);
+
+impl Jitter {
+    pub(crate) fn seeded(now: u64) -> Jitter {
+        let seed = now | 1;
+        Jitter(std::sync::atomic::AtomicU64::new(
+            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1,
+        ))
+    }
+
+    /// The next number from 0 to 1.
+    pub(crate) fn next(&self) -> f64 {
+        use std::sync::atomic::Ordering;
+        let mut x = self.0.load(Ordering::Relaxed);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0.store(x, Ordering::Relaxed);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
 /// The answer to an enqueue into a full queue.
 pub(crate) fn queue_full(max_jobs: usize) -> QueueError {
     QueueError::Store(StoreError::new(

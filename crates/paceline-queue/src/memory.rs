@@ -3,7 +3,6 @@
 //! Not durable: jobs live as long as the process. For tests (on a virtual clock),
 //! simulations and single-process apps.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use paceline_store::SystemClock;
 use tokio::sync::Notify;
 
 use crate::config::QueueConfig;
-use crate::core::QueueCore;
+use crate::core::{Jitter, QueueCore};
 use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
 use crate::queue::{QueueBackend, QueueFuture};
@@ -25,7 +24,7 @@ pub struct MemoryQueue {
     changed: Notify,
     clock: Arc<dyn Clock>,
     /// The state of the jitter's random numbers (xorshift).
-    random: AtomicU64,
+    random: Jitter,
 }
 
 impl std::fmt::Debug for MemoryQueue {
@@ -50,14 +49,14 @@ impl MemoryQueue {
     ) -> Result<MemoryQueue, InputError> {
         check_queue_name(name)?;
         let core = QueueCore::new(config.clone())?;
-        let seed = clock.now_micros() | 1;
+        let seed = clock.now_micros();
         Ok(MemoryQueue {
             name: name.to_string(),
             config,
             core: Mutex::new(core),
             changed: Notify::new(),
             clock,
-            random: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            random: Jitter::seeded(seed),
         })
     }
 
@@ -68,16 +67,6 @@ impl MemoryQueue {
 
     fn now(&self) -> u64 {
         self.clock.now_micros()
-    }
-
-    /// A number from 0 to 1 for the backoff's jitter.
-    fn jitter(&self) -> f64 {
-        let mut x = self.random.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.random.store(x, Ordering::Relaxed);
-        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// Wakes every waiting lease call.
@@ -162,7 +151,7 @@ impl QueueBackend for MemoryQueue {
         failure: Failure,
     ) -> QueueFuture<'a, Result<FailOutcome, QueueError>> {
         let now = self.now();
-        let jitter = self.jitter();
+        let jitter = self.random.next();
         let answer = self.core().fail(now, id, lease, failure, jitter);
         if answer.is_ok() {
             self.wake();

@@ -18,7 +18,7 @@
 //! open it sets it for all (a changed configuration applies as
 //! [`QueueCore::set_config`](crate::QueueCore::set_config) does).
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::config::QueueConfig;
 use crate::core::{
-    active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full,
+    active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full, Jitter,
 };
 use crate::error::QueueError;
 use crate::job::{
@@ -55,7 +55,7 @@ pub struct RedisQueue {
     combiner: tokio::task::JoinHandle<()>,
     changed: Arc<Notify>,
     listener: tokio::task::JoinHandle<()>,
-    random: AtomicU64,
+    random: Jitter,
 }
 
 /// What every call of the queue's function needs.
@@ -410,7 +410,7 @@ impl RedisQueue {
                 (server.clone(), false, Some(server))
             }
         };
-        let seed = clock.now_micros() | 1;
+        let seed = clock.now_micros();
         let caller = Arc::new(Caller {
             store,
             base,
@@ -428,7 +428,7 @@ impl RedisQueue {
             combiner,
             changed,
             listener,
-            random: AtomicU64::new(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+            random: Jitter::seeded(seed),
         })
     }
 
@@ -534,16 +534,6 @@ impl RedisQueue {
             .send(Pending { op, args, answer })
             .map_err(|_| gone())?;
         answered.await.map_err(|_| gone())?
-    }
-
-    /// A number from 0 to 1 for the backoff's jitter.
-    fn jitter(&self) -> f64 {
-        let mut x = self.random.load(Ordering::Relaxed);
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.random.store(x, Ordering::Relaxed);
-        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Vec<Result<Enqueued, QueueError>> {
@@ -695,7 +685,7 @@ impl RedisQueue {
                     error.unwrap_or_default().into_bytes(),
                     after.map(arg).unwrap_or_default(),
                     arg(pause),
-                    arg(format!("{:?}", self.jitter())),
+                    arg(format!("{:?}", self.random.next())),
                 ],
             )
             .await?;

@@ -9,15 +9,8 @@ use paceline_core::{Op, Policy};
 use paceline_queue::{Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError};
 use proptest::prelude::*;
 
-const POLICIES: &[&str] = &[
-    "fixed_window:limit=3,window=1s",
-    "gcra:rate=2/s,burst=2",
-    "sliding_window:limit=3,window=1s",
-    "sliding_log:limit=2,window=1s,min_interval=100ms",
-    "pacer:rate=3/s,max_burst=1",
-    "smooth_bursty:rate=2/s,max_burst_seconds=1",
-    "smooth_warming_up:rate=4/s,warmup=1s",
-];
+mod common;
+use common::POLICIES;
 
 #[derive(Clone, Debug)]
 enum Step {
