@@ -110,14 +110,20 @@ local function flush()
   end
 end
 
-local function load_job(id)
-  local job = jobs[id]
-  if job == nil then
-    local raw = redis.call('GET', base .. 'j:' .. id)
-    job = raw and cmsgpack.unpack(raw) or false
-    jobs[id] = job
+-- The object `key` of `cache` (`jobs`, kept under 'j:', or `groups`, under 'g:'), read
+-- from Redis once a call; nil if there is none.
+local function load(cache, prefix, key)
+  local object = cache[key]
+  if object == nil then
+    local raw = redis.call('GET', base .. prefix .. key)
+    object = raw and cmsgpack.unpack(raw) or false
+    cache[key] = object
   end
-  return job or nil
+  return object or nil
+end
+
+local function load_job(id)
+  return load(jobs, 'j:', id)
 end
 
 local function remove_job(id)
@@ -127,13 +133,7 @@ local function remove_job(id)
 end
 
 local function load_group(name)
-  local g = groups[name]
-  if g == nil then
-    local raw = redis.call('GET', base .. 'g:' .. name)
-    g = raw and cmsgpack.unpack(raw) or false
-    groups[name] = g
-  end
-  return g or nil
+  return load(groups, 'g:', name)
 end
 
 -- The group, created if the queue holds none of that name. `n` is the length of its line;
