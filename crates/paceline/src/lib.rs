@@ -90,7 +90,8 @@ pub use paceline_store::{
 };
 
 /// The rate-limited job queue (feature `queue`): see [`paceline_queue`]'s docs, re-exported
-/// here whole.
+/// here whole. With the `redis` feature too, `Queue::open` takes Redis URLs: every process
+/// that opens the same queue shares it (`RedisQueue`).
 ///
 /// ```
 /// use paceline::queue::{NewJob, Queue, QueueConfig};
