@@ -107,7 +107,9 @@ enum Command {
     },
     /// See and repair a job queue kept in Redis (shared by `paceline serve` instances and
     /// programs), with the configuration they set: its counts, its jobs, its dead set.
-    /// Output is JSON, one object per line, as the HTTP API shows it.
+    /// Output is JSON, one object per line, as the HTTP API shows it. `stats`, `retry-dead`
+    /// and `purge-dead` do the queue's upkeep first, as every call on it does (expired
+    /// leases back to their groups, due jobs into their lines); `jobs` and `dead` only read.
     ///
     /// Exit codes: 0 done; 1 a job named is unknown (`jobs`); 2 invalid input (the URL,
     /// the queue name, a queue the store does not hold); 3 the store failed.

@@ -47,6 +47,8 @@ end
 -- read so far (false: known absent), written back by `flush`.
 local base, now, meta, config
 local groups, jobs, deleted_jobs, dropped_groups, policy_cache
+-- Each object's record as read (by key suffix): `flush` writes only those that changed.
+local read_as
 
 -- The time of the last maintenance that left nothing due (nil: none this call).
 local maintained_at
@@ -61,7 +63,7 @@ end
 local function begin(KEYS, clock_arg)
   base = KEYS[1]
   local t = PL.clock(clock_arg)
-  groups, jobs, deleted_jobs, dropped_groups, policy_cache = {}, {}, {}, {}, {}
+  groups, jobs, deleted_jobs, dropped_groups, policy_cache, read_as = {}, {}, {}, {}, {}, {}
   local raw = redis.call('GET', base .. 'meta')
   if raw then
     meta = cmsgpack.unpack(raw)
@@ -94,16 +96,23 @@ end
 local function flush()
   redis.call('SET', base .. 'meta', cmsgpack.pack(meta))
   for name, g in pairs(groups) do
+    local record = g and cmsgpack.pack(g)
     if g then
-      redis.call('SET', base .. 'g:' .. name, cmsgpack.pack(g))
+      -- Lua's strings are interned: comparing them costs nothing.
+      if record ~= read_as['g:' .. name] then
+        redis.call('SET', base .. 'g:' .. name, record)
+      end
     elseif dropped_groups[name] then
       redis.call('DEL', base .. 'g:' .. name, base .. 'l:' .. name)
       redis.call('SREM', base .. 'groups', name)
     end
   end
   for id, job in pairs(jobs) do
+    local record = job and cmsgpack.pack(job)
     if job then
-      redis.call('SET', base .. 'j:' .. id, cmsgpack.pack(job))
+      if record ~= read_as['j:' .. id] then
+        redis.call('SET', base .. 'j:' .. id, record)
+      end
     elseif deleted_jobs[id] then
       redis.call('DEL', base .. 'j:' .. id)
     end
@@ -118,6 +127,7 @@ local function load(cache, prefix, key)
     local raw = redis.call('GET', base .. prefix .. key)
     object = raw and cmsgpack.unpack(raw) or false
     cache[key] = object
+    read_as[prefix .. key] = raw
   end
   return object or nil
 end
@@ -137,8 +147,8 @@ local function load_group(name)
 end
 
 -- The group, created if the queue holds none of that name. `n` is the length of its line;
--- `state` its policy's state; `ra`, `ro` its entry in `ready`; `rt` its entry in
--- `retiring`; `p` its projection { s, last, covers } (see `projection`).
+-- `state` its policy's state, kept by algorithm `alg`; `ra`, `ro` its entry in `ready`; `rt` its entry in
+-- `retiring`; `p` its projection { s, alg, last, covers } (see `projection`).
 local function group_entry(name)
   local g = load_group(name)
   if not g then
@@ -184,19 +194,25 @@ local function micros_up(us)
   return max(whole, 1)
 end
 
--- `policy.apply(&mut state, t, Op::Limit, 1)`: allowed, delay, reset_after, the state after.
-local function apply(policy, state, t)
-  local allowed, delay, _, reset_after, new_state = policy.f(policy.p, state, t, 'limit', 1,
+-- `policy.apply(&mut state, t, Op::Limit, 1)` on a state kept by algorithm `alg`: another
+-- algorithm's state counts as none, and stays unless the decision writes one of its own.
+-- Answers allowed, delay, reset_after, and the state and its algorithm after.
+local function apply(policy, state, alg, t)
+  local own = alg == policy.alg and state or nil
+  local allowed, delay, _, reset_after, new_state = policy.f(policy.p, own, t, 'limit', 1,
     nil, nil)
-  return allowed, delay, reset_after, new_state or state
+  if new_state then
+    return allowed, delay, reset_after, new_state, policy.alg
+  end
+  return allowed, delay, reset_after, state, alg
 end
 
 -- Runs the policy forward to the next start after the projection's last; returns it.
 local function project_one(policy, p, t0)
   local t = max(p.last, t0)
   for _ = 1, MAX_PROJECTION_STEPS do
-    local allowed, delay, _, state = apply(policy, p.s, t)
-    p.s = state
+    local allowed, delay, _, state, alg = apply(policy, p.s, p.alg, t)
+    p.s, p.alg = state, alg
     if allowed then
       break
     end
@@ -213,7 +229,9 @@ local function projection(name, g, t, own)
   if g.p and g.p.covers == g.n then
     return own and g.p or copy(g.p)
   end
-  local p = { s = copy(g.state), last = max(t, g.next_at, g.paused_until), covers = 0 }
+  local p = {
+    s = copy(g.state), alg = g.alg, last = max(t, g.next_at, g.paused_until), covers = 0,
+  }
   local policy = policy_of(name)
   for _ = 1, g.n do
     project_one(policy, p, t)
@@ -594,8 +612,8 @@ function ops.lease(ARGV)
     local g = load_group(name)
     if g then
       g.ra, g.ro = nil, nil
-      local allowed, delay, reset_after, state = apply(policy, g.state, now)
-      g.state = state
+      local allowed, delay, reset_after, state, alg = apply(policy, g.state, g.alg, now)
+      g.state, g.alg = state, alg
       if not allowed then
         g.next_at = now + micros_up(delay)
         refresh(name)
@@ -883,8 +901,11 @@ end
 function ops.dead(ARGV)
   local offset, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
   local out = {}
-  if limit > 0 then
-    for _, id in ipairs(redis.call('ZRANGE', base .. 'dead', offset, offset + limit - 1)) do
+  -- Positions beyond 2^53 hold nothing (a queue holds fewer jobs).
+  local last = 2 ^ 53
+  if limit > 0 and offset < last then
+    local stop = min(offset + limit - 1, last)
+    for _, id in ipairs(redis.call('ZRANGE', base .. 'dead', int(offset), int(stop))) do
       local job = load_job(id)
       if job then
         job_reply(id, job, out)
@@ -894,13 +915,14 @@ function ops.dead(ARGV)
   return out
 end
 
--- retry_dead ALL IDS...: ALL 1 for every dead job, else the ids given. Answers now and
--- how many went back in line.
+-- retry_dead ALL IDS...: ALL 1 for the first MAINTENANCE_BATCH dead jobs (the caller calls
+-- again while some are left), else the ids given. Answers now, how many went back in line,
+-- and how many dead jobs are left.
 function ops.retry_dead(ARGV)
   maintain(now)
   local chosen = {}
   if ARGV[3] == '1' then
-    chosen = redis.call('ZRANGE', base .. 'dead', 0, -1)
+    chosen = redis.call('ZRANGE', base .. 'dead', 0, MAINTENANCE_BATCH - 1)
   else
     for i = 4, #ARGV do
       local job = load_job(ARGV[i])
@@ -924,17 +946,18 @@ function ops.retry_dead(ARGV)
   if n > 0 then
     publish()
   end
-  return { now, n }
+  return { now, n, redis.call('ZCARD', base .. 'dead') }
 end
 
--- purge_dead: removes every dead job; answers how many.
+-- purge_dead: removes the first MAINTENANCE_BATCH dead jobs (the caller calls again while
+-- some are left); answers how many, and how many are left.
 function ops.purge_dead()
-  local ids = redis.call('ZRANGE', base .. 'dead', 0, -1)
+  local ids = redis.call('ZRANGE', base .. 'dead', 0, MAINTENANCE_BATCH - 1)
   for _, id in ipairs(ids) do
     remove_job(id)
+    redis.call('ZREM', base .. 'dead', id)
   end
-  redis.call('DEL', base .. 'dead')
-  return #ids
+  return { #ids, redis.call('ZCARD', base .. 'dead') }
 end
 
 -- next_event: the earliest time a group becomes eligible, a scheduled job is due or a
@@ -990,7 +1013,8 @@ local function queue_call(KEYS, ARGV)
   end
   local t = begin(KEYS, ARGV[2])
   if not config and name ~= 'config' and name ~= 'read_config' then
-    return redis.error_reply('paceline: the queue has no configuration; open it first')
+    -- A code of its own: the Rust side sends the configuration it holds, then calls again.
+    return redis.error_reply('PACELINE_UNCONFIGURED the queue has no configuration')
   end
   maintained_at, wake = nil, false
   if ticking[name] or name == 'multi' then

@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use crate::config::QueueConfig;
 use crate::core::{
     active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full, Jitter,
+    MAINTENANCE_BATCH,
 };
 use crate::error::QueueError;
 use crate::job::{
@@ -68,6 +69,9 @@ struct Caller {
     /// `server_clock` follows it.
     injected: bool,
     server_clock: Option<Arc<ServerClock>>,
+    /// The `config` operation's arguments, sent again to a queue that lost its
+    /// configuration (a Redis restarted without persistence, or flushed).
+    config: Vec<Vec<u8>>,
 }
 
 /// An operation waiting for the next combined call, and where its answer goes.
@@ -111,8 +115,20 @@ impl Drop for RedisQueue {
 }
 
 impl Caller {
-    /// Calls the operation `op` with `args` after the clock argument.
+    /// Calls the operation `op` with `args`; on a queue that has lost its configuration,
+    /// sends this handle's and calls once more.
     async fn call(&self, op: &str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
+        match self.call_once(op, args.clone()).await {
+            Err(QueueError::Store(e)) if op != "config" && is_unconfigured(&e) => {
+                self.call_once("config", self.config.clone()).await?;
+                self.call_once(op, args).await
+            }
+            other => other,
+        }
+    }
+
+    /// Calls the operation `op` with `args` after the clock argument.
+    async fn call_once(&self, op: &str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
         let clock = if self.injected {
             arg(format!("{} 0", self.clock.now_micros()))
         } else {
@@ -139,6 +155,14 @@ impl Caller {
         }
         Ok(reply)
     }
+}
+
+/// Whether the queue's function refused a call for want of a configuration (its own error
+/// code, answered before it writes anything).
+fn is_unconfigured(e: &StoreError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<redis::RedisError>())
+        .is_some_and(|r| r.code() == Some("PACELINE_UNCONFIGURED"))
 }
 
 /// Sends the operations that wait, combined: one call for all that queued up while the
@@ -208,7 +232,8 @@ impl ServerClock {
         let local = self.local.now_micros();
         let offset = i64::try_from(server_now).unwrap_or(i64::MAX)
             - i64::try_from(local).unwrap_or(i64::MAX);
-        self.offset.store(offset, Ordering::Relaxed);
+        // A reply's time is older than its arrival: the largest offset seen is the closest.
+        self.offset.fetch_max(offset, Ordering::Relaxed);
     }
 }
 
@@ -234,6 +259,35 @@ fn fingerprint(args: &[Vec<u8>]) -> String {
         }
     }
     format!("{h:016x}")
+}
+
+/// The `config` operation's arguments for `c`: its fingerprint, the default policy's spec
+/// and arguments, each group's own, and the settings.
+fn config_args(c: &QueueConfig) -> Vec<Vec<u8>> {
+    let mut args = Vec::new();
+    let push_policy = |args: &mut Vec<Vec<u8>>, policy| {
+        let list = policy_args(policy);
+        args.push(arg(list.len()));
+        args.extend(list);
+    };
+    args.push(arg(&c.group_policy));
+    push_policy(&mut args, &c.group_policy);
+    args.push(arg(c.groups.len()));
+    for (group, policy) in &c.groups {
+        args.push(group.clone().into_bytes());
+        args.push(arg(policy));
+        push_policy(&mut args, policy);
+    }
+    args.push(arg(c.group_concurrency));
+    args.push(arg(c.max_attempts));
+    args.push(arg(paceline_core::round_to_micros(c.lease)));
+    args.push(arg(paceline_core::round_to_micros(c.retry_backoff)));
+    args.push(arg(paceline_core::round_to_micros(c.retry_backoff_max)));
+    args.push(arg(c.max_jobs));
+    args.push(arg(c.max_payload));
+    let mut all = vec![arg(fingerprint(&args))];
+    all.extend(args);
+    all
 }
 
 fn arg(x: impl ToString) -> Vec<u8> {
@@ -417,6 +471,7 @@ impl RedisQueue {
             clock,
             injected,
             server_clock,
+            config: config_args(&config),
         });
         let (pending, queued) = mpsc::unbounded_channel();
         let combiner = tokio::spawn(combine(Arc::clone(&caller), queued));
@@ -488,31 +543,10 @@ impl RedisQueue {
     }
 
     async fn set_config(&self) -> Result<(), QueueError> {
-        let c = &self.config;
-        let mut args = Vec::new();
-        let push_policy = |args: &mut Vec<Vec<u8>>, policy| {
-            let list = policy_args(policy);
-            args.push(arg(list.len()));
-            args.extend(list);
-        };
-        args.push(arg(&c.group_policy));
-        push_policy(&mut args, &c.group_policy);
-        args.push(arg(c.groups.len()));
-        for (group, policy) in &c.groups {
-            args.push(group.clone().into_bytes());
-            args.push(arg(policy));
-            push_policy(&mut args, policy);
-        }
-        args.push(arg(c.group_concurrency));
-        args.push(arg(c.max_attempts));
-        args.push(arg(paceline_core::round_to_micros(c.lease)));
-        args.push(arg(paceline_core::round_to_micros(c.retry_backoff)));
-        args.push(arg(paceline_core::round_to_micros(c.retry_backoff_max)));
-        args.push(arg(c.max_jobs));
-        args.push(arg(c.max_payload));
-        let mut all = vec![arg(fingerprint(&args))];
-        all.extend(args);
-        let reply = self.call("config", all).await?;
+        let reply = self
+            .caller
+            .call("config", self.caller.config.clone())
+            .await?;
         Reader::new(&reply)?.u64()?;
         Ok(())
     }
@@ -779,16 +813,31 @@ impl RedisQueue {
                 .iter()
                 .map(|id| id.clone().into_bytes()),
         );
-        let reply = self.call("retry_dead", args).await?;
-        let mut r = Reader::new(&reply)?;
-        r.u64()?;
-        Ok(usize::try_from(r.u64()?).unwrap_or(usize::MAX))
+        // Every dead job goes back in chunks, one call each, so no call holds Redis long.
+        let mut total = 0;
+        loop {
+            let reply = self.call("retry_dead", args.clone()).await?;
+            let mut r = Reader::new(&reply)?;
+            r.u64()?;
+            let n = r.u64()?;
+            total += usize::try_from(n).unwrap_or(usize::MAX);
+            if ids.is_some() || n < MAINTENANCE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
     }
 
     async fn purge(&self) -> Result<usize, QueueError> {
-        match self.call("purge_dead", Vec::new()).await? {
-            Value::Int(n) => Ok(usize::try_from(n).unwrap_or(0)),
-            other => Err(protocol("purge_dead", &other)),
+        // In chunks, as `retry_dead_jobs`.
+        let mut total = 0;
+        loop {
+            let reply = self.call("purge_dead", Vec::new()).await?;
+            let mut r = Reader::new(&reply)?;
+            let n = r.u64()?;
+            total += usize::try_from(n).unwrap_or(usize::MAX);
+            if n < MAINTENANCE_BATCH as u64 {
+                return Ok(total);
+            }
         }
     }
 
@@ -800,8 +849,13 @@ impl RedisQueue {
     }
 }
 
-/// Follows the queue's channel, waking every waiting lease call at each message; after a
-/// lost subscription, wakes them (they ask the queue again) and subscribes anew.
+/// How long the channel may stay silent before its subscription is made anew: a connection
+/// that died without closing delivers nothing, and nothing else would tell.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(60);
+
+/// Follows the queue's channel, waking every waiting lease call at each message. After a
+/// lost subscription, or a silence of `RESUBSCRIBE_AFTER`, it subscribes anew and wakes
+/// them (they ask the queue again, missing nothing published meanwhile).
 async fn listen(
     store: RedisStore,
     channel: String,
@@ -809,17 +863,16 @@ async fn listen(
     changed: Arc<Notify>,
 ) {
     loop {
-        while messages.next().await.is_some() {
+        while let Ok(Some(())) = tokio::time::timeout(RESUBSCRIBE_AFTER, messages.next()).await {
             changed.notify_waiters();
         }
-        changed.notify_waiters();
         loop {
-            tokio::time::sleep(Duration::from_millis(200)).await;
             if let Ok(m) = store.subscribe(&channel).await {
                 messages = m;
                 changed.notify_waiters();
                 break;
             }
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }

@@ -796,3 +796,104 @@ fn workers_share_a_queue_and_survive_a_sigkill() {
         }
     }
 }
+
+/// A group's policy changed to another algorithm while it has a backlog: the group starts
+/// afresh under the new one, exactly as the Rust core does (`QueueCore::set_config`).
+#[test]
+fn a_changed_algorithm_starts_the_group_afresh_as_in_memory() {
+    use paceline_queue::QueueCore;
+    runtime().block_on(async {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        let name = fresh("realgorithm");
+        let url = shared_server().url();
+        let before = QueueConfig::new("gcra:rate=2/s,burst=2".parse().unwrap());
+        let after = QueueConfig::new("fixed_window:limit=3,window=10s".parse().unwrap());
+        let mut core = QueueCore::new(before.clone()).unwrap();
+        let first = Queue::new(
+            RedisQueue::open(store(&url).await, &name, before, Some(Arc::clone(&shared)))
+                .await
+                .unwrap(),
+        );
+        for n in 0..8u8 {
+            let job = NewJob::new("g", vec![n]);
+            let now = clock.now_micros();
+            assert_eq!(first.enqueue(job.clone()).await, core.enqueue(now, job));
+        }
+        let now = clock.now_micros();
+        assert_eq!(
+            first.lease("w", 5, None, Duration::ZERO).await,
+            core.lease(now, "w", 5, None)
+        );
+        // Another process opens the queue with the new policy.
+        core.set_config(after.clone()).unwrap();
+        let second = Queue::new(
+            RedisQueue::open(store(&url).await, &name, after, Some(Arc::clone(&shared)))
+                .await
+                .unwrap(),
+        );
+        for _ in 0..3 {
+            clock.advance(Duration::from_millis(700));
+            let now = clock.now_micros();
+            let (a, b) = (
+                second.lease("w", 5, None, Duration::ZERO).await,
+                core.lease(now, "w", 5, None),
+            );
+            assert!(a.is_ok(), "{a:?}");
+            assert_eq!(a, b);
+        }
+        let now = clock.now_micros();
+        let (a, b) = (second.stats().await.unwrap(), core.stats(now).unwrap());
+        assert_eq!(a, b);
+    });
+}
+
+/// A queue whose configuration is gone from Redis (a restart without persistence, a flush)
+/// gets it back from the next handle that calls; and the dead set's repairs, larger than
+/// one call's share, go in chunks and miss nothing.
+#[test]
+fn a_lost_configuration_comes_back_and_large_repairs_go_in_chunks() {
+    runtime().block_on(async {
+        let name = fresh("chunks");
+        let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
+        let server = shared_server();
+        let q = Queue::new(
+            RedisQueue::open(store(&server.url()).await, &name, config, None)
+                .await
+                .unwrap(),
+        );
+        let key = format!("paceline:v2:{{q:{name}}}:config");
+        assert_eq!(server.command(&["DEL", &key]).unwrap(), ":1");
+        let total = 1_100u64;
+        let jobs = (0..total)
+            .map(|n| NewJob::new(format!("g{}", n % 7), vec![1]))
+            .collect();
+        for e in q.enqueue_batch(jobs).await {
+            e.unwrap();
+        }
+        // Every job leased and failed fatally: all dead.
+        let kill_all = || async {
+            let mut leased = Vec::new();
+            while (leased.len() as u64) < total {
+                leased.extend(q.lease("w", 1_000, None, Duration::ZERO).await.unwrap());
+            }
+            let fails = leased
+                .iter()
+                .map(|j| q.fail(&j.id, j.lease, Failure::Fatal { error: None }));
+            for outcome in futures_util::future::join_all(fails).await {
+                assert_eq!(outcome, Ok(paceline_queue::FailOutcome::Dead));
+            }
+        };
+        kill_all().await;
+        assert_eq!(q.counts().await.unwrap().dead, total);
+        assert_eq!(q.retry_dead(None).await, Ok(total as usize));
+        let counts = q.counts().await.unwrap();
+        assert_eq!((counts.dead, counts.waiting), (0, total));
+        kill_all().await;
+        assert_eq!(q.purge_dead().await, Ok(total as usize));
+        let counts = q.counts().await.unwrap();
+        assert_eq!((counts.dead, counts.waiting, counts.active), (0, 0, 0));
+        // Positions beyond any queue: nothing, not an error.
+        assert_eq!(q.dead(usize::MAX, usize::MAX).await, Ok(Vec::new()));
+    });
+}

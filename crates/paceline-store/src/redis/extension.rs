@@ -97,34 +97,46 @@ impl RedisStore {
         }
     }
 
-    /// Subscribes to `channel` on a connection of its own (on a cluster, to its first
-    /// node: Redis Cluster passes every message to every node).
+    /// Subscribes to `channel` on a connection of its own: to the server, or to the first
+    /// node of a cluster's seed list that answers (Redis Cluster passes every message to
+    /// every node).
     pub async fn subscribe(&self, channel: &str) -> Result<Messages, StoreError> {
-        let client = self.subscriber();
         let what = "a subscription";
-        let pubsub = tokio::time::timeout(self.transport().response_timeout() * 4, async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
-        })
-        .await
-        .map_err(|_| {
-            StoreError::new(
-                StoreErrorKind::Timeout,
-                format!("Redis did not answer {what} in time"),
-            )
-        })?
-        .map_err(|e| super::transport::store_error(e, what))?;
-        Ok(Box::pin(pubsub.into_on_message().map(|_| ())))
+        let mut last = None;
+        for client in self.subscribers() {
+            let subscribed = tokio::time::timeout(self.transport().response_timeout() * 4, async {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(channel).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            })
+            .await;
+            match subscribed {
+                Ok(Ok(pubsub)) => return Ok(Box::pin(pubsub.into_on_message().map(|_| ()))),
+                Ok(Err(e)) => last = Some(super::transport::store_error(e, what)),
+                Err(_) => {
+                    last = Some(StoreError::new(
+                        StoreErrorKind::Timeout,
+                        format!("Redis did not answer {what} in time"),
+                    ))
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            StoreError::new(StoreErrorKind::Unavailable, "no Redis node to subscribe on")
+        }))
     }
 }
 
-/// Whether a call failed with an error reply, which is what a server that lacks the
-/// function answers (a fresh or restarted server, or one whose functions were flushed): the
-/// caller loads the library and calls once more, as `decide` does. An extension's own error
-/// replies must come before it writes anything, so that this second call applies nothing
-/// twice.
+/// Whether a call failed because the server lacks the function (a fresh or restarted
+/// server, or one whose functions were flushed): only then is the library loaded and the
+/// call made again. Redis gives this case no error code of its own (it answers `ERR
+/// Function not found`), so it is told by that reply's text; any other error reply (a
+/// failing call may have written part of its work) is the caller's, never repeated.
 fn is_missing_function(e: &StoreError) -> bool {
-    super::transport::redis_cause(e)
-        .is_some_and(|r| r.kind() == ErrorKind::Server(ServerErrorKind::ResponseError))
+    super::transport::redis_cause(e).is_some_and(|r| {
+        r.kind() == ErrorKind::Server(ServerErrorKind::ResponseError)
+            && r.code() == Some("ERR")
+            && r.detail()
+                .is_some_and(|d| d.starts_with("Function not found"))
+    })
 }

@@ -89,8 +89,8 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     /// The auto-batching linger (zero when off).
     linger: Duration,
-    /// See [`RedisStore::subscriber`].
-    subscriber: redis::Client,
+    /// See [`RedisStore::subscribers`].
+    subscribers: Vec<redis::Client>,
 }
 
 /// Configures and connects a [`RedisStore`].
@@ -166,10 +166,10 @@ impl RedisStore {
         self.inner.router.transport()
     }
 
-    /// A client for connections of their own (subscriptions), to the server or to the
-    /// cluster's first node.
-    pub(super) fn subscriber(&self) -> &redis::Client {
-        &self.inner.subscriber
+    /// Clients for connections of their own (subscriptions): the server's, or one per
+    /// node of a cluster's seed list.
+    pub(super) fn subscribers(&self) -> &[redis::Client] {
+        &self.inner.subscribers
     }
 
     /// What every Redis key of this store starts with, e.g. `paceline:v2:`.
@@ -464,8 +464,8 @@ impl RedisStoreBuilder {
             )
             .into());
         }
-        let subscriber = target
-            .client(self.root_certificate.as_deref())
+        let subscribers = target
+            .clients(self.root_certificate.as_deref())
             .map_err(|e| super::transport::store_error(e, "a client"))?;
         let connection = Connection::open(
             &target,
@@ -512,7 +512,7 @@ impl RedisStoreBuilder {
                 resilience,
                 clock: self.clock,
                 linger,
-                subscriber,
+                subscribers,
             }),
         };
         Ok(store)

@@ -72,23 +72,31 @@ impl Target {
         }
     }
 
-    /// A client for one connection of its own: to the server, or to a cluster's first node.
-    pub(crate) fn client(&self, root_certificate: Option<&[u8]>) -> RedisResult<redis::Client> {
-        let url = match self {
-            Target::Single(url) => url,
-            Target::Cluster(nodes) => nodes.first().ok_or_else(|| {
-                RedisError::from((ErrorKind::Client, "a cluster URL names no node"))
-            })?,
-        };
+    /// A client for one connection of its own to `url` (a server's URL).
+    fn client_of(url: &str, root_certificate: Option<&[u8]>) -> RedisResult<redis::Client> {
         match root_certificate {
             Some(pem) => redis::Client::build_with_tls(
-                url.as_str(),
+                url,
                 redis::TlsCertificates {
                     client_tls: None,
                     root_cert: Some(pem.to_vec()),
                 },
             ),
-            None => redis::Client::open(url.as_str()),
+            None => redis::Client::open(url),
+        }
+    }
+
+    /// Clients for connections of their own: the server's, or one per seed node.
+    pub(crate) fn clients(
+        &self,
+        root_certificate: Option<&[u8]>,
+    ) -> RedisResult<Vec<redis::Client>> {
+        match self {
+            Target::Single(url) => Ok(vec![Target::client_of(url, root_certificate)?]),
+            Target::Cluster(nodes) => nodes
+                .iter()
+                .map(|n| Target::client_of(n, root_certificate))
+                .collect(),
         }
     }
 
@@ -146,8 +154,8 @@ impl Connection {
         };
         let opened = async {
             match target {
-                Target::Single(_) => {
-                    let client = target.client(root_certificate)?;
+                Target::Single(url) => {
+                    let client = Target::client_of(url, root_certificate)?;
                     let config = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(connect_timeout))
                         .set_response_timeout(Some(response_timeout))
