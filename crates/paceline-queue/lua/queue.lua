@@ -328,19 +328,28 @@ local function to_waiting(job)
   job.at, job.order, job.head = nil, nil, nil
 end
 
--- A lease ran out: the job goes back to the head of its group, or dies.
-local function lease_expired(id)
+-- Takes an active job out of its lease and its group's count; returns its group.
+local function release(id)
   local job = load_job(id)
   if not job or job.place ~= 'active' then
-    return false
+    return nil
   end
   redis.call('ZREM', base .. 'leases', padded(job.token) .. id)
-  meta.totals.lease_expiries = meta.totals.lease_expiries + 1
-  local name = job.group
-  local g = load_group(name)
+  local g = load_group(job.group)
   if g then
     g.active = max(g.active - 1, 0)
   end
+  return job.group
+end
+
+-- A lease ran out: the job goes back to the head of its group, or dies.
+local function lease_expired(id)
+  local name = release(id)
+  if not name then
+    return false
+  end
+  local job = load_job(id)
+  meta.totals.lease_expiries = meta.totals.lease_expiries + 1
   if job.attempts >= job.max_attempts then
     meta.totals.dead = meta.totals.dead + 1
     job.last_error = 'the lease expired on attempt ' .. job.attempts .. ' of '
@@ -665,19 +674,6 @@ local function held(id, token)
   return true
 end
 
--- Takes an active job out of its lease and its group's count; returns its group.
-local function release(id)
-  local job = load_job(id)
-  if not job or job.place ~= 'active' then
-    return nil
-  end
-  redis.call('ZREM', base .. 'leases', padded(job.token) .. id)
-  local g = load_group(job.group)
-  if g then
-    g.active = max(g.active - 1, 0)
-  end
-  return job.group
-end
 
 -- ack ID TOKEN: answers now, then 'ok' or 'lost'.
 function ops.ack(ARGV)
