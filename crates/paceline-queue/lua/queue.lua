@@ -93,30 +93,35 @@ local function next_seq()
   return meta.seq
 end
 
+-- Writes back the objects of `cache` (kept under `prefix`) that changed since they were
+-- read; calls `remove` with the key of each one `removed` names.
+local function write_back(cache, prefix, removed, remove)
+  for key, object in pairs(cache) do
+    if object then
+      -- Lua's strings are interned: comparing them costs nothing.
+      local record = cmsgpack.pack(object)
+      if record ~= read_as[prefix .. key] then
+        redis.call('SET', base .. prefix .. key, record)
+      end
+    elseif removed[key] then
+      remove(key)
+    end
+  end
+end
+
+local function drop_group(name)
+  redis.call('DEL', base .. 'g:' .. name, base .. 'l:' .. name)
+  redis.call('SREM', base .. 'groups', name)
+end
+
+local function delete_job(id)
+  redis.call('DEL', base .. 'j:' .. id)
+end
+
 local function flush()
   redis.call('SET', base .. 'meta', cmsgpack.pack(meta))
-  for name, g in pairs(groups) do
-    local record = g and cmsgpack.pack(g)
-    if g then
-      -- Lua's strings are interned: comparing them costs nothing.
-      if record ~= read_as['g:' .. name] then
-        redis.call('SET', base .. 'g:' .. name, record)
-      end
-    elseif dropped_groups[name] then
-      redis.call('DEL', base .. 'g:' .. name, base .. 'l:' .. name)
-      redis.call('SREM', base .. 'groups', name)
-    end
-  end
-  for id, job in pairs(jobs) do
-    local record = job and cmsgpack.pack(job)
-    if job then
-      if record ~= read_as['j:' .. id] then
-        redis.call('SET', base .. 'j:' .. id, record)
-      end
-    elseif deleted_jobs[id] then
-      redis.call('DEL', base .. 'j:' .. id)
-    end
-  end
+  write_back(groups, 'g:', dropped_groups, drop_group)
+  write_back(jobs, 'j:', deleted_jobs, delete_job)
 end
 
 -- The object `key` of `cache` (`jobs`, kept under 'j:', or `groups`, under 'g:'), read

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use paceline_core::{Clock, InputError, Sleep, StoreError, StoreErrorKind};
-use paceline_store::redis::extension::{policy_args, Extension};
+use paceline_store::redis::extension::{fingerprint, policy_args, Extension};
 use paceline_store::redis::RedisStore;
 use paceline_store::SystemClock;
 use redis::Value;
@@ -98,6 +98,12 @@ const COMBINED: &[&str] = &[
     "retry_dead",
 ];
 
+/// Whether `op`'s answer starts with the queue's time: the operations that tick its clock
+/// (`ticking` in `lua/queue.lua`).
+fn ticks(op: &str) -> bool {
+    COMBINED.contains(&op) || op == "counts" || op == "stats"
+}
+
 impl std::fmt::Debug for RedisQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisQueue")
@@ -117,10 +123,10 @@ impl Drop for RedisQueue {
 impl Caller {
     /// Calls the operation `op` with `args`; on a queue that has lost its configuration,
     /// sends this handle's and calls once more.
-    async fn call(&self, op: &str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
-        match self.call_once(op, args.clone()).await {
+    async fn call(&self, op: &str, args: &[Vec<u8>]) -> Result<Value, QueueError> {
+        match self.call_once(op, args).await {
             Err(QueueError::Store(e)) if op != "config" && is_unconfigured(&e) => {
-                self.call_once("config", self.config.clone()).await?;
+                self.call_once("config", &self.config).await?;
                 self.call_once(op, args).await
             }
             other => other,
@@ -128,13 +134,14 @@ impl Caller {
     }
 
     /// Calls the operation `op` with `args` after the clock argument.
-    async fn call_once(&self, op: &str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
+    async fn call_once(&self, op: &str, args: &[Vec<u8>]) -> Result<Value, QueueError> {
         let clock = if self.injected {
             arg(format!("{} 0", self.clock.now_micros()))
         } else {
             Vec::new()
         };
-        let all = [arg(op), clock].into_iter().chain(args);
+        let head = [op.as_bytes(), clock.as_slice()];
+        let all = head.into_iter().chain(args.iter().map(Vec::as_slice));
         let reply = self
             .store
             .call_extension(&LIBRARY, &[&self.base], all)
@@ -144,7 +151,7 @@ impl Caller {
         if let (Some(server), Value::Array(values)) = (&self.server_clock, &reply) {
             let first = match (op, values.first()) {
                 ("multi", Some(Value::Array(first))) => first.first(),
-                (op, first) if COMBINED.contains(&op) || op == "counts" || op == "stats" => first,
+                (op, first) if ticks(op) => first,
                 _ => None,
             };
             if let Some(Value::Int(now)) = first {
@@ -186,7 +193,7 @@ async fn combine(caller: Arc<Caller>, mut pending: mpsc::UnboundedReceiver<Pendi
             let _slot = slot;
             if batch.len() == 1 {
                 if let Some(p) = batch.pop() {
-                    let answer = caller.call(p.op, p.args).await;
+                    let answer = caller.call(p.op, &p.args).await;
                     let _ = p.answer.send(answer);
                 }
                 return;
@@ -199,7 +206,7 @@ async fn combine(caller: Arc<Caller>, mut pending: mpsc::UnboundedReceiver<Pendi
                 args.extend(p.args);
                 answers.push(p.answer);
             }
-            match caller.call("multi", args).await {
+            match caller.call("multi", &args).await {
                 Ok(Value::Array(replies)) if replies.len() == answers.len() => {
                     for (answer, reply) in answers.into_iter().zip(replies) {
                         let _ = answer.send(Ok(reply));
@@ -247,18 +254,6 @@ impl Clock for ServerClock {
     fn sleep(&self, duration: Duration) -> Sleep {
         self.local.sleep(duration)
     }
-}
-
-/// A 64-bit FNV-1a hash, in hex: the configuration's fingerprint.
-fn fingerprint(args: &[Vec<u8>]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for arg in args {
-        for b in arg.iter().chain(std::iter::once(&0xff)) {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    format!("{h:016x}")
 }
 
 /// The `config` operation's arguments for `c`: its fingerprint, the default policy's spec
@@ -494,7 +489,7 @@ impl RedisQueue {
         check_queue_name(name)?;
         let base = format!("{}{{q:{name}}}:", store.key_prefix());
         let reply = store
-            .call_extension(&LIBRARY, &[&base], [arg("read_config"), Vec::new()])
+            .call_extension(&LIBRARY, &[&base], [&b"read_config"[..], &[]])
             .await?;
         let mut r = Reader::new(&reply)?;
         if r.is_empty() {
@@ -543,10 +538,7 @@ impl RedisQueue {
     }
 
     async fn set_config(&self) -> Result<(), QueueError> {
-        let reply = self
-            .caller
-            .call("config", self.caller.config.clone())
-            .await?;
+        let reply = self.caller.call("config", &self.caller.config).await?;
         Reader::new(&reply)?.u64()?;
         Ok(())
     }
@@ -555,7 +547,7 @@ impl RedisQueue {
     /// changes the queue, else on its own.
     async fn call(&self, op: &'static str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
         if !COMBINED.contains(&op) {
-            return self.caller.call(op, args).await;
+            return self.caller.call(op, &args).await;
         }
         let (answer, answered) = oneshot::channel();
         let gone = || {

@@ -200,7 +200,7 @@ function PL.next_expiry(now, reset_after, old_exp, idle_at, changed)
     if not changed then
       return nil
     end
-    local exp = now + ceil(round_nanos(reset_after) / 1000)
+    local exp = PL.expiry(now, reset_after)
     if idle_at then
       exp = max(exp, ceil(idle_at))
     end

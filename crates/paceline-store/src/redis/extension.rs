@@ -12,8 +12,9 @@ use paceline_core::{Policy, StoreError, StoreErrorKind};
 use redis::{Cmd, ErrorKind, ServerErrorKind, Value};
 
 use super::args::push_policy;
-use super::script::ALGORITHMS;
+use super::script::{code_hash, register, ALGORITHMS};
 use super::store::RedisStore;
+use super::transport::load_command;
 
 /// A function library: paceline's algorithm twins, then `source`, which defines the local
 /// Lua function `entry(KEYS, ARGV)`; registered as one Redis function whose name carries
@@ -28,12 +29,11 @@ impl Extension {
     /// The library of `source` under the name stem `stem` (e.g. `queue`).
     pub fn new(stem: &str, source: &str, entry: &str) -> Extension {
         let body = format!("{}\n{source}\n", ALGORITHMS.as_str());
-        let hash = redis::Script::new(&format!("{body}{stem}{entry}")).get_hash()[..16].to_string();
-        let function = format!("paceline_{stem}_{hash}");
-        let code = format!(
-            "#!lua name={function}\n{body}redis.register_function{{function_name = '{function}', callback = {entry}}}\n"
-        );
-        Extension { function, code }
+        let (code, name) = register(stem, &body, &[(stem, entry, "")]);
+        Extension {
+            function: name(stem),
+            code,
+        }
     }
 
     /// The function's name, for `FCALL`.
@@ -55,6 +55,15 @@ pub fn policy_args(policy: &Policy) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// A fingerprint of `parts` (e.g. a configuration's arguments): equal parts, equal prints.
+pub fn fingerprint(parts: &[Vec<u8>]) -> String {
+    let text: Vec<String> = parts
+        .iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    code_hash(&format!("{text:?}"))
+}
+
 /// A stream of the messages published on one channel (their payloads are not kept).
 pub type Messages = Pin<Box<dyn Stream<Item = ()> + Send>>;
 
@@ -62,11 +71,11 @@ impl RedisStore {
     /// Calls `extension`'s function with `keys` and `args`, within the store's response
     /// timeout, loading the library first where the server lacks it (on every primary of a
     /// cluster). Needs Redis 7 functions.
-    pub async fn call_extension(
+    pub async fn call_extension<'a>(
         &self,
         extension: &Extension,
         keys: &[&str],
-        args: impl IntoIterator<Item = Vec<u8>>,
+        args: impl IntoIterator<Item = &'a [u8]>,
     ) -> Result<Value, StoreError> {
         let transport = self.transport();
         if !transport.runs_as_functions() {
@@ -86,10 +95,11 @@ impl RedisStore {
         let first = transport.query::<Value>(&call, "a queue call").await;
         match first {
             Err(e) if is_missing_function(&e) => {
-                let mut load = redis::cmd("FUNCTION");
-                load.arg("LOAD").arg("REPLACE").arg(&extension.code);
                 transport
-                    .query::<Value>(&load, "loading the queue's functions")
+                    .query::<Value>(
+                        &load_command(&extension.code),
+                        "loading the queue's functions",
+                    )
                     .await?;
                 transport.query::<Value>(&call, "a queue call").await
             }

@@ -75,6 +75,39 @@ pub(crate) static ALGORITHMS: LazyLock<String> = LazyLock::new(|| {
     library.join("\n")
 });
 
+/// The first 16 hex digits of the SHA1 of `text`.
+pub(crate) fn code_hash(text: &str) -> String {
+    redis::Script::new(text).get_hash()[..16].to_string()
+}
+
+/// A function library's code: `body`, then each of `functions` (its name's stem, its
+/// callback in `body`, its flags) registered as `paceline_{stem}_{hash}`, in a library
+/// named `paceline_{library}_{hash}` (`paceline_{hash}` for `""`). The hash is that of the
+/// code and of how it is registered, so different versions of paceline sharing a server
+/// each find their own. Answers the code and a function giving each stem's name.
+pub(crate) fn register(
+    library: &str,
+    body: &str,
+    functions: &[(&str, &str, &str)],
+) -> (String, impl Fn(&str) -> String) {
+    let hash = code_hash(&format!("{body}{functions:?}"));
+    let library = if library.is_empty() {
+        format!("paceline_{hash}")
+    } else {
+        format!("paceline_{library}_{hash}")
+    };
+    let name = move |stem: &str| format!("paceline_{stem}_{hash}");
+    let mut code = format!("#!lua name={library}\n{body}");
+    for (stem, callback, flags) in functions {
+        code.push_str(&format!(
+            "redis.register_function{{function_name = '{}', callback = {callback}, \
+             flags = {{ {flags} }}}}\n",
+            name(stem)
+        ));
+    }
+    (code, name)
+}
+
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let entry = SOURCES.last().copied().unwrap_or("");
     let library = ALGORITHMS.as_str();
@@ -86,18 +119,7 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         ("pacer", "single_pacer", ""),
         ("lean", "lean_batch", "'allow-cross-slot-keys'"),
     ];
-    // The names carry the hash of the code and of how it is registered, so different
-    // versions of paceline sharing a server each find their own library.
-    let hash = redis::Script::new(&format!("{body}{functions:?}")).get_hash()[..16].to_string();
-    let name = |stem: &str| format!("paceline_{stem}_{hash}");
-    let mut code = format!("#!lua name=paceline_{hash}\n{body}");
-    for (stem, callback, flags) in functions {
-        code.push_str(&format!(
-            "redis.register_function{{function_name = '{}', callback = {callback}, \
-             flags = {{ {flags} }}}}\n",
-            name(stem)
-        ));
-    }
+    let (code, name) = register("", &body, &functions);
     Library {
         function: name("decide"),
         single_gcra: name("gcra"),

@@ -75,13 +75,7 @@ impl Target {
     /// A client for one connection of its own to `url` (a server's URL).
     fn client_of(url: &str, root_certificate: Option<&[u8]>) -> RedisResult<redis::Client> {
         match root_certificate {
-            Some(pem) => redis::Client::build_with_tls(
-                url,
-                redis::TlsCertificates {
-                    client_tls: None,
-                    root_cert: Some(pem.to_vec()),
-                },
-            ),
+            Some(pem) => redis::Client::build_with_tls(url, certificates(pem)),
             None => redis::Client::open(url),
         }
     }
@@ -118,6 +112,14 @@ fn bad_url(url: &str) -> InputError {
     )
 }
 
+/// A root certificate as the clients take it.
+fn certificates(pem: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(pem.to_vec()),
+    }
+}
+
 /// A connection to one server or to a cluster. Cheap to clone: clones share the socket(s),
 /// and concurrent commands pipeline on them.
 #[derive(Clone)]
@@ -147,10 +149,6 @@ impl Connection {
                 .map(|n| without_credentials(n))
                 .collect::<Vec<_>>()
                 .join(","),
-        };
-        let certificates = |pem: &[u8]| redis::TlsCertificates {
-            client_tls: None,
-            root_cert: Some(pem.to_vec()),
         };
         let opened = async {
             match target {
@@ -543,13 +541,17 @@ async fn run_decide(
 /// same code. Fails on servers without functions (before Redis 7) or without permission to
 /// load them; the store then calls the same code as a script.
 async fn load_library(connection: &mut Connection) -> RedisResult<()> {
-    redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg("REPLACE")
-        .arg(&LIBRARY.code)
+    load_command(&LIBRARY.code)
         .query_async::<Value>(connection)
         .await
         .map(|_| ())
+}
+
+/// `FUNCTION LOAD REPLACE code`: loads a function library, replacing one of the same name.
+pub(crate) fn load_command(code: &str) -> Cmd {
+    let mut load = redis::cmd("FUNCTION");
+    load.arg("LOAD").arg("REPLACE").arg(code);
+    load
 }
 
 #[cfg(test)]
