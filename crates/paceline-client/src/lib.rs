@@ -1,0 +1,39 @@
+//! # paceline's API client limiter (seed 002)
+//!
+//! For clients of an API whose limits the client learns from response headers (Discord,
+//! GitHub, any API speaking the IETF `RateLimit` fields or plain `Retry-After`): requests
+//! wait in per-bucket queues, one *pioneer* learns an unknown bucket, a global limit
+//! (a paceline policy) paces everything a token sends, and refusals pause what they name
+//! and requeue the refused request instead of failing it.
+//!
+//! - [`headers`]: the header dialects, one trait ([`headers::Dialect`]);
+//! - [`Route`]: which limit a request counts against before the server says;
+//! - [`ClientCore`]: the rules, as a pure state machine on injected time (sans-IO);
+//! - [`Client`]: the async limiter over the core: [`Client::acquire`] → [`Permit`].
+//!
+//! ```
+//! use paceline_client::headers::Discord;
+//! use paceline_client::{After, Client, ClientConfig, Route};
+//! use std::time::Duration;
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), paceline_client::ClientError> {
+//! // Discord: 50 requests/s per token, 10,000 invalid requests per 10 minutes.
+//! let client = Client::new(ClientConfig::discord().max_wait(Duration::from_secs(30)), Discord);
+//! let permit = client.acquire(Route::discord("PATCH", "/guilds/1/members/2")).await?;
+//! // send the request, then:
+//! let after = permit.complete(200, &http::HeaderMap::new(), None);
+//! assert!(matches!(after, After::Done));
+//! # Ok(()) }
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod client;
+mod core;
+pub mod headers;
+mod route;
+
+pub use crate::client::{After, Client, Permit, Waiting};
+pub use crate::core::{ClientConfig, ClientCore, ClientError, Completion, Poll, RequestId};
+pub use crate::route::Route;

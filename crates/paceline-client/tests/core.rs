@@ -1,0 +1,501 @@
+//! The client core against the strict mock API, on virtual time: no real time passes.
+
+mod common;
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::time::Duration;
+
+use common::{Inject, Limit, MockApi, SECOND};
+use http::HeaderMap;
+use paceline_client::headers::{Dialect, Discord, GitHub, Observation, Response, Scope};
+use paceline_client::{ClientConfig, ClientCore, ClientError, Completion, RequestId, Route};
+
+const T0: u64 = 1_700_000_000_000_000;
+/// One way, client to API.
+const LATENCY: u64 = 2_000;
+
+#[derive(Debug)]
+enum Ev {
+    Arrive(RequestId),
+    Respond(RequestId, u16, HeaderMap),
+}
+
+/// The core, the mock and the requests in flight between them, on one virtual clock.
+struct Sim {
+    core: ClientCore,
+    api: MockApi,
+    now: u64,
+    seq: u64,
+    events: BinaryHeap<Reverse<(u64, u64)>>,
+    payloads: HashMap<u64, Ev>,
+    routes: HashMap<RequestId, Route>,
+    done: Vec<(RequestId, u16, u64)>,
+    failed: Vec<(RequestId, ClientError)>,
+    retries: u64,
+    /// When each request was sent, in order.
+    sent: Vec<(RequestId, u64)>,
+}
+
+impl Sim {
+    fn new(config: ClientConfig, api: MockApi) -> Sim {
+        Sim {
+            core: ClientCore::new(config),
+            api,
+            now: T0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            payloads: HashMap::new(),
+            routes: HashMap::new(),
+            done: Vec::new(),
+            failed: Vec::new(),
+            retries: 0,
+            sent: Vec::new(),
+        }
+    }
+
+    fn submit(
+        &mut self,
+        route: &Route,
+        max_wait: Option<Duration>,
+    ) -> Result<RequestId, ClientError> {
+        let id = self.core.submit(route.clone(), self.now, max_wait)?;
+        self.routes.insert(id, route.clone());
+        Ok(id)
+    }
+
+    fn at(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Reverse((t, self.seq)));
+        self.payloads.insert(self.seq, ev);
+    }
+
+    fn poll(&mut self) -> Option<u64> {
+        let p = self.core.poll(self.now);
+        for id in p.go {
+            self.sent.push((id, self.now));
+            self.at(self.now + LATENCY, Ev::Arrive(id));
+        }
+        self.failed.extend(p.failed);
+        p.next
+    }
+
+    /// Runs until nothing is left to do or `until` (virtual µs) is reached.
+    fn run(&mut self, until: u64) {
+        loop {
+            let next_poll = self.poll();
+            let next_event = self.events.peek().map(|Reverse((t, _))| *t);
+            let next = match (next_poll, next_event) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => match a.or(b) {
+                    Some(t) => t,
+                    None => return,
+                },
+            };
+            if next > until {
+                self.now = until;
+                return;
+            }
+            self.now = self.now.max(next);
+            while let Some(&Reverse((t, seq))) = self.events.peek() {
+                if t > self.now {
+                    break;
+                }
+                self.events.pop();
+                match self.payloads.remove(&seq) {
+                    Some(Ev::Arrive(id)) => {
+                        let (status, h) = self.api.handle(&self.routes[&id], self.now);
+                        self.at(self.now + LATENCY, Ev::Respond(id, status, h));
+                    }
+                    Some(Ev::Respond(id, status, h)) => {
+                        let seen = Discord.read(&Response::new(status, &h), self.now);
+                        match self.core.complete(id, status, &seen, self.now) {
+                            Completion::Done => self.done.push((id, status, self.now)),
+                            Completion::Retry => self.retries += 1,
+                        }
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+}
+
+/// 100 route templates in 10 buckets (10 routes share each bucket id) on 2 major
+/// parameters: 20 independent limits.
+fn routes(api: &mut MockApi, limit: Limit) -> Vec<Route> {
+    let mut out = Vec::new();
+    for major in [111u64, 222] {
+        for r in 0..100 {
+            let route = Route::discord("POST", &format!("/channels/{major}/r{r}"));
+            api.route(&route, &format!("bucket-{}", r % 10), limit);
+            out.push(route);
+        }
+    }
+    out
+}
+
+/// Submits `n` requests at once spread evenly over `routes`, runs them all, and answers
+/// the virtual seconds it took.
+fn drain(sim: &mut Sim, routes: &[Route], n: usize) -> f64 {
+    for i in 0..n {
+        let route = &routes[i % routes.len()];
+        sim.submit(route, None).unwrap();
+    }
+    sim.run(u64::MAX);
+    assert_eq!(sim.done.len(), n, "every request answered");
+    let mut ids: Vec<_> = sim.done.iter().map(|d| d.0).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "each answered exactly once");
+    assert!(
+        sim.failed.is_empty(),
+        "{:?}",
+        &sim.failed[..sim.failed.len().min(3)]
+    );
+    assert_eq!(sim.core.waiting() + sim.core.in_flight(), 0);
+    let last = sim.done.iter().map(|d| d.2).max().unwrap();
+    (last - T0) as f64 / 1e6
+}
+
+#[test]
+fn bucket_bound_traffic_gets_no_429_and_nearly_all_it_may() {
+    let mut api = MockApi::new(50);
+    let limit = Limit {
+        limit: 5,
+        window: 4 * SECOND,
+    };
+    let routes = routes(&mut api, limit);
+    let mut sim = Sim::new(ClientConfig::discord(), api);
+    let n = 10_000;
+    let took = drain(&mut sim, &routes, n);
+    assert_eq!(sim.api.counts.bucket_429, 0);
+    assert_eq!(sim.api.counts.global_429, 0);
+    assert_eq!(sim.retries, 0);
+    // Each of the 20 limits serves 500 requests, 5 per 4 s window starting at its first
+    // request: the last can start 99 windows after the first. The client learns which of
+    // the 200 routes share a bucket as it goes (one pioneer at a time per major
+    // parameter), so the first half minute runs below the limits.
+    let least = 99.0 * 4.0;
+    eprintln!(
+        "bucket-bound: {took} s against {least} s: {:.3}",
+        least / took
+    );
+    assert!(
+        least / took >= 0.9,
+        "took {took} s, the limits allow {least} s"
+    );
+}
+
+#[test]
+fn global_bound_traffic_gets_no_429_and_nearly_all_it_may() {
+    let mut api = MockApi::new(50);
+    let limit = Limit {
+        limit: 10,
+        window: SECOND,
+    };
+    let routes = routes(&mut api, limit);
+    let mut sim = Sim::new(ClientConfig::discord(), api);
+    let n = 10_000;
+    let took = drain(&mut sim, &routes, n);
+    assert_eq!(
+        (sim.api.counts.bucket_429, sim.api.counts.global_429),
+        (0, 0)
+    );
+    // 50 per second.
+    let least = n as f64 / 50.0;
+    eprintln!(
+        "global-bound: {took} s against {least} s: {:.3}",
+        least / took
+    );
+    assert!(
+        least / took >= 0.9,
+        "took {took} s, the global limit allows {least} s"
+    );
+}
+
+#[test]
+fn one_pioneer_per_unknown_bucket_then_the_queue_moves_to_the_learned_bucket() {
+    let mut api = MockApi::new(50);
+    let a = Route::discord("POST", "/channels/1/messages");
+    let b = Route::discord("PATCH", "/channels/1/messages/9");
+    api.route(
+        &a,
+        "shared-id",
+        Limit {
+            limit: 3,
+            window: SECOND,
+        },
+    );
+    api.route(
+        &b,
+        "shared-id",
+        Limit {
+            limit: 3,
+            window: SECOND,
+        },
+    );
+    let mut sim = Sim::new(ClientConfig::new(), api);
+    for _ in 0..3 {
+        sim.submit(&a, None).unwrap();
+    }
+    let go = sim.core.poll(sim.now).go;
+    assert_eq!(go.len(), 1, "one pioneer while the bucket is unknown");
+    // Requeue the pioneer through the simulation.
+    sim.sent.push((go[0], sim.now));
+    sim.at(sim.now + LATENCY, Ev::Arrive(go[0]));
+    // Route b learns the same bucket id: both routes then share its 3 per second.
+    for _ in 0..3 {
+        sim.submit(&b, None).unwrap();
+    }
+    sim.run(u64::MAX);
+    assert_eq!(sim.done.len(), 6);
+    assert_eq!(sim.api.counts.bucket_429, 0);
+}
+
+#[test]
+fn headerless_global_429_pauses_everything_and_requeues_the_request() {
+    let mut api = MockApi::new(50);
+    let a = Route::discord("GET", "/channels/1/pins");
+    let b = Route::discord("GET", "/guilds/2/roles");
+    api.route(
+        &a,
+        "ba",
+        Limit {
+            limit: 10,
+            window: SECOND,
+        },
+    );
+    api.route(
+        &b,
+        "bb",
+        Limit {
+            limit: 10,
+            window: SECOND,
+        },
+    );
+    api.inject(&a, Inject::HeaderlessGlobal429(2));
+    let mut sim = Sim::new(ClientConfig::discord(), api);
+    let first = sim.submit(&a, None).unwrap();
+    sim.run(T0 + 10 * LATENCY);
+    assert_eq!(sim.retries, 1, "requeued, not failed");
+    assert!(sim.done.is_empty());
+    let refused_at = sim.now;
+    sim.submit(&b, None).unwrap();
+    sim.run(u64::MAX);
+    assert_eq!(sim.done.len(), 2);
+    assert!(sim.done.iter().all(|d| d.1 == 200));
+    // Nothing was sent during the two seconds' pause.
+    let resent = sim.sent.iter().filter(|s| s.0 == first).nth(1).unwrap().1;
+    let b_sent = sim.sent.iter().find(|s| s.0 != first).unwrap().1;
+    assert!(
+        resent >= T0 + 2 * LATENCY + 2 * SECOND,
+        "resent at {}",
+        resent - T0
+    );
+    assert!(b_sent >= T0 + 2 * LATENCY + 2 * SECOND && b_sent > refused_at);
+}
+
+#[test]
+fn a_502_without_headers_releases_the_pioneer_after_a_backoff() {
+    let mut api = MockApi::new(50);
+    let a = Route::discord("GET", "/channels/1/pins");
+    api.route(
+        &a,
+        "ba",
+        Limit {
+            limit: 10,
+            window: SECOND,
+        },
+    );
+    api.inject(&a, Inject::BadGateway);
+    let mut sim = Sim::new(ClientConfig::new(), api);
+    for _ in 0..4 {
+        sim.submit(&a, None).unwrap();
+    }
+    sim.run(u64::MAX);
+    assert_eq!(sim.done.len(), 4, "the queue moved on");
+    let statuses: Vec<u16> = sim.done.iter().map(|d| d.1).collect();
+    assert_eq!(statuses.iter().filter(|&&s| s == 502).count(), 1);
+    // The next pioneer went a backoff (1 s) after the 502 came back.
+    let second = sim.sent[1].1;
+    assert_eq!(second, T0 + 2 * LATENCY + SECOND);
+}
+
+#[test]
+fn a_dropped_connection_fails_only_its_request() {
+    let mut core = ClientCore::new(ClientConfig::new());
+    let a = Route::discord("GET", "/channels/1/pins");
+    let first = core.submit(a.clone(), T0, None).unwrap();
+    let second = core.submit(a.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![first]);
+    core.failed(first);
+    // The pioneer slot is free at once: the next request is the new pioneer.
+    assert_eq!(core.poll(T0 + 1).go, vec![second]);
+    assert_eq!((core.waiting(), core.in_flight()), (0, 1));
+}
+
+#[test]
+fn a_cancelled_request_gives_back_what_it_held() {
+    let config = ClientConfig::new().global("gcra:rate=1/s,burst=1".parse().unwrap());
+    let mut core = ClientCore::new(config);
+    let a = Route::discord("GET", "/channels/1/pins");
+    let b = Route::discord("GET", "/channels/2/pins");
+    let first = core.submit(a.clone(), T0, None).unwrap();
+    let waiting = core.submit(a.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![first]);
+    // A waiting request leaves its queue.
+    core.cancel(waiting, false);
+    assert_eq!(core.waiting(), 0);
+    // The pioneer, cancelled before it was sent: its pioneer slot and its global token
+    // come back, so another request goes now instead of a second later.
+    core.cancel(first, false);
+    let other = core.submit(b.clone(), T0, None).unwrap();
+    let again = core.submit(a.clone(), T0, None).unwrap();
+    let go = core.poll(T0).go;
+    assert_eq!(go.len(), 1, "one global token, given back once: {go:?}");
+    assert!(go[0] == other || go[0] == again);
+    // A sent request keeps its token.
+    let sent = go[0];
+    core.cancel(sent, true);
+    let next = core.poll(T0 + 1);
+    assert!(next.go.is_empty(), "the token was spent: {next:?}");
+    assert!(next.next.unwrap() >= T0 + SECOND);
+}
+
+#[test]
+fn max_wait_fails_at_once_when_the_wait_is_known_and_at_the_deadline_when_not() {
+    let mut core = ClientCore::new(ClientConfig::new());
+    let a = Route::discord("GET", "/channels/1/pins");
+    let first = core.submit(a.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![first]);
+    // Behind a pioneer the wait is unknown: the request waits, and fails at its deadline.
+    let unknown = core
+        .submit(a.clone(), T0, Some(Duration::from_secs(1)))
+        .unwrap();
+    let p = core.poll(T0 + SECOND);
+    assert_eq!(
+        p.failed,
+        vec![(
+            unknown,
+            ClientError::WaitExceeded {
+                max_wait: Duration::from_secs(1),
+                would_wait: None
+            }
+        )]
+    );
+    // The pioneer learns: nothing left for 5 s.
+    let seen = Observation {
+        bucket: Some("b".into()),
+        limit: Some(5),
+        remaining: Some(0),
+        reset_after: Some(Duration::from_secs(5)),
+        ..Observation::default()
+    };
+    assert_eq!(
+        core.complete(first, 200, &seen, T0 + SECOND),
+        Completion::Done
+    );
+    let err = core
+        .submit(a.clone(), T0 + SECOND, Some(Duration::from_secs(1)))
+        .unwrap_err();
+    assert_eq!(
+        err,
+        ClientError::WaitExceeded {
+            max_wait: Duration::from_secs(1),
+            would_wait: Some(Duration::from_secs(5))
+        }
+    );
+    assert!(err.to_string().contains("max_wait"), "{err}");
+    // Within its deadline, it waits and goes at the reset.
+    let ok = core
+        .submit(a.clone(), T0 + SECOND, Some(Duration::from_secs(6)))
+        .unwrap();
+    assert!(core.poll(T0 + SECOND).go.is_empty());
+    assert_eq!(core.poll(T0 + 6 * SECOND).go, vec![ok]);
+}
+
+#[test]
+fn the_invalid_request_budget_fails_fast_when_spent() {
+    let config =
+        ClientConfig::new().invalid_budget("fixed_window:limit=3,window=10m".parse().unwrap());
+    let mut core = ClientCore::new(config);
+    let a = Route::discord("GET", "/guilds/1");
+    let shared = Observation {
+        refusal: Some(paceline_client::headers::Refusal {
+            scope: Scope::Shared,
+            retry_after: Some(Duration::from_millis(1)),
+        }),
+        ..Observation::default()
+    };
+    let mut now = T0;
+    // Shared-scope 429s do not count.
+    for _ in 0..5 {
+        let id = core.submit(a.clone(), now, None).unwrap();
+        now += 10_000;
+        assert_eq!(core.poll(now).go, vec![id]);
+        core.complete(id, 429, &shared, now);
+        now += 10_000;
+        let again = core.poll(now).go;
+        assert_eq!(again, vec![id]);
+        core.complete(id, 200, &Observation::default(), now);
+    }
+    // Three 401s spend it.
+    for _ in 0..3 {
+        let id = core.submit(a.clone(), now, None).unwrap();
+        assert_eq!(core.poll(now).go, vec![id]);
+        assert_eq!(
+            core.complete(id, 401, &Observation::default(), now),
+            Completion::Done
+        );
+    }
+    let err = core.submit(a.clone(), now, None).unwrap_err();
+    assert!(
+        matches!(err, ClientError::InvalidBudget { retry_after } if retry_after > Duration::ZERO)
+    );
+    assert!(err.to_string().contains("invalid-request budget"));
+}
+
+#[test]
+fn a_refusal_without_retry_after_backs_off_60_s_then_doubles() {
+    let mut core = ClientCore::new(ClientConfig::new());
+    let a = Route::generic("POST", "/repos/o/r/issues");
+    let id = core.submit(a.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![id]);
+    let mut h = HeaderMap::new();
+    h.insert("x-ratelimit-remaining", "100".parse().unwrap());
+    let body = br#"{"message":"You have exceeded a secondary rate limit"}"#;
+    let seen = GitHub.read(&Response::new(403, &h).with_body(body), T0);
+    assert_eq!(core.complete(id, 403, &seen, T0), Completion::Retry);
+    assert!(core.poll(T0 + 60 * SECOND - 1).go.is_empty());
+    assert_eq!(core.poll(T0 + 60 * SECOND).go, vec![id]);
+    let t1 = T0 + 60 * SECOND;
+    assert_eq!(core.complete(id, 403, &seen, t1), Completion::Retry);
+    assert!(core.poll(t1 + 120 * SECOND - 1).go.is_empty());
+    assert_eq!(core.poll(t1 + 120 * SECOND).go, vec![id]);
+}
+
+#[test]
+fn a_request_refused_more_than_max_retries_times_is_the_callers() {
+    let mut core = ClientCore::new(ClientConfig::new());
+    let a = Route::generic("GET", "/x");
+    let id = core.submit(a, T0, None).unwrap();
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "1".parse().unwrap());
+    let mut now = T0;
+    for round in 0..=3 {
+        assert_eq!(core.poll(now).go, vec![id], "round {round}");
+        let seen = paceline_client::headers::RetryAfter.read(&Response::new(429, &h), now);
+        let c = core.complete(id, 429, &seen, now);
+        assert_eq!(
+            c,
+            if round < 3 {
+                Completion::Retry
+            } else {
+                Completion::Done
+            }
+        );
+        now += SECOND;
+    }
+    assert_eq!(core.waiting() + core.in_flight(), 0);
+}
