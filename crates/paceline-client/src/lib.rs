@@ -37,3 +37,6 @@ mod route;
 pub use crate::client::{After, Client, Permit, Waiting};
 pub use crate::core::{ClientConfig, ClientCore, ClientError, Completion, Poll, RequestId};
 pub use crate::route::Route;
+/// The `http` crate whose `HeaderMap` the client reads, re-exported so callers use the same
+/// version.
+pub use http;

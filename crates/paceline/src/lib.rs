@@ -32,6 +32,7 @@
 //! | limits in one process | `cargo add paceline` |
 //! | limits shared through Redis / Redis Cluster | `cargo add paceline -F redis` |
 //! | a rate-limited job queue (groups, leases, retries) | `cargo add paceline -F queue` |
+//! | a client of an API whose limits come in response headers (Discord, GitHub, IETF `RateLimit`) | `cargo add paceline -F client` |
 //!
 //! ## Any store, from a URL
 //!
@@ -110,6 +111,29 @@ pub use paceline_store::{
 #[cfg(feature = "queue")]
 pub mod queue {
     pub use paceline_queue::*;
+}
+
+/// The API client limiter (feature `client`): see [`paceline_client`]'s docs, re-exported
+/// here whole. Requests wait in per-bucket queues learned from response headers, one
+/// pioneer learns an unknown bucket, a global limit paces everything a token sends, and
+/// refusals pause what they name and requeue the request.
+///
+/// ```
+/// use paceline::client::headers::Discord;
+/// use paceline::client::{After, Client, ClientConfig, Route};
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), paceline::client::ClientError> {
+/// let discord = Client::new(ClientConfig::discord(), Discord);
+/// let mut permit = discord.acquire(Route::discord("PATCH", "/guilds/1/members/2")).await?;
+/// permit.sent();
+/// // ... send the request; then hand its status and headers back:
+/// let headers = paceline::client::http::HeaderMap::new();
+/// assert!(matches!(permit.complete(204, &headers, None), After::Done));
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "client")]
+pub mod client {
+    pub use paceline_client::*;
 }
 
 /// The Redis and Redis Cluster store (feature `redis`).
