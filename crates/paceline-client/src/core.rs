@@ -240,6 +240,29 @@ enum Known {
     },
 }
 
+impl Known {
+    /// The same knowledge at `now`: a limited bucket whose window has passed is assumed
+    /// back at its limit, its releases paced over the new window until responses say more.
+    fn at(self, now: u64) -> Known {
+        match self {
+            Known::Limited {
+                limit,
+                reset_at,
+                window,
+                paced_next,
+                ..
+            } if now >= reset_at => Known::Limited {
+                limit,
+                remaining: limit,
+                reset_at: now + window,
+                window,
+                paced_next: Some(paced_next.unwrap_or(now).max(now)),
+            },
+            known => known,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Bucket {
     known: Known,
@@ -419,7 +442,7 @@ impl ClientCore {
             base = base.max(self.global_paused_until);
         }
         let k = position as u64;
-        match b.known {
+        match b.known.at(now) {
             Known::Unknown => (k == 0 && !b.pioneer).then_some(base),
             Known::Unlimited => Some(base),
             Known::Limited {
@@ -430,16 +453,7 @@ impl ClientCore {
                 paced_next,
             } => {
                 let spacing = window / limit.max(1);
-                let (remaining, reset_at, paced) = if now >= reset_at {
-                    (
-                        limit,
-                        now + window,
-                        Some(paced_next.unwrap_or(now).max(now)),
-                    )
-                } else {
-                    (remaining, reset_at, paced_next)
-                };
-                Some(match paced {
+                Some(match paced_next {
                     Some(t) if k < remaining => base.max(t) + k * spacing,
                     None if k < remaining => base,
                     _ => base.max(reset_at) + (k - remaining) * spacing,
@@ -463,7 +477,8 @@ impl ClientCore {
         if b.paused_until > now {
             return Err(Some(b.paused_until));
         }
-        match &mut b.known {
+        b.known = b.known.at(now);
+        match b.known {
             Known::Unknown => match (b.pioneer, pioneer_until) {
                 (false, None) => Ok(true),
                 (true, _) => Err(None),
@@ -471,23 +486,15 @@ impl ClientCore {
             },
             Known::Unlimited => Ok(false),
             Known::Limited {
-                limit,
                 remaining,
                 reset_at,
-                window,
                 paced_next,
+                ..
             } => {
-                if now >= *reset_at {
-                    // The window has passed: assume the limit is back, and pace the
-                    // releases over the new window until responses say more.
-                    *remaining = *limit;
-                    *reset_at = now + *window;
-                    *paced_next = Some(paced_next.unwrap_or(now).max(now));
+                if remaining <= reserve {
+                    return Err(Some(reset_at));
                 }
-                if *remaining <= reserve {
-                    return Err(Some(*reset_at));
-                }
-                match *paced_next {
+                match paced_next {
                     Some(t) if t > now => Err(Some(t)),
                     _ => Ok(false),
                 }

@@ -158,6 +158,15 @@ fn drain(sim: &mut Sim, routes: &[Route], n: usize) -> f64 {
     (last - T0) as f64 / 1e6
 }
 
+/// Took at most 1/0.9 of the least time the limits allow.
+fn near_the_limit(what: &str, took: f64, least: f64) {
+    eprintln!("{what}: {took} s against {least} s: {:.3}", least / took);
+    assert!(
+        least / took >= 0.9,
+        "{what}: took {took} s, the limits allow {least} s"
+    );
+}
+
 #[test]
 fn bucket_bound_traffic_gets_no_429_and_nearly_all_it_may() {
     let mut api = MockApi::new(50);
@@ -177,14 +186,7 @@ fn bucket_bound_traffic_gets_no_429_and_nearly_all_it_may() {
     // the 200 routes share a bucket as it goes (one pioneer at a time per major
     // parameter), so the first half minute runs below the limits.
     let least = 99.0 * 4.0;
-    eprintln!(
-        "bucket-bound: {took} s against {least} s: {:.3}",
-        least / took
-    );
-    assert!(
-        least / took >= 0.9,
-        "took {took} s, the limits allow {least} s"
-    );
+    near_the_limit("bucket-bound", took, least);
 }
 
 #[test]
@@ -204,14 +206,7 @@ fn global_bound_traffic_gets_no_429_and_nearly_all_it_may() {
     );
     // 50 per second.
     let least = n as f64 / 50.0;
-    eprintln!(
-        "global-bound: {took} s against {least} s: {:.3}",
-        least / took
-    );
-    assert!(
-        least / took >= 0.9,
-        "took {took} s, the global limit allows {least} s"
-    );
+    near_the_limit("global-bound", took, least);
 }
 
 #[test]
