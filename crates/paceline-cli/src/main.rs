@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use paceline_store::{open, Clock, FailurePolicy, ManualClock, Policy, StoreOptions, SystemClock};
 use std::sync::Arc;
 
+mod proxy;
 mod queue_admin;
 mod serve;
 mod simulate;
@@ -41,6 +42,15 @@ enum Command {
     /// SIGHUP (or POST /v1/reload) re-reads the file; SIGTERM/SIGINT stop after in-flight
     /// requests finish (within --shutdown-timeout).
     Serve(ServeArgs),
+    /// A rate-limiting reverse proxy in front of an API whose limits come in response
+    /// headers (Discord, IETF RateLimit, GitHub, Retry-After): requests wait for their
+    /// bucket and the global limit, one pioneer learns an unknown bucket, 429s are waited
+    /// out and the request sent again. Limits are kept per Authorization header value.
+    ///
+    /// A request that cannot be sent within --max-wait is answered 429 with Retry-After
+    /// and `x-paceline-proxy: wait-exceeded`. SIGTERM/SIGINT stop after in-flight
+    /// requests finish.
+    Proxy(proxy::ProxyArgs),
     /// Replay a traffic script (JSON Lines) through a policy on a virtual clock and print
     /// one decision per request; or, with --queue, a job-queue script through a queue whose
     /// groups that policy limits, printing one line per event.
@@ -179,6 +189,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Proxy(args) => proxy::run(args),
         Command::Queue { action } => queue_admin::run(action),
         Command::Simulate {
             policy,

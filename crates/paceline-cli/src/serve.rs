@@ -142,21 +142,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
                 }
             }
         });
-        let shutdown = async move {
-            let terminate = async {
-                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                    Ok(mut s) => {
-                        s.recv().await;
-                    }
-                    Err(_) => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate => {}
-            }
-            log("shutting down: finishing in-flight requests");
-        };
+        let shutdown = stop_signal();
         match server.run(shutdown).await {
             Ok(()) => {
                 log("stopped");
@@ -170,13 +156,30 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
     })
 }
 
+/// Completes on SIGTERM or SIGINT, having logged that the service is stopping.
+pub(crate) async fn stop_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+    log("shutting down: finishing in-flight requests");
+}
+
 /// Logs through `tracing` (set up by [`init_logs`]).
-fn log(message: &str) {
+pub(crate) fn log(message: &str) {
     tracing::info!(target: "paceline::serve", "{message}");
 }
 
 /// Structured logs on standard error: human-readable text, or one JSON object per line.
-fn init_logs(json: bool) {
+pub(crate) fn init_logs(json: bool) {
     let builder = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(true)

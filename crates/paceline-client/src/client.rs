@@ -170,6 +170,11 @@ impl Client {
         &self.handle.inner
     }
 
+    /// The dialect the client reads responses in.
+    pub fn dialect(&self) -> &dyn Dialect {
+        self.inner().dialect.as_ref()
+    }
+
     /// The time on the client's clock, µs since the Unix epoch.
     pub fn now_micros(&self) -> u64 {
         self.inner().clock.now_micros()

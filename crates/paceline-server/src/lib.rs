@@ -30,6 +30,7 @@ mod api;
 pub mod config;
 mod conn;
 mod metrics;
+pub mod proxy;
 pub mod queues;
 mod request;
 
@@ -54,6 +55,8 @@ pub enum ServerError {
     Listen(std::io::Error),
     /// The configured queues cannot be opened on this store.
     Queues(String),
+    /// A setting is invalid: the field and what is allowed.
+    Settings(paceline_core::InputError),
 }
 
 impl std::fmt::Display for ServerError {
@@ -62,6 +65,7 @@ impl std::fmt::Display for ServerError {
             ServerError::Store(e) => write!(f, "store: {e}"),
             ServerError::Listen(e) => write!(f, "cannot listen: {e}"),
             ServerError::Queues(e) => write!(f, "queues: {e}"),
+            ServerError::Settings(e) => write!(f, "{}: {}", e.field(), e.message()),
         }
     }
 }

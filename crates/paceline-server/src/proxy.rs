@@ -1,0 +1,543 @@
+//! `paceline proxy`: a rate-limiting reverse proxy in front of an API whose limits come in
+//! response headers, so that clients in any language get paceline's API client limiter.
+//!
+//! A request to `http://PROXY/PATH?QUERY` goes to `UPSTREAM/PATH?QUERY` with its method,
+//! headers (less hop-by-hop ones) and body, once the limiter admits it; the upstream's
+//! answer comes back as it is, streamed. Limits are kept per `Authorization` header value
+//! (one [`Client`] per token; tokens are never logged or put in metrics). A request that
+//! cannot be sent within `max_wait` is answered `429` with `Retry-After` and
+//! `x-paceline-proxy: wait-exceeded`, so clients that handle 429 need nothing new; one the
+//! invalid-request budget refuses gets `429` with `x-paceline-proxy: invalid-budget`.
+//!
+//! A refusal the limiter waits out (a 429 with a retry-after) is sent again by the proxy
+//! when the request's body is at most [`RETRY_BODY_MAX`] (kept in memory for that); a
+//! larger body is streamed once, and its refusal goes back to the client.
+//!
+//! `/healthz` and `/metrics` are served on a separate admin address, so they never collide
+//! with upstream paths.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use http_body_util::BodyExt;
+use paceline_client::headers::{self as dialects, Scope};
+use paceline_client::{After, Client, ClientConfig, ClientError, Route};
+use paceline_core::Policy;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::config::ConnectionLimits;
+use crate::ServerError;
+
+/// The largest request body the proxy keeps in memory so that it can send the request
+/// again after a refusal: 1 MiB.
+pub const RETRY_BODY_MAX: usize = 1 << 20;
+
+/// What `paceline proxy` is told.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ProxySettings {
+    /// Where requests go: `http://` or `https://`, with an optional base path.
+    pub upstream: reqwest::Url,
+    /// Where clients connect.
+    pub listen: SocketAddr,
+    /// Where `/healthz` and `/metrics` are served (`None`: not served).
+    pub admin_listen: Option<SocketAddr>,
+    /// The header dialect: `discord`, `ietf`, `github`, `retry-after` or `auto`.
+    pub dialect: String,
+    /// Applied to every request of a token (Discord: `gcra:rate=50/s,burst=1`).
+    pub global_limit: Option<Policy>,
+    /// The longest a request may wait for its turn (`None`: as long as it takes).
+    pub max_wait: Option<Duration>,
+    /// The upstream's answer must start within this (else `504`).
+    pub upstream_timeout: Duration,
+    /// Connection limits of the listening side.
+    pub connections: ConnectionLimits,
+}
+
+impl ProxySettings {
+    /// Settings for `upstream` with the defaults: listen on 127.0.0.1:8081, no admin
+    /// address, dialect `auto`, no global limit, no deadline, 30 s upstream timeout.
+    pub fn new(upstream: reqwest::Url) -> ProxySettings {
+        ProxySettings {
+            upstream,
+            listen: SocketAddr::from(([127, 0, 0, 1], 8081)),
+            admin_listen: None,
+            dialect: "auto".into(),
+            global_limit: None,
+            max_wait: None,
+            upstream_timeout: Duration::from_secs(30),
+            connections: ConnectionLimits::default(),
+        }
+    }
+
+    /// Checks the settings: the upstream's scheme and the dialect's name.
+    pub fn validate(&self) -> Result<(), paceline_core::InputError> {
+        if !matches!(self.upstream.scheme(), "http" | "https") {
+            return Err(paceline_core::InputError::new(
+                "upstream",
+                format!(
+                    "`{}` is not an http:// or https:// URL",
+                    self.upstream.as_str()
+                ),
+            ));
+        }
+        dialects::dialect(&self.dialect).map(|_| ())
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Outcome {
+    /// `forwarded`, `wait_exceeded`, `invalid_budget`, `upstream_error`, `bad_request`.
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Refused {
+    /// `bucket`, `shared` or `global`.
+    scope: &'static str,
+}
+
+struct ProxyMetrics {
+    registry: Registry,
+    requests: Family<Outcome, Counter>,
+    upstream_429: Family<Refused, Counter>,
+    retries: Counter,
+    invalid: Counter,
+    wait_micros: Counter,
+}
+
+impl ProxyMetrics {
+    fn new() -> ProxyMetrics {
+        let mut registry = Registry::with_prefix("paceline_proxy");
+        let requests = Family::<Outcome, Counter>::default();
+        let upstream_429 = Family::<Refused, Counter>::default();
+        let retries = Counter::default();
+        let invalid = Counter::default();
+        let wait_micros = Counter::default();
+        registry.register(
+            "requests",
+            "Requests by outcome: forwarded, wait_exceeded, invalid_budget, upstream_error, bad_request",
+            requests.clone(),
+        );
+        registry.register(
+            "upstream_429",
+            "Refusals from the upstream, by scope (bucket, shared, global)",
+            upstream_429.clone(),
+        );
+        registry.register(
+            "retries",
+            "Requests sent again after a refusal",
+            retries.clone(),
+        );
+        registry.register(
+            "invalid_responses",
+            "401 and 403 answers and 429s other than shared scope: what the invalid-request budget counts",
+            invalid.clone(),
+        );
+        registry.register(
+            "wait_microseconds",
+            "Time requests waited for their turn, in µs",
+            wait_micros.clone(),
+        );
+        ProxyMetrics {
+            registry,
+            requests,
+            upstream_429,
+            retries,
+            invalid,
+            wait_micros,
+        }
+    }
+
+    fn count(&self, outcome: &'static str) {
+        self.requests.get_or_create(&Outcome { outcome }).inc();
+    }
+}
+
+struct ProxyState {
+    upstream: reqwest::Url,
+    http: reqwest::Client,
+    dialect: String,
+    config: ClientConfig,
+    max_wait: Option<Duration>,
+    /// One limiter per `Authorization` value.
+    clients: Mutex<HashMap<Vec<u8>, Client>>,
+    metrics: ProxyMetrics,
+}
+
+impl ProxyState {
+    fn client_for(&self, token: &[u8]) -> Result<Client, paceline_core::InputError> {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = clients.get(token) {
+            return Ok(c.clone());
+        }
+        let c = Client::with_clock(
+            self.config.clone(),
+            dialects::dialect(&self.dialect)?,
+            Arc::new(paceline_store::SystemClock::new()),
+        );
+        clients.insert(token.to_vec(), c.clone());
+        Ok(c)
+    }
+
+    fn route(&self, method: &str, path: &str) -> Route {
+        if self.dialect == "discord" {
+            Route::discord(method, path)
+        } else {
+            Route::generic(method, path)
+        }
+    }
+
+    /// The upstream URL of a request for `path_and_query`: the upstream's base path, then
+    /// the request's.
+    fn target(&self, path_and_query: &str) -> Result<reqwest::Url, String> {
+        let base = self.upstream.as_str().trim_end_matches('/');
+        reqwest::Url::parse(&format!("{base}{path_and_query}")).map_err(|e| e.to_string())
+    }
+}
+
+/// A bound proxy: its listeners are open; [`Proxy::run`] serves them.
+pub struct Proxy {
+    listener: TcpListener,
+    admin: Option<TcpListener>,
+    state: Arc<ProxyState>,
+    connections: ConnectionLimits,
+}
+
+impl Proxy {
+    /// Validates the settings and binds the listening addresses.
+    pub async fn bind(settings: ProxySettings) -> Result<Proxy, ServerError> {
+        settings.validate().map_err(ServerError::Settings)?;
+        // The TLS provider the Redis store uses too; installing it twice is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .timeout(settings.upstream_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| ServerError::Listen(std::io::Error::other(e)))?;
+        let listener = TcpListener::bind(settings.listen)
+            .await
+            .map_err(ServerError::Listen)?;
+        let admin = match settings.admin_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(ServerError::Listen)?),
+            None => None,
+        };
+        let mut config = ClientConfig::new();
+        config.global = settings.global_limit.clone();
+        if settings.dialect == "discord" {
+            config.invalid_budget = ClientConfig::discord().invalid_budget;
+        }
+        Ok(Proxy {
+            listener,
+            admin,
+            state: Arc::new(ProxyState {
+                upstream: settings.upstream,
+                http,
+                dialect: settings.dialect,
+                config,
+                max_wait: settings.max_wait,
+                clients: Mutex::new(HashMap::new()),
+                metrics: ProxyMetrics::new(),
+            }),
+            connections: settings.connections,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// The admin address, if any.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` completes, then lets requests in flight finish (within the
+    /// connection limits' shutdown timeout).
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let app = Router::new()
+            .fallback(forward)
+            .with_state(Arc::clone(&self.state));
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let admin = self.admin.map(|listener| {
+            let router = Router::new()
+                .route("/healthz", get(|| async { "ok\n" }))
+                .route("/metrics", get(metrics))
+                .with_state(Arc::clone(&self.state));
+            let mut stopped = stopped.clone();
+            tokio::spawn(crate::conn::serve(
+                listener,
+                router,
+                self.connections,
+                async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                },
+            ))
+        });
+        let result = crate::conn::serve(self.listener, app, self.connections, async move {
+            shutdown.await;
+            let _ = stop.send(true);
+        })
+        .await;
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
+        result
+    }
+}
+
+async fn metrics(State(state): State<Arc<ProxyState>>) -> Response {
+    let mut text = String::new();
+    if encode(&mut text, &state.metrics.registry).is_err() {
+        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// Headers that belong to one connection, not to the message (RFC 9110 § 7.6.1), and
+/// `host`, which the upstream's URL sets.
+fn hop_by_hop(name: &HeaderName, connection: &[String]) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+    ) || connection.iter().any(|c| c == name.as_str())
+}
+
+fn end_to_end(headers: &HeaderMap) -> HeaderMap {
+    let connection: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.trim().to_ascii_lowercase())
+        .collect();
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        if !hop_by_hop(name, &connection) {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// The proxy's own answer: `status`, a JSON error body and extra headers.
+fn own_answer(
+    status: StatusCode,
+    error: &str,
+    message: &str,
+    extra: &[(&'static str, String)],
+) -> Response {
+    let body = serde_json::json!({ "error": error, "message": message }).to_string();
+    let mut response = (status, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    for (name, value) in extra {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            response.headers_mut().insert(*name, v);
+        }
+    }
+    response
+}
+
+fn refused(state: &ProxyState, e: &ClientError) -> Response {
+    let (outcome, kind, retry_after) = match e {
+        ClientError::WaitExceeded {
+            max_wait,
+            would_wait,
+        } => (
+            "wait_exceeded",
+            "wait-exceeded",
+            would_wait.unwrap_or(*max_wait),
+        ),
+        ClientError::InvalidBudget { retry_after } => {
+            ("invalid_budget", "invalid-budget", *retry_after)
+        }
+        _ => ("upstream_error", "closed", Duration::from_secs(1)),
+    };
+    state.metrics.count(outcome);
+    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    own_answer(
+        StatusCode::TOO_MANY_REQUESTS,
+        outcome,
+        &e.to_string(),
+        &[
+            ("retry-after", seconds.max(1).to_string()),
+            ("x-paceline-proxy", kind.to_string()),
+        ],
+    )
+}
+
+async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let token = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .map(|v| v.as_bytes().to_vec())
+        .unwrap_or_default();
+    let client = match state.client_for(&token) {
+        Ok(c) => c,
+        Err(e) => {
+            state.metrics.count("bad_request");
+            return own_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "dialect",
+                e.message(),
+                &[],
+            );
+        }
+    };
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_string();
+    let target = match state.target(&path_and_query) {
+        Ok(t) => t,
+        Err(e) => {
+            state.metrics.count("bad_request");
+            return own_answer(StatusCode::BAD_REQUEST, "path", &e, &[]);
+        }
+    };
+    let route = state.route(parts.method.as_str(), parts.uri.path());
+    let headers = end_to_end(&parts.headers);
+    // A body small enough to keep is kept, so that a refused request can be sent again.
+    let length = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let chunked = parts.headers.contains_key(header::TRANSFER_ENCODING);
+    let mut kept: Option<bytes::Bytes> = None;
+    let mut streamed = None;
+    if length.is_some_and(|n| n <= RETRY_BODY_MAX) || (length.is_none() && !chunked) {
+        match http_body_util::Limited::new(body, RETRY_BODY_MAX)
+            .collect()
+            .await
+        {
+            Ok(b) => kept = Some(b.to_bytes()),
+            Err(e) => {
+                state.metrics.count("bad_request");
+                return own_answer(StatusCode::BAD_REQUEST, "body", &e.to_string(), &[]);
+            }
+        }
+    } else {
+        streamed = Some(body);
+    }
+    let asked = client.now_micros();
+    let mut permit = match client.acquire_within(route, state.max_wait).await {
+        Ok(p) => p,
+        Err(e) => return refused(&state, &e),
+    };
+    state
+        .metrics
+        .wait_micros
+        .inc_by(client.now_micros().saturating_sub(asked));
+    loop {
+        let body = match (&kept, streamed.take()) {
+            (Some(b), _) => reqwest::Body::from(b.clone()),
+            (None, Some(s)) => reqwest::Body::wrap_stream(s.into_data_stream()),
+            (None, None) => reqwest::Body::from(bytes::Bytes::new()),
+        };
+        permit.sent();
+        let sent = state
+            .http
+            .request(parts.method.clone(), target.clone())
+            .headers(headers.clone())
+            .body(body)
+            .send()
+            .await;
+        let upstream = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                permit.failed();
+                state.metrics.count("upstream_error");
+                let status = if e.is_timeout() {
+                    StatusCode::GATEWAY_TIMEOUT
+                } else {
+                    StatusCode::BAD_GATEWAY
+                };
+                // The error's text may hold the URL, never the token.
+                return own_answer(status, "upstream", &e.to_string(), &[]);
+            }
+        };
+        let status = upstream.status().as_u16();
+        let seen = client.dialect().read(
+            &dialects::Response::new(status, upstream.headers()),
+            client.now_micros(),
+        );
+        if let Some(r) = seen.refusal {
+            let scope = match r.scope {
+                Scope::Bucket => "bucket",
+                Scope::Shared => "shared",
+                Scope::Global => "global",
+            };
+            state
+                .metrics
+                .upstream_429
+                .get_or_create(&Refused { scope })
+                .inc();
+        }
+        let shared = seen.refusal.is_some_and(|r| r.scope == Scope::Shared);
+        if status == 401 || status == 403 || (seen.refusal.is_some() && !shared) {
+            state.metrics.invalid.inc();
+        }
+        match permit.complete_with(status, &seen) {
+            After::Retry(waiting) if kept.is_some() => {
+                drop(upstream);
+                state.metrics.retries.inc();
+                permit = match waiting.admitted().await {
+                    Ok(p) => p,
+                    Err(e) => return refused(&state, &e),
+                };
+            }
+            // A streamed body cannot be sent again: the refusal is the client's.
+            _ => {
+                state.metrics.count("forwarded");
+                return answer(upstream);
+            }
+        }
+    }
+}
+
+/// The upstream's answer, as it is, its body streamed.
+fn answer(upstream: reqwest::Response) -> Response {
+    let status = upstream.status();
+    let headers = end_to_end(upstream.headers());
+    let mut response = Response::new(Body::from_stream(upstream.bytes_stream()));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
