@@ -1,15 +1,13 @@
 //! The client core against the strict mock API, on virtual time: no real time passes.
 
-mod common;
-
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
 
-use common::{Inject, Limit, MockApi, SECOND};
 use http::HeaderMap;
 use paceline_client::headers::{Dialect, Discord, GitHub, Observation, Response, Scope};
 use paceline_client::{ClientConfig, ClientCore, ClientError, Completion, RequestId, Route};
+use paceline_testkit::mock_api::{Inject, Limit, MockApi, SECOND};
 
 const T0: u64 = 1_700_000_000_000_000;
 /// One way, client to API.

@@ -9,6 +9,11 @@
 //! Tests can [`kill`](RedisServer::kill), [`restart`](RedisServer::restart),
 //! [`pause`](RedisServer::pause) and [`resume`](RedisServer::resume) a server to exercise
 //! failure handling.
+//!
+//! [`mock_api`] is a strict mock of a Discord-like API for the API client limiter and the
+//! proxy.
+
+pub mod mock_api;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

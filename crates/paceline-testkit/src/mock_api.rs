@@ -1,4 +1,6 @@
-//! A strict mock of a Discord-like API on virtual time, for the client limiter's tests.
+//! A strict mock of a Discord-like API, for the API client limiter's and the proxy's tests:
+//! [`MockApi`] decides on a time it is given (virtual time), [`MockServer`] serves it over
+//! HTTP on a free loopback port (wall-clock time).
 //!
 //! It enforces limits the client only learns from headers: routes map to bucket ids
 //! (several routes share one), each bucket is limited per major parameter (a window of
@@ -6,18 +8,23 @@
 //! global limit per token (at most `global` requests in any aligned second). It counts
 //! every request, and every 429 by kind. It can inject failures on purpose.
 
-#![allow(dead_code)]
-
 use std::collections::HashMap;
 
-use http::{HeaderMap, HeaderValue};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use paceline_client::http::{HeaderMap, HeaderValue};
 use paceline_client::Route;
 
+/// A second in µs.
 pub const SECOND: u64 = 1_000_000;
 
+/// A bucket's limit: `limit` requests per `window` µs.
 #[derive(Clone, Copy, Debug)]
 pub struct Limit {
+    /// Requests per window.
     pub limit: u64,
+    /// The window, in µs.
     pub window: u64,
 }
 
@@ -32,15 +39,22 @@ pub enum Inject {
     Shared429(u64),
 }
 
+/// What the mock saw.
 #[derive(Default, Debug)]
 pub struct Counts {
+    /// Every request.
     pub requests: u64,
+    /// Answered 200.
     pub ok: u64,
+    /// Refused by a bucket's limit.
     pub bucket_429: u64,
+    /// Refused by the global limit.
     pub global_429: u64,
+    /// Failures injected on purpose.
     pub injected: u64,
 }
 
+/// The mock's limits and counts.
 pub struct MockApi {
     /// Route key → (bucket id, limit).
     routes: HashMap<String, (String, Limit)>,
@@ -50,12 +64,14 @@ pub struct MockApi {
     /// Aligned second → requests in it.
     global_seen: HashMap<u64, u64>,
     inject: HashMap<String, Vec<Inject>>,
+    /// What it saw.
     pub counts: Counts,
     /// Every accepted request: (time, bucket, major).
     pub accepted: Vec<(u64, String, String)>,
 }
 
 impl MockApi {
+    /// A mock with `global` requests per aligned second per token, and no routes.
     pub fn new(global: u64) -> MockApi {
         MockApi {
             routes: HashMap::new(),
@@ -68,11 +84,13 @@ impl MockApi {
         }
     }
 
+    /// `route` counts against `bucket` (per major parameter) with `limit`.
     pub fn route(&mut self, route: &Route, bucket: &str, limit: Limit) {
         self.routes
             .insert(route.key().to_string(), (bucket.to_string(), limit));
     }
 
+    /// The next request to `route` gets `what`.
     pub fn inject(&mut self, route: &Route, what: Inject) {
         self.inject
             .entry(route.key().to_string())
@@ -161,4 +179,73 @@ impl MockApi {
 fn secs(us: u64) -> String {
     let ms = us.div_ceil(1000);
     format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+/// A [`MockApi`] served over HTTP on 127.0.0.1, on the wall clock. A request's route is
+/// read the way Discord's are ([`Route::discord`]); every answer's body is a small JSON
+/// object with the path and query and the body's length as the mock saw them, and the
+/// request's `x-echo` header is sent back.
+pub struct MockServer {
+    addr: SocketAddr,
+    /// The mock, shared with the serving task.
+    pub api: Arc<Mutex<MockApi>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MockServer {
+    /// Serves `api` on a free port (needs a tokio runtime).
+    pub async fn start(api: MockApi) -> MockServer {
+        let api = Arc::new(Mutex::new(api));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a loopback port");
+        let addr = listener.local_addr().expect("its address");
+        let shared = Arc::clone(&api);
+        let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+            let api = Arc::clone(&shared);
+            async move {
+                let (parts, body) = request.into_parts();
+                let length = axum::body::to_bytes(body, usize::MAX)
+                    .await
+                    .map_or(0, |b| b.len());
+                let route = Route::discord(parts.method.as_str(), parts.uri.path());
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_micros() as u64);
+                let (status, mut headers) = api
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .handle(&route, now);
+                if let Some(echo) = parts.headers.get("x-echo") {
+                    headers.insert("x-echo", echo.clone());
+                }
+                let seen = serde_json::json!({
+                    "path": parts.uri.path_and_query().map(|p| p.as_str()),
+                    "body_length": length,
+                    "hop_by_hop": parts.headers.contains_key("proxy-authorization"),
+                });
+                let mut response =
+                    axum::response::Response::new(axum::body::Body::from(seen.to_string()));
+                *response.status_mut() = axum::http::StatusCode::from_u16(status)
+                    .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+                *response.headers_mut() = headers;
+                response
+            }
+        });
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        MockServer { addr, api, task }
+    }
+
+    /// The mock's base URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

@@ -1,0 +1,219 @@
+//! `paceline proxy` in front of the strict mock API, over real HTTP on loopback. These
+//! tests count answers and refusals; they assert no timings.
+
+use std::time::Duration;
+
+use paceline_server::proxy::{Proxy, ProxySettings};
+use paceline_testkit::mock_api::{Limit, MockApi, MockServer, SECOND};
+
+struct Running {
+    url: String,
+    admin: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Running {
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+async fn proxy(upstream: &str, dialect: &str, max_wait: Option<Duration>) -> Running {
+    let mut s = ProxySettings::new(upstream.parse().unwrap());
+    s.listen = "127.0.0.1:0".parse().unwrap();
+    s.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    s.dialect = dialect.into();
+    s.max_wait = max_wait;
+    if dialect == "discord" {
+        // Under the mock's 50 per aligned second, with room for loopback jitter: two
+        // requests admitted 20 ms apart may arrive a little closer.
+        s.global_limit = Some("gcra:rate=45/s,burst=1".parse().unwrap());
+    }
+    let p = Proxy::bind(s).await.unwrap();
+    let url = format!("http://{}", p.local_addr());
+    let admin = format!("http://{}", p.admin_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(p.run(async move {
+        let _ = stopped.await;
+    }));
+    Running {
+        url,
+        admin,
+        stop: Some(stop),
+        task,
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder().build().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_callers_through_one_proxy_get_every_answer_and_no_429() {
+    let mut api = MockApi::new(50);
+    let mut routes = Vec::new();
+    for major in [7u64, 8] {
+        for r in 0..10 {
+            let route = paceline_client::Route::discord("POST", &format!("/channels/{major}/r{r}"));
+            // 10 routes on 2 bucket ids: routes learn they share one as they go.
+            api.route(
+                &route,
+                &format!("bucket-{}", r % 2),
+                Limit {
+                    limit: 5,
+                    window: SECOND / 5,
+                },
+            );
+            routes.push(format!("/channels/{major}/r{r}"));
+        }
+    }
+    let mock = MockServer::start(api).await;
+    let p = proxy(&mock.url(), "discord", None).await;
+    let client = http();
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..32usize {
+        let (client, base, routes) = (client.clone(), p.url.clone(), routes.clone());
+        tasks.spawn(async move {
+            let mut statuses = Vec::new();
+            for i in 0..5 {
+                let path = &routes[(caller * 5 + i) % routes.len()];
+                let r = client
+                    .post(format!("{base}/api/v10{path}?n={i}"))
+                    .header("authorization", "Bot secret-token")
+                    .header("x-echo", format!("{caller}-{i}"))
+                    .header("proxy-authorization", "for the proxy only")
+                    .body("hello")
+                    .send()
+                    .await
+                    .unwrap();
+                let echo = r
+                    .headers()
+                    .get("x-echo")
+                    .map(|v| v.to_str().unwrap().to_string());
+                assert_eq!(echo.as_deref(), Some(format!("{caller}-{i}").as_str()));
+                statuses.push(r.status().as_u16());
+                let seen: serde_json::Value = r.json().await.unwrap();
+                assert_eq!(seen["body_length"], 5);
+                assert_eq!(seen["hop_by_hop"], false, "hop-by-hop headers stay");
+                assert_eq!(seen["path"], format!("/api/v10{path}?n={i}"));
+            }
+            statuses
+        });
+    }
+    let mut answered = 0;
+    while let Some(statuses) = tasks.join_next().await {
+        for s in statuses.unwrap() {
+            assert_eq!(s, 200);
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 160);
+    {
+        let api = mock.api.lock().unwrap();
+        assert_eq!(api.counts.bucket_429, 0, "{:?}", api.counts);
+        assert_eq!(api.counts.global_429, 0, "{:?}", api.counts);
+        assert_eq!(api.counts.requests, 160, "each request sent once");
+    }
+    let health = client
+        .get(format!("{}/healthz", p.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let metrics = client
+        .get(format!("{}/metrics", p.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("paceline_proxy_requests_total{outcome=\"forwarded\"} 160"),
+        "{metrics}"
+    );
+    assert!(!metrics.contains("secret-token"));
+    // The admin address is not proxied, and the proxied one has no /metrics of its own.
+    let proxied = client
+        .get(format!("{}/metrics", p.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(mock.api.lock().unwrap().counts.requests, 161);
+    assert_eq!(proxied.status(), 200);
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_beyond_max_wait_is_a_429_with_retry_after() {
+    let mut api = MockApi::new(50);
+    let route = paceline_client::Route::discord("GET", "/guilds/1/roles");
+    api.route(
+        &route,
+        "slow",
+        Limit {
+            limit: 1,
+            window: 60 * SECOND,
+        },
+    );
+    let mock = MockServer::start(api).await;
+    let p = proxy(&mock.url(), "discord", Some(Duration::from_millis(100))).await;
+    let client = http();
+    let first = client
+        .get(format!("{}/guilds/1/roles", p.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 200);
+    let second = client
+        .get(format!("{}/guilds/1/roles", p.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 429);
+    assert_eq!(second.headers()["x-paceline-proxy"], "wait-exceeded");
+    let retry: u64 = second.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((50..=60).contains(&retry), "retry-after {retry}");
+    let body: serde_json::Value = second.json().await.unwrap();
+    assert_eq!(body["error"], "wait_exceeded");
+    assert_eq!(
+        mock.api.lock().unwrap().counts.requests,
+        1,
+        "never sent upstream"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_upstream_fails_only_its_request() {
+    // A port nothing listens on.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let p = proxy(&dead, "auto", None).await;
+    let client = http();
+    for _ in 0..3 {
+        let r = client.get(format!("{}/x", p.url)).send().await.unwrap();
+        assert_eq!(r.status(), 502);
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(body["error"], "upstream");
+    }
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn bad_settings_name_the_field() {
+    let s = ProxySettings::new("ftp://example.com".parse().unwrap());
+    assert_eq!(s.validate().unwrap_err().field(), "upstream");
+    let mut s = ProxySettings::new("http://example.com".parse().unwrap());
+    s.dialect = "soap".into();
+    assert_eq!(s.validate().unwrap_err().field(), "dialect");
+}
