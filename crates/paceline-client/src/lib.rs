@@ -9,7 +9,9 @@
 //! - [`headers`]: the header dialects, one trait ([`headers::Dialect`]);
 //! - [`Route`]: which limit a request counts against before the server says;
 //! - [`ClientCore`]: the rules, as a pure state machine on injected time (sans-IO);
-//! - [`Client`]: the async limiter over the core: [`Client::acquire`] → [`Permit`].
+//! - [`Client`]: the async limiter over the core: [`Client::acquire`] → [`Permit`];
+//! - `middleware::Limited` (feature `reqwest`): the limiter as a `reqwest-middleware`
+//!   middleware.
 //!
 //! ```
 //! use paceline_client::headers::Discord;
@@ -32,6 +34,8 @@
 mod client;
 mod core;
 pub mod headers;
+#[cfg(feature = "reqwest")]
+pub mod middleware;
 mod route;
 
 pub use crate::client::{After, Client, Permit, Waiting};

@@ -1,0 +1,90 @@
+//! The reqwest middleware in front of the strict mock API over loopback HTTP. Counts
+//! answers and refusals; asserts no timings.
+
+use std::time::Duration;
+
+use paceline_client::headers::Discord;
+use paceline_client::middleware::Limited;
+use paceline_client::{Client, ClientConfig, ClientError, Route};
+use paceline_testkit::mock_api::{Limit, MockApi, MockServer, SECOND};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_through_the_middleware_meet_no_429() {
+    let mut api = MockApi::new(50);
+    for r in 0..4 {
+        let route = Route::discord("PUT", &format!("/guilds/5/members/{r}/roles/9"));
+        api.route(
+            &route,
+            "roles",
+            Limit {
+                limit: 5,
+                window: SECOND / 5,
+            },
+        );
+    }
+    let mock = MockServer::start(api).await;
+    // Below the mock's 50 per aligned second, with room for loopback jitter.
+    let config = ClientConfig::new().global("gcra:rate=45/s,burst=1".parse().unwrap());
+    let limits = Client::new(config, Discord);
+    let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(Limited::discord(limits))
+        .build();
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8u64 {
+        let (http, base) = (http.clone(), mock.url());
+        tasks.spawn(async move {
+            let mut ok = 0;
+            for i in 0..5 {
+                let r = http
+                    .put(format!("{base}/guilds/5/members/{}/roles/9", (t + i) % 4))
+                    .body("x")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                ok += 1;
+            }
+            ok
+        });
+    }
+    let mut total = 0;
+    while let Some(n) = tasks.join_next().await {
+        total += n.unwrap();
+    }
+    assert_eq!(total, 40);
+    let counts = &mock.api.lock().unwrap().counts;
+    assert_eq!(
+        (counts.bucket_429, counts.global_429, counts.requests),
+        (0, 0, 40)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_beyond_max_wait_is_an_error_naming_it() {
+    let mut api = MockApi::new(50);
+    let route = Route::discord("GET", "/channels/3/pins");
+    api.route(
+        &route,
+        "pins",
+        Limit {
+            limit: 1,
+            window: 60 * SECOND,
+        },
+    );
+    let mock = MockServer::start(api).await;
+    let limits = Client::new(ClientConfig::new(), Discord);
+    let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(Limited::discord(limits).max_wait(Duration::from_millis(100)))
+        .build();
+    let url = format!("{}/channels/3/pins", mock.url());
+    assert_eq!(http.get(&url).send().await.unwrap().status(), 200);
+    let err = http.get(&url).send().await.unwrap_err();
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("a middleware error");
+    };
+    let e = e.downcast::<ClientError>().unwrap();
+    assert!(
+        matches!(e, ClientError::WaitExceeded { would_wait: Some(w), .. } if w > Duration::from_secs(50))
+    );
+    assert_eq!(mock.api.lock().unwrap().counts.requests, 1);
+}
