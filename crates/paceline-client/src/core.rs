@@ -548,7 +548,15 @@ impl ClientCore {
         {
             *remaining -= 1;
             if let Some(t) = paced_next {
-                *t = (*t).max(now) + *window / (*limit).max(1);
+                // Anchored to the schedule, not to when the release happened: a release a
+                // timer tick late does not push every later one back. After a pause longer
+                // than a step, the schedule starts again from now.
+                let spacing = *window / (*limit).max(1);
+                *t = if now > t.saturating_add(spacing) {
+                    now
+                } else {
+                    *t
+                } + spacing;
             }
         }
         b.in_flight += 1;

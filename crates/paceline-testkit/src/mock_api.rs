@@ -181,6 +181,13 @@ fn secs(us: u64) -> String {
     format!("{}.{:03}", ms / 1000, ms % 1000)
 }
 
+/// Installs rustls's `ring` provider as the process's default (as `paceline proxy` and the
+/// Redis store do), so that reqwest clients can be built in a workspace whose reqwest has
+/// TLS without a provider of its own. Harmless when one is installed.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// A [`MockApi`] served over HTTP on 127.0.0.1, on the wall clock. A request's route is
 /// read the way Discord's are ([`Route::discord`]); every answer's body is a small JSON
 /// object with the path and query and the body's length as the mock saw them, and the
@@ -195,6 +202,7 @@ pub struct MockServer {
 impl MockServer {
     /// Serves `api` on a free port (needs a tokio runtime).
     pub async fn start(api: MockApi) -> MockServer {
+        install_tls_provider();
         let api = Arc::new(Mutex::new(api));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
