@@ -11,7 +11,9 @@
 //! - [`ClientCore`]: the rules, as a pure state machine on injected time (sans-IO);
 //! - [`Client`]: the async limiter over the core: [`Client::acquire`] → [`Permit`];
 //! - `middleware::Limited` (feature `reqwest`): the limiter as a `reqwest-middleware`
-//!   middleware.
+//!   middleware;
+//! - `layer::LimitedLayer` (feature `tower`): the limiter as a tower `Layer` for `http`
+//!   clients.
 //!
 //! ```
 //! use paceline_client::headers::Discord;
@@ -34,6 +36,8 @@
 mod client;
 mod core;
 pub mod headers;
+#[cfg(feature = "tower")]
+pub mod layer;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
 mod route;

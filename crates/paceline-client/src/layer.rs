@@ -1,0 +1,149 @@
+//! The client limiter as a tower [`Layer`] for `http` clients (feature `tower`): hyper's
+//! client, or any `tower::Service<http::Request<B>, Response = http::Response<R>>`.
+//!
+//! Each request waits for its turn, is sent through the inner service, and its response
+//! (status and headers) teaches the limiter. A refusal comes back to the caller as the
+//! upstream sent it (the limiter has paused what it names, so a retry, e.g. with tower's
+//! retry layer, waits its turn); a request that would wait longer than `max_wait`, or
+//! that the invalid-request budget refuses, fails with the [`ClientError`].
+//!
+//! ```
+//! use paceline_client::headers::Discord;
+//! use paceline_client::layer::LimitedLayer;
+//! use paceline_client::{Client, ClientConfig};
+//! use tower::{Layer, Service, ServiceExt};
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! // Any service of http requests: here one that answers 200 at once.
+//! let upstream = tower::service_fn(|_: http::Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+//! });
+//! let limits = Client::new(ClientConfig::discord(), Discord);
+//! let mut service = LimitedLayer::discord(limits).layer(upstream);
+//! let request = http::Request::post("https://discord.com/api/v10/channels/1/messages")
+//!     .body(String::from("{}"))?;
+//! let response = service.ready().await?.call(request).await?;
+//! assert_eq!(response.status(), 200);
+//! # Ok(()) }
+//! ```
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tower::{Layer, Service};
+
+use crate::client::Client;
+use crate::core::ClientError;
+use crate::route::Route;
+
+type Router = fn(&str, &str) -> Route;
+
+/// Builds [`Limited`] services: one [`Client`] (one identity) and how requests map to
+/// routes.
+#[derive(Clone, Debug)]
+pub struct LimitedLayer {
+    client: Client,
+    router: Router,
+    max_wait: Option<Duration>,
+}
+
+impl LimitedLayer {
+    /// For Discord's API: routes by [`Route::discord`].
+    pub fn discord(client: Client) -> LimitedLayer {
+        LimitedLayer {
+            client,
+            router: Route::discord,
+            max_wait: None,
+        }
+    }
+
+    /// For any API: routes by [`Route::generic`].
+    pub fn generic(client: Client) -> LimitedLayer {
+        LimitedLayer {
+            client,
+            router: Route::generic,
+            max_wait: None,
+        }
+    }
+
+    /// The same layer failing requests that would wait longer than `max_wait`.
+    pub fn max_wait(mut self, max_wait: Duration) -> LimitedLayer {
+        self.max_wait = Some(max_wait);
+        self
+    }
+}
+
+impl<S> Layer<S> for LimitedLayer {
+    type Service = Limited<S>;
+
+    fn layer(&self, inner: S) -> Limited<S> {
+        Limited {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+/// An http client service whose requests wait for the limiter (see the [module](self)).
+#[derive(Clone, Debug)]
+pub struct Limited<S> {
+    inner: S,
+    layer: LimitedLayer,
+}
+
+/// What a [`Limited`] service fails with: the limiter's refusal, or the inner service's
+/// error.
+#[derive(Debug, thiserror::Error)]
+pub enum LimitedError<E> {
+    /// The limiter will not send the request.
+    #[error(transparent)]
+    Limiter(ClientError),
+    /// The inner service failed (the request's slot was released).
+    #[error(transparent)]
+    Inner(E),
+}
+
+impl<S, B, R> Service<http::Request<B>> for Limited<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S::Future: Send,
+    B: Send + 'static,
+{
+    type Response = http::Response<R>;
+    type Error = LimitedError<S::Error>;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(LimitedError::Inner)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The service made ready is the one that sends; a fresh clone stays behind.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let route = (layer.router)(request.method().as_str(), request.uri().path());
+            let mut permit = layer
+                .client
+                .acquire_within(route, layer.max_wait)
+                .await
+                .map_err(LimitedError::Limiter)?;
+            permit.sent();
+            match inner.call(request).await {
+                Ok(response) => {
+                    // A refusal's retry is the caller's: dropping the returned wait gives
+                    // its place back.
+                    let _ = permit.complete(response.status().as_u16(), response.headers(), None);
+                    Ok(response)
+                }
+                Err(e) => {
+                    permit.failed();
+                    Err(LimitedError::Inner(e))
+                }
+            }
+        })
+    }
+}
