@@ -175,7 +175,7 @@ pub(crate) async fn stop_signal() {
 
 /// Logs through `tracing` (set up by [`init_logs`]).
 pub(crate) fn log(message: &str) {
-    tracing::info!(target: "paceline::serve", "{message}");
+    tracing::info!(target: "paceline", "{message}");
 }
 
 /// Structured logs on standard error: human-readable text, or one JSON object per line.
