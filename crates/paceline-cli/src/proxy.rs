@@ -36,6 +36,10 @@ pub(crate) struct ProxyArgs {
     /// The upstream's answer must start within this, else 504.
     #[arg(long, value_name = "DURATION", default_value = "30s")]
     upstream_timeout: String,
+    /// The most distinct Authorization values whose limits are kept at once; beyond, new
+    /// ones get 503 (an identity idle for 10 minutes is forgotten first).
+    #[arg(long, value_name = "N", default_value_t = 10_000)]
+    max_identities: usize,
     /// Where /healthz and /metrics are served (never on the proxied address).
     #[arg(long, value_name = "ADDR:PORT")]
     admin_listen: Option<SocketAddr>,
@@ -57,6 +61,10 @@ fn settings(args: &ProxyArgs) -> Result<ProxySettings, String> {
     let mut s = ProxySettings::new(upstream);
     s.listen = args.listen;
     s.admin_listen = args.admin_listen;
+    if args.max_identities == 0 {
+        return Err("--max-identities: must be at least 1".into());
+    }
+    s.max_identities = args.max_identities;
     s.dialect = args.dialect.clone();
     let global = match (&args.global_limit, args.dialect.as_str()) {
         (Some(spec), _) => Some(spec.as_str()),

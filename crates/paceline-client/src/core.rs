@@ -300,6 +300,12 @@ struct Req {
     retries: u32,
 }
 
+/// How often idle buckets are dropped: once a second at most.
+const PRUNE_EVERY_US: u64 = 1_000_000;
+
+/// The most routes whose bucket an identity remembers (see [`ClientCore`]'s pruning).
+pub const MAX_ROUTES: usize = 65_536;
+
 /// Two resets less than this apart are the same window (responses travel at different
 /// speeds): 50 ms.
 const SAME_WINDOW_US: u64 = 50_000;
@@ -327,6 +333,8 @@ pub struct ClientCore {
     missing_in_a_row: u32,
     /// Pioneers in flight per major parameter.
     pioneers: HashMap<Arc<str>, u32>,
+    /// When idle buckets were last dropped.
+    pruned_at: u64,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -351,6 +359,7 @@ impl ClientCore {
             invalid_warned_until: 0,
             missing_in_a_row: 0,
             pioneers: HashMap::new(),
+            pruned_at: 0,
         }
     }
 
@@ -704,12 +713,15 @@ impl ClientCore {
     }
 
     /// Drops buckets that hold nothing and whose knowledge has gone stale (a limited
-    /// bucket a window after its reset; an unknown or unlimited one once idle), so memory
-    /// follows the buckets in use.
+    /// bucket a window after its reset; an unknown or unlimited one once idle), at most
+    /// once a second, so memory follows the buckets in use; and once more than
+    /// [`MAX_ROUTES`] routes are known, forgets those whose buckets are gone (or, if that
+    /// is not enough, all of them: each is learned again by a pioneer).
     fn prune(&mut self, now: u64) {
-        if self.buckets.len() < 64 + 2 * self.waiting.len() {
+        if now < self.pruned_at.saturating_add(PRUNE_EVERY_US) {
             return;
         }
+        self.pruned_at = now;
         self.buckets.retain(|_, b| {
             let idle = b.queue.is_empty() && b.in_flight == 0 && b.paused_until <= now;
             let stale = match b.known {
@@ -720,6 +732,13 @@ impl ClientCore {
             };
             !(idle && stale)
         });
+        if self.routes.len() > MAX_ROUTES {
+            let live: HashSet<&Arc<str>> = self.buckets.keys().map(|k| &k.id).collect();
+            self.routes.retain(|_, id| live.contains(id));
+            if self.routes.len() > MAX_ROUTES {
+                self.routes.clear();
+            }
+        }
     }
 
     /// Ends an admitted request's slot: one fewer in flight, the pioneer slot free.
@@ -817,6 +836,16 @@ impl ClientCore {
                 .insert(Arc::clone(req.route.key_arc()), Arc::clone(&learned.id));
             if learned != req.bucket {
                 self.move_route(&req.bucket, &learned, req.route.key());
+                // A route's own queue, emptied, has served its purpose.
+                if req.bucket.id.starts_with('\0')
+                    && self
+                        .buckets
+                        .get(&req.bucket)
+                        .is_some_and(|b| b.queue.is_empty() && b.in_flight == 0)
+                {
+                    self.buckets.remove(&req.bucket);
+                    self.waiting.remove(&req.bucket);
+                }
                 req.bucket = learned;
             }
         }
@@ -1000,6 +1029,11 @@ impl ClientCore {
     /// How many requests are admitted and not yet finished.
     pub fn in_flight(&self) -> usize {
         self.requests.len() - self.waiting()
+    }
+
+    /// How many buckets the core holds state for (learned, or a route's own queue).
+    pub fn buckets_held(&self) -> usize {
+        self.buckets.len()
     }
 
     /// When the request was submitted, if the core still holds it.

@@ -43,7 +43,9 @@ pub mod middleware;
 mod route;
 
 pub use crate::client::{After, Client, Permit, Waiting};
-pub use crate::core::{ClientConfig, ClientCore, ClientError, Completion, Poll, RequestId};
+pub use crate::core::{
+    ClientConfig, ClientCore, ClientError, Completion, Poll, RequestId, MAX_ROUTES,
+};
 pub use crate::route::Route;
 /// The `http` crate whose `HeaderMap` the client reads, re-exported so callers use the same
 /// version.

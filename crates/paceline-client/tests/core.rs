@@ -492,3 +492,27 @@ fn a_request_refused_more_than_max_retries_times_is_the_callers() {
     }
     assert_eq!(core.waiting() + core.in_flight(), 0);
 }
+
+#[test]
+fn idle_buckets_and_routes_are_forgotten() {
+    let mut core = ClientCore::new(ClientConfig::new());
+    let seen = |bucket: String| Observation {
+        bucket: Some(bucket),
+        limit: Some(5),
+        remaining: Some(4),
+        reset_after: Some(Duration::from_secs(1)),
+        ..Observation::default()
+    };
+    let mut now = T0;
+    for i in 0..200u64 {
+        let route = Route::generic("GET", &format!("/things/{i}/x{i}"));
+        let id = core.submit(route, now, None).unwrap();
+        assert_eq!(core.poll(now).go, vec![id]);
+        core.complete(id, 200, &seen(format!("b{i}")), now);
+        now += 1_000;
+    }
+    assert_eq!(core.buckets_held(), 200);
+    // Two windows later, a poll drops them all: nothing waits, their knowledge is stale.
+    core.poll(now + 3 * SECOND);
+    assert_eq!(core.buckets_held(), 0);
+}

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -65,7 +65,14 @@ pub struct ProxySettings {
     pub upstream_timeout: Duration,
     /// Connection limits of the listening side.
     pub connections: ConnectionLimits,
+    /// The most distinct `Authorization` values (identities) whose limits the proxy keeps
+    /// at once (10,000). One idle for [`IDLE_IDENTITY`] with nothing waiting is forgotten
+    /// when room is needed; beyond the cap, requests of new identities get `503`.
+    pub max_identities: usize,
 }
+
+/// How long an identity with nothing waiting or in flight is kept: 10 minutes.
+pub const IDLE_IDENTITY: Duration = Duration::from_secs(600);
 
 impl ProxySettings {
     /// Settings for `upstream` with the defaults: listen on 127.0.0.1:8081, no admin
@@ -80,6 +87,7 @@ impl ProxySettings {
             max_wait: None,
             upstream_timeout: Duration::from_secs(30),
             connections: ConnectionLimits::default(),
+            max_identities: 10_000,
         }
     }
 
@@ -100,7 +108,8 @@ impl ProxySettings {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Outcome {
-    /// `forwarded`, `wait_exceeded`, `invalid_budget`, `upstream_error`, `bad_request`.
+    /// `forwarded`, `wait_exceeded`, `invalid_budget`, `upstream_error`, `bad_request`,
+    /// `too_many_identities`.
     outcome: &'static str,
 }
 
@@ -129,7 +138,7 @@ impl ProxyMetrics {
         let wait_micros = Counter::default();
         registry.register(
             "requests",
-            "Requests by outcome: forwarded, wait_exceeded, invalid_budget, upstream_error, bad_request",
+            "Requests by outcome: forwarded, wait_exceeded, invalid_budget, upstream_error, bad_request, too_many_identities",
             requests.clone(),
         );
         registry.register(
@@ -173,24 +182,36 @@ struct ProxyState {
     dialect: String,
     config: ClientConfig,
     max_wait: Option<Duration>,
-    /// One limiter per `Authorization` value.
-    clients: Mutex<HashMap<Vec<u8>, Client>>,
+    /// One limiter per `Authorization` value, and when it was last used.
+    clients: Mutex<HashMap<Vec<u8>, (Client, Instant)>>,
+    max_identities: usize,
     metrics: ProxyMetrics,
 }
 
 impl ProxyState {
-    fn client_for(&self, token: &[u8]) -> Result<Client, paceline_core::InputError> {
+    /// The identity's limiter, or `None` when the proxy holds as many identities as it may.
+    fn client_for(&self, token: &[u8]) -> Result<Option<Client>, paceline_core::InputError> {
+        let now = Instant::now();
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(c) = clients.get(token) {
-            return Ok(c.clone());
+        if let Some((c, used)) = clients.get_mut(token) {
+            *used = now;
+            return Ok(Some(c.clone()));
+        }
+        if clients.len() >= self.max_identities {
+            clients.retain(|_, (c, used)| {
+                now.duration_since(*used) < IDLE_IDENTITY || c.counts() != (0, 0)
+            });
+            if clients.len() >= self.max_identities {
+                return Ok(None);
+            }
         }
         let c = Client::with_clock(
             self.config.clone(),
             dialects::dialect(&self.dialect)?,
             Arc::new(paceline_store::SystemClock::new()),
         );
-        clients.insert(token.to_vec(), c.clone());
-        Ok(c)
+        clients.insert(token.to_vec(), (c.clone(), now));
+        Ok(Some(c))
     }
 
     fn route(&self, method: &str, path: &str) -> Route {
@@ -250,6 +271,7 @@ impl Proxy {
                 config,
                 max_wait: settings.max_wait,
                 clients: Mutex::new(HashMap::new()),
+                max_identities: settings.max_identities.max(1),
                 metrics: ProxyMetrics::new(),
             }),
             connections: settings.connections,
@@ -408,7 +430,16 @@ async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Resp
         .map(|v| v.as_bytes().to_vec())
         .unwrap_or_default();
     let client = match state.client_for(&token) {
-        Ok(c) => c,
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            state.metrics.count("too_many_identities");
+            return own_answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "identities",
+                "the proxy holds the limits of as many Authorization values as it may; retry later",
+                &[("retry-after", "60".to_string())],
+            );
+        }
         Err(e) => {
             state.metrics.count("bad_request");
             return own_answer(

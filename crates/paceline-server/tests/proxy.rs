@@ -217,3 +217,33 @@ async fn bad_settings_name_the_field() {
     s.dialect = "soap".into();
     assert_eq!(s.validate().unwrap_err().field(), "dialect");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identities_beyond_the_cap_get_503() {
+    let mock = MockServer::start(MockApi::new(50)).await;
+    let mut s = ProxySettings::new(mock.url().parse().unwrap());
+    s.listen = "127.0.0.1:0".parse().unwrap();
+    s.max_identities = 2;
+    let p = Proxy::bind(s).await.unwrap();
+    let url = format!("http://{}", p.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(p.run(async move {
+        let _ = stopped.await;
+    }));
+    let client = http();
+    for (token, status) in [("a", 200), ("b", 200), ("a", 200), ("c", 503), ("b", 200)] {
+        let r = client
+            .get(format!("{url}/gateway"))
+            .header("authorization", token)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), status, "token {token}");
+        if status == 503 {
+            let body: serde_json::Value = r.json().await.unwrap();
+            assert_eq!(body["error"], "identities");
+        }
+    }
+    let _ = stop.send(());
+    let _ = task.await;
+}
