@@ -8,7 +8,7 @@ use std::time::Duration;
 use paceline_core::spec::parse_duration;
 use paceline_server::proxy::{Proxy, ProxySettings};
 
-use crate::serve::{init_logs, log, stop_signal};
+use crate::serve::{init_logs, log, runtime, stop_signal};
 
 /// `paceline proxy`'s flags.
 #[derive(clap::Args, Debug)]
@@ -50,6 +50,12 @@ pub(crate) struct ProxyArgs {
 
 /// The settings the flags say, or the flag at fault and what it allows.
 fn settings(args: &ProxyArgs) -> Result<ProxySettings, String> {
+    if !matches!(args.log_format.as_str(), "text" | "json") {
+        return Err(format!(
+            "--log-format: `{}`: use text or json",
+            args.log_format
+        ));
+    }
     let upstream = reqwest::Url::parse(&args.upstream)
         .map_err(|e| format!("--upstream: `{}` is not a URL ({e})", args.upstream))?;
     if args.store != "memory" {
@@ -99,15 +105,9 @@ pub(crate) fn run(args: ProxyArgs) -> ExitCode {
         }
     };
     init_logs(args.log_format == "json");
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let upstream = settings.upstream.clone();

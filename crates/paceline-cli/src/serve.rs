@@ -101,15 +101,9 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
     };
     let json_logs = args.log_format == "json";
     init_logs(json_logs);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     runtime.block_on(async move {
         let policies = settings.policies.len();
@@ -154,6 +148,17 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             }
         }
     })
+}
+
+/// The multi-threaded runtime a service runs on, or the exit code to leave with.
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::from(1)
+        })
 }
 
 /// Completes on SIGTERM or SIGINT, having logged that the service is stopping.
