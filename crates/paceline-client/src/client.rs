@@ -319,6 +319,11 @@ impl Permit {
         let now = inner.clock.now_micros();
         let after = match s.core.complete(self.id, status, seen, now) {
             Completion::Done => After::Done,
+            // The client is gone, and with it the task that would admit the retry.
+            Completion::Retry if s.closed => {
+                s.core.cancel(self.id, false);
+                After::Done
+            }
             Completion::Retry => {
                 let (tx, rx) = oneshot::channel();
                 s.waiters.insert(self.id, tx);

@@ -18,11 +18,16 @@
 //! - **Buckets.** A route maps to the bucket id its responses name; routes that name one
 //!   bucket share it, per major parameter. Before a route's bucket is known, its requests
 //!   wait in a queue of their own, and exactly one *pioneer* is in flight; its headers
-//!   name the bucket, and the queue joins that bucket's, in submission order.
+//!   name the bucket, and the queue joins that bucket's, in submission order. At most
+//!   [`ClientConfig::pioneers_per_major`] pioneers per major parameter are in flight, and
+//!   only while every known bucket of it has a call left; known buckets keep that many
+//!   calls back (all but one at most) while unknown routes wait, so that a route which
+//!   turns out to share a known bucket does not find it spent.
 //! - **Known buckets** admit as many requests as the last response said remain (each
 //!   admission counts one down), then wait for the announced reset. At a reset the core
 //!   assumes the limit is back and releases waiting requests **paced over the window**
-//!   (one every `window / limit`), not all at once; the next responses correct it.
+//!   (one every `window / limit`), not all at once, until a response of the new window
+//!   says how many remain.
 //! - **The global limit** (a paceline [`Policy`], Discord's 50/s) is applied to every
 //!   request that is about to go, except routes exempt from it.
 //! - **Refusals** ([`Refusal`]): a global one pauses every bucket for the retry-after; a
@@ -107,6 +112,12 @@ pub struct ClientConfig {
     /// How often a refused request is put back in its queue before its refusal is given
     /// to the caller (3).
     pub max_retries: u32,
+    /// How many pioneers of unknown routes may be in flight at once per major parameter,
+    /// and so how many calls known buckets of that parameter keep back while unknown
+    /// routes wait (at most their limit less one). 1 for Discord, where many routes share
+    /// small buckets; 8 by default, for APIs whose routes are many and whose buckets are
+    /// large (GitHub: 5,000 per hour for every route).
+    pub pioneers_per_major: u32,
 }
 
 impl Default for ClientConfig {
@@ -120,6 +131,7 @@ impl Default for ClientConfig {
             max_backoff: Duration::from_secs(900),
             max_wait: None,
             max_retries: 3,
+            pioneers_per_major: 8,
         }
     }
 }
@@ -145,6 +157,7 @@ impl ClientConfig {
                     .parse()
                     .expect("a valid built-in policy"),
             ),
+            pioneers_per_major: 1,
             ..ClientConfig::default()
         }
     }
@@ -495,12 +508,16 @@ impl ClientCore {
             },
             Known::Unlimited => Ok(false),
             Known::Limited {
+                limit,
                 remaining,
                 reset_at,
                 paced_next,
                 ..
             } => {
-                if remaining <= reserve {
+                // A bucket keeps back at most all but one call: one of limit 1 never
+                // starves while unknown routes wait (a route sharing it may then meet it
+                // spent, once).
+                if remaining <= reserve.min(limit.saturating_sub(1)) {
                     return Err(Some(reset_at));
                 }
                 match paced_next {
@@ -607,14 +624,18 @@ impl ClientCore {
                 // buckets keep back while unknown routes wait): a route that turns out to
                 // share a known bucket then never meets it spent.
                 let major = &key.major;
-                let pioneer_until = if self.pioneers.get(major).is_some_and(|&n| n > 0) {
+                let flying = self.pioneers.get(major).copied().unwrap_or(0);
+                let allowed = self.config.pioneers_per_major.max(1);
+                let pioneer_until = if flying >= allowed {
                     Some(None)
                 } else {
                     exhausted.get(major).map(|&t| Some(t))
                 };
-                let reserve = u64::from(
-                    unknown.contains(major) || self.pioneers.get(major).is_some_and(|&n| n > 0),
-                );
+                let reserve = if unknown.contains(major) || flying > 0 {
+                    u64::from(allowed)
+                } else {
+                    0
+                };
                 let pioneer = match Self::bucket_ready(b, now, pioneer_until, reserve) {
                     Ok(pioneer) => pioneer,
                     Err(wait) => {
@@ -797,7 +818,7 @@ impl ClientCore {
                 limit, remaining, ..
             } = &mut b.known
             {
-                *remaining = (*remaining + 1).min(*limit);
+                *remaining = remaining.saturating_add(1).min(*limit);
             }
         }
         if let Some((last, before)) = self.last_global.take() {
@@ -880,7 +901,9 @@ impl ClientCore {
             return Completion::Done;
         };
         self.refused(&req.bucket, refusal, now);
-        if req.retries >= self.config.max_retries {
+        // Out of retries, or past its deadline: the refusal is the caller's (rather than
+        // a deadline error with no retry-after in it).
+        if req.retries >= self.config.max_retries || req.deadline.is_some_and(|(at, _)| at <= now) {
             return Completion::Done;
         }
         req.retries += 1;
@@ -960,26 +983,39 @@ impl ClientCore {
                 let window = window.max(reset_after);
                 if reset_at > ours.saturating_add(SAME_WINDOW_US) {
                     // The server's window is newer than ours: trust its count, less what
-                    // is in flight and may not be in it yet.
+                    // is in flight and may not be in it yet; its own word ends the pacing
+                    // of a local reset.
                     Known::Limited {
                         limit,
                         remaining: left.saturating_sub(in_flight).min(limit),
                         reset_at,
                         window,
+                        paced_next: None,
+                    }
+                } else if reset_at.saturating_add(SAME_WINDOW_US) < ours {
+                    // An answer from a window that has passed (sent before our reset): it
+                    // says nothing of this one.
+                    Known::Limited {
+                        limit,
+                        remaining,
+                        reset_at: ours,
+                        window,
                         paced_next,
                     }
                 } else {
+                    // This window, as we count it: the lower count wins, and the server's
+                    // word ends the pacing of a local reset.
                     Known::Limited {
                         limit,
                         remaining: remaining.min(left),
                         reset_at: ours.max(reset_at),
                         window,
-                        paced_next,
+                        paced_next: None,
                     }
                 }
             }
             Known::Unknown | Known::Unlimited => {
-                let limit = seen.limit.unwrap_or(left + 1).max(1);
+                let limit = seen.limit.unwrap_or_else(|| left.saturating_add(1)).max(1);
                 Known::Limited {
                     limit,
                     remaining: left.saturating_sub(in_flight).min(limit),

@@ -103,3 +103,14 @@ async fn max_wait_fails_fast_with_the_wait_it_would_have_been() {
     let ok = c.acquire_within(route, Some(Duration::from_secs(11))).await;
     assert!(ok.is_ok());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_after_the_client_is_gone_is_done_not_a_hang() {
+    let route = Route::discord("GET", "/guilds/9/roles");
+    let p = client(ClientConfig::new()).acquire(route).await.unwrap();
+    // The temporary client is dropped; the permit lives on.
+    tokio::task::yield_now().await;
+    let mut h = limits("r", 0, "3");
+    h.insert("retry-after", "3".parse().unwrap());
+    assert!(matches!(p.complete(429, &h, None), After::Done));
+}

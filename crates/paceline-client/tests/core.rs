@@ -516,3 +516,114 @@ fn idle_buckets_and_routes_are_forgotten() {
     core.poll(now + 3 * SECOND);
     assert_eq!(core.buckets_held(), 0);
 }
+
+#[test]
+fn review_cases() {
+    // A remaining of u64::MAX in a header does not overflow.
+    let mut core = ClientCore::new(ClientConfig::new());
+    let a = Route::discord("GET", "/channels/1/pins");
+    let id = core.submit(a.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![id]);
+    let huge = Observation {
+        bucket: Some("h".into()),
+        remaining: Some(u64::MAX),
+        reset_after: Some(Duration::from_secs(1)),
+        ..Observation::default()
+    };
+    assert_eq!(core.complete(id, 200, &huge, T0), Completion::Done);
+}
+
+#[test]
+fn a_limit_1_bucket_is_not_starved_by_an_unknown_route_in_backoff() {
+    let mut core = ClientCore::new(ClientConfig::discord());
+    let reactions = Route::discord("PUT", "/channels/1/messages/2/reactions/x/@me");
+    let pins = Route::discord("GET", "/channels/1/pins");
+    let r = core.submit(reactions.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![r]);
+    let one = Observation {
+        bucket: Some("react".into()),
+        limit: Some(1),
+        remaining: Some(0),
+        reset_after: Some(Duration::from_millis(250)),
+        ..Observation::default()
+    };
+    core.complete(r, 204, &one, T0 + 1_000);
+    // pins: its pioneer gets 502s without headers, so it stays unknown and backs off.
+    let mut now = T0 + 300_000;
+    let p = core.submit(pins.clone(), now, None).unwrap();
+    let go = core.poll(now).go;
+    assert_eq!(go, vec![p]);
+    core.complete(p, 502, &Observation::default(), now);
+    let p2 = core.submit(pins, now, None).unwrap();
+    let mut reacted = 0;
+    for _ in 0..8 {
+        core.submit(reactions.clone(), now, None).unwrap();
+        now += 300_000;
+        for id in core.poll(now).go {
+            if id == p2 {
+                core.failed(p2);
+            } else {
+                reacted += 1;
+                let spent = Observation {
+                    remaining: Some(0),
+                    ..one.clone()
+                };
+                core.complete(id, 204, &spent, now);
+            }
+        }
+    }
+    assert!(
+        reacted >= 6,
+        "the limit-1 bucket went {reacted} times in 8 windows"
+    );
+}
+
+#[test]
+fn the_servers_word_on_a_new_window_ends_local_pacing() {
+    let mut core = ClientCore::new(ClientConfig::new());
+    let a = Route::discord("GET", "/guilds/3/roles");
+    let seen = |left: u64, reset_ms: u64| Observation {
+        bucket: Some("r".into()),
+        limit: Some(5),
+        remaining: Some(left),
+        reset_after: Some(Duration::from_millis(reset_ms)),
+        ..Observation::default()
+    };
+    let id = core.submit(a.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![id]);
+    core.complete(id, 200, &seen(0, 5_000), T0);
+    // The reset passes: one request goes (paced), its answer says 4 are left in a new
+    // window: the four waiting go at once.
+    let t = T0 + 5 * SECOND;
+    let ids: Vec<_> = (0..5)
+        .map(|_| core.submit(a.clone(), t, None).unwrap())
+        .collect();
+    assert_eq!(core.poll(t).go, vec![ids[0]]);
+    core.complete(ids[0], 200, &seen(4, 5_000), t + 1_000);
+    assert_eq!(core.poll(t + 1_000).go, ids[1..].to_vec());
+}
+
+#[test]
+fn generic_routes_discover_several_at_once() {
+    let mut core = ClientCore::new(ClientConfig::new());
+    for name in ["ann", "bob", "cy", "di"] {
+        core.submit(Route::generic("GET", &format!("/users/{name}")), T0, None)
+            .unwrap();
+    }
+    assert_eq!(core.poll(T0).go.len(), 4);
+}
+
+#[test]
+fn a_refusal_after_the_deadline_is_the_callers() {
+    let mut core = ClientCore::new(ClientConfig::new());
+    let a = Route::generic("GET", "/x");
+    let id = core.submit(a, T0, Some(Duration::from_secs(1))).unwrap();
+    assert_eq!(core.poll(T0).go, vec![id]);
+    let mut h = HeaderMap::new();
+    h.insert("retry-after", "5".parse().unwrap());
+    let seen = paceline_client::headers::RetryAfter.read(&Response::new(429, &h), T0 + 2 * SECOND);
+    assert_eq!(
+        core.complete(id, 429, &seen, T0 + 2 * SECOND),
+        Completion::Done
+    );
+}
