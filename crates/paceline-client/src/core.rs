@@ -45,7 +45,8 @@
 //! - **A cancelled request** gives back what it held: its place in the queue, its pioneer
 //!   slot, and, if it was never sent, its count in the bucket and (when no request was
 //!   admitted after it) its global token.
-//! - **Deadlines** (`max_wait`): a request whose estimated start is later than its deadline
+//! - **Deadlines** (`max_wait`): a refused request whose pause ends past its deadline
+//!   is the caller's, with the server's refusal; a request whose estimated start is later than its deadline
 //!   fails at once with [`ClientError::WaitExceeded`] saying how long it would have
 //!   waited; one still waiting at its deadline fails then.
 //!
@@ -900,10 +901,11 @@ impl ClientCore {
         let Some(refusal) = seen.refusal else {
             return Completion::Done;
         };
-        self.refused(&req.bucket, refusal, now);
-        // Out of retries, or past its deadline: the refusal is the caller's (rather than
-        // a deadline error with no retry-after in it).
-        if req.retries >= self.config.max_retries || req.deadline.is_some_and(|(at, _)| at <= now) {
+        let until = self.refused(&req.bucket, refusal, now);
+        // Out of retries, or the pause ends past its deadline: the refusal is the caller's
+        // (rather than a deadline error with no retry-after in it).
+        if req.retries >= self.config.max_retries || req.deadline.is_some_and(|(at, _)| at < until)
+        {
             return Completion::Done;
         }
         req.retries += 1;
@@ -919,7 +921,8 @@ impl ClientCore {
         Completion::Retry
     }
 
-    fn refused(&mut self, key: &BucketKey, refusal: Refusal, now: u64) {
+    /// Pauses what the refusal names; answers when the pause ends.
+    fn refused(&mut self, key: &BucketKey, refusal: Refusal, now: u64) -> u64 {
         let wait = match refusal.retry_after {
             Some(d) => micros(d),
             None => {
@@ -941,6 +944,7 @@ impl ClientCore {
                 }
             }
         }
+        until
     }
 
     fn count_invalid(&mut self, now: u64) {

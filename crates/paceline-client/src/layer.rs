@@ -32,7 +32,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tower::{Layer, Service};
+use tower::{Layer, Service, ServiceExt};
 
 use crate::client::Client;
 use crate::core::ClientError;
@@ -115,14 +115,15 @@ where
     type Error = LimitedError<S::Error>;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(LimitedError::Inner)
+    /// Always ready: the inner service is made ready once the limiter admits the request,
+    /// so that a capacity-limited inner service (a concurrency limit, a buffer) is not held
+    /// through the wait.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        // The service made ready is the one that sends; a fresh clone stays behind.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = self.inner.clone();
         let layer = self.layer.clone();
         Box::pin(async move {
             let route = (layer.router)(request.method().as_str(), request.uri().path());
@@ -131,8 +132,16 @@ where
                 .acquire_within(route, layer.max_wait)
                 .await
                 .map_err(LimitedError::Limiter)?;
+            let ready = match inner.ready().await {
+                Ok(ready) => ready,
+                Err(e) => {
+                    // Never sent: what the permit took goes back when it is dropped.
+                    drop(permit);
+                    return Err(LimitedError::Inner(e));
+                }
+            };
             permit.sent();
-            match inner.call(request).await {
+            match ready.call(request).await {
                 Ok(response) => {
                     // A refusal's retry is the caller's: dropping the returned wait gives
                     // its place back.

@@ -24,7 +24,7 @@ async fn requests_through_the_middleware_meet_no_429() {
     }
     let mock = MockServer::start(api).await;
     // Below the mock's 50 per aligned second, with room for loopback jitter.
-    let config = ClientConfig::new().global("gcra:rate=45/s,burst=1".parse().unwrap());
+    let config = ClientConfig::discord().global("gcra:rate=45/s,burst=1".parse().unwrap());
     let limits = Client::new(config, Discord);
     let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(Limited::discord(limits))

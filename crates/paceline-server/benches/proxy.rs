@@ -119,7 +119,7 @@ async fn run_callers(
 
 async fn paceline_client(requests: usize) -> Outcome {
     let mock = MockServer::start(mock_api()).await;
-    let config = ClientConfig::new().global(CLIENT_GLOBAL.parse().expect("a policy"));
+    let config = ClientConfig::discord().global(CLIENT_GLOBAL.parse().expect("a policy"));
     let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(Limited::discord(Client::new(config, Discord)))
         .build();

@@ -61,7 +61,8 @@ pub struct ProxySettings {
     pub global_limit: Option<Policy>,
     /// The longest a request may wait for its turn (`None`: as long as it takes).
     pub max_wait: Option<Duration>,
-    /// The upstream's answer must start within this (else `504`).
+    /// The upstream's answer must start within this (else `504`); a long body after that
+    /// is not cut off.
     pub upstream_timeout: Duration,
     /// Connection limits of the listening side.
     pub connections: ConnectionLimits,
@@ -186,6 +187,7 @@ struct ProxyState {
     clients: Mutex<HashMap<Vec<u8>, (Client, Instant)>>,
     max_identities: usize,
     metrics: ProxyMetrics,
+    upstream_timeout: Duration,
 }
 
 impl ProxyState {
@@ -244,8 +246,10 @@ impl Proxy {
         settings.validate().map_err(ServerError::Settings)?;
         // The TLS provider the Redis store uses too; installing it twice is harmless.
         let _ = rustls::crypto::ring::default_provider().install_default();
+        // `upstream_timeout` bounds the wait for the answer to start (see `forward`), not
+        // a long body streaming in either direction.
         let http = reqwest::Client::builder()
-            .timeout(settings.upstream_timeout)
+            .connect_timeout(settings.upstream_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| ServerError::Listen(std::io::Error::other(e)))?;
@@ -256,11 +260,14 @@ impl Proxy {
             Some(addr) => Some(TcpListener::bind(addr).await.map_err(ServerError::Listen)?),
             None => None,
         };
-        let mut config = ClientConfig::new();
+        // Discord's rules (its invalid-request budget, one pioneer per major parameter)
+        // for its dialect; the global limit is the settings' in every case.
+        let mut config = if settings.dialect == "discord" {
+            ClientConfig::discord()
+        } else {
+            ClientConfig::new()
+        };
         config.global = settings.global_limit.clone();
-        if settings.dialect == "discord" {
-            config.invalid_budget = ClientConfig::discord().invalid_budget;
-        }
         Ok(Proxy {
             listener,
             admin,
@@ -273,6 +280,7 @@ impl Proxy {
                 clients: Mutex::new(HashMap::new()),
                 max_identities: settings.max_identities.max(1),
                 metrics: ProxyMetrics::new(),
+                upstream_timeout: settings.upstream_timeout,
             }),
             connections: settings.connections,
         })
@@ -503,32 +511,46 @@ async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Resp
             (None, None) => reqwest::Body::from(bytes::Bytes::new()),
         };
         permit.sent();
-        let sent = state
+        let sending = state
             .http
             .request(parts.method.clone(), target.clone())
             .headers(headers.clone())
             .body(body)
-            .send()
-            .await;
-        let upstream = match sent {
+            .send();
+        let failure = match tokio::time::timeout(state.upstream_timeout, sending).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) if e.is_timeout() => Err((StatusCode::GATEWAY_TIMEOUT, e.to_string())),
+            // The error's text may hold the URL, never the token.
+            Ok(Err(e)) => Err((StatusCode::BAD_GATEWAY, e.to_string())),
+            Err(_) => Err((
+                StatusCode::GATEWAY_TIMEOUT,
+                format!(
+                    "the upstream did not start its answer within {:?}",
+                    state.upstream_timeout
+                ),
+            )),
+        };
+        let upstream = match failure {
             Ok(r) => r,
-            Err(e) => {
+            Err((status, message)) => {
                 permit.failed();
                 state.metrics.count("upstream_error");
-                let status = if e.is_timeout() {
-                    StatusCode::GATEWAY_TIMEOUT
-                } else {
-                    StatusCode::BAD_GATEWAY
-                };
-                // The error's text may hold the URL, never the token.
-                return own_answer(status, "upstream", &e.to_string(), &[]);
+                return own_answer(status, "upstream", &message, &[]);
             }
         };
         let status = upstream.status().as_u16();
-        let seen = client.dialect().read(
-            &dialects::Response::new(status, upstream.headers()),
-            client.now_micros(),
-        );
+        // A refusal's small body is read, for the dialects that look into it (Discord's
+        // `global`, GitHub's secondary limits), and sent on as it was.
+        let (upstream, body) = if matches!(status, 403 | 429) {
+            read_small_body(upstream).await
+        } else {
+            (Buffered::Streaming(upstream), None)
+        };
+        let mut view = dialects::Response::new(status, upstream.headers());
+        if let Some(b) = &body {
+            view = view.with_body(b);
+        }
+        let seen = client.dialect().read(&view, client.now_micros());
         if let Some(r) = seen.refusal {
             let scope = match r.scope {
                 Scope::Bucket => "bucket",
@@ -547,7 +569,7 @@ async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Resp
         }
         match permit.complete_with(status, &seen) {
             After::Retry(waiting) if kept.is_some() => {
-                drop(upstream);
+                drop((upstream, body));
                 state.metrics.retries.inc();
                 permit = match waiting.admitted().await {
                     Ok(p) => p,
@@ -557,17 +579,63 @@ async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Resp
             // A streamed body cannot be sent again: the refusal is the client's.
             _ => {
                 state.metrics.count("forwarded");
-                return answer(upstream);
+                return answer(upstream, body);
             }
         }
     }
 }
 
-/// The upstream's answer, as it is, its body streamed.
-fn answer(upstream: reqwest::Response) -> Response {
+/// The largest refusal body the proxy reads to show the dialect: 64 KiB.
+const REFUSAL_BODY_MAX: usize = 64 << 10;
+
+/// An upstream answer whose body is still coming, or whose head is kept beside its body.
+enum Buffered {
+    Streaming(reqwest::Response),
+    Read {
+        status: reqwest::StatusCode,
+        headers: HeaderMap,
+    },
+}
+
+impl Buffered {
+    fn headers(&self) -> &HeaderMap {
+        match self {
+            Buffered::Streaming(r) => r.headers(),
+            Buffered::Read { headers, .. } => headers,
+        }
+    }
+}
+
+/// Reads the body of a refusal if it is announced as at most [`REFUSAL_BODY_MAX`];
+/// otherwise leaves it streaming.
+async fn read_small_body(upstream: reqwest::Response) -> (Buffered, Option<bytes::Bytes>) {
+    let small = upstream
+        .content_length()
+        .is_some_and(|n| n <= REFUSAL_BODY_MAX as u64);
+    if !small {
+        return (Buffered::Streaming(upstream), None);
+    }
     let status = upstream.status();
-    let headers = end_to_end(upstream.headers());
-    let mut response = Response::new(Body::from_stream(upstream.bytes_stream()));
+    let headers = upstream.headers().clone();
+    let body = upstream.bytes().await.unwrap_or_default();
+    (Buffered::Read { status, headers }, Some(body))
+}
+
+/// The upstream's answer, as it is: its body streamed, or the bytes already read.
+fn answer(upstream: Buffered, body: Option<bytes::Bytes>) -> Response {
+    let (status, headers, body) = match upstream {
+        Buffered::Streaming(r) => (
+            r.status(),
+            end_to_end(r.headers()),
+            Body::from_stream(r.bytes_stream()),
+        ),
+        Buffered::Read { status, headers } => (
+            status,
+            end_to_end(&headers),
+            Body::from(body.unwrap_or_default()),
+        ),
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response

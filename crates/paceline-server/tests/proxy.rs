@@ -247,3 +247,43 @@ async fn identities_beyond_the_cap_get_503() {
     let _ = stop.send(());
     let _ = task.await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secondary_limit_said_only_in_the_body_pauses_the_token() {
+    let mut api = MockApi::new(50);
+    let route = paceline_client::Route::discord("GET", "/search/issues");
+    api.inject(&route, paceline_testkit::mock_api::Inject::Secondary403);
+    let mock = MockServer::start(api).await;
+    let p = proxy(&mock.url(), "github", Some(Duration::from_millis(200))).await;
+    let client = http();
+    // The 403 would be waited out (60 s with no Retry-After): past max_wait, so its answer
+    // is the caller's, body included, and the token is paused.
+    let first = client
+        .get(format!("{}/search/issues", p.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(first.status(), 403);
+    assert!(first.text().await.unwrap().contains("secondary rate limit"));
+    let second = client
+        .get(format!("{}/rate_limit", p.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 429);
+    assert_eq!(second.headers()["x-paceline-proxy"], "wait-exceeded");
+    let metrics = client
+        .get(format!("{}/metrics", p.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("paceline_proxy_upstream_429_total{scope=\"global\"} 1"),
+        "{metrics}"
+    );
+    assert_eq!(mock.api.lock().unwrap().counts.requests, 1);
+    p.stop().await;
+}

@@ -37,6 +37,9 @@ pub enum Inject {
     BadGateway,
     /// A `shared`-scope 429 with `Retry-After` (seconds).
     Shared429(u64),
+    /// GitHub's secondary limit: a 403 with calls left, no `Retry-After`, said only in
+    /// the body.
+    Secondary403,
 }
 
 /// What the mock saw.
@@ -64,6 +67,8 @@ pub struct MockApi {
     /// Aligned second → requests in it.
     global_seen: HashMap<u64, u64>,
     inject: HashMap<String, Vec<Inject>>,
+    /// The body of the last injected answer that has one of its own.
+    injected_body: Option<String>,
     /// What it saw.
     pub counts: Counts,
     /// Every accepted request: (time, bucket, major).
@@ -79,6 +84,7 @@ impl MockApi {
             global,
             global_seen: HashMap::new(),
             inject: HashMap::new(),
+            injected_body: None,
             counts: Counts::default(),
             accepted: Vec::new(),
         }
@@ -98,6 +104,12 @@ impl MockApi {
             .push(what);
     }
 
+    /// The body of the answer [`handle`](MockApi::handle) just gave, if it has one of its
+    /// own (an injected GitHub secondary limit).
+    pub fn take_body(&mut self) -> Option<String> {
+        self.injected_body.take()
+    }
+
     /// The request arrives at `now`: the status and headers it gets.
     pub fn handle(&mut self, route: &Route, now: u64) -> (u16, HeaderMap) {
         self.counts.requests += 1;
@@ -112,6 +124,14 @@ impl MockApi {
                         (429, h)
                     }
                     Inject::BadGateway => (502, h),
+                    Inject::Secondary403 => {
+                        h.insert("x-ratelimit-remaining", HeaderValue::from(100u64));
+                        h.insert("content-type", HeaderValue::from_static("application/json"));
+                        self.injected_body = Some(
+                            r#"{"message":"You have exceeded a secondary rate limit."}"#.into(),
+                        );
+                        (403, h)
+                    }
                     Inject::Shared429(s) => {
                         let (bucket, _) = &self.routes[route.key()];
                         h.insert("x-ratelimit-bucket", HeaderValue::from_str(bucket).unwrap());
@@ -220,10 +240,11 @@ impl MockServer {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_micros() as u64);
-                let (status, mut headers) = api
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .handle(&route, now);
+                let (status, mut headers, own_body) = {
+                    let mut api = api.lock().unwrap_or_else(|e| e.into_inner());
+                    let (status, headers) = api.handle(&route, now);
+                    (status, headers, api.take_body())
+                };
                 if let Some(echo) = parts.headers.get("x-echo") {
                     headers.insert("x-echo", echo.clone());
                 }
@@ -232,8 +253,8 @@ impl MockServer {
                     "body_length": length,
                     "hop_by_hop": parts.headers.contains_key("proxy-authorization"),
                 });
-                let mut response =
-                    axum::response::Response::new(axum::body::Body::from(seen.to_string()));
+                let body = own_body.unwrap_or_else(|| seen.to_string());
+                let mut response = axum::response::Response::new(axum::body::Body::from(body));
                 *response.status_mut() = axum::http::StatusCode::from_u16(status)
                     .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
                 *response.headers_mut() = headers;
