@@ -7,6 +7,11 @@
 //! retry layer, waits its turn); a request that would wait longer than `max_wait`, or
 //! that the invalid-request budget refuses, fails with the [`ClientError`].
 //!
+//! The response's body is the caller's and is not read: a refusal said only in its body
+//! (GitHub's secondary limits without `Retry-After`) is seen as a plain 403. Where that
+//! matters, read the body and call [`Permit::complete`](crate::Permit::complete) with it,
+//! or go through `paceline proxy`, which reads a refusal's small body.
+//!
 //! ```
 //! use paceline_client::headers::Discord;
 //! use paceline_client::layer::LimitedLayer;

@@ -6,6 +6,11 @@
 //! is the caller's). A request that would wait longer than `max_wait`, or that the
 //! invalid-request budget refuses, fails with the [`ClientError`] as a middleware error.
 //!
+//! The response's body is the caller's and is not read: a refusal said only in its body
+//! (GitHub's secondary limits without `Retry-After`) is seen as a plain 403. Where that
+//! matters, read the body and call [`Permit::complete`](crate::Permit::complete) with it,
+//! or go through `paceline proxy`, which reads a refusal's small body.
+//!
 //! ```no_run
 //! use paceline_client::headers::Discord;
 //! use paceline_client::middleware::Limited;
