@@ -120,7 +120,7 @@ impl Drop for Handle {
     }
 }
 
-/// An API client limiter for one identity (one token): see the [module docs](self).
+/// An API client limiter for one identity (one token): see the [crate docs](crate) and [`ClientCore`](crate::ClientCore) for its rules.
 ///
 /// Clones share the same state. Needs a tokio runtime: [`Client::new`] spawns the task
 /// that admits waiting requests at their time; it ends when the last clone is dropped.
