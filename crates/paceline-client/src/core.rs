@@ -21,8 +21,9 @@
 //!   name the bucket, and the queue joins that bucket's, in submission order. At most
 //!   [`ClientConfig::pioneers_per_major`] pioneers per major parameter are in flight, and
 //!   only while every known bucket of it has a call left; known buckets keep that many
-//!   calls back (all but one at most) while unknown routes wait, so that a route which
-//!   turns out to share a known bucket does not find it spent.
+//!   calls back while unknown routes wait to send their pioneers (not while those back
+//!   off after an error), so that a route which turns out to share a known bucket does
+//!   not find it spent.
 //! - **Known buckets** admit as many requests as the last response said remain (each
 //!   admission counts one down), then wait for the announced reset. At a reset the core
 //!   assumes the limit is back and releases waiting requests **paced over the window**
@@ -115,7 +116,7 @@ pub struct ClientConfig {
     pub max_retries: u32,
     /// How many pioneers of unknown routes may be in flight at once per major parameter,
     /// and so how many calls known buckets of that parameter keep back while unknown
-    /// routes wait (at most their limit less one). 1 for Discord, where many routes share
+    /// routes wait. 1 for Discord, where many routes share
     /// small buckets; 8 by default, for APIs whose routes are many and whose buckets are
     /// large (GitHub: 5,000 per hour for every route).
     pub pioneers_per_major: u32,
@@ -500,7 +501,12 @@ impl ClientCore {
         if b.paused_until > now {
             return Err(Some(b.paused_until));
         }
-        b.known = b.known.at(now);
+        // A window is assumed over only once nothing sent in it is still in flight: the
+        // server may have started it late, when one of those arrived, and their answers
+        // say when it really ends.
+        if b.in_flight == 0 {
+            b.known = b.known.at(now);
+        }
         match b.known {
             Known::Unknown => match (b.pioneer, pioneer_until) {
                 (false, None) => Ok(true),
@@ -509,17 +515,14 @@ impl ClientCore {
             },
             Known::Unlimited => Ok(false),
             Known::Limited {
-                limit,
                 remaining,
                 reset_at,
                 paced_next,
                 ..
             } => {
-                // A bucket keeps back at most all but one call: one of limit 1 never
-                // starves while unknown routes wait (a route sharing it may then meet it
-                // spent, once).
-                if remaining <= reserve.min(limit.saturating_sub(1)) {
-                    return Err(Some(reset_at));
+                if remaining <= reserve {
+                    // Past the reset with requests in flight: their answers say more.
+                    return Err((now < reset_at).then_some(reset_at));
                 }
                 match paced_next {
                     Some(t) if t > now => Err(Some(t)),
@@ -529,15 +532,17 @@ impl ClientCore {
         }
     }
 
-    /// Per major parameter: whether a route of unknown bucket waits, and the earliest
-    /// reset of its known buckets that have no call left (a pioneer could land on one).
+    /// Per major parameter: whether a route of unknown bucket waits and may send its
+    /// pioneer (one backing off after an error does not hold calls back, so that known
+    /// buckets, even of limit 1, are not starved meanwhile), and the earliest reset of its
+    /// known buckets that have no call left (a pioneer could land on one).
     fn discovery(&self, now: u64) -> (HashSet<Arc<str>>, HashMap<Arc<str>, u64>) {
         let mut unknown = HashSet::new();
         for key in &self.waiting {
             if self
                 .buckets
                 .get(key)
-                .is_some_and(|b| b.known == Known::Unknown)
+                .is_some_and(|b| b.known == Known::Unknown && b.paused_until <= now)
             {
                 unknown.insert(Arc::clone(&key.major));
             }
@@ -1007,11 +1012,12 @@ impl ClientCore {
                         paced_next,
                     }
                 } else {
-                    // This window, as we count it: the lower count wins, and the server's
-                    // word ends the pacing of a local reset.
+                    // This window, as we count it: the lower count wins (the server's
+                    // less what is in flight, which it may not have counted yet), and the
+                    // server's word ends the pacing of a local reset.
                     Known::Limited {
                         limit,
-                        remaining: remaining.min(left),
+                        remaining: remaining.min(left.saturating_sub(in_flight)),
                         reset_at: ours.max(reset_at),
                         window,
                         paced_next: None,

@@ -17,6 +17,7 @@ const LATENCY: u64 = 2_000;
 enum Ev {
     Arrive(RequestId),
     Respond(RequestId, u16, HeaderMap),
+    Submit(Route),
 }
 
 /// The core, the mock and the requests in flight between them, on one virtual clock.
@@ -33,6 +34,8 @@ struct Sim {
     retries: u64,
     /// When each request was sent, in order.
     sent: Vec<(RequestId, u64)>,
+    /// One way, client to API.
+    latency: u64,
 }
 
 impl Sim {
@@ -49,6 +52,7 @@ impl Sim {
             failed: Vec::new(),
             retries: 0,
             sent: Vec::new(),
+            latency: LATENCY,
         }
     }
 
@@ -70,9 +74,10 @@ impl Sim {
 
     fn poll(&mut self) -> Option<u64> {
         let p = self.core.poll(self.now);
+
         for id in p.go {
             self.sent.push((id, self.now));
-            self.at(self.now + LATENCY, Ev::Arrive(id));
+            self.at(self.now + self.latency, Ev::Arrive(id));
         }
         self.failed.extend(p.failed);
         p.next
@@ -103,13 +108,18 @@ impl Sim {
                 match self.payloads.remove(&seq) {
                     Some(Ev::Arrive(id)) => {
                         let (status, h) = self.api.handle(&self.routes[&id], self.now);
-                        self.at(self.now + LATENCY, Ev::Respond(id, status, h));
+                        self.at(self.now + self.latency, Ev::Respond(id, status, h));
                     }
                     Some(Ev::Respond(id, status, h)) => {
                         let seen = Discord.read(&Response::new(status, &h), self.now);
                         match self.core.complete(id, status, &seen, self.now) {
                             Completion::Done => self.done.push((id, status, self.now)),
                             Completion::Retry => self.retries += 1,
+                        }
+                    }
+                    Some(Ev::Submit(route)) => {
+                        if let Err(e) = self.submit(&route, None) {
+                            panic!("submit refused: {e}");
                         }
                     }
                     None => {}
@@ -624,4 +634,52 @@ fn a_refusal_whose_pause_ends_past_the_deadline_is_the_callers() {
     let seen = paceline_client::headers::RetryAfter.read(&Response::new(429, &h), T0);
     // Refused at once, with 5 s to wait against a deadline 1 s away.
     assert_eq!(core.complete(id, 429, &seen, T0 + 10), Completion::Done);
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Whatever the layout of routes over buckets, the limits, the latency and when the
+    /// requests come: every request is answered exactly once, none is refused by the
+    /// mock, and nothing is left in the core.
+    #[test]
+    fn any_traffic_is_answered_once_without_429(
+        majors in 1u64..=3,
+        templates in 1usize..=10,
+        ids in 1usize..=4,
+        limit in 1u64..=6,
+        window_ms in 50u64..=3_000,
+        global in 20u64..=100,
+        latency_us in 200u64..=20_000,
+        arrivals in proptest::collection::vec((0usize..1000, 0u64..5_000), 1..120),
+    ) {
+        let mut api = MockApi::new(global);
+        let mut routes = Vec::new();
+        for major in 0..majors {
+            for t in 0..templates {
+                let route = Route::discord("POST", &format!("/channels/{}/t{t}", 100 + major));
+                api.route(&route, &format!("b{}", t % ids), Limit { limit, window: window_ms * 1_000 });
+                routes.push(route);
+            }
+        }
+        let config = ClientConfig::discord()
+            .global(format!("gcra:rate={global}/s,burst=1").parse().unwrap());
+        let mut sim = Sim::new(config, api);
+        sim.latency = latency_us;
+        let n = arrivals.len();
+        for (pick, at_ms) in arrivals {
+            let route = routes[pick % routes.len()].clone();
+            sim.at(T0 + at_ms * 1_000, Ev::Submit(route));
+        }
+        sim.run(u64::MAX);
+        proptest::prop_assert_eq!(sim.done.len(), n);
+        let mut ids: Vec<_> = sim.done.iter().map(|d| d.0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        proptest::prop_assert_eq!(ids.len(), n);
+        proptest::prop_assert!(sim.done.iter().all(|d| d.1 == 200));
+        proptest::prop_assert_eq!(sim.api.counts.bucket_429, 0);
+        proptest::prop_assert_eq!(sim.api.counts.global_429, 0);
+        proptest::prop_assert_eq!(sim.core.waiting() + sim.core.in_flight(), 0);
+    }
 }
