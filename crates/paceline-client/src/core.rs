@@ -281,7 +281,8 @@ impl Known {
 #[derive(Debug)]
 struct Bucket {
     known: Known,
-    in_flight: u32,
+    /// The admission numbers of its requests in flight.
+    flying: BTreeSet<u64>,
     pioneer: bool,
     paused_until: u64,
     queue: VecDeque<RequestId>,
@@ -291,7 +292,7 @@ impl Bucket {
     fn new() -> Bucket {
         Bucket {
             known: Known::Unknown,
-            in_flight: 0,
+            flying: BTreeSet::new(),
             pioneer: false,
             paused_until: 0,
             queue: VecDeque::new(),
@@ -302,7 +303,11 @@ impl Bucket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReqState {
     Waiting,
-    Admitted { pioneer: bool },
+    /// Admitted as the `seq`-th request of the core.
+    Admitted {
+        pioneer: bool,
+        seq: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -350,6 +355,8 @@ pub struct ClientCore {
     pioneers: HashMap<Arc<str>, u32>,
     /// When idle buckets were last dropped.
     pruned_at: u64,
+    /// Requests admitted so far: each admitted request's number.
+    admissions: u64,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -375,6 +382,7 @@ impl ClientCore {
             missing_in_a_row: 0,
             pioneers: HashMap::new(),
             pruned_at: 0,
+            admissions: 0,
         }
     }
 
@@ -501,10 +509,10 @@ impl ClientCore {
         if b.paused_until > now {
             return Err(Some(b.paused_until));
         }
-        // A window is assumed over only once nothing sent in it is still in flight: the
-        // server may have started it late, when one of those arrived, and their answers
-        // say when it really ends.
-        if b.in_flight == 0 {
+        // A window is assumed over only once nothing sent to the bucket is in flight: the
+        // server may have started its window late, when one of those arrived, and their
+        // answers say when it really ends.
+        if b.flying.is_empty() {
             b.known = b.known.at(now);
         }
         match b.known {
@@ -569,7 +577,7 @@ impl ClientCore {
         (unknown, exhausted)
     }
 
-    fn commit_bucket(b: &mut Bucket, pioneer: bool, now: u64) {
+    fn commit_bucket(b: &mut Bucket, pioneer: bool, seq: u64, now: u64) {
         if let Known::Limited {
             limit,
             remaining,
@@ -591,7 +599,7 @@ impl ClientCore {
                 } + spacing;
             }
         }
-        b.in_flight += 1;
+        b.flying.insert(seq);
         b.pioneer |= pioneer;
     }
 
@@ -670,12 +678,14 @@ impl ClientCore {
                     break;
                 };
                 b.queue.pop_front();
-                Self::commit_bucket(b, pioneer, now);
+                self.admissions += 1;
+                let seq = self.admissions;
+                Self::commit_bucket(b, pioneer, seq, now);
                 if pioneer {
                     *self.pioneers.entry(Arc::clone(&key.major)).or_insert(0) += 1;
                 }
                 if let Some(req) = self.requests.get_mut(&id) {
-                    req.state = ReqState::Admitted { pioneer };
+                    req.state = ReqState::Admitted { pioneer, seq };
                     if let Some((at, _)) = req.deadline {
                         self.deadlines.remove(&(at, id));
                     }
@@ -750,7 +760,7 @@ impl ClientCore {
         }
         self.pruned_at = now;
         self.buckets.retain(|_, b| {
-            let idle = b.queue.is_empty() && b.in_flight == 0 && b.paused_until <= now;
+            let idle = b.queue.is_empty() && b.flying.is_empty() && b.paused_until <= now;
             let stale = match b.known {
                 Known::Limited {
                     reset_at, window, ..
@@ -772,13 +782,13 @@ impl ClientCore {
     /// Answers the request, taken out of the core.
     fn release(&mut self, id: RequestId) -> Option<Req> {
         let req = self.requests.remove(&id)?;
-        let ReqState::Admitted { pioneer } = req.state else {
+        let ReqState::Admitted { pioneer, seq } = req.state else {
             // Not admitted: a waiting request is taken out of its queue instead.
             self.requests.insert(id, req);
             return None;
         };
         if let Some(b) = self.buckets.get_mut(&req.bucket) {
-            b.in_flight = b.in_flight.saturating_sub(1);
+            b.flying.remove(&seq);
             if pioneer {
                 b.pioneer = false;
             }
@@ -852,7 +862,10 @@ impl ClientCore {
         for problem in &seen.problems {
             tracing::warn!(route = req.route.key(), "{problem}");
         }
-        let was_pioneer = matches!(req.state, ReqState::Admitted { pioneer: true });
+        let (was_pioneer, seq) = match req.state {
+            ReqState::Admitted { pioneer, seq } => (pioneer, seq),
+            ReqState::Waiting => (false, 0),
+        };
         // Learn the route's bucket, and move its waiting requests there.
         if let Some(bucket) = &seen.bucket {
             let learned = BucketKey {
@@ -868,7 +881,7 @@ impl ClientCore {
                     && self
                         .buckets
                         .get(&req.bucket)
-                        .is_some_and(|b| b.queue.is_empty() && b.in_flight == 0)
+                        .is_some_and(|b| b.queue.is_empty() && b.flying.is_empty())
                 {
                     self.buckets.remove(&req.bucket);
                     self.waiting.remove(&req.bucket);
@@ -881,7 +894,7 @@ impl ClientCore {
             .entry(req.bucket.clone())
             .or_insert_with(Bucket::new);
         if seen.has_limits() {
-            Self::learn(b, seen, now);
+            Self::learn(b, seen, seq, was_pioneer, now);
         } else if (200..400).contains(&status) && seen.refusal.is_none() {
             if b.known == Known::Unknown {
                 b.known = Known::Unlimited;
@@ -973,13 +986,20 @@ impl ClientCore {
     }
 
     /// Updates a bucket from a response's limits.
-    fn learn(b: &mut Bucket, seen: &Observation, now: u64) {
+    /// Updates a bucket from the limits in the answer to the `seq`-th admitted request
+    /// (a `pioneer`'s, if it was sent before its route's bucket was known).
+    ///
+    /// What the server says is left does not count requests still in flight. Our own count
+    /// already does, except for a pioneer that lands on a known bucket: requests admitted
+    /// to the bucket after it are not in its answer's count yet, and are taken off it.
+    fn learn(b: &mut Bucket, seen: &Observation, seq: u64, pioneer: bool, now: u64) {
         let (Some(left), Some(reset_after)) = (seen.remaining, seen.reset_after) else {
             return;
         };
         let reset_after = micros(reset_after);
         let reset_at = now.saturating_add(reset_after);
-        let in_flight = u64::from(b.in_flight);
+        let in_flight = b.flying.len() as u64;
+        let later = b.flying.range(seq.saturating_add(1)..).count() as u64;
         b.known = match b.known {
             Known::Limited {
                 limit,
@@ -1012,12 +1032,16 @@ impl ClientCore {
                         paced_next,
                     }
                 } else {
-                    // This window, as we count it: the lower count wins (the server's
-                    // less what is in flight, which it may not have counted yet), and the
-                    // server's word ends the pacing of a local reset.
+                    // This window, as we count it: the lower count wins, and the server's
+                    // word ends the pacing of a local reset.
+                    let left = if pioneer {
+                        left.saturating_sub(later)
+                    } else {
+                        left
+                    };
                     Known::Limited {
                         limit,
-                        remaining: remaining.min(left.saturating_sub(in_flight)),
+                        remaining: remaining.min(left),
                         reset_at: ours.max(reset_at),
                         window,
                         paced_next: None,

@@ -74,7 +74,6 @@ impl Sim {
 
     fn poll(&mut self) -> Option<u64> {
         let p = self.core.poll(self.now);
-
         for id in p.go {
             self.sent.push((id, self.now));
             self.at(self.now + self.latency, Ev::Arrive(id));
