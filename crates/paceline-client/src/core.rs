@@ -1006,7 +1006,7 @@ impl ClientCore {
                 remaining,
                 reset_at: ours,
                 window,
-                paced_next,
+                ..
             } => {
                 let limit = seen.limit.unwrap_or(limit).max(1);
                 let window = window.max(reset_after);
@@ -1024,13 +1024,7 @@ impl ClientCore {
                 } else if reset_at.saturating_add(SAME_WINDOW_US) < ours {
                     // An answer from a window that has passed (sent before our reset): it
                     // says nothing of this one.
-                    Known::Limited {
-                        limit,
-                        remaining,
-                        reset_at: ours,
-                        window,
-                        paced_next,
-                    }
+                    return;
                 } else {
                     // This window, as we count it: the lower count wins, and the server's
                     // word ends the pacing of a local reset.
