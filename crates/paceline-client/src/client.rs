@@ -345,7 +345,8 @@ impl Permit {
     /// released at once; the other requests go on.
     pub fn failed(mut self) {
         self.finished = true;
-        self.inner.lock().core.failed(self.id);
+        let now = self.inner.clock.now_micros();
+        self.inner.lock().core.failed(self.id, now);
         self.inner.wake.notify_one();
     }
 }

@@ -512,7 +512,11 @@ impl ClientCore {
         // A window is assumed over only once nothing sent to the bucket is in flight: the
         // server may have started its window late, when one of those arrived, and their
         // answers say when it really ends.
-        if b.flying.is_empty() {
+        // Nor for longer than a further window: a request whose answer never comes
+        // (a permit kept or leaked) does not hold the bucket for good.
+        let overdue = matches!(b.known, Known::Limited { reset_at, window, .. }
+            if now >= reset_at.saturating_add(window));
+        if b.flying.is_empty() || overdue {
             b.known = b.known.at(now);
         }
         match b.known {
@@ -525,12 +529,18 @@ impl ClientCore {
             Known::Limited {
                 remaining,
                 reset_at,
+                window,
                 paced_next,
                 ..
             } => {
                 if remaining <= reserve {
-                    // Past the reset with requests in flight: their answers say more.
-                    return Err((now < reset_at).then_some(reset_at));
+                    // Past the reset with requests in flight: their answers say more, or
+                    // a further window passes.
+                    return Err(Some(if now < reset_at {
+                        reset_at
+                    } else {
+                        reset_at.saturating_add(window)
+                    }));
                 }
                 match paced_next {
                     Some(t) if t > now => Err(Some(t)),
@@ -804,10 +814,23 @@ impl ClientCore {
         Some(req)
     }
 
-    /// The connection broke or timed out before a response: that request fails (the caller
-    /// reports its error); its slot is released at once and the queue goes on.
-    pub fn failed(&mut self, id: RequestId) {
-        self.release(id);
+    /// The connection broke or timed out before a response, at `now`: that request fails
+    /// (the caller reports its error); its slot is released at once and the queue goes on.
+    /// A pioneer's route, still unknown, backs off as after an error without headers, so
+    /// that a failing route neither hammers nor holds known buckets' calls back.
+    pub fn failed(&mut self, id: RequestId, now: u64) {
+        let Some(req) = self.release(id) else {
+            return;
+        };
+        if let ReqState::Admitted { pioneer: true, .. } = req.state {
+            if let Some(b) = self.buckets.get_mut(&req.bucket) {
+                if b.known == Known::Unknown {
+                    b.paused_until = b
+                        .paused_until
+                        .max(now.saturating_add(micros(self.config.headerless_backoff)));
+                }
+            }
+        }
     }
 
     /// The caller gave up on the request (its future was dropped). A waiting request
@@ -1027,15 +1050,17 @@ impl ClientCore {
                     return;
                 } else {
                     // This window, as we count it: the lower count wins, and the server's
-                    // word ends the pacing of a local reset.
-                    let left = if pioneer {
-                        left.saturating_sub(later)
+                    // word ends the pacing of a local reset. A pioneer that lands here was
+                    // never in our tally: it is now, and what the bucket admitted after it
+                    // is not in the server's count yet.
+                    let (ours, left) = if pioneer {
+                        (remaining.saturating_sub(1), left.saturating_sub(later))
                     } else {
-                        left
+                        (remaining, left)
                     };
                     Known::Limited {
                         limit,
-                        remaining: remaining.min(left),
+                        remaining: ours.min(left),
                         reset_at: ours.max(reset_at),
                         window,
                         paced_next: None,

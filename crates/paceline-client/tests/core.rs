@@ -331,10 +331,114 @@ fn a_dropped_connection_fails_only_its_request() {
     let first = core.submit(a.clone(), T0, None).unwrap();
     let second = core.submit(a.clone(), T0, None).unwrap();
     assert_eq!(core.poll(T0).go, vec![first]);
-    core.failed(first);
-    // The pioneer slot is free at once: the next request is the new pioneer.
-    assert_eq!(core.poll(T0 + 1).go, vec![second]);
+    core.failed(first, T0);
+    // Only that request failed; its pioneer slot is free, and the next request becomes the
+    // pioneer after a short backoff (as after a 502 without headers), not hammering a
+    // failing route.
+    assert!(core.poll(T0 + 1).go.is_empty());
+    assert_eq!((core.waiting(), core.in_flight()), (1, 0));
+    assert_eq!(core.poll(T0 + SECOND).go, vec![second]);
     assert_eq!((core.waiting(), core.in_flight()), (0, 1));
+}
+
+#[test]
+fn second_review_cases() {
+    let seen = |bucket: &str, left: u64| Observation {
+        bucket: Some(bucket.into()),
+        limit: Some(4),
+        remaining: Some(left),
+        reset_after: Some(Duration::from_secs(10)),
+        ..Observation::default()
+    };
+    // A pioneer that lands on a known bucket counts against our tally too, whatever the
+    // server's count says (here it overtook a request still on its way).
+    let mut core = ClientCore::new(ClientConfig::discord());
+    let a = Route::discord("GET", "/channels/1/a");
+    let b = Route::discord("GET", "/channels/1/b");
+    let a1 = core.submit(a.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![a1]);
+    core.complete(a1, 200, &seen("x", 3), T0 + 1_000);
+    // (Discord's global limit spaces requests 20 ms apart.)
+    let a2 = core.submit(a.clone(), T0 + 20_000, None).unwrap();
+    assert_eq!(core.poll(T0 + 20_000).go, vec![a2]);
+    let b1 = core.submit(b.clone(), T0 + 40_000, None).unwrap();
+    let a3 = core.submit(a.clone(), T0 + 40_000, None).unwrap();
+    let go = core.poll(T0 + 40_000).go;
+    assert_eq!(
+        go,
+        vec![b1],
+        "the pioneer goes, a3 keeps the last call back"
+    );
+    core.complete(b1, 200, &seen("x", 2), T0 + 50_000);
+    let go = core.poll(T0 + 60_000).go;
+    assert_eq!(go, vec![a3]);
+    let a4 = core.submit(a.clone(), T0 + 60_000, None).unwrap();
+    assert!(
+        !core.poll(T0 + 100_000).go.contains(&a4),
+        "a1, a2, b1 and a3 spend the 4 calls"
+    );
+
+    // A request whose answer never comes holds its bucket for one further window at most.
+    let mut core = ClientCore::new(ClientConfig::new());
+    let r = Route::discord("GET", "/guilds/5");
+    let one = |left: u64| Observation {
+        bucket: Some("g".into()),
+        limit: Some(1),
+        remaining: Some(left),
+        reset_after: Some(Duration::from_secs(1)),
+        ..Observation::default()
+    };
+    let first = core.submit(r.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![first]);
+    core.complete(first, 200, &one(0), T0);
+    let leaked = core.submit(r.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0 + SECOND).go, vec![leaked]);
+    let next = core.submit(r.clone(), T0 + SECOND, None).unwrap();
+    let p = core.poll(T0 + 2 * SECOND);
+    assert!(
+        p.go.is_empty() && p.next.is_some(),
+        "{p:?}: waits, with a time to wake"
+    );
+    assert_eq!(core.poll(T0 + 3 * SECOND).go, vec![next]);
+
+    // Pioneers failing on connection errors back off and do not starve a known bucket of
+    // limit 1.
+    let mut core = ClientCore::new(ClientConfig::discord());
+    let react = Route::discord("PUT", "/channels/1/messages/2/reactions/x/@me");
+    let pins = Route::discord("GET", "/channels/1/pins");
+    let r0 = core.submit(react.clone(), T0, None).unwrap();
+    assert_eq!(core.poll(T0).go, vec![r0]);
+    let limit1 = Observation {
+        bucket: Some("react".into()),
+        limit: Some(1),
+        remaining: Some(0),
+        reset_after: Some(Duration::from_millis(250)),
+        ..Observation::default()
+    };
+    core.complete(r0, 204, &limit1, T0);
+    for _ in 0..50 {
+        core.submit(pins.clone(), T0, None).unwrap();
+    }
+    let mut reacted = 0;
+    let mut reactions = std::collections::HashSet::new();
+    let mut now = T0;
+    for _ in 0..20 {
+        reactions.insert(core.submit(react.clone(), now, None).unwrap());
+        now += 300_000;
+        for id in core.poll(now).go {
+            if reactions.contains(&id) {
+                reacted += 1;
+                core.complete(id, 204, &limit1, now);
+            } else {
+                // The pins route's connection keeps breaking.
+                core.failed(id, now);
+            }
+        }
+    }
+    assert!(
+        reacted >= 10,
+        "the limit-1 bucket went {reacted} times in 20 windows"
+    );
 }
 
 #[test]
@@ -570,7 +674,7 @@ fn a_limit_1_bucket_is_not_starved_by_an_unknown_route_in_backoff() {
         now += 300_000;
         for id in core.poll(now).go {
             if id == p2 {
-                core.failed(p2);
+                core.failed(p2, now);
             } else {
                 reacted += 1;
                 let spent = Observation {
