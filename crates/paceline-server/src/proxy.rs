@@ -244,8 +244,7 @@ impl Proxy {
     /// Validates the settings and binds the listening addresses.
     pub async fn bind(settings: ProxySettings) -> Result<Proxy, ServerError> {
         settings.validate().map_err(ServerError::Settings)?;
-        // The TLS provider the Redis store uses too; installing it twice is harmless.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        paceline_store::install_tls_provider();
         // `upstream_timeout` bounds the wait for the answer to start (see `forward`), not
         // a long body streaming in either direction.
         let http = reqwest::Client::builder()

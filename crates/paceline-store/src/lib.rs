@@ -49,6 +49,16 @@ mod open;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+/// Installs rustls's `ring` crypto provider as the process's default, unless one is
+/// installed already (which is as good): rustls needs one per process. Every TLS client of
+/// paceline's goes through it: the Redis store's connections, the proxy's upstream.
+// Called by paceline-server's proxy and the test kit; not part of the user's API.
+#[cfg(feature = "redis")]
+#[doc(hidden)]
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 pub use clock::{SystemClock, TokioClock};
 pub use failure::FailurePolicy;
 pub use limiter::Limiter;

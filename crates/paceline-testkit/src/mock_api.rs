@@ -201,11 +201,10 @@ fn secs(us: u64) -> String {
     format!("{}.{:03}", ms / 1000, ms % 1000)
 }
 
-/// Installs rustls's `ring` provider as the process's default (as `paceline proxy` and the
-/// Redis store do), so that reqwest clients can be built in a workspace whose reqwest has
-/// TLS without a provider of its own. Harmless when one is installed.
+/// Installs the TLS provider `paceline proxy` and the Redis store use, so that reqwest
+/// clients can be built in a workspace whose reqwest has TLS without a provider of its own.
 pub fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    paceline_store::install_tls_provider();
 }
 
 /// A [`MockApi`] served over HTTP on 127.0.0.1, on the wall clock. A request's route is

@@ -137,9 +137,7 @@ impl Connection {
         response_timeout: Duration,
     ) -> Result<Connection, StoreError> {
         if target.uses_tls() {
-            // rustls needs one process-wide crypto provider; another part of the program
-            // may have installed one already, which is as good.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            crate::install_tls_provider();
         }
         // Error messages name the server, never the credentials.
         let what = match target {
