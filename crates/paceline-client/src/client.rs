@@ -87,7 +87,7 @@ impl Inner {
             if let Some(tx) = s.waiters.remove(&id) {
                 if tx.send(Ok(())).is_err() {
                     // Its caller is gone and its guard has not run yet: give it back now.
-                    s.core.cancel(id, false);
+                    s.core.cancel(id, false, now);
                 }
             }
         }
@@ -102,7 +102,8 @@ impl Inner {
     fn cancel(&self, id: RequestId, sent: bool) {
         let mut s = self.lock();
         s.waiters.remove(&id);
-        s.core.cancel(id, sent);
+        let now = self.clock.now_micros();
+        s.core.cancel(id, sent, now);
         drop(s);
         self.wake.notify_one();
     }
@@ -321,7 +322,7 @@ impl Permit {
             Completion::Done => After::Done,
             // The client is gone, and with it the task that would admit the retry.
             Completion::Retry if s.closed => {
-                s.core.cancel(self.id, false);
+                s.core.cancel(self.id, false, now);
                 After::Done
             }
             Completion::Retry => {

@@ -77,13 +77,17 @@
 //! # Ok::<(), paceline_client::ClientError>(())
 //! ```
 
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline_core::{Op, Policy, State};
+use paceline_core::Policy;
 
-use crate::headers::{Observation, Refusal, Scope};
+use crate::headers::Observation;
+use crate::knowledge::{
+    micros, own_bucket, Admission, Admitted, Answered, Ask, BucketKey, Knowledge, Report, Wait,
+    MAX_ROUTES,
+};
 use crate::route::Route;
 
 /// A request's handle in the core, in submission order.
@@ -120,6 +124,10 @@ pub struct ClientConfig {
     /// small buckets; 8 by default, for APIs whose routes are many and whose buckets are
     /// large (GitHub: 5,000 per hour for every route).
     pub pioneers_per_major: u32,
+    /// How long a request in flight counts against its bucket (and holds its pioneer
+    /// slot) when its end is never reported, because its process died (60 s). Set it
+    /// above the longest a response may take.
+    pub in_flight_lease: Duration,
 }
 
 impl Default for ClientConfig {
@@ -134,6 +142,7 @@ impl Default for ClientConfig {
             max_wait: None,
             max_retries: 3,
             pioneers_per_major: 8,
+            in_flight_lease: Duration::from_secs(60),
         }
     }
 }
@@ -227,75 +236,86 @@ pub struct Poll {
     pub next: Option<u64>,
 }
 
-/// A bucket: a learned bucket id and a major parameter, or a route's own queue while its
-/// bucket is unknown.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-struct BucketKey {
-    id: Arc<str>,
-    major: Arc<str>,
+/// The questions a shared core puts to the knowledge ([`ClientCore::asks`]): one [`Ask`]
+/// per waiting queue, and which requests each asks for.
+#[derive(Clone, Debug, Default)]
+pub struct Asks {
+    /// What to ask the knowledge.
+    pub asks: Vec<Ask>,
+    ids: Vec<Vec<RequestId>>,
+    failed: Vec<(RequestId, ClientError)>,
 }
 
-/// What the core knows of a bucket's limit.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Known {
-    /// Nothing yet: one pioneer at a time.
-    Unknown,
-    /// A success came without rate-limit headers: no limit to keep.
-    Unlimited,
-    /// From headers.
-    Limited {
-        limit: u64,
-        /// Requests that may still go in this window (each admission counts one down).
-        remaining: u64,
-        reset_at: u64,
-        /// The window's length, the longest reset-after seen.
-        window: u64,
-        /// After a local reset: the earliest time of the next release.
-        paced_next: Option<u64>,
+/// What a shared core tells the knowledge, in order ([`ClientCore::take_events`]).
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// A response came: [`Knowledge::answer`].
+    Answer {
+        /// The request's route.
+        route: Route,
+        /// The bucket it was admitted under.
+        bucket: Arc<str>,
+        /// Its admission.
+        admitted: Admitted,
+        /// The response's status.
+        status: u16,
+        /// What its headers said.
+        seen: Observation,
+    },
+    /// A request ended without an answer: [`Knowledge::release`].
+    Release {
+        /// The request's route.
+        route: Route,
+        /// The bucket it was admitted under.
+        bucket: Arc<str>,
+        /// Its admission.
+        admitted: Admitted,
+        /// Whether it may have reached the server.
+        sent: bool,
+        /// Whether its connection broke (else its caller gave up).
+        failed: bool,
     },
 }
 
-impl Known {
-    /// The same knowledge at `now`: a limited bucket whose window has passed is assumed
-    /// back at its limit, its releases paced over the new window until responses say more.
-    fn at(self, now: u64) -> Known {
+impl Event {
+    /// Applies the event to `knowledge` at `now`.
+    pub fn apply(&self, knowledge: &mut Knowledge, now: u64) -> Option<Answered> {
         match self {
-            Known::Limited {
-                limit,
-                reset_at,
-                window,
-                paced_next,
-                ..
-            } if now >= reset_at => Known::Limited {
-                limit,
-                remaining: limit,
-                reset_at: now + window,
-                window,
-                paced_next: Some(paced_next.unwrap_or(now).max(now)),
-            },
-            known => known,
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Bucket {
-    known: Known,
-    /// The admission numbers of its requests in flight.
-    flying: BTreeSet<u64>,
-    pioneer: bool,
-    paused_until: u64,
-    queue: VecDeque<RequestId>,
-}
-
-impl Bucket {
-    fn new() -> Bucket {
-        Bucket {
-            known: Known::Unknown,
-            flying: BTreeSet::new(),
-            pioneer: false,
-            paused_until: 0,
-            queue: VecDeque::new(),
+            Event::Answer {
+                route,
+                bucket,
+                admitted,
+                status,
+                seen,
+            } => Some(knowledge.answer(
+                &Report {
+                    route: route.key(),
+                    major: route.major(),
+                    bucket,
+                    admitted: *admitted,
+                    status: *status,
+                    seen,
+                },
+                now,
+            )),
+            Event::Release {
+                route,
+                bucket,
+                admitted,
+                sent,
+                failed,
+            } => {
+                knowledge.release(
+                    route.key(),
+                    route.major(),
+                    bucket,
+                    *admitted,
+                    *sent,
+                    *failed,
+                    now,
+                );
+                None
+            }
         }
     }
 }
@@ -303,16 +323,13 @@ impl Bucket {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum ReqState {
     Waiting,
-    /// Admitted as the `seq`-th request of the core.
-    Admitted {
-        pioneer: bool,
-        seq: u64,
-    },
+    Admitted(Admitted),
 }
 
 #[derive(Debug)]
 struct Req {
     route: Route,
+    /// The queue it waits in, or the bucket it was admitted under.
     bucket: BucketKey,
     state: ReqState,
     submitted: u64,
@@ -320,69 +337,70 @@ struct Req {
     retries: u32,
 }
 
-/// How often idle buckets are dropped: once a second at most.
-const PRUNE_EVERY_US: u64 = 1_000_000;
+/// The most requests of one queue a poll asks about at once.
+const ASK_AT_MOST: usize = 256;
 
-/// The most routes whose bucket an identity remembers (see [`ClientCore`]'s pruning).
-pub const MAX_ROUTES: usize = 65_536;
+/// How soon a shared core asks again when it waits for a response that another process
+/// may receive: 20 ms.
+pub const SHARED_REPOLL_US: u64 = 20_000;
 
-/// Two resets less than this apart are the same window (responses travel at different
-/// speeds): 50 ms.
-const SAME_WINDOW_US: u64 = 50_000;
+/// How long a shared core with requests waiting goes without asking: 1 s, so that its
+/// wish to send a pioneer stays known to the other processes.
+const SHARED_ASK_EVERY_US: u64 = 1_000_000;
 
 /// The API client limiter's state for one identity (one token). See the module docs.
+///
+/// A core made by [`ClientCore::new`] holds its own [`Knowledge`]: [`poll`](Self::poll)
+/// decides everything. One made by [`ClientCore::shared`] keeps only its requests, and
+/// the knowledge lives elsewhere (in Redis, shared by every process of the identity):
+/// [`asks`](Self::asks) says what to ask it, [`granted`](Self::granted) takes its answer,
+/// and [`take_events`](Self::take_events) what to tell it, before the next ask.
 #[derive(Debug)]
 pub struct ClientCore {
     config: ClientConfig,
-    buckets: HashMap<BucketKey, Bucket>,
-    /// Route key → the bucket id its responses named.
-    routes: HashMap<Arc<str>, Arc<str>>,
+    queues: HashMap<BucketKey, VecDeque<RequestId>>,
     requests: HashMap<RequestId, Req>,
-    /// Buckets with a request waiting (ordered, so that polls are deterministic).
+    /// Queues with a request waiting (ordered, so that polls are deterministic).
     waiting: BTreeSet<BucketKey>,
     deadlines: BTreeSet<(u64, RequestId)>,
     next_id: RequestId,
-    global_state: Option<State>,
-    /// The last request the global limiter admitted, and the state before: restored if
-    /// that request is cancelled unsent before any other is admitted.
-    last_global: Option<(RequestId, Option<State>)>,
-    global_paused_until: u64,
-    invalid_state: Option<State>,
-    invalid_warned_until: u64,
-    /// Refusals without a retry-after in a row.
+    /// The knowledge, when this core holds it.
+    local: Option<Knowledge>,
+    /// What a shared core has to tell the knowledge.
+    outbox: Vec<Event>,
+    /// A shared core's own route → bucket map, from its responses and the knowledge's
+    /// refilings, so that its requests are filed where the knowledge looks for them.
+    routes: HashMap<Arc<str>, Arc<str>>,
+    /// A shared core's count of refusals without a retry-after in a row (the knowledge
+    /// keeps the real one), to tell whether a refused request's pause outlasts its
+    /// deadline.
     missing_in_a_row: u32,
-    /// Pioneers in flight per major parameter.
-    pioneers: HashMap<Arc<str>, u32>,
-    /// When idle buckets were last dropped.
-    pruned_at: u64,
-    /// Requests admitted so far: each admitted request's number.
-    admissions: u64,
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl ClientCore {
-    /// An empty core: nothing known, nothing waiting.
+    /// An empty core that holds its own knowledge: nothing known, nothing waiting.
     pub fn new(config: ClientConfig) -> ClientCore {
+        let local = Some(Knowledge::new(config.clone()));
+        ClientCore::with(config, local)
+    }
+
+    /// An empty core whose knowledge lives elsewhere: see [`ClientCore`].
+    pub fn shared(config: ClientConfig) -> ClientCore {
+        ClientCore::with(config, None)
+    }
+
+    fn with(config: ClientConfig, local: Option<Knowledge>) -> ClientCore {
         ClientCore {
             config,
-            buckets: HashMap::new(),
-            routes: HashMap::new(),
+            queues: HashMap::new(),
             requests: HashMap::new(),
             waiting: BTreeSet::new(),
             deadlines: BTreeSet::new(),
             next_id: 0,
-            global_state: None,
-            last_global: None,
-            global_paused_until: 0,
-            invalid_state: None,
-            invalid_warned_until: 0,
+            local,
+            outbox: Vec::new(),
+            routes: HashMap::new(),
             missing_in_a_row: 0,
-            pioneers: HashMap::new(),
-            pruned_at: 0,
-            admissions: 0,
         }
     }
 
@@ -391,63 +409,54 @@ impl ClientCore {
         &self.config
     }
 
-    fn bucket_key(&self, route: &Route) -> BucketKey {
-        match self.routes.get(route.key()) {
-            Some(id) => BucketKey {
-                id: Arc::clone(id),
-                major: Arc::clone(route.major_arc()),
-            },
-            // NUL never appears in a header value, so no learned id looks like this.
-            None => BucketKey {
-                id: Arc::from(format!("\0{}", route.key_arc())),
-                major: Arc::clone(route.major_arc()),
-            },
+    /// Whether the knowledge lives elsewhere.
+    pub fn is_shared(&self) -> bool {
+        self.local.is_none()
+    }
+
+    /// The queue a request for `route` waits in: its learned bucket, or its own.
+    fn queue_key(&self, route: &Route) -> BucketKey {
+        let major = Arc::clone(route.major_arc());
+        let routes = self.local.as_ref().map_or(&self.routes, |k| &k.routes);
+        match routes.get(route.key()) {
+            Some(id) => (Arc::clone(id), major),
+            None => (own_bucket(route.key()), major),
         }
     }
 
-    /// When the invalid-request budget admits again, if it is spent now.
-    fn budget_spent(&self, now: u64) -> Option<Duration> {
-        let policy = self.config.invalid_budget.as_ref()?;
-        let mut state = self.invalid_state.clone();
-        match policy.apply(&mut state, now, Op::Limit, 1) {
-            Ok(d) if !d.allowed => Some(d.delay),
-            _ => None,
-        }
-    }
-
-    /// Puts a request for `route` in its bucket's queue at `now`, with `max_wait` (or the
+    /// Puts a request for `route` in its queue at `now`, with `max_wait` (or the
     /// configuration's) as its deadline. Fails at once when the invalid-request budget is
-    /// spent, or when the core can tell the wait would pass the deadline.
+    /// spent, or when the core can tell the wait would pass the deadline (a shared core
+    /// tells at its next ask).
     pub fn submit(
         &mut self,
         route: Route,
         now: u64,
         max_wait: Option<Duration>,
     ) -> Result<RequestId, ClientError> {
-        if let Some(retry_after) = self.budget_spent(now) {
+        if let Some(retry_after) = self.local.as_ref().and_then(|k| k.budget_spent(now)) {
             return Err(ClientError::InvalidBudget { retry_after });
         }
-        let key = self.bucket_key(&route);
-        let id = self.next_id;
-        self.next_id += 1;
-        let bucket = self.buckets.entry(key.clone()).or_insert_with(Bucket::new);
-        bucket.queue.push_back(id);
-        let position = bucket.queue.len() - 1;
+        let key = self.queue_key(&route);
+        let position = self.queues.get(&key).map_or(0, VecDeque::len);
         let max_wait = max_wait.or(self.config.max_wait);
-        if let Some(max_wait) = max_wait {
-            if let Some(start) = self.estimate(&key, position, route.is_global_exempt(), now) {
+        if let (Some(max_wait), Some(k)) = (max_wait, &self.local) {
+            let exempt = route.is_global_exempt();
+            if let Some(start) = k.estimate(route.key(), &key.1, &key.0, position, exempt, now) {
                 let would_wait = start.saturating_sub(now);
                 if would_wait > micros(max_wait) {
-                    if let Some(b) = self.buckets.get_mut(&key) {
-                        b.queue.pop_back();
-                    }
                     return Err(ClientError::WaitExceeded {
                         max_wait,
                         would_wait: Some(Duration::from_micros(would_wait)),
                     });
                 }
             }
-            let at = now.saturating_add(micros(max_wait));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queues.entry(key.clone()).or_default().push_back(id);
+        let deadline = max_wait.map(|d| (now.saturating_add(micros(d)), d));
+        if let Some((at, _)) = deadline {
             self.deadlines.insert((at, id));
         }
         self.waiting.insert(key.clone());
@@ -458,263 +467,201 @@ impl ClientCore {
                 bucket: key,
                 state: ReqState::Waiting,
                 submitted: now,
-                deadline: max_wait.map(|d| (now.saturating_add(micros(d)), d)),
+                deadline,
                 retries: 0,
             },
         );
         Ok(id)
     }
 
-    /// The earliest start of the request at `position` in the bucket's queue, if the core
-    /// can tell (not while the bucket is unknown, beyond its pioneer).
-    fn estimate(&self, key: &BucketKey, position: usize, exempt: bool, now: u64) -> Option<u64> {
-        let b = self.buckets.get(key)?;
-        let mut base = now.max(b.paused_until);
-        if !exempt {
-            base = base.max(self.global_paused_until);
-        }
-        let k = position as u64;
-        match b.known.at(now) {
-            Known::Unknown => (k == 0 && !b.pioneer).then_some(base),
-            Known::Unlimited => Some(base),
-            Known::Limited {
-                limit,
-                remaining,
-                reset_at,
-                window,
-                paced_next,
-            } => {
-                let spacing = window / limit.max(1);
-                Some(match paced_next {
-                    Some(t) if k < remaining => base.max(t) + k * spacing,
-                    None if k < remaining => base,
-                    _ => base.max(reset_at) + (k - remaining) * spacing,
-                })
-            }
-        }
-    }
-
-    /// Whether the request at the head of the bucket may go at `now`: `Ok(pioneer)`, or
-    /// `Err(Some(t))` to wait until `t`, `Err(None)` to wait for a response. `pioneer_until`
-    /// is `None` when an unknown bucket may send its pioneer now, else how long it must
-    /// wait; `reserve` is how many calls a known bucket keeps back for pioneers that may
-    /// turn out to share it. Changes nothing but a local reset of a bucket whose window
-    /// has passed.
-    fn bucket_ready(
-        b: &mut Bucket,
-        now: u64,
-        pioneer_until: Option<Option<u64>>,
-        reserve: u64,
-    ) -> Result<bool, Option<u64>> {
-        if b.paused_until > now {
-            return Err(Some(b.paused_until));
-        }
-        // A window is assumed over only once nothing sent to the bucket is in flight: the
-        // server may have started its window late, when one of those arrived, and their
-        // answers say when it really ends.
-        // Nor for longer than a further window: a request whose answer never comes
-        // (a permit kept or leaked) does not hold the bucket for good.
-        let overdue = matches!(b.known, Known::Limited { reset_at, window, .. }
-            if now >= reset_at.saturating_add(window));
-        if b.flying.is_empty() || overdue {
-            b.known = b.known.at(now);
-        }
-        match b.known {
-            Known::Unknown => match (b.pioneer, pioneer_until) {
-                (false, None) => Ok(true),
-                (true, _) => Err(None),
-                (false, Some(until)) => Err(until),
-            },
-            Known::Unlimited => Ok(false),
-            Known::Limited {
-                remaining,
-                reset_at,
-                window,
-                paced_next,
-                ..
-            } => {
-                if remaining <= reserve {
-                    // Past the reset with requests in flight: their answers say more, or
-                    // a further window passes.
-                    return Err(Some(if now < reset_at {
-                        reset_at
-                    } else {
-                        reset_at.saturating_add(window)
-                    }));
-                }
-                match paced_next {
-                    Some(t) if t > now => Err(Some(t)),
-                    _ => Ok(false),
-                }
-            }
-        }
-    }
-
-    /// Per major parameter: whether a route of unknown bucket waits and may send its
-    /// pioneer (one backing off after an error does not hold calls back, so that known
-    /// buckets, even of limit 1, are not starved meanwhile), and the earliest reset of its
-    /// known buckets that have no call left (a pioneer could land on one).
-    fn discovery(&self, now: u64) -> (HashSet<Arc<str>>, HashMap<Arc<str>, u64>) {
-        let mut unknown = HashSet::new();
-        for key in &self.waiting {
-            if self
-                .buckets
-                .get(key)
-                .is_some_and(|b| b.known == Known::Unknown && b.paused_until <= now)
-            {
-                unknown.insert(Arc::clone(&key.major));
-            }
-        }
-        let mut exhausted: HashMap<Arc<str>, u64> = HashMap::new();
-        if !unknown.is_empty() {
-            for (key, b) in &self.buckets {
-                if !unknown.contains(&key.major) {
-                    continue;
-                }
-                let until = match b.known {
-                    Known::Limited {
-                        remaining: 0,
-                        reset_at,
-                        ..
-                    } if reset_at > now => reset_at,
-                    _ if b.paused_until > now && b.known != Known::Unknown => b.paused_until,
-                    _ => continue,
-                };
-                let e = exhausted.entry(Arc::clone(&key.major)).or_insert(until);
-                *e = (*e).min(until);
-            }
-        }
-        (unknown, exhausted)
-    }
-
-    fn commit_bucket(b: &mut Bucket, pioneer: bool, seq: u64, now: u64) {
-        if let Known::Limited {
-            limit,
-            remaining,
-            window,
-            paced_next,
-            ..
-        } = &mut b.known
-        {
-            *remaining -= 1;
-            if let Some(t) = paced_next {
-                // Anchored to the schedule, not to when the release happened: a release a
-                // timer tick late does not push every later one back. After a pause longer
-                // than a step, the schedule starts again from now.
-                let spacing = *window / (*limit).max(1);
-                *t = if now > t.saturating_add(spacing) {
-                    now
-                } else {
-                    *t
-                } + spacing;
-            }
-        }
-        b.flying.insert(seq);
-        b.pioneer |= pioneer;
-    }
-
     /// The requests that may be sent at `now`, those that failed, and when to poll again.
+    ///
+    /// A shared core only fails the requests whose deadline passed: what may go is the
+    /// knowledge's to say ([`asks`](Self::asks), [`granted`](Self::granted)).
     pub fn poll(&mut self, now: u64) -> Poll {
-        let mut out = Poll::default();
-        self.expire_deadlines(now, &mut out);
-        let spent = self.budget_spent(now);
-        let (unknown, exhausted) = self.discovery(now);
-        let keys: Vec<BucketKey> = self.waiting.iter().cloned().collect();
-        let mut next: Option<u64> = self.deadlines.first().map(|&(at, _)| at);
+        let asks = self.asks(now);
+        let Some(k) = self.local.as_mut() else {
+            let mut out = Poll {
+                failed: asks.failed,
+                ..Poll::default()
+            };
+            out.next = self.deadlines.first().map(|&(at, _)| at);
+            return out;
+        };
+        let admission = k.admit(&asks.asks, now);
+        self.granted(asks, admission, now)
+    }
+
+    /// Fails the requests whose deadline passed, and answers what to ask the knowledge at
+    /// `now`: each waiting queue's first requests.
+    pub fn asks(&mut self, now: u64) -> Asks {
+        let mut out = Asks::default();
+        self.expire_deadlines(now, &mut out.failed);
+        for key in &self.waiting {
+            let Some(queue) = self.queues.get(key) else {
+                continue;
+            };
+            let mut ids = Vec::new();
+            let mut requests = Vec::new();
+            for &id in queue.iter().take(ASK_AT_MOST) {
+                if let Some(req) = self.requests.get(&id) {
+                    ids.push(id);
+                    requests.push((
+                        Arc::clone(req.route.key_arc()),
+                        req.route.is_global_exempt(),
+                    ));
+                }
+            }
+            if ids.is_empty() {
+                continue;
+            }
+            out.asks.push(Ask {
+                major: Arc::clone(&key.1),
+                bucket: Arc::clone(&key.0),
+                requests,
+            });
+            out.ids.push(ids);
+        }
+        out
+    }
+
+    /// Takes the knowledge's answer to `asks` (asked at `now`): the requests admitted go,
+    /// or, when they left meanwhile (a caller gave up), are given back.
+    pub fn granted(&mut self, asks: Asks, admission: Admission, now: u64) -> Poll {
+        let mut out = Poll {
+            failed: asks.failed,
+            ..Poll::default()
+        };
+        let mut next: Option<u64> = None;
         let mut earliest = |t: u64| next = Some(next.map_or(t, |n: u64| n.min(t)));
-        for key in keys {
-            while let Some(b) = self.buckets.get_mut(&key) {
-                let Some(&id) = b.queue.front() else {
-                    break;
-                };
-                let Some(req) = self.requests.get(&id) else {
-                    b.queue.pop_front();
-                    continue;
-                };
-                if let Some(retry_after) = spent {
-                    b.queue.pop_front();
+        if let Some(retry_after) = admission.spent {
+            for ask in &asks.asks {
+                let key: BucketKey = (Arc::clone(&ask.bucket), Arc::clone(&ask.major));
+                let queue = self.queues.remove(&key).unwrap_or_default();
+                self.waiting.remove(&key);
+                for id in queue {
                     self.forget(id);
                     out.failed
                         .push((id, ClientError::InvalidBudget { retry_after }));
-                    continue;
                 }
-                let exempt = req.route.is_global_exempt();
-                if !exempt && self.global_paused_until > now {
-                    earliest(self.global_paused_until);
-                    break;
-                }
-                // Pioneers of unknown routes go one at a time per major parameter, and
-                // only while every known bucket of it has a call left (which known
-                // buckets keep back while unknown routes wait): a route that turns out to
-                // share a known bucket then never meets it spent.
-                let major = &key.major;
-                let flying = self.pioneers.get(major).copied().unwrap_or(0);
-                let allowed = self.config.pioneers_per_major.max(1);
-                let pioneer_until = if flying >= allowed {
-                    Some(None)
-                } else {
-                    exhausted.get(major).map(|&t| Some(t))
-                };
-                let reserve = if unknown.contains(major) || flying > 0 {
-                    u64::from(allowed)
-                } else {
-                    0
-                };
-                let pioneer = match Self::bucket_ready(b, now, pioneer_until, reserve) {
-                    Ok(pioneer) => pioneer,
-                    Err(wait) => {
-                        if let Some(t) = wait {
-                            earliest(t);
-                        }
-                        break;
-                    }
-                };
-                if !exempt {
-                    if let Some(policy) = &self.config.global {
-                        let before = self.global_state.clone();
-                        match policy.apply(&mut self.global_state, now, Op::Limit, 1) {
-                            Ok(d) if !d.allowed => {
-                                earliest(now + micros(d.delay).max(1));
-                                break;
-                            }
-                            Ok(_) => self.last_global = Some((id, before)),
-                            // The global policy refuses a cost of 1 only if it can never
-                            // admit anything; the request goes unlimited rather than hang.
-                            Err(e) => tracing::warn!(error = %e, "the global policy failed"),
-                        }
-                    }
-                }
-                let Some(b) = self.buckets.get_mut(&key) else {
-                    break;
-                };
-                b.queue.pop_front();
-                self.admissions += 1;
-                let seq = self.admissions;
-                Self::commit_bucket(b, pioneer, seq, now);
-                if pioneer {
-                    *self.pioneers.entry(Arc::clone(&key.major)).or_insert(0) += 1;
-                }
-                if let Some(req) = self.requests.get_mut(&id) {
-                    req.state = ReqState::Admitted { pioneer, seq };
-                    if let Some((at, _)) = req.deadline {
-                        self.deadlines.remove(&(at, id));
-                    }
-                }
-                out.go.push(id);
             }
-            if self.buckets.get(&key).is_none_or(|b| b.queue.is_empty()) {
+        }
+        let shared = self.is_shared();
+        for ((ask, ids), grant) in asks.asks.iter().zip(&asks.ids).zip(admission.grants) {
+            let key: BucketKey = (Arc::clone(&ask.bucket), Arc::clone(&ask.major));
+            for ((&id, admitted), (route, _)) in ids.iter().zip(&grant.admitted).zip(&ask.requests)
+            {
+                self.admit_request(id, &key, route, *admitted, &mut out.go);
+            }
+            let rest = ids.get(grant.admitted.len()).copied();
+            if let Some((route, bucket)) = &grant.moved {
+                let to: BucketKey = (Arc::clone(bucket), Arc::clone(&ask.major));
+                self.learned_route(route, bucket);
+                self.move_route(&key, &to, route);
+                earliest(now);
+            }
+            match grant.wait {
+                Wait::Until(t) => {
+                    earliest(t);
+                    // A shared core learns only now how long its request would wait.
+                    if shared {
+                        if let Some(id) = rest {
+                            self.fail_if_late(id, t, now, &mut out.failed);
+                        }
+                    }
+                }
+                Wait::Event if shared => earliest(now + SHARED_REPOLL_US),
+                Wait::Event => {}
+                // The queue holds more than was asked about.
+                Wait::Nothing if grant.moved.is_none() && ids.len() == ASK_AT_MOST => earliest(now),
+                Wait::Nothing => {}
+            }
+            if self.queues.get(&key).is_none_or(VecDeque::is_empty) {
+                self.queues.remove(&key);
                 self.waiting.remove(&key);
             }
+        }
+        if shared && !self.waiting.is_empty() {
+            earliest(now + SHARED_ASK_EVERY_US);
         }
         if let Some(t) = self.deadlines.first().map(|&(at, _)| at) {
             next = Some(next.map_or(t, |n| n.min(t)));
         }
         out.next = next;
-        self.prune(now);
         out
     }
 
-    fn expire_deadlines(&mut self, now: u64, out: &mut Poll) {
+    /// Fails a waiting request at once if its deadline comes before `start`.
+    fn fail_if_late(
+        &mut self,
+        id: RequestId,
+        start: u64,
+        now: u64,
+        failed: &mut Vec<(RequestId, ClientError)>,
+    ) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        let Some((at, max_wait)) = req.deadline else {
+            return;
+        };
+        if req.state != ReqState::Waiting || at >= start {
+            return;
+        }
+        self.unqueue(id);
+        self.forget(id);
+        failed.push((
+            id,
+            ClientError::WaitExceeded {
+                max_wait,
+                would_wait: Some(Duration::from_micros(start.saturating_sub(now))),
+            },
+        ));
+    }
+
+    /// Marks an admitted request as gone, or gives its admission back if it left.
+    fn admit_request(
+        &mut self,
+        id: RequestId,
+        key: &BucketKey,
+        route: &Arc<str>,
+        admitted: Admitted,
+        go: &mut Vec<RequestId>,
+    ) {
+        let waiting = self
+            .requests
+            .get(&id)
+            .is_some_and(|r| r.state == ReqState::Waiting);
+        if !waiting {
+            // It left between the ask and the answer (only in a shared core): what it
+            // was given goes back.
+            self.outbox.push(Event::Release {
+                route: Route::new(route.to_string(), key.1.to_string()),
+                bucket: Arc::clone(&key.0),
+                admitted,
+                sent: false,
+                failed: false,
+            });
+            return;
+        }
+        if let Some(queue) = self.queues.get_mut(key) {
+            if queue.front() == Some(&id) {
+                queue.pop_front();
+            } else if let Some(i) = queue.iter().position(|&q| q == id) {
+                queue.remove(i);
+            }
+        }
+        if let Some(req) = self.requests.get_mut(&id) {
+            req.state = ReqState::Admitted(admitted);
+            req.bucket = key.clone();
+            if let Some((at, _)) = req.deadline {
+                self.deadlines.remove(&(at, id));
+            }
+        }
+        go.push(id);
+    }
+
+    fn expire_deadlines(&mut self, now: u64, failed: &mut Vec<(RequestId, ClientError)>) {
         while let Some(&(at, id)) = self.deadlines.first() {
             if at > now {
                 break;
@@ -729,7 +676,7 @@ impl ClientCore {
             let max_wait = req.deadline.map_or(Duration::ZERO, |(_, d)| d);
             self.unqueue(id);
             self.forget(id);
-            out.failed.push((
+            failed.push((
                 id,
                 ClientError::WaitExceeded {
                     max_wait,
@@ -739,14 +686,18 @@ impl ClientCore {
         }
     }
 
-    /// Takes a waiting request out of its bucket's queue.
+    /// Takes a waiting request out of its queue.
     fn unqueue(&mut self, id: RequestId) {
         let Some(req) = self.requests.get(&id) else {
             return;
         };
-        if let Some(b) = self.buckets.get_mut(&req.bucket) {
-            if let Some(i) = b.queue.iter().position(|&q| q == id) {
-                b.queue.remove(i);
+        if let Some(queue) = self.queues.get_mut(&req.bucket) {
+            if let Some(i) = queue.iter().position(|&q| q == id) {
+                queue.remove(i);
+            }
+            if queue.is_empty() {
+                self.queues.remove(&req.bucket);
+                self.waiting.remove(&req.bucket);
             }
         }
     }
@@ -759,59 +710,33 @@ impl ClientCore {
         }
     }
 
-    /// Drops buckets that hold nothing and whose knowledge has gone stale (a limited
-    /// bucket a window after its reset; an unknown or unlimited one once idle), at most
-    /// once a second, so memory follows the buckets in use; and once more than
-    /// [`MAX_ROUTES`] routes are known, forgets those whose buckets are gone (or, if that
-    /// is not enough, all of them: each is learned again by a pioneer).
-    fn prune(&mut self, now: u64) {
-        if now < self.pruned_at.saturating_add(PRUNE_EVERY_US) {
-            return;
-        }
-        self.pruned_at = now;
-        self.buckets.retain(|_, b| {
-            let idle = b.queue.is_empty() && b.flying.is_empty() && b.paused_until <= now;
-            let stale = match b.known {
-                Known::Limited {
-                    reset_at, window, ..
-                } => now >= reset_at.saturating_add(window),
-                _ => true,
-            };
-            !(idle && stale)
-        });
-        if self.routes.len() > MAX_ROUTES {
-            let live: HashSet<&Arc<str>> = self.buckets.keys().map(|k| &k.id).collect();
-            self.routes.retain(|_, id| live.contains(id));
-            if self.routes.len() > MAX_ROUTES {
-                self.routes.clear();
+    /// Takes an admitted request out of the core: its route, bucket and admission.
+    fn take_admitted(&mut self, id: RequestId) -> Option<(Req, Admitted)> {
+        let req = self.requests.remove(&id)?;
+        match req.state {
+            ReqState::Admitted(admitted) => Some((req, admitted)),
+            ReqState::Waiting => {
+                self.requests.insert(id, req);
+                None
             }
         }
     }
 
-    /// Ends an admitted request's slot: one fewer in flight, the pioneer slot free.
-    /// Answers the request, taken out of the core.
-    fn release(&mut self, id: RequestId) -> Option<Req> {
-        let req = self.requests.remove(&id)?;
-        let ReqState::Admitted { pioneer, seq } = req.state else {
-            // Not admitted: a waiting request is taken out of its queue instead.
-            self.requests.insert(id, req);
-            return None;
+    /// Tells the knowledge that a request ended without an answer.
+    fn tell_release(&mut self, req: &Req, admitted: Admitted, sent: bool, failed: bool, now: u64) {
+        let event = Event::Release {
+            route: req.route.clone(),
+            bucket: Arc::clone(&req.bucket.0),
+            admitted,
+            sent,
+            failed,
         };
-        if let Some(b) = self.buckets.get_mut(&req.bucket) {
-            b.flying.remove(&seq);
-            if pioneer {
-                b.pioneer = false;
+        match self.local.as_mut() {
+            Some(k) => {
+                event.apply(k, now);
             }
+            None => self.outbox.push(event),
         }
-        if pioneer {
-            if let Some(n) = self.pioneers.get_mut(&req.bucket.major) {
-                *n = n.saturating_sub(1);
-                if *n == 0 {
-                    self.pioneers.remove(&req.bucket.major);
-                }
-            }
-        }
-        Some(req)
     }
 
     /// The connection broke or timed out before a response, at `now`: that request fails
@@ -819,25 +744,16 @@ impl ClientCore {
     /// A pioneer's route, still unknown, backs off as after an error without headers, so
     /// that a failing route neither hammers nor holds known buckets' calls back.
     pub fn failed(&mut self, id: RequestId, now: u64) {
-        let Some(req) = self.release(id) else {
-            return;
-        };
-        if let ReqState::Admitted { pioneer: true, .. } = req.state {
-            if let Some(b) = self.buckets.get_mut(&req.bucket) {
-                if b.known == Known::Unknown {
-                    b.paused_until = b
-                        .paused_until
-                        .max(now.saturating_add(micros(self.config.headerless_backoff)));
-                }
-            }
+        if let Some((req, admitted)) = self.take_admitted(id) {
+            self.tell_release(&req, admitted, true, true, now);
         }
     }
 
-    /// The caller gave up on the request (its future was dropped). A waiting request
-    /// leaves its queue; an admitted one frees its slot, and if it was never `sent`, gives
-    /// back its count in the bucket and, if no request was admitted by the global limiter
-    /// after it, its global token.
-    pub fn cancel(&mut self, id: RequestId, sent: bool) {
+    /// The caller gave up on the request (its future was dropped), at `now`. A waiting
+    /// request leaves its queue; an admitted one frees its slot, and if it was never
+    /// `sent`, gives back its count in the bucket and, if no request was admitted by the
+    /// global limiter after it, its global token.
+    pub fn cancel(&mut self, id: RequestId, sent: bool, now: u64) {
         let Some(req) = self.requests.get(&id) else {
             return;
         };
@@ -846,32 +762,14 @@ impl ClientCore {
             self.forget(id);
             return;
         }
-        let Some(req) = self.release(id) else {
-            return;
-        };
-        if sent {
-            return;
-        }
-        if let Some(b) = self.buckets.get_mut(&req.bucket) {
-            if let Known::Limited {
-                limit, remaining, ..
-            } = &mut b.known
-            {
-                *remaining = remaining.saturating_add(1).min(*limit);
-            }
-        }
-        if let Some((last, before)) = self.last_global.take() {
-            if last == id {
-                self.global_state = before;
-            } else {
-                self.last_global = Some((last, before));
-            }
+        if let Some((req, admitted)) = self.take_admitted(id) {
+            self.tell_release(&req, admitted, sent, false, now);
         }
     }
 
     /// The response of an admitted request came, with `status` and what its headers said.
     /// Learns from it, and answers whether the request is done or goes round again (a
-    /// refusal, requeued at the head of its bucket).
+    /// refusal, requeued at the head of its queue).
     pub fn complete(
         &mut self,
         id: RequestId,
@@ -879,70 +777,47 @@ impl ClientCore {
         seen: &Observation,
         now: u64,
     ) -> Completion {
-        let Some(mut req) = self.release(id) else {
+        let Some((mut req, admitted)) = self.take_admitted(id) else {
             return Completion::Done;
         };
         for problem in &seen.problems {
             tracing::warn!(route = req.route.key(), "{problem}");
         }
-        let (was_pioneer, seq) = match req.state {
-            ReqState::Admitted { pioneer, seq } => (pioneer, seq),
-            ReqState::Waiting => (false, 0),
+        let event = Event::Answer {
+            route: req.route.clone(),
+            bucket: Arc::clone(&req.bucket.0),
+            admitted,
+            status,
+            seen: seen.clone(),
         };
-        // Learn the route's bucket, and move its waiting requests there.
-        if let Some(bucket) = &seen.bucket {
-            let learned = BucketKey {
-                id: Arc::from(bucket.as_str()),
-                major: Arc::clone(req.route.major_arc()),
-            };
-            self.routes
-                .insert(Arc::clone(req.route.key_arc()), Arc::clone(&learned.id));
-            if learned != req.bucket {
-                self.move_route(&req.bucket, &learned, req.route.key());
-                // A route's own queue, emptied, has served its purpose.
-                if req.bucket.id.starts_with('\0')
-                    && self
-                        .buckets
-                        .get(&req.bucket)
-                        .is_some_and(|b| b.queue.is_empty() && b.flying.is_empty())
-                {
-                    self.buckets.remove(&req.bucket);
-                    self.waiting.remove(&req.bucket);
+        let paused_until = match self.local.as_mut() {
+            Some(k) => {
+                let answered = event.apply(k, now);
+                if let Some((used, limit)) = answered.and_then(|a| a.warn) {
+                    warn_budget(used, limit);
                 }
-                req.bucket = learned;
+                answered.and_then(|a| a.paused_until)
             }
-        }
-        let b = self
-            .buckets
-            .entry(req.bucket.clone())
-            .or_insert_with(Bucket::new);
-        if seen.has_limits() {
-            Self::learn(b, seen, seq, was_pioneer, now);
-        } else if (200..400).contains(&status) && seen.refusal.is_none() {
-            if b.known == Known::Unknown {
-                b.known = Known::Unlimited;
+            None => {
+                self.outbox.push(event);
+                self.estimate_pause(status, seen, now)
             }
-        } else if was_pioneer && b.known == Known::Unknown && seen.refusal.is_none() {
-            // An error without headers (a proxy's 502): the pioneer learned nothing; the
-            // next one goes after a backoff, so the queue neither hangs nor hammers.
-            b.paused_until = b
-                .paused_until
-                .max(now + micros(self.config.headerless_backoff));
+        };
+        // The route's waiting requests move to the bucket its response named.
+        if let Some(bucket) = &seen.bucket {
+            let learned: BucketKey = (Arc::from(bucket.as_str()), Arc::clone(&req.bucket.1));
+            let own: BucketKey = (own_bucket(req.route.key()), Arc::clone(&req.bucket.1));
+            for from in [own, req.bucket.clone()] {
+                if from != learned {
+                    self.move_route(&from, &learned, req.route.key());
+                }
+            }
+            self.learned_route(req.route.key_arc(), &learned.0);
+            req.bucket = learned;
         }
-        let shared = seen.refusal.is_some_and(|r| r.scope == Scope::Shared);
-        if status == 401
-            || status == 403 && seen.refusal.is_none()
-            || seen.refusal.is_some() && !shared
-        {
-            self.count_invalid(now);
-        }
-        if (200..300).contains(&status) {
-            self.missing_in_a_row = 0;
-        }
-        let Some(refusal) = seen.refusal else {
+        let Some(until) = paused_until else {
             return Completion::Done;
         };
-        let until = self.refused(&req.bucket, refusal, now);
         // Out of retries, or the pause ends past its deadline: the refusal is the caller's
         // (rather than a deadline error with no retry-after in it).
         if req.retries >= self.config.max_retries || req.deadline.is_some_and(|(at, _)| at < until)
@@ -952,8 +827,7 @@ impl ClientCore {
         req.retries += 1;
         req.state = ReqState::Waiting;
         let key = req.bucket.clone();
-        let b = self.buckets.entry(key.clone()).or_insert_with(Bucket::new);
-        b.queue.push_front(id);
+        self.queues.entry(key.clone()).or_default().push_front(id);
         self.waiting.insert(key);
         if let Some((at, _)) = req.deadline {
             self.deadlines.insert((at, id));
@@ -962,8 +836,13 @@ impl ClientCore {
         Completion::Retry
     }
 
-    /// Pauses what the refusal names; answers when the pause ends.
-    fn refused(&mut self, key: &BucketKey, refusal: Refusal, now: u64) -> u64 {
+    /// A shared core's guess of when a refusal's pause ends (the knowledge says, but not
+    /// before the answer is told): its retry-after, or the growing wait for a missing one.
+    fn estimate_pause(&mut self, status: u16, seen: &Observation, now: u64) -> Option<u64> {
+        if (200..300).contains(&status) {
+            self.missing_in_a_row = 0;
+        }
+        let refusal = seen.refusal?;
         let wait = match refusal.retry_after {
             Some(d) => micros(d),
             None => {
@@ -973,137 +852,53 @@ impl ClientCore {
                 doubled.min(micros(self.config.max_backoff))
             }
         };
-        let until = now.saturating_add(wait.max(1));
-        match refusal.scope {
-            Scope::Global => self.global_paused_until = self.global_paused_until.max(until),
-            Scope::Bucket | Scope::Shared => {
-                if let Some(b) = self.buckets.get_mut(key) {
-                    b.paused_until = b.paused_until.max(until);
-                    if let Known::Limited { remaining, .. } = &mut b.known {
-                        *remaining = 0;
-                    }
-                }
-            }
-        }
-        until
+        Some(now.saturating_add(wait.max(1)))
     }
 
-    fn count_invalid(&mut self, now: u64) {
-        let Some(policy) = &self.config.invalid_budget else {
+    /// Notes in a shared core's own map that `route` is filed under `bucket`.
+    fn learned_route(&mut self, route: &Arc<str>, bucket: &Arc<str>) {
+        if self.local.is_some() {
             return;
-        };
-        if let Ok(d) = policy.apply(&mut self.invalid_state, now, Op::Limit, 1) {
-            let used = d.limit.saturating_sub(d.remaining);
-            if used as f64 >= self.config.invalid_warn_at * d.limit as f64
-                && now >= self.invalid_warned_until
-            {
-                self.invalid_warned_until = now + micros(d.reset_after);
-                tracing::warn!(
-                    used,
-                    limit = d.limit,
-                    "the invalid-request budget (401, 403, 429) is {:.0} % used; at the budget requests fail fast",
-                    100.0 * used as f64 / d.limit.max(1) as f64
-                );
-            }
         }
+        if self.routes.len() >= MAX_ROUTES {
+            self.routes.clear();
+        }
+        self.routes.insert(Arc::clone(route), Arc::clone(bucket));
     }
 
-    /// Updates a bucket from a response's limits.
-    /// Updates a bucket from the limits in the answer to the `seq`-th admitted request
-    /// (a `pioneer`'s, if it was sent before its route's bucket was known).
-    ///
-    /// What the server says is left does not count requests still in flight. Our own count
-    /// already does, except for a pioneer that lands on a known bucket: requests admitted
-    /// to the bucket after it are not in its answer's count yet, and are taken off it.
-    fn learn(b: &mut Bucket, seen: &Observation, seq: u64, pioneer: bool, now: u64) {
-        let (Some(left), Some(reset_after)) = (seen.remaining, seen.reset_after) else {
-            return;
-        };
-        let reset_after = micros(reset_after);
-        let reset_at = now.saturating_add(reset_after);
-        let in_flight = b.flying.len() as u64;
-        let later = b.flying.range(seq.saturating_add(1)..).count() as u64;
-        b.known = match b.known {
-            Known::Limited {
-                limit,
-                remaining,
-                reset_at: ours,
-                window,
-                ..
-            } => {
-                let limit = seen.limit.unwrap_or(limit).max(1);
-                let window = window.max(reset_after);
-                if reset_at > ours.saturating_add(SAME_WINDOW_US) {
-                    // The server's window is newer than ours: trust its count, less what
-                    // is in flight and may not be in it yet; its own word ends the pacing
-                    // of a local reset.
-                    Known::Limited {
-                        limit,
-                        remaining: left.saturating_sub(in_flight).min(limit),
-                        reset_at,
-                        window,
-                        paced_next: None,
-                    }
-                } else if reset_at.saturating_add(SAME_WINDOW_US) < ours {
-                    // An answer from a window that has passed (sent before our reset): it
-                    // says nothing of this one.
-                    return;
-                } else {
-                    // This window, as we count it: the lower count wins, and the server's
-                    // word ends the pacing of a local reset. A pioneer that lands here was
-                    // never in our tally: it is now, and what the bucket admitted after it
-                    // is not in the server's count yet.
-                    let (ours, left) = if pioneer {
-                        (remaining.saturating_sub(1), left.saturating_sub(later))
-                    } else {
-                        (remaining, left)
-                    };
-                    Known::Limited {
-                        limit,
-                        remaining: ours.min(left),
-                        reset_at: ours.max(reset_at),
-                        window,
-                        paced_next: None,
-                    }
-                }
-            }
-            Known::Unknown | Known::Unlimited => {
-                let limit = seen.limit.unwrap_or_else(|| left.saturating_add(1)).max(1);
-                Known::Limited {
-                    limit,
-                    remaining: left.saturating_sub(in_flight).min(limit),
-                    reset_at,
-                    window: reset_after.max(1),
-                    paced_next: None,
-                }
-            }
-        };
+    /// What a shared core has to tell the knowledge, in order; tell it before the next
+    /// ask.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.outbox)
     }
 
-    /// Moves the waiting requests of `route` from bucket `from` to bucket `to`, keeping
+    /// Moves the waiting requests of `route` from queue `from` to queue `to`, keeping
     /// submission order.
     fn move_route(&mut self, from: &BucketKey, to: &BucketKey, route: &str) {
-        let Some(old) = self.buckets.get_mut(from) else {
+        let Some(old) = self.queues.get_mut(from) else {
             return;
         };
         let requests = &mut self.requests;
         let (moving, staying): (Vec<RequestId>, Vec<RequestId>) = old
-            .queue
             .iter()
             .partition(|id| requests.get(id).is_some_and(|r| r.route.key() == route));
         if moving.is_empty() {
             return;
         }
-        old.queue = staying.into();
+        *old = staying.into();
+        if old.is_empty() {
+            self.queues.remove(from);
+            self.waiting.remove(from);
+        }
         for id in &moving {
             if let Some(r) = requests.get_mut(id) {
                 r.bucket = to.clone();
             }
         }
-        let new = self.buckets.entry(to.clone()).or_insert_with(Bucket::new);
-        let mut merged: Vec<RequestId> = new.queue.drain(..).chain(moving).collect();
+        let new = self.queues.entry(to.clone()).or_default();
+        let mut merged: Vec<RequestId> = new.drain(..).chain(moving).collect();
         merged.sort_unstable();
-        new.queue = merged.into();
+        *new = merged.into();
         self.waiting.insert(to.clone());
     }
 
@@ -1120,13 +915,34 @@ impl ClientCore {
         self.requests.len() - self.waiting()
     }
 
-    /// How many buckets the core holds state for (learned, or a route's own queue).
+    /// How many buckets the core holds state for (learned, or a route's own), counting
+    /// its waiting queues and, when it holds its knowledge, the buckets it knows.
     pub fn buckets_held(&self) -> usize {
-        self.buckets.len()
+        let known = self.local.as_ref().map_or(0, Knowledge::buckets_held);
+        let extra = self
+            .queues
+            .keys()
+            .filter(|k| {
+                self.local
+                    .as_ref()
+                    .is_none_or(|l| !l.buckets.contains_key(*k))
+            })
+            .count();
+        known + extra
     }
 
     /// When the request was submitted, if the core still holds it.
     pub fn submitted_at(&self, id: RequestId) -> Option<u64> {
         self.requests.get(&id).map(|r| r.submitted)
     }
+}
+
+/// Logs that the invalid-request budget passed its warning share.
+pub(crate) fn warn_budget(used: u64, limit: u64) {
+    tracing::warn!(
+        used,
+        limit,
+        "the invalid-request budget (401, 403, 429) is {:.0} % used; at the budget requests fail fast",
+        100.0 * used as f64 / limit.max(1) as f64
+    );
 }

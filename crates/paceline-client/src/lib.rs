@@ -36,6 +36,7 @@
 mod client;
 mod core;
 pub mod headers;
+pub mod knowledge;
 #[cfg(feature = "tower")]
 pub mod layer;
 #[cfg(feature = "reqwest")]
@@ -44,8 +45,10 @@ mod route;
 
 pub use crate::client::{After, Client, Permit, Waiting};
 pub use crate::core::{
-    ClientConfig, ClientCore, ClientError, Completion, Poll, RequestId, MAX_ROUTES,
+    Asks, ClientConfig, ClientCore, ClientError, Completion, Event, Poll, RequestId,
+    SHARED_REPOLL_US,
 };
+pub use crate::knowledge::MAX_ROUTES;
 pub use crate::route::Route;
 /// The `http` crate whose `HeaderMap` the client reads, re-exported so callers use the same
 /// version.

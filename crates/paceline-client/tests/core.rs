@@ -451,11 +451,11 @@ fn a_cancelled_request_gives_back_what_it_held() {
     let waiting = core.submit(a.clone(), T0, None).unwrap();
     assert_eq!(core.poll(T0).go, vec![first]);
     // A waiting request leaves its queue.
-    core.cancel(waiting, false);
+    core.cancel(waiting, false, T0);
     assert_eq!(core.waiting(), 0);
     // The pioneer, cancelled before it was sent: its pioneer slot and its global token
     // come back, so another request goes now instead of a second later.
-    core.cancel(first, false);
+    core.cancel(first, false, T0);
     let other = core.submit(b.clone(), T0, None).unwrap();
     let again = core.submit(a.clone(), T0, None).unwrap();
     let go = core.poll(T0).go;
@@ -463,7 +463,7 @@ fn a_cancelled_request_gives_back_what_it_held() {
     assert!(go[0] == other || go[0] == again);
     // A sent request keeps its token.
     let sent = go[0];
-    core.cancel(sent, true);
+    core.cancel(sent, true, T0);
     let next = core.poll(T0 + 1);
     assert!(next.go.is_empty(), "the token was spent: {next:?}");
     assert!(next.next.unwrap() >= T0 + SECOND);
