@@ -55,6 +55,10 @@ struct Shared {
     core: ClientCore,
     waiters: HashMap<RequestId, Admission>,
     closed: bool,
+    /// Events the driver took from a shared core, and of those, how many it has told the
+    /// knowledge (or given up on).
+    events_taken: u64,
+    events_told: u64,
 }
 
 struct Inner {
@@ -62,6 +66,11 @@ struct Inner {
     clock: Arc<dyn Clock>,
     dialect: Box<dyn Dialect>,
     wake: Notify,
+    /// Wakes [`Client::flush`] when events were told.
+    told: Notify,
+    /// Where the knowledge lives when it is not in the core.
+    #[cfg(feature = "redis")]
+    remote: Option<crate::redis::RedisKnowledge>,
 }
 
 impl Inner {
@@ -83,20 +92,83 @@ impl Inner {
         }
         let now = self.clock.now_micros();
         let poll = s.core.poll(now);
-        for id in poll.go {
-            if let Some(tx) = s.waiters.remove(&id) {
-                if tx.send(Ok(())).is_err() {
-                    // Its caller is gone and its guard has not run yet: give it back now.
-                    s.core.cancel(id, false, now);
+        let next = poll.next;
+        s.deliver(poll, now);
+        Ok(next.map(|t| t.max(now)))
+    }
+
+    /// One round of a shared core: tell the knowledge what happened, ask it what may go,
+    /// hand out its answer. Answers when to run again, or `Err` once the client is closed
+    /// (after telling the knowledge what the last requests gave back).
+    #[cfg(feature = "redis")]
+    async fn run_shared(&self, remote: &crate::redis::RedisKnowledge) -> Result<Option<u64>, ()> {
+        let now = self.clock.now_micros();
+        let (events, asks, closed) = {
+            let mut s = self.lock();
+            let events = s.core.take_events();
+            s.events_taken += events.len() as u64;
+            let closed = s.closed;
+            let asks = (!closed).then(|| s.core.asks(now));
+            (events, asks, closed)
+        };
+        let mut failing = false;
+        for event in &events {
+            match remote.tell(event, now).await {
+                Ok(Some(answered)) => {
+                    if let Some((used, limit)) = answered.warn {
+                        crate::core::warn_budget(used, limit);
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    failing = true;
+                    tracing::warn!(%error, "the client limiter could not tell Redis of a response; what it held counts until its lease ends");
                 }
             }
         }
-        for (id, error) in poll.failed {
-            if let Some(tx) = s.waiters.remove(&id) {
-                let _ = tx.send(Err(error));
-            }
+        if !events.is_empty() {
+            self.lock().events_told += events.len() as u64;
+            self.told.notify_waiters();
         }
-        Ok(poll.next.map(|t| t.max(now)))
+        let Some(asks) = asks else {
+            let mut s = self.lock();
+            for (_, tx) in s.waiters.drain() {
+                let _ = tx.send(Err(ClientError::Closed));
+            }
+            return if closed && s.core.events_pending() == 0 {
+                Err(())
+            } else {
+                Ok(Some(now))
+            };
+        };
+        let admission = if asks.asks.is_empty() {
+            Ok(crate::knowledge::Admission {
+                spent: None,
+                grants: Vec::new(),
+            })
+        } else {
+            remote.admit(&asks.asks, now).await
+        };
+        let admission = admission.unwrap_or_else(|error| {
+            failing = true;
+            tracing::warn!(%error, "the client limiter could not ask Redis; its requests wait");
+            crate::knowledge::Admission {
+                spent: None,
+                grants: Vec::new(),
+            }
+        });
+        let mut s = self.lock();
+        let poll = s.core.granted(asks, admission, now);
+        let mut next = poll.next;
+        s.deliver(poll, now);
+        if failing {
+            let retry = now + SHARED_RETRY_US;
+            next = Some(next.map_or(retry, |t| t.min(retry)));
+        }
+        if s.core.events_pending() > 0 {
+            next = Some(now);
+        }
+        Ok(next.map(|t| t.max(now)))
     }
 
     fn cancel(&self, id: RequestId, sent: bool) {
@@ -151,19 +223,172 @@ impl Client {
         dialect: Box<dyn Dialect>,
         clock: Arc<dyn Clock>,
     ) -> Client {
-        let inner = Arc::new(Inner {
-            shared: Mutex::new(Shared {
-                core: ClientCore::new(config),
-                waiters: HashMap::new(),
-                closed: false,
-            }),
+        Client::build(ClientCore::new(config), dialect, clock, None)
+    }
+
+    /// A client for `identity` (one token: the value of its `Authorization` header, say)
+    /// whose knowledge is in the store at `url`:
+    ///
+    /// - `memory`: in this process, as [`Client::new`] makes;
+    /// - `redis://HOST:PORT[/DB]`, `rediss://...` (TLS) or
+    ///   `redis-cluster://HOST:PORT[,HOST:PORT...]` (feature `redis`): in Redis, shared
+    ///   by every process and proxy that opens the same identity there, so that together
+    ///   they keep the token's limits. Only a hash of the identity reaches Redis. Every
+    ///   process of an identity must use the same configuration.
+    ///
+    /// A malformed URL is an input error naming the field `store`; a Redis that cannot be
+    /// reached is a store error. Once open, a Redis that fails leaves requests waiting
+    /// (each fails at its `max_wait`) and is asked again four times a second; what was
+    /// admitted meanwhile counts for [`ClientConfig::in_flight_lease`] at most.
+    ///
+    /// ```no_run
+    /// use paceline_client::headers::Discord;
+    /// use paceline_client::{Client, ClientConfig};
+    /// # async fn f() -> Result<(), paceline_store::Error> {
+    /// let client = Client::open(
+    ///     "redis://127.0.0.1:6379",
+    ///     "Bot my-token",
+    ///     ClientConfig::discord(),
+    ///     Discord,
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn open(
+        url: &str,
+        identity: &str,
+        config: ClientConfig,
+        dialect: impl Dialect,
+    ) -> Result<Client, paceline_store::Error> {
+        let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
+        let url = url.trim();
+        if url == "memory" || url == "memory://" {
+            return Ok(Client::build(
+                ClientCore::new(config),
+                Box::new(dialect),
+                clock,
+                None,
+            ));
+        }
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        match scheme {
+            Some("redis" | "rediss" | "redis-cluster" | "rediss-cluster") => {
+                Client::open_redis(url, identity, config, Box::new(dialect), clock).await
+            }
+            _ => Err(paceline_core::InputError::new(
+                "store",
+                format!(
+                    "`{}` is not a store URL; use `memory`, redis://HOST:PORT[/DB], \
+                     rediss://HOST:PORT (TLS) or redis-cluster://HOST:PORT[,HOST:PORT...]",
+                    paceline_store::without_credentials(url)
+                ),
+            )
+            .into()),
+        }
+    }
+
+    #[cfg(feature = "redis")]
+    async fn open_redis(
+        url: &str,
+        identity: &str,
+        config: ClientConfig,
+        dialect: Box<dyn Dialect>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Client, paceline_store::Error> {
+        let store = paceline_store::redis::RedisStore::builder(
+            url,
+            paceline_store::FailurePolicy::FailClosed,
+        )
+        .connect()
+        .await?;
+        let remote = crate::redis::RedisKnowledge::new(store, identity, &config);
+        Ok(Client::build(
+            ClientCore::shared(config),
+            dialect,
+            clock,
+            Some(remote),
+        ))
+    }
+
+    #[cfg(not(feature = "redis"))]
+    async fn open_redis(
+        url: &str,
+        _identity: &str,
+        _config: ClientConfig,
+        _dialect: Box<dyn Dialect>,
+        _clock: Arc<dyn Clock>,
+    ) -> Result<Client, paceline_store::Error> {
+        Err(paceline_core::InputError::new(
+            "store",
+            format!(
+                "`{}` needs the Redis store, which this build leaves out: enable the `redis` \
+                 feature",
+                paceline_store::without_credentials(url)
+            ),
+        )
+        .into())
+    }
+
+    #[cfg(feature = "redis")]
+    fn build(
+        core: ClientCore,
+        dialect: Box<dyn Dialect>,
+        clock: Arc<dyn Clock>,
+        remote: Option<crate::redis::RedisKnowledge>,
+    ) -> Client {
+        Client::spawn(Inner {
+            shared: Mutex::new(Shared::new(core)),
             clock,
             dialect,
             wake: Notify::new(),
-        });
+            told: Notify::new(),
+            remote,
+        })
+    }
+
+    #[cfg(not(feature = "redis"))]
+    fn build(
+        core: ClientCore,
+        dialect: Box<dyn Dialect>,
+        clock: Arc<dyn Clock>,
+        _remote: Option<std::convert::Infallible>,
+    ) -> Client {
+        Client::spawn(Inner {
+            shared: Mutex::new(Shared::new(core)),
+            clock,
+            dialect,
+            wake: Notify::new(),
+            told: Notify::new(),
+        })
+    }
+
+    fn spawn(inner: Inner) -> Client {
+        let inner = Arc::new(inner);
         tokio::spawn(drive(Arc::clone(&inner)));
         Client {
             handle: Arc::new(Handle { inner }),
+        }
+    }
+
+    /// Waits until the knowledge has been told every response and release reported so
+    /// far (at once when the knowledge is in this process): call it before a process
+    /// exits, so that what it learned is not lost to the others.
+    pub async fn flush(&self) {
+        let inner = self.inner();
+        let target = {
+            let s = inner.lock();
+            s.events_taken + s.core.events_pending() as u64
+        };
+        loop {
+            let told = inner.told.notified();
+            {
+                let s = inner.lock();
+                if s.events_told >= target || s.closed {
+                    return;
+                }
+            }
+            inner.wake.notify_one();
+            told.await;
         }
     }
 
@@ -217,6 +442,35 @@ impl Client {
     pub fn counts(&self) -> (usize, usize) {
         let s = self.inner().lock();
         (s.core.waiting(), s.core.in_flight())
+    }
+}
+
+impl Shared {
+    fn new(core: ClientCore) -> Shared {
+        Shared {
+            core,
+            waiters: HashMap::new(),
+            closed: false,
+            events_taken: 0,
+            events_told: 0,
+        }
+    }
+
+    /// Hands a poll's admissions and failures to their waiters.
+    fn deliver(&mut self, poll: crate::core::Poll, now: u64) {
+        for id in poll.go {
+            if let Some(tx) = self.waiters.remove(&id) {
+                if tx.send(Ok(())).is_err() {
+                    // Its caller is gone and its guard has not run yet: give it back now.
+                    self.core.cancel(id, false, now);
+                }
+            }
+        }
+        for (id, error) in poll.failed {
+            if let Some(tx) = self.waiters.remove(&id) {
+                let _ = tx.send(Err(error));
+            }
+        }
     }
 }
 
@@ -360,10 +614,21 @@ impl Drop for Permit {
     }
 }
 
+/// How soon a shared client asks Redis again after a failed call: 250 ms.
+#[cfg(feature = "redis")]
+const SHARED_RETRY_US: u64 = 250_000;
+
 /// The task that admits waiting requests at their time.
 async fn drive(inner: Arc<Inner>) {
     loop {
-        let Ok(next) = inner.run_once() else {
+        #[cfg(feature = "redis")]
+        let ran = match &inner.remote {
+            Some(remote) => inner.run_shared(remote).await,
+            None => inner.run_once(),
+        };
+        #[cfg(not(feature = "redis"))]
+        let ran = inner.run_once();
+        let Ok(next) = ran else {
             return;
         };
         let now = inner.clock.now_micros();

@@ -244,6 +244,8 @@ pub struct Asks {
     pub asks: Vec<Ask>,
     ids: Vec<Vec<RequestId>>,
     failed: Vec<(RequestId, ClientError)>,
+    /// When the first queue not asked about (told to wait) may be asked again.
+    held_until: Option<u64>,
 }
 
 /// What a shared core tells the knowledge, in order ([`ClientCore::take_events`]).
@@ -337,8 +339,10 @@ struct Req {
     retries: u32,
 }
 
-/// The most requests of one queue a poll asks about at once.
+/// The most requests of one queue a poll asks about at once (a shared core asks fewer:
+/// every one asked about is sent to Redis).
 const ASK_AT_MOST: usize = 256;
+const SHARED_ASK_AT_MOST: usize = 32;
 
 /// How soon a shared core asks again when it waits for a response that another process
 /// may receive: 20 ms.
@@ -371,6 +375,10 @@ pub struct ClientCore {
     /// A shared core's own route → bucket map, from its responses and the knowledge's
     /// refilings, so that its requests are filed where the knowledge looks for them.
     routes: HashMap<Arc<str>, Arc<str>>,
+    /// A shared core's queues told to wait until a time: that time, and when they were
+    /// told. They are not asked about again before it (nor for longer than a second, so
+    /// that the knowledge keeps hearing of them), unless something happens here.
+    held: HashMap<BucketKey, (u64, u64)>,
     /// A shared core's count of refusals without a retry-after in a row (the knowledge
     /// keeps the real one), to tell whether a refused request's pause outlasts its
     /// deadline.
@@ -400,6 +408,7 @@ impl ClientCore {
             local,
             outbox: Vec::new(),
             routes: HashMap::new(),
+            held: HashMap::new(),
             missing_in_a_row: 0,
         }
     }
@@ -497,13 +506,26 @@ impl ClientCore {
     pub fn asks(&mut self, now: u64) -> Asks {
         let mut out = Asks::default();
         self.expire_deadlines(now, &mut out.failed);
+        let at_most = if self.is_shared() {
+            SHARED_ASK_AT_MOST
+        } else {
+            ASK_AT_MOST
+        };
         for key in &self.waiting {
             let Some(queue) = self.queues.get(key) else {
                 continue;
             };
+            if let Some(&(until, told)) = self.held.get(key) {
+                let again = told.saturating_add(SHARED_ASK_EVERY_US);
+                if until > now && now < again {
+                    let t = until.min(again);
+                    out.held_until = Some(out.held_until.map_or(t, |n: u64| n.min(t)));
+                    continue;
+                }
+            }
             let mut ids = Vec::new();
             let mut requests = Vec::new();
-            for &id in queue.iter().take(ASK_AT_MOST) {
+            for &id in queue.iter().take(at_most) {
                 if let Some(req) = self.requests.get(&id) {
                     ids.push(id);
                     requests.push((
@@ -534,6 +556,9 @@ impl ClientCore {
         };
         let mut next: Option<u64> = None;
         let mut earliest = |t: u64| next = Some(next.map_or(t, |n: u64| n.min(t)));
+        if let Some(t) = asks.held_until {
+            earliest(t);
+        }
         if let Some(retry_after) = admission.spent {
             for ask in &asks.asks {
                 let key: BucketKey = (Arc::clone(&ask.bucket), Arc::clone(&ask.major));
@@ -547,6 +572,11 @@ impl ClientCore {
             }
         }
         let shared = self.is_shared();
+        let at_most = if shared {
+            SHARED_ASK_AT_MOST
+        } else {
+            ASK_AT_MOST
+        };
         for ((ask, ids), grant) in asks.asks.iter().zip(&asks.ids).zip(admission.grants) {
             let key: BucketKey = (Arc::clone(&ask.bucket), Arc::clone(&ask.major));
             for ((&id, admitted), (route, _)) in ids.iter().zip(&grant.admitted).zip(&ask.requests)
@@ -559,6 +589,16 @@ impl ClientCore {
                 self.learned_route(route, bucket);
                 self.move_route(&key, &to, route);
                 earliest(now);
+            }
+            if shared {
+                match grant.wait {
+                    Wait::Until(t) if grant.moved.is_none() => {
+                        self.held.insert(key.clone(), (t, now));
+                    }
+                    _ => {
+                        self.held.remove(&key);
+                    }
+                }
             }
             match grant.wait {
                 Wait::Until(t) => {
@@ -573,7 +613,7 @@ impl ClientCore {
                 Wait::Event if shared => earliest(now + SHARED_REPOLL_US),
                 Wait::Event => {}
                 // The queue holds more than was asked about.
-                Wait::Nothing if grant.moved.is_none() && ids.len() == ASK_AT_MOST => earliest(now),
+                Wait::Nothing if grant.moved.is_none() && ids.len() == at_most => earliest(now),
                 Wait::Nothing => {}
             }
             if self.queues.get(&key).is_none_or(VecDeque::is_empty) {
@@ -724,6 +764,7 @@ impl ClientCore {
 
     /// Tells the knowledge that a request ended without an answer.
     fn tell_release(&mut self, req: &Req, admitted: Admitted, sent: bool, failed: bool, now: u64) {
+        self.held.clear();
         let event = Event::Release {
             route: req.route.clone(),
             bucket: Arc::clone(&req.bucket.0),
@@ -783,6 +824,7 @@ impl ClientCore {
         for problem in &seen.problems {
             tracing::warn!(route = req.route.key(), "{problem}");
         }
+        self.held.clear();
         let event = Event::Answer {
             route: req.route.clone(),
             bucket: Arc::clone(&req.bucket.0),
@@ -864,6 +906,11 @@ impl ClientCore {
             self.routes.clear();
         }
         self.routes.insert(Arc::clone(route), Arc::clone(bucket));
+    }
+
+    /// How many events wait to be taken ([`take_events`](Self::take_events)).
+    pub fn events_pending(&self) -> usize {
+        self.outbox.len()
     }
 
     /// What a shared core has to tell the knowledge, in order; tell it before the next

@@ -795,12 +795,13 @@ impl Knowledge {
         let d = policy
             .apply(&mut self.invalid_state, now, Op::Limit, 1)
             .ok()?;
-        let used = d.limit.saturating_sub(d.remaining);
-        if used as f64 >= self.config.invalid_warn_at * d.limit as f64
+        let limit = policy.limit();
+        let used = limit.saturating_sub(d.remaining);
+        if used as f64 >= self.config.invalid_warn_at * limit as f64
             && now >= self.invalid_warned_until
         {
             self.invalid_warned_until = now + micros(d.reset_after);
-            return Some((used, d.limit));
+            return Some((used, limit));
         }
         None
     }

@@ -41,6 +41,8 @@ pub mod knowledge;
 pub mod layer;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod route;
 
 pub use crate::client::{After, Client, Permit, Waiting};

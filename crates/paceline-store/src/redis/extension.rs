@@ -81,7 +81,7 @@ impl RedisStore {
         if !transport.runs_as_functions() {
             return Err(StoreError::new(
                 StoreErrorKind::Unavailable,
-                "this Redis server does not run functions (Redis 7 or later, with permission to FUNCTION LOAD); paceline's job queues need them",
+                "this Redis server does not run functions (Redis 7 or later, with permission to FUNCTION LOAD); paceline's job queues and shared client limiters need them",
             ));
         }
         let mut call = redis::cmd("FCALL");
@@ -92,16 +92,16 @@ impl RedisStore {
         for arg in args {
             call.arg(arg);
         }
-        let first = transport.query::<Value>(&call, "a queue call").await;
+        let first = transport.query::<Value>(&call, "a function call").await;
         match first {
             Err(e) if is_missing_function(&e) => {
                 transport
                     .query::<Value>(
                         &load_command(&extension.code),
-                        "loading the queue's functions",
+                        "loading paceline's functions",
                     )
                     .await?;
-                transport.query::<Value>(&call, "a queue call").await
+                transport.query::<Value>(&call, "a function call").await
             }
             other => other,
         }

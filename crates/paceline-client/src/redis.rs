@@ -1,0 +1,306 @@
+//! An identity's [knowledge](crate::knowledge) kept in Redis or Redis Cluster, shared by
+//! every process and proxy that sends with the identity's token.
+//!
+//! Each step is one atomic call of a Lua function (`lua/client.lua`, the twin of
+//! [`Knowledge`](crate::knowledge::Knowledge)): one per poll that has requests waiting,
+//! one per response, one per request that ends without one. All of an identity's keys
+//! share one hash tag, so they live in one cluster slot. The identity is hashed before it
+//! becomes part of a key: a token never reaches Redis.
+//!
+//! [`Client::open`](crate::Client::open) uses this when given a `redis://`,
+//! `rediss://` or `redis-cluster://` URL; use it directly to drive a
+//! [shared](crate::ClientCore::shared) [`ClientCore`](crate::ClientCore) yourself.
+//!
+//! ```no_run
+//! use paceline_client::redis::RedisKnowledge;
+//! use paceline_client::{ClientConfig, ClientCore, Route};
+//! use paceline_store::{redis::RedisStore, FailurePolicy};
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::builder("redis://127.0.0.1:6379", FailurePolicy::FailClosed)
+//!     .connect()
+//!     .await?;
+//! let config = ClientConfig::discord();
+//! let knowledge = RedisKnowledge::new(store, "Bot my-token", &config);
+//! let mut core = ClientCore::shared(config);
+//! let now = 1_700_000_000_000_000;
+//! core.submit(Route::discord("GET", "/channels/1/messages"), now, None)?;
+//! let asks = core.asks(now);
+//! let admission = knowledge.admit(&asks.asks, now).await?;
+//! let poll = core.granted(asks, admission, now);
+//! assert_eq!(poll.go.len(), 1); // the route's pioneer
+//! # Ok(()) }
+//! ```
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use ::redis::Value;
+use paceline_core::{StoreError, StoreErrorKind};
+use paceline_store::redis::extension::{fingerprint, policy_args, Extension};
+use paceline_store::redis::RedisStore;
+
+use crate::core::{ClientConfig, Event};
+use crate::knowledge::{micros, Admission, Admitted, Answered, Ask, Grant, Wait};
+
+static LIBRARY: LazyLock<Extension> =
+    LazyLock::new(|| Extension::new("client", include_str!("../lua/client.lua"), "client_call"));
+
+/// The largest number sent to the Lua twin: Lua's numbers are doubles, exact below 2^53.
+const LUA_EXACT: u64 = (1 << 53) - 1;
+
+/// An identity's knowledge in Redis: see the [module docs](self).
+#[derive(Clone)]
+pub struct RedisKnowledge {
+    store: RedisStore,
+    base: String,
+    config: Arc<Vec<Vec<u8>>>,
+    injected: bool,
+}
+
+impl std::fmt::Debug for RedisKnowledge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisKnowledge")
+            .field("base", &self.base)
+            .finish_non_exhaustive()
+    }
+}
+
+fn text(n: u64) -> Vec<u8> {
+    n.min(LUA_EXACT).to_string().into_bytes()
+}
+
+fn flag(b: bool) -> Vec<u8> {
+    if b { b"1" } else { b"0" }.to_vec()
+}
+
+fn protocol(what: &str, reply: &impl std::fmt::Debug) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Protocol,
+        format!("the client limiter's Redis function answered {what} unexpectedly: {reply:?}"),
+    )
+}
+
+/// A reply's values, read in order.
+struct Reader {
+    values: std::vec::IntoIter<Value>,
+}
+
+impl Reader {
+    fn new(reply: Value) -> Result<Reader, StoreError> {
+        match reply {
+            Value::Array(values) => Ok(Reader {
+                values: values.into_iter(),
+            }),
+            other => Err(protocol("a non-list", &other)),
+        }
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
+        match self.values.next() {
+            Some(Value::BulkString(b)) => Ok(b),
+            Some(Value::SimpleString(s)) => Ok(s.into_bytes()),
+            Some(Value::Int(i)) => Ok(i.to_string().into_bytes()),
+            other => Err(protocol("a missing value", &other)),
+        }
+    }
+
+    fn int(&mut self) -> Result<i64, StoreError> {
+        let b = self.bytes()?;
+        std::str::from_utf8(&b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| protocol("a non-number", &String::from_utf8_lossy(&b)))
+    }
+
+    fn text(&mut self) -> Result<Arc<str>, StoreError> {
+        let b = self.bytes()?;
+        String::from_utf8(b)
+            .map(Arc::from)
+            .map_err(|e| protocol("text that is not UTF-8", &e))
+    }
+}
+
+impl RedisKnowledge {
+    /// The knowledge of `identity` (e.g. the value of the `Authorization` header; only its
+    /// hash is kept) in `store`, under `config`'s rules. Every process sharing the identity
+    /// must use the same configuration. Times come from the Redis server's clock, so
+    /// machines whose clocks differ still agree on every reset.
+    pub fn new(store: RedisStore, identity: &str, config: &ClientConfig) -> RedisKnowledge {
+        let id = fingerprint(&[identity.as_bytes().to_vec()]);
+        let base = format!("{}{{c:{id}}}:", store.key_prefix());
+        let mut args = vec![
+            text(micros(config.in_flight_lease)),
+            text(u64::from(config.pioneers_per_major)),
+            text(micros(config.headerless_backoff)),
+            text(micros(config.missing_retry_after)),
+            text(micros(config.max_backoff)),
+            format!("{:?}", config.invalid_warn_at).into_bytes(),
+            text(config.invalid_budget.as_ref().map_or(0, |p| p.limit())),
+        ];
+        for policy in [&config.global, &config.invalid_budget] {
+            match policy {
+                Some(p) => args.extend(policy_args(p)),
+                None => args.push(Vec::new()),
+            }
+        }
+        RedisKnowledge {
+            store,
+            base,
+            config: Arc::new(args),
+            injected: false,
+        }
+    }
+
+    /// The same knowledge on the caller's clock: every call is made at the `now` it is
+    /// given, for simulations and tests on virtual time.
+    pub fn on_caller_clock(mut self) -> RedisKnowledge {
+        self.injected = true;
+        self
+    }
+
+    /// The Redis keys' common start (hash tag included).
+    pub fn key_base(&self) -> &str {
+        &self.base
+    }
+
+    async fn call(&self, op: &str, now: u64, rest: Vec<Vec<u8>>) -> Result<Reader, StoreError> {
+        let clock = if self.injected {
+            // Records live an hour longer than the caller's clock says: it may run faster
+            // than the server's, which expires them.
+            format!("{now} 3600000").into_bytes()
+        } else {
+            Vec::new()
+        };
+        let head = [op.as_bytes().to_vec(), clock];
+        let args = head.iter().chain(self.config.iter()).chain(rest.iter());
+        let reply = self
+            .store
+            .call_extension(&LIBRARY, &[&self.base], args.map(Vec::as_slice))
+            .await?;
+        Reader::new(reply)
+    }
+
+    /// [`Knowledge::admit`](crate::knowledge::Knowledge::admit) in Redis, at `now` on the
+    /// caller's clock; the times of the answer are on the caller's clock too.
+    pub async fn admit(&self, asks: &[Ask], now: u64) -> Result<Admission, StoreError> {
+        let mut rest = vec![text(asks.len() as u64)];
+        for ask in asks {
+            rest.push(ask.major.as_bytes().to_vec());
+            rest.push(ask.bucket.as_bytes().to_vec());
+            rest.push(text(ask.requests.len() as u64));
+            for (route, exempt) in &ask.requests {
+                rest.push(route.as_bytes().to_vec());
+                rest.push(flag(*exempt));
+            }
+        }
+        let mut r = self.call("admit", now, rest).await?;
+        let server_now = r.int()?;
+        // A time of the server, on the caller's clock.
+        let local = |t: i64| -> u64 {
+            let t = i128::from(t) - i128::from(server_now) + i128::from(now);
+            u64::try_from(t.max(0)).unwrap_or(u64::MAX)
+        };
+        let spent = r.int()?;
+        if spent >= 0 {
+            return Ok(Admission {
+                spent: Some(Duration::from_nanos(spent.unsigned_abs())),
+                grants: Vec::new(),
+            });
+        }
+        let mut grants = Vec::with_capacity(asks.len());
+        for _ in asks {
+            let n = r.int()?;
+            let mut admitted = Vec::new();
+            for _ in 0..n {
+                let pioneer = r.int()? == 1;
+                let seq = r.int()?.unsigned_abs();
+                admitted.push(Admitted { pioneer, seq });
+            }
+            let route = r.text()?;
+            let bucket = r.text()?;
+            let moved = (!route.is_empty()).then_some((route, bucket));
+            let wait = match (r.int()?, r.int()?) {
+                (0, _) => Wait::Nothing,
+                (1, t) => Wait::Until(local(t)),
+                (2, _) => Wait::Event,
+                other => return Err(protocol("an unknown wait", &other)),
+            };
+            grants.push(Grant {
+                admitted,
+                moved,
+                wait,
+            });
+        }
+        Ok(Admission {
+            spent: None,
+            grants,
+        })
+    }
+
+    /// Tells the knowledge what a [shared](crate::ClientCore::shared) core's
+    /// [`Event`] says, at `now` on the caller's clock: the answer's times are on it too.
+    pub async fn tell(&self, event: &Event, now: u64) -> Result<Option<Answered>, StoreError> {
+        match event {
+            Event::Release {
+                route,
+                bucket,
+                admitted,
+                sent,
+                failed,
+            } => {
+                let rest = vec![
+                    route.key().as_bytes().to_vec(),
+                    route.major().as_bytes().to_vec(),
+                    bucket.as_bytes().to_vec(),
+                    flag(admitted.pioneer),
+                    text(admitted.seq),
+                    flag(*sent),
+                    flag(*failed),
+                ];
+                self.call("release", now, rest).await?;
+                Ok(None)
+            }
+            Event::Answer {
+                route,
+                bucket,
+                admitted,
+                status,
+                seen,
+            } => {
+                let opt = |v: Option<u64>| v.map_or_else(Vec::new, text);
+                let scope = match seen.refusal.map(|r| r.scope) {
+                    None => "",
+                    Some(crate::headers::Scope::Bucket) => "b",
+                    Some(crate::headers::Scope::Shared) => "s",
+                    Some(crate::headers::Scope::Global) => "g",
+                };
+                let rest = vec![
+                    route.key().as_bytes().to_vec(),
+                    route.major().as_bytes().to_vec(),
+                    bucket.as_bytes().to_vec(),
+                    flag(admitted.pioneer),
+                    text(admitted.seq),
+                    text(u64::from(*status)),
+                    flag(seen.bucket.is_some()),
+                    seen.bucket.clone().unwrap_or_default().into_bytes(),
+                    opt(seen.limit),
+                    opt(seen.remaining),
+                    opt(seen.reset_after.map(micros)),
+                    scope.as_bytes().to_vec(),
+                    opt(seen.refusal.and_then(|r| r.retry_after).map(micros)),
+                ];
+                let mut r = self.call("answer", now, rest).await?;
+                let server_now = r.int()?;
+                let until = r.int()?;
+                let used = r.int()?;
+                let limit = r.int()?;
+                let paused_until = (until >= 0).then(|| {
+                    let t = i128::from(until) - i128::from(server_now) + i128::from(now);
+                    u64::try_from(t.max(0)).unwrap_or(u64::MAX)
+                });
+                let warn = (used >= 0).then(|| (used.unsigned_abs(), limit.max(0).unsigned_abs()));
+                Ok(Some(Answered { paused_until, warn }))
+            }
+        }
+    }
+}

@@ -1,0 +1,597 @@
+//! Knowledge shared through Redis.
+//!
+//! - The twins: random sequences of submissions, polls, answers of every kind, failures,
+//!   cancellations and clock steps, run by one core whose knowledge is in memory and one
+//!   whose knowledge is in Redis, on one virtual clock, give the same answers step by
+//!   step.
+//! - Four processes on one Redis (and on a Redis Cluster) against the strict mock API:
+//!   every request answered once, no 429, nearly all the throughput the limits allow.
+//! - The async client on Redis: two clients share what either learns.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use http::HeaderMap;
+use paceline_client::headers::{Dialect, Discord, Observation, Refusal, Response, Scope};
+use paceline_client::knowledge::Knowledge;
+use paceline_client::redis::RedisKnowledge;
+use paceline_client::{
+    After, Client, ClientConfig, ClientCore, ClientError, Completion, Poll, RequestId, Route,
+};
+use paceline_store::redis::RedisStore;
+use paceline_store::FailurePolicy;
+use paceline_testkit::mock_api::{Limit, MockApi, SECOND};
+use paceline_testkit::{shared_cluster, shared_server};
+use proptest::prelude::*;
+
+const T0: u64 = 1_700_000_000_000_000;
+const LATENCY: u64 = 2_000;
+
+/// A fresh identity per use: tests share one server.
+fn fresh(stem: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{stem}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn store(url: &str) -> RedisStore {
+    RedisStore::builder(url, FailurePolicy::FailClosed)
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("the test's Redis is up")
+}
+
+/// Where a core's knowledge is.
+enum Brain {
+    Memory(Box<Knowledge>),
+    Redis(RedisKnowledge),
+}
+
+/// A shared core and its knowledge: one process.
+struct Process {
+    core: ClientCore,
+    brain: Brain,
+}
+
+impl Process {
+    fn memory(config: &ClientConfig) -> Process {
+        Process {
+            core: ClientCore::shared(config.clone()),
+            brain: Brain::Memory(Box::new(Knowledge::new(config.clone()))),
+        }
+    }
+
+    fn redis(config: &ClientConfig, store: RedisStore, identity: &str) -> Process {
+        Process {
+            core: ClientCore::shared(config.clone()),
+            brain: Brain::Redis(RedisKnowledge::new(store, identity, config).on_caller_clock()),
+        }
+    }
+
+    /// Tells the knowledge what happened; answers what it concluded of each answer.
+    async fn tell(&mut self, now: u64) -> Vec<Option<(Option<u64>, Option<(u64, u64)>)>> {
+        let mut out = Vec::new();
+        for event in self.core.take_events() {
+            let answered = match &mut self.brain {
+                Brain::Memory(k) => event.apply(k, now),
+                Brain::Redis(r) => r.tell(&event, now).await.expect("Redis answers"),
+            };
+            out.push(answered.map(|a| (a.paused_until, a.warn)));
+        }
+        out
+    }
+
+    async fn poll(&mut self, now: u64) -> Poll {
+        self.tell(now).await;
+        let asks = self.core.asks(now);
+        let admission = match &mut self.brain {
+            Brain::Memory(k) => k.admit(&asks.asks, now),
+            Brain::Redis(r) => r.admit(&asks.asks, now).await.expect("Redis answers"),
+        };
+        self.core.granted(asks, admission, now)
+    }
+}
+
+// The twins ----------------------------------------------------------------------------
+
+#[derive(Clone, Debug)]
+enum Step {
+    Submit {
+        route: u8,
+        max_wait_ms: Option<u16>,
+    },
+    Poll,
+    Answer {
+        pick: u8,
+        kind: u8,
+        remaining: u8,
+        reset_ms: u16,
+        bucket: u8,
+    },
+    Fail {
+        pick: u8,
+    },
+    Cancel {
+        pick: u8,
+        sent: bool,
+    },
+    Advance {
+        ms: u16,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0u8..6, proptest::option::of(0u16..3000))
+            .prop_map(|(route, max_wait_ms)| Step::Submit { route, max_wait_ms }),
+        3 => Just(Step::Poll),
+        3 => (any::<u8>(), 0u8..10, 0u8..6, 1u16..3000, 0u8..3).prop_map(
+            |(pick, kind, remaining, reset_ms, bucket)| Step::Answer {
+                pick,
+                kind,
+                remaining,
+                reset_ms,
+                bucket
+            }
+        ),
+        1 => any::<u8>().prop_map(|pick| Step::Fail { pick }),
+        1 => (any::<u8>(), any::<bool>()).prop_map(|(pick, sent)| Step::Cancel { pick, sent }),
+        2 => (0u16..2500).prop_map(|ms| Step::Advance { ms }),
+    ]
+}
+
+fn twin_routes() -> Vec<Route> {
+    vec![
+        Route::discord("GET", "/channels/1/messages"),
+        Route::discord("POST", "/channels/1/messages"),
+        Route::discord("GET", "/channels/1/pins"),
+        Route::discord("GET", "/channels/2/messages"),
+        Route::discord("POST", "/interactions/9/tok/callback"),
+        Route::generic("GET", "/users/@me"),
+    ]
+}
+
+/// A response of one of ten kinds: limits with a bucket id, limits without, a success
+/// without headers, a 502 without headers, refusals of each scope (with and without a
+/// retry-after), a 401, a 403.
+fn observation(kind: u8, remaining: u8, reset_ms: u16, bucket: u8) -> (u16, Observation) {
+    let limits = Observation {
+        bucket: Some(format!("b{bucket}")),
+        limit: Some(5),
+        remaining: Some(u64::from(remaining.min(5))),
+        reset_after: Some(Duration::from_millis(u64::from(reset_ms))),
+        ..Observation::default()
+    };
+    let refusal = |scope, retry_ms: Option<u64>| Refusal {
+        scope,
+        retry_after: retry_ms.map(Duration::from_millis),
+    };
+    match kind {
+        0 | 1 => (200, limits),
+        2 => (
+            200,
+            Observation {
+                bucket: None,
+                ..limits
+            },
+        ),
+        3 => (200, Observation::default()),
+        4 => (502, Observation::default()),
+        5 => (
+            429,
+            Observation {
+                refusal: Some(refusal(Scope::Bucket, Some(u64::from(reset_ms)))),
+                remaining: Some(0),
+                ..limits
+            },
+        ),
+        6 => (
+            429,
+            Observation {
+                refusal: Some(refusal(Scope::Shared, Some(u64::from(reset_ms)))),
+                ..Observation::default()
+            },
+        ),
+        7 => (
+            429,
+            Observation {
+                refusal: Some(refusal(Scope::Global, Some(u64::from(reset_ms) / 4))),
+                ..Observation::default()
+            },
+        ),
+        8 => (
+            429,
+            Observation {
+                refusal: Some(refusal(Scope::Bucket, None)),
+                ..Observation::default()
+            },
+        ),
+        _ => (
+            if remaining.is_multiple_of(2) {
+                401
+            } else {
+                403
+            },
+            Observation::default(),
+        ),
+    }
+}
+
+fn twin_config() -> ClientConfig {
+    let mut config = ClientConfig::discord()
+        .global("gcra:rate=5/s,burst=2".parse().unwrap())
+        .invalid_budget("fixed_window:limit=6,window=10s".parse().unwrap());
+    config.in_flight_lease = Duration::from_secs(4);
+    config.missing_retry_after = Duration::from_secs(2);
+    config.max_backoff = Duration::from_secs(5);
+    config.pioneers_per_major = 1;
+    config
+}
+
+async fn twins_agree(steps: Vec<Step>, url: String) -> Result<(), TestCaseError> {
+    let config = twin_config();
+    let store = store(&url).await;
+    let mut memory = Process::memory(&config);
+    let mut redis = Process::redis(&config, store, &fresh("twins"));
+    let routes = twin_routes();
+    let mut now = T0;
+    let mut flying: Vec<RequestId> = Vec::new();
+    let mut submitted = 0u64;
+    for (i, step) in steps.into_iter().enumerate() {
+        match step {
+            Step::Submit { route, max_wait_ms } => {
+                let route = &routes[usize::from(route) % routes.len()];
+                let max_wait = max_wait_ms.map(|ms| Duration::from_millis(u64::from(ms)));
+                let a = memory.core.submit(route.clone(), now, max_wait);
+                let b = redis.core.submit(route.clone(), now, max_wait);
+                prop_assert_eq!(&a, &b, "step {}: submit", i);
+                if a.is_ok() {
+                    submitted += 1;
+                }
+            }
+            Step::Poll => {
+                let a = memory.poll(now).await;
+                let b = redis.poll(now).await;
+                prop_assert_eq!(&a, &b, "step {}: poll", i);
+                flying.extend(a.go);
+            }
+            Step::Answer {
+                pick,
+                kind,
+                remaining,
+                reset_ms,
+                bucket,
+            } => {
+                if flying.is_empty() {
+                    continue;
+                }
+                let id = flying.remove(usize::from(pick) % flying.len());
+                let (status, seen) = observation(kind, remaining, reset_ms, bucket);
+                let a = memory.core.complete(id, status, &seen, now);
+                let b = redis.core.complete(id, status, &seen, now);
+                prop_assert_eq!(a, b, "step {}: completion", i);
+                let a = memory.tell(now).await;
+                let b = redis.tell(now).await;
+                prop_assert_eq!(a, b, "step {}: what the answer taught", i);
+            }
+            Step::Fail { pick } => {
+                if flying.is_empty() {
+                    continue;
+                }
+                let id = flying.remove(usize::from(pick) % flying.len());
+                memory.core.failed(id, now);
+                redis.core.failed(id, now);
+            }
+            Step::Cancel { pick, sent } => {
+                // Any request submitted: waiting, in flight or already done.
+                if submitted == 0 {
+                    continue;
+                }
+                let id = u64::from(pick) % submitted;
+                flying.retain(|&f| f != id);
+                memory.core.cancel(id, sent, now);
+                redis.core.cancel(id, sent, now);
+            }
+            Step::Advance { ms } => now += u64::from(ms) * 1_000,
+        }
+        prop_assert_eq!(memory.core.waiting(), redis.core.waiting());
+        prop_assert_eq!(memory.core.in_flight(), redis.core.in_flight());
+    }
+    Ok(())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(150),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn redis_decides_as_memory_does(steps in proptest::collection::vec(step(), 1..200)) {
+        let url = shared_server().url();
+        runtime().block_on(twins_agree(steps, url))?;
+    }
+}
+
+// Four processes against the mock --------------------------------------------------------
+
+#[derive(Debug)]
+enum Ev {
+    Arrive(usize, RequestId),
+    Respond(usize, RequestId, u16, HeaderMap),
+}
+
+/// Processes, the mock and the requests in flight between them, on one virtual clock.
+struct Sim {
+    processes: Vec<Process>,
+    next: Vec<Option<u64>>,
+    api: MockApi,
+    now: u64,
+    seq: u64,
+    events: BinaryHeap<Reverse<(u64, u64)>>,
+    payloads: HashMap<u64, Ev>,
+    routes: HashMap<(usize, RequestId), Route>,
+    done: usize,
+    failed: Vec<ClientError>,
+    retries: u64,
+}
+
+impl Sim {
+    fn new(processes: Vec<Process>, api: MockApi) -> Sim {
+        let n = processes.len();
+        Sim {
+            processes,
+            next: vec![Some(T0); n],
+            api,
+            now: T0,
+            seq: 0,
+            events: BinaryHeap::new(),
+            payloads: HashMap::new(),
+            routes: HashMap::new(),
+            done: 0,
+            failed: Vec::new(),
+            retries: 0,
+        }
+    }
+
+    fn at(&mut self, t: u64, ev: Ev) {
+        self.seq += 1;
+        self.events.push(Reverse((t, self.seq)));
+        self.payloads.insert(self.seq, ev);
+    }
+
+    async fn poll(&mut self, p: usize) {
+        let poll = self.processes[p].poll(self.now).await;
+        for id in poll.go {
+            self.at(self.now + LATENCY, Ev::Arrive(p, id));
+        }
+        self.failed.extend(poll.failed.into_iter().map(|(_, e)| e));
+        self.next[p] = poll.next;
+    }
+
+    /// Runs until nothing is left to do.
+    async fn run(&mut self) {
+        loop {
+            for p in 0..self.processes.len() {
+                if self.next[p].is_some_and(|t| t <= self.now) {
+                    self.poll(p).await;
+                }
+            }
+            let next_poll = self.next.iter().flatten().min().copied();
+            let next_event = self.events.peek().map(|Reverse((t, _))| *t);
+            let Some(next) = [next_poll, next_event].into_iter().flatten().min() else {
+                return;
+            };
+            self.now = self.now.max(next);
+            while let Some(&Reverse((t, seq))) = self.events.peek() {
+                if t > self.now {
+                    break;
+                }
+                self.events.pop();
+                match self.payloads.remove(&seq) {
+                    Some(Ev::Arrive(p, id)) => {
+                        let (status, h) = self.api.handle(&self.routes[&(p, id)], self.now);
+                        self.at(self.now + LATENCY, Ev::Respond(p, id, status, h));
+                    }
+                    Some(Ev::Respond(p, id, status, h)) => {
+                        let seen = Discord.read(&Response::new(status, &h), self.now);
+                        match self.processes[p].core.complete(id, status, &seen, self.now) {
+                            Completion::Done => self.done += 1,
+                            Completion::Retry => self.retries += 1,
+                        }
+                        // The process tells the knowledge and looks again.
+                        self.next[p] = Some(self.now);
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+}
+
+/// `per_major` route templates in 10 buckets on each of 2 major parameters: 20 limits.
+fn mock_routes(api: &mut MockApi, limit: Limit, per_major: u64) -> Vec<Route> {
+    let mut out = Vec::new();
+    for major in [111u64, 222] {
+        for r in 0..per_major {
+            let route = Route::discord("POST", &format!("/channels/{major}/r{r}"));
+            api.route(&route, &format!("bucket-{}", r % 10), limit);
+            out.push(route);
+        }
+    }
+    out
+}
+
+/// Four processes on `url` share `n` requests spread over the routes, submitted at once;
+/// answers the virtual seconds they took.
+async fn four_processes(url: &str, api: MockApi, routes: &[Route], n: usize) -> (Sim, f64) {
+    let identity = fresh("four");
+    let mut processes = Vec::new();
+    for _ in 0..4 {
+        processes.push(Process::redis(
+            &ClientConfig::discord(),
+            store(url).await,
+            &identity,
+        ));
+    }
+    let mut sim = Sim::new(processes, api);
+    for i in 0..n {
+        let p = i % 4;
+        let route = &routes[(i / 4) % routes.len()];
+        let id = sim.processes[p]
+            .core
+            .submit(route.clone(), T0, None)
+            .expect("submitted");
+        sim.routes.insert((p, id), route.clone());
+    }
+    sim.run().await;
+    assert_eq!(sim.done, n, "every request answered once");
+    assert!(
+        sim.failed.is_empty(),
+        "{:?}",
+        &sim.failed[..sim.failed.len().min(3)]
+    );
+    for p in &sim.processes {
+        assert_eq!(p.core.waiting() + p.core.in_flight(), 0);
+    }
+    let took = (sim.now - T0) as f64 / 1e6;
+    (sim, took)
+}
+
+fn near_the_limit(what: &str, took: f64, least: f64) {
+    eprintln!("{what}: {took} s against {least} s: {:.3}", least / took);
+    assert!(
+        least / took >= 0.9,
+        "{what}: took {took} s, the limits allow {least} s"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn four_processes_on_one_redis_share_bucket_limits_without_a_429() {
+    let mut api = MockApi::new(50);
+    let limit = Limit {
+        limit: 5,
+        window: 4 * SECOND,
+    };
+    let routes = mock_routes(&mut api, limit, 100);
+    let (sim, took) = four_processes(&shared_server().url(), api, &routes, 4_000).await;
+    assert_eq!(sim.api.counts.bucket_429, 0);
+    assert_eq!(sim.api.counts.global_429, 0);
+    assert_eq!(sim.retries, 0);
+    // Each of the 20 limits serves 200 requests, 5 per 4 s window: the last can start 39
+    // windows after the first.
+    near_the_limit("four processes, bucket-bound", took, 39.0 * 4.0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn four_processes_on_one_redis_share_the_global_limit_without_a_429() {
+    let mut api = MockApi::new(50);
+    let limit = Limit {
+        limit: 1_000,
+        window: 10 * SECOND,
+    };
+    let routes = mock_routes(&mut api, limit, 100);
+    let (sim, took) = four_processes(&shared_server().url(), api, &routes, 2_000).await;
+    assert_eq!(sim.api.counts.global_429, 0);
+    assert_eq!(sim.api.counts.bucket_429, 0);
+    // 50 per second for the token, whichever process sends.
+    near_the_limit("four processes, global-bound", took, 2_000.0 / 50.0);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn four_processes_on_a_redis_cluster_share_limits_without_a_429() {
+    let mut api = MockApi::new(50);
+    let limit = Limit {
+        limit: 5,
+        window: 4 * SECOND,
+    };
+    let routes = mock_routes(&mut api, limit, 100);
+    let (sim, took) = four_processes(&shared_cluster().url(), api, &routes, 4_000).await;
+    assert_eq!(sim.api.counts.bucket_429, 0);
+    assert_eq!(sim.api.counts.global_429, 0);
+    assert_eq!(sim.retries, 0);
+    near_the_limit("four processes on a cluster", took, 39.0 * 4.0);
+}
+
+// The async client on Redis ------------------------------------------------------------
+
+fn limits(bucket: &str, remaining: u64) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert("x-ratelimit-bucket", bucket.parse().unwrap());
+    h.insert("x-ratelimit-limit", "5".parse().unwrap());
+    h.insert(
+        "x-ratelimit-remaining",
+        remaining.to_string().parse().unwrap(),
+    );
+    h.insert("x-ratelimit-reset-after", "60".parse().unwrap());
+    h
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn two_clients_on_one_redis_share_what_either_learns() {
+    let url = shared_server().url();
+    let token = fresh("Bot token");
+    let open = || Client::open(&url, &token, ClientConfig::new(), Discord);
+    let a = open().await.expect("opened");
+    let b = open().await.expect("opened");
+    let route = Route::discord("GET", "/channels/7/messages");
+    // A's pioneer learns the bucket: one call left of 5, for a minute.
+    let permit = a.acquire(route.clone()).await.expect("admitted");
+    assert!(matches!(
+        permit.complete(200, &limits("b7", 1), None),
+        After::Done
+    ));
+    a.flush().await;
+    // B knows it: its first request goes, its second would wait the minute out.
+    let permit = b
+        .acquire_within(route.clone(), Some(Duration::from_secs(5)))
+        .await
+        .expect("the call left");
+    permit.complete(200, &limits("b7", 0), None);
+    b.flush().await;
+    let refused = b
+        .acquire_within(route.clone(), Some(Duration::from_secs(5)))
+        .await
+        .expect_err("the bucket is spent for every process");
+    match refused {
+        ClientError::WaitExceeded {
+            would_wait: Some(w),
+            ..
+        } => assert!(w > Duration::from_secs(30), "{w:?}"),
+        other => panic!("{other:?}"),
+    }
+    // And so does A.
+    assert!(matches!(
+        a.acquire_within(route, Some(Duration::from_secs(5))).await,
+        Err(ClientError::WaitExceeded { .. })
+    ));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_memory_url_opens_a_client_of_its_own() {
+    let client = Client::open("memory://", "Bot x", ClientConfig::new(), Discord)
+        .await
+        .expect("opened");
+    let permit = client
+        .acquire(Route::generic("GET", "/x"))
+        .await
+        .expect("admitted");
+    permit.failed();
+    let err = Client::open("ftp://x", "Bot x", ClientConfig::new(), Discord)
+        .await
+        .expect_err("not a store URL");
+    assert!(err.to_string().contains("ftp://x"), "{err}");
+}
