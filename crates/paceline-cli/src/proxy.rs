@@ -19,7 +19,9 @@ pub(crate) struct ProxyArgs {
     /// Where clients connect.
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8081")]
     listen: SocketAddr,
-    /// Where the limits are kept. Only `memory` (this process) for now.
+    /// Where what the proxy learns of the limits is kept: `memory` (this proxy alone), or
+    /// redis://HOST:PORT[/DB], rediss://HOST:PORT (TLS), redis-cluster://HOST:PORT[,...]:
+    /// shared by every proxy pointed at it, so that together they keep each token's limits.
     #[arg(long, value_name = "URL", default_value = "memory")]
     store: String,
     /// How responses state their limits: discord, ietf, github, retry-after or auto.
@@ -58,13 +60,8 @@ fn settings(args: &ProxyArgs) -> Result<ProxySettings, String> {
     }
     let upstream = reqwest::Url::parse(&args.upstream)
         .map_err(|e| format!("--upstream: `{}` is not a URL ({e})", args.upstream))?;
-    if args.store != "memory" {
-        return Err(format!(
-            "--store: `{}`: the proxy keeps its limits in this process (`memory`) for now; several proxies sharing limits through Redis is not available yet",
-            paceline_store::without_credentials(&args.store)
-        ));
-    }
     let mut s = ProxySettings::new(upstream);
+    s.store = args.store.clone();
     s.listen = args.listen;
     s.admin_listen = args.admin_listen;
     if args.max_identities == 0 {
@@ -111,6 +108,7 @@ pub(crate) fn run(args: ProxyArgs) -> ExitCode {
     };
     runtime.block_on(async move {
         let upstream = settings.upstream.clone();
+        let store = paceline_store::without_credentials(settings.store.trim());
         let proxy = match Proxy::bind(settings).await {
             Ok(p) => p,
             Err(e) => {
@@ -119,7 +117,7 @@ pub(crate) fn run(args: ProxyArgs) -> ExitCode {
             }
         };
         log(&format!(
-            "proxying http://{} to {upstream}{}",
+            "proxying http://{} to {upstream}, limits kept in {store}{}",
             proxy.local_addr(),
             proxy
                 .admin_addr()

@@ -41,7 +41,7 @@ fn bad_flags_exit_2_and_name_the_flag() {
                 "--upstream",
                 "http://example.com",
                 "--store",
-                "redis://user:pw@127.0.0.1:1",
+                "mysql://user:pw@127.0.0.1:1",
             ],
             "--store",
         ),
@@ -54,4 +54,22 @@ fn bad_flags_exit_2_and_name_the_flag() {
             "credentials are never printed: {stderr}"
         );
     }
+}
+
+#[test]
+fn an_unreachable_redis_store_exits_1_naming_the_store_without_credentials() {
+    let (code, stderr) = proxy(&[
+        "--upstream",
+        "http://example.com",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        "redis://user:pw@127.0.0.1:1",
+    ]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("store"), "{stderr}");
+    assert!(
+        !stderr.contains("pw@"),
+        "credentials are never printed: {stderr}"
+    );
 }

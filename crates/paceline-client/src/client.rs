@@ -287,6 +287,18 @@ impl Client {
         }
     }
 
+    /// A client on `clock` whose knowledge is `knowledge`, in Redis: for a process that
+    /// serves many identities over one Redis connection (as `paceline proxy` does).
+    #[cfg(feature = "redis")]
+    pub fn with_knowledge(
+        config: ClientConfig,
+        dialect: Box<dyn Dialect>,
+        clock: Arc<dyn Clock>,
+        knowledge: crate::redis::RedisKnowledge,
+    ) -> Client {
+        Client::build(ClientCore::shared(config), dialect, clock, Some(knowledge))
+    }
+
     #[cfg(feature = "redis")]
     async fn open_redis(
         url: &str,

@@ -125,8 +125,12 @@ impl RedisKnowledge {
     /// hash is kept) in `store`, under `config`'s rules. Every process sharing the identity
     /// must use the same configuration. Times come from the Redis server's clock, so
     /// machines whose clocks differ still agree on every reset.
-    pub fn new(store: RedisStore, identity: &str, config: &ClientConfig) -> RedisKnowledge {
-        let id = fingerprint(&[identity.as_bytes().to_vec()]);
+    pub fn new(
+        store: RedisStore,
+        identity: impl AsRef<[u8]>,
+        config: &ClientConfig,
+    ) -> RedisKnowledge {
+        let id = fingerprint(&[identity.as_ref().to_vec()]);
         let base = format!("{}{{c:{id}}}:", store.key_prefix());
         let mut args = vec![
             text(micros(config.in_flight_lease)),

@@ -29,8 +29,11 @@ use axum::routing::get;
 use axum::Router;
 use http_body_util::BodyExt;
 use paceline_client::headers::{self as dialects, Scope};
+use paceline_client::redis::RedisKnowledge;
 use paceline_client::{After, Client, ClientConfig, ClientError, Route};
 use paceline_core::Policy;
+use paceline_store::redis::RedisStore;
+use paceline_store::FailurePolicy;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -70,6 +73,10 @@ pub struct ProxySettings {
     /// at once (10,000). One idle for [`IDLE_IDENTITY`] with nothing waiting is forgotten
     /// when room is needed; beyond the cap, requests of new identities get `503`.
     pub max_identities: usize,
+    /// Where what the proxy learns of the limits is kept: `memory` (this proxy alone), or
+    /// `redis://HOST:PORT[/DB]`, `rediss://...`, `redis-cluster://HOST:PORT[,...]`:
+    /// shared by every proxy (and every [`Client`] opened there) with the same token.
+    pub store: String,
 }
 
 /// How long an identity with nothing waiting or in flight is kept: 10 minutes.
@@ -89,6 +96,7 @@ impl ProxySettings {
             upstream_timeout: Duration::from_secs(30),
             connections: ConnectionLimits::default(),
             max_identities: 10_000,
+            store: "memory".into(),
         }
     }
 
@@ -100,6 +108,23 @@ impl ProxySettings {
                 format!(
                     "`{}` is not an http:// or https:// URL",
                     self.upstream.as_str()
+                ),
+            ));
+        }
+        let store = self.store.trim();
+        let scheme = store.split_once("://").map(|(scheme, _)| scheme);
+        if store != "memory"
+            && !matches!(
+                scheme,
+                Some("redis" | "rediss" | "redis-cluster" | "rediss-cluster")
+            )
+        {
+            return Err(paceline_core::InputError::new(
+                "store",
+                format!(
+                    "`{}` is not a store URL; use `memory`, redis://HOST:PORT[/DB], \
+                     rediss://HOST:PORT (TLS) or redis-cluster://HOST:PORT[,HOST:PORT...]",
+                    paceline_store::without_credentials(store)
                 ),
             ));
         }
@@ -188,6 +213,8 @@ struct ProxyState {
     max_identities: usize,
     metrics: ProxyMetrics,
     upstream_timeout: Duration,
+    /// Where the limits' knowledge lives when proxies share it.
+    redis: Option<RedisStore>,
 }
 
 impl ProxyState {
@@ -207,11 +234,17 @@ impl ProxyState {
                 return Ok(None);
             }
         }
-        let c = Client::with_clock(
-            self.config.clone(),
-            dialects::dialect(&self.dialect)?,
-            Arc::new(paceline_store::SystemClock::new()),
-        );
+        let dialect = dialects::dialect(&self.dialect)?;
+        let clock = Arc::new(paceline_store::SystemClock::new());
+        let c = match &self.redis {
+            Some(store) => Client::with_knowledge(
+                self.config.clone(),
+                dialect,
+                clock,
+                RedisKnowledge::new(store.clone(), token, &self.config),
+            ),
+            None => Client::with_clock(self.config.clone(), dialect, clock),
+        };
         clients.insert(token.to_vec(), (c.clone(), now));
         Ok(Some(c))
     }
@@ -267,6 +300,15 @@ impl Proxy {
             ClientConfig::new()
         };
         config.global = settings.global_limit.clone();
+        let redis = if settings.store.trim() == "memory" {
+            None
+        } else {
+            let store = RedisStore::builder(settings.store.trim(), FailurePolicy::FailClosed)
+                .connect()
+                .await
+                .map_err(ServerError::Store)?;
+            Some(store)
+        };
         Ok(Proxy {
             listener,
             admin,
@@ -280,6 +322,7 @@ impl Proxy {
                 max_identities: settings.max_identities.max(1),
                 metrics: ProxyMetrics::new(),
                 upstream_timeout: settings.upstream_timeout,
+                redis,
             }),
             connections: settings.connections,
         })
@@ -330,6 +373,22 @@ impl Proxy {
         if let Some(admin) = admin {
             let _ = admin.await;
         }
+        // Tell the shared knowledge what the last answers said, so that other proxies
+        // do not lose it (within a second).
+        let clients: Vec<Client> = {
+            let clients = self
+                .state
+                .clients
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            clients.values().map(|(c, _)| c.clone()).collect()
+        };
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            for c in &clients {
+                c.flush().await;
+            }
+        })
+        .await;
         result
     }
 }

@@ -23,7 +23,17 @@ impl Running {
 }
 
 async fn proxy(upstream: &str, dialect: &str, max_wait: Option<Duration>) -> Running {
+    proxy_on(upstream, dialect, max_wait, "memory").await
+}
+
+async fn proxy_on(
+    upstream: &str,
+    dialect: &str,
+    max_wait: Option<Duration>,
+    store: &str,
+) -> Running {
     let mut s = ProxySettings::new(upstream.parse().unwrap());
+    s.store = store.into();
     s.listen = "127.0.0.1:0".parse().unwrap();
     s.admin_listen = Some("127.0.0.1:0".parse().unwrap());
     s.dialect = dialect.into();
@@ -146,6 +156,109 @@ async fn many_callers_through_one_proxy_get_every_answer_and_no_429() {
     assert_eq!(mock.api.lock().unwrap().counts.requests, 161);
     assert_eq!(proxied.status(), 200);
     p.stop().await;
+}
+
+/// 10 routes on 2 bucket ids per major parameter, on 2 major parameters: 4 limits of 5
+/// calls per 200 ms. Answers the mock and the routes' paths.
+fn shared_buckets() -> (MockApi, Vec<String>) {
+    let mut api = MockApi::new(50);
+    let mut routes = Vec::new();
+    for major in [7u64, 8] {
+        for r in 0..10 {
+            let route = paceline_client::Route::discord("POST", &format!("/channels/{major}/r{r}"));
+            api.route(
+                &route,
+                &format!("bucket-{}", r % 2),
+                Limit {
+                    limit: 5,
+                    window: SECOND / 5,
+                },
+            );
+            routes.push(format!("/channels/{major}/r{r}"));
+        }
+    }
+    (api, routes)
+}
+
+/// `callers` callers, each sending `each` requests with one token through the proxies in
+/// turn; answers every status.
+async fn send_through(
+    proxies: &[&Running],
+    routes: &[String],
+    callers: usize,
+    each: usize,
+) -> Vec<u16> {
+    let client = http();
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..callers {
+        let base = proxies[caller % proxies.len()].url.clone();
+        let (client, routes) = (client.clone(), routes.to_vec());
+        tasks.spawn(async move {
+            let mut statuses = Vec::new();
+            for i in 0..each {
+                let path = &routes[(caller * each + i) % routes.len()];
+                let r = client
+                    .post(format!("{base}{path}"))
+                    .header("authorization", "Bot shared-token")
+                    .send()
+                    .await
+                    .unwrap();
+                statuses.push(r.status().as_u16());
+            }
+            statuses
+        });
+    }
+    let mut all = Vec::new();
+    while let Some(statuses) = tasks.join_next().await {
+        all.extend(statuses.unwrap());
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_on_one_redis_share_every_limit() {
+    let (api, routes) = shared_buckets();
+    let mock = MockServer::start(api).await;
+    let redis = paceline_testkit::shared_server().url();
+    let a = proxy_on(&mock.url(), "discord", None, &redis).await;
+    let b = proxy_on(&mock.url(), "discord", None, &redis).await;
+    let statuses = send_through(&[&a, &b], &routes, 32, 5).await;
+    assert_eq!(statuses.len(), 160, "every request answered");
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    {
+        let api = mock.api.lock().unwrap();
+        // Alone, each proxy would spend every bucket's 5 calls per window and the 45/s
+        // global limit on its own: 429s. Together they keep them.
+        assert_eq!(api.counts.bucket_429, 0, "{:?}", api.counts);
+        assert_eq!(api.counts.global_429, 0, "{:?}", api.counts);
+        assert_eq!(api.counts.requests, 160, "each request sent once");
+    }
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxies_on_a_redis_cluster_share_every_limit() {
+    let (api, routes) = shared_buckets();
+    let mock = MockServer::start(api).await;
+    let cluster = paceline_testkit::shared_cluster().url();
+    let a = proxy_on(&mock.url(), "discord", None, &cluster).await;
+    let b = proxy_on(&mock.url(), "discord", None, &cluster).await;
+    let statuses = send_through(&[&a, &b], &routes, 16, 5).await;
+    assert_eq!(statuses.len(), 80);
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    {
+        let api = mock.api.lock().unwrap();
+        assert_eq!(
+            api.counts.bucket_429 + api.counts.global_429,
+            0,
+            "{:?}",
+            api.counts
+        );
+        assert_eq!(api.counts.requests, 80);
+    }
+    a.stop().await;
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -32,7 +32,7 @@
 //! | limits in one process | `cargo add paceline` |
 //! | limits shared through Redis / Redis Cluster | `cargo add paceline -F redis` |
 //! | a rate-limited job queue (groups, leases, retries) | `cargo add paceline -F queue` |
-//! | a client of an API whose limits come in response headers (Discord, GitHub, IETF `RateLimit`) | `cargo add paceline -F client` |
+//! | a client of an API whose limits come in response headers (Discord, GitHub, IETF `RateLimit`) | `cargo add paceline -F client` (`-F client,redis` to share them between processes) |
 //!
 //! ## Any store, from a URL
 //!
