@@ -4,15 +4,19 @@
 //! headers), through
 //!
 //! 1. paceline's client in-process (the reqwest middleware),
-//! 2. `paceline proxy` (one instance, plain reqwest callers),
-//! 3. `@discordjs/rest` (one Node process), when `PACELINE_DISCORDJS_NODE_PATH` names a
+//! 2. four paceline clients sharing one Redis (each with a quarter of the callers),
+//! 3. `paceline proxy` (one instance, plain reqwest callers),
+//! 4. two `paceline proxy` instances sharing one Redis (half of the callers each),
+//! 5. `@discordjs/rest` (one Node process), when `PACELINE_DISCORDJS_NODE_PATH` names a
 //!    `node_modules` holding it (`scripts/bench-proxy` installs it).
+//!
+//! The Redis is a `redis-server` of the run's own, on a free port.
 //!
 //! Each run gets a fresh mock. Reported: the throughput as a fraction of what the mock's
 //! limits allow (the least time in which every bucket could serve its share, over the time
 //! taken) and the 429s each caused. Then the proxy's overhead at low load: the p50 of 400
-//! sequential GETs of an unlimited route through the proxy, minus the p50 of the same
-//! GETs sent directly.
+//! sequential GETs of an unlimited route through the proxy (on memory, then on Redis),
+//! minus the p50 of the same GETs sent directly.
 //!
 //! Run: `scripts/bench-proxy`, or `cargo bench -p paceline-server --bench proxy`
 //! (`PACELINE_BENCH_REQUESTS`, default 10,000). Under `cargo test` it runs a short smoke
@@ -78,17 +82,19 @@ struct Outcome {
     refused: u64,
 }
 
+/// `CALLERS` callers share `requests`; caller `i` sends to `targets[i % n]`: a base URL
+/// and the HTTP client to send with.
 async fn run_callers(
-    base: String,
+    targets: &[(String, reqwest_middleware::ClientWithMiddleware)],
     requests: usize,
-    http: reqwest_middleware::ClientWithMiddleware,
 ) -> (f64, usize) {
     let paths = paths();
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..CALLERS {
-        let (http, base, paths, next) = (http.clone(), base.clone(), paths.clone(), next.clone());
+    for caller in 0..CALLERS {
+        let (base, http) = targets[caller % targets.len()].clone();
+        let (paths, next) = (paths.clone(), next.clone());
         tasks.spawn(async move {
             let mut failed = 0;
             loop {
@@ -123,7 +129,30 @@ async fn paceline_client(requests: usize) -> Outcome {
     let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(Limited::discord(Client::new(config, Discord)))
         .build();
-    let (seconds, failed) = run_callers(mock.url(), requests, http).await;
+    let (seconds, failed) = run_callers(&[(mock.url(), http)], requests).await;
+    let refused = refusals(&mock);
+    Outcome {
+        seconds,
+        failed,
+        refused,
+    }
+}
+
+/// Four clients, as four processes would be, sharing what they learn through `redis`.
+async fn paceline_clients_on_redis(requests: usize, redis: &str) -> Outcome {
+    let mock = MockServer::start(mock_api()).await;
+    let config = ClientConfig::discord().global(CLIENT_GLOBAL.parse().expect("a policy"));
+    let mut targets = Vec::new();
+    for _ in 0..4 {
+        let client = Client::open(redis, "Bot bench-token", config.clone(), Discord)
+            .await
+            .expect("the bench's Redis is up");
+        let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(Limited::discord(client))
+            .build();
+        targets.push((mock.url(), http));
+    }
+    let (seconds, failed) = run_callers(&targets, requests).await;
     let refused = refusals(&mock);
     Outcome {
         seconds,
@@ -137,9 +166,14 @@ fn refusals(mock: &MockServer) -> u64 {
     api.counts.bucket_429 + api.counts.global_429
 }
 
-async fn start_proxy(upstream: &str, global: bool) -> (String, tokio::sync::oneshot::Sender<()>) {
+async fn start_proxy(
+    upstream: &str,
+    global: bool,
+    store: &str,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     let mut s = ProxySettings::new(upstream.parse().expect("the mock's URL"));
     s.listen = "127.0.0.1:0".parse().expect("an address");
+    s.store = store.into();
     s.dialect = "discord".into();
     if global {
         s.global_limit = Some(CLIENT_GLOBAL.parse().expect("a policy"));
@@ -153,12 +187,21 @@ async fn start_proxy(upstream: &str, global: bool) -> (String, tokio::sync::ones
     (url, stop)
 }
 
-async fn paceline_proxy(requests: usize) -> Outcome {
+/// `count` proxies on `store`, half of the callers (or all, for one) on each.
+async fn paceline_proxies(requests: usize, count: usize, store: &str) -> Outcome {
     let mock = MockServer::start(mock_api()).await;
-    let (url, stop) = start_proxy(&mock.url(), true).await;
     let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new()).build();
-    let (seconds, failed) = run_callers(url, requests, http).await;
-    let _ = stop.send(());
+    let mut targets = Vec::new();
+    let mut stops = Vec::new();
+    for _ in 0..count {
+        let (url, stop) = start_proxy(&mock.url(), true, store).await;
+        targets.push((url, http.clone()));
+        stops.push(stop);
+    }
+    let (seconds, failed) = run_callers(&targets, requests).await;
+    for stop in stops {
+        let _ = stop.send(());
+    }
     let refused = refusals(&mock);
     Outcome {
         seconds,
@@ -201,12 +244,12 @@ fn p50(mut samples: Vec<Duration>) -> Duration {
     samples[samples.len() / 2]
 }
 
-/// The p50 of `n` sequential GETs of an unlimited route, directly and through the proxy
-/// (without a global limit: its spacing would be the configured rate, not the proxy's
-/// cost).
-async fn overhead(n: usize) -> (Duration, Duration) {
+/// The p50 of `n` sequential GETs of an unlimited route, directly and through a proxy on
+/// `store` (without a global limit: its spacing would be the configured rate, not the
+/// proxy's cost).
+async fn overhead(n: usize, store: &str) -> (Duration, Duration) {
     let mock = MockServer::start(mock_api()).await;
-    let (url, stop) = start_proxy(&mock.url(), false).await;
+    let (url, stop) = start_proxy(&mock.url(), false, store).await;
     let http = reqwest::Client::new();
     let mut times = [Vec::new(), Vec::new()];
     for i in 0..2 * n {
@@ -246,6 +289,13 @@ fn main() {
         .enable_all()
         .build()
         .expect("a tokio runtime");
+    let redis = match paceline_testkit::RedisServer::start() {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("no redis-server ({e}): the Redis rows are skipped");
+            None
+        }
+    };
     let least = least_seconds(requests);
     println!("{requests} POSTs over 200 routes in 20 buckets ({LIMIT}/s each), {CALLERS} callers; the limits allow them in {least:.1} s at the least");
     println!();
@@ -258,9 +308,22 @@ fn main() {
         ),
         (
             "paceline proxy (one)",
-            Ok(runtime.block_on(paceline_proxy(requests))),
+            Ok(runtime.block_on(paceline_proxies(requests, 1, "memory"))),
         ),
     ];
+    if let Some(redis) = &redis {
+        rows.insert(
+            1,
+            (
+                "paceline clients (four on one Redis)",
+                Ok(runtime.block_on(paceline_clients_on_redis(requests, &redis.url()))),
+            ),
+        );
+        rows.push((
+            "paceline proxy (two on one Redis)",
+            Ok(runtime.block_on(paceline_proxies(requests, 2, &redis.url()))),
+        ));
+    }
     if full {
         rows.push(("@discordjs/rest", runtime.block_on(discordjs(requests))));
     }
@@ -281,12 +344,19 @@ fn main() {
             Err(e) => eprintln!("skipping {name}: {e}"),
         }
     }
-    let (direct, proxied) = runtime.block_on(overhead(if full { 400 } else { 20 }));
+    let n = if full { 400 } else { 20 };
+    let mut stores = vec![("memory", "memory".to_string())];
+    if let Some(redis) = &redis {
+        stores.push(("Redis", redis.url()));
+    }
     println!();
-    println!(
-        "Proxy overhead at low load (sequential GETs, p50): direct {} µs, through the proxy {} µs: **{} µs** (goal ≤ 200 µs)",
-        direct.as_micros(),
-        proxied.as_micros(),
-        proxied.as_micros() as i128 - direct.as_micros() as i128
-    );
+    for (name, store) in stores {
+        let (direct, proxied) = runtime.block_on(overhead(n, &store));
+        println!(
+            "Proxy overhead at low load, limits on {name} (sequential GETs, p50): direct {} µs, through the proxy {} µs: **{} µs** (goal ≤ 200 µs)",
+            direct.as_micros(),
+            proxied.as_micros(),
+            proxied.as_micros() as i128 - direct.as_micros() as i128
+        );
+    }
 }
