@@ -1,7 +1,6 @@
 //! `paceline proxy`: the rate-limiting reverse proxy (see `paceline_server::proxy`) until
 //! SIGTERM or SIGINT.
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -10,23 +9,26 @@ use paceline_server::proxy::{Proxy, ProxySettings};
 
 use crate::serve::{init_logs, log, runtime, stop_signal};
 
-/// `paceline proxy`'s flags.
+/// `paceline proxy`'s flags. Each may also come from `--config FILE` (TOML, the same names
+/// with `_` for `-`); a flag given wins over the file.
 #[derive(clap::Args, Debug)]
 pub(crate) struct ProxyArgs {
     /// The API to forward to: http:// or https://, with an optional base path.
     #[arg(long, value_name = "URL")]
-    upstream: String,
-    /// Where clients connect.
-    #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:8081")]
-    listen: SocketAddr,
+    upstream: Option<String>,
+    /// Where clients connect [default: 127.0.0.1:8081].
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: Option<String>,
     /// Where what the proxy learns of the limits is kept: `memory` (this proxy alone), or
     /// redis://HOST:PORT[/DB], rediss://HOST:PORT (TLS), redis-cluster://HOST:PORT[,...]:
-    /// shared by every proxy pointed at it, so that together they keep each token's limits.
-    #[arg(long, value_name = "URL", default_value = "memory")]
-    store: String,
-    /// How responses state their limits: discord, ietf, github, retry-after or auto.
-    #[arg(long, value_name = "DIALECT", default_value = "auto")]
-    dialect: String,
+    /// shared by every proxy pointed at it, so that together they keep each token's limits
+    /// [default: memory].
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// How responses state their limits: discord, ietf, github, retry-after or auto
+    /// [default: auto].
+    #[arg(long, value_name = "DIALECT")]
+    dialect: Option<String>,
     /// A policy every request of a token is held to, e.g. `gcra:rate=50/s,burst=1`
     /// (Discord's global limit). Default with --dialect discord: that one; else none.
     #[arg(long, value_name = "SPEC")]
@@ -35,73 +37,188 @@ pub(crate) struct ProxyArgs {
     /// Retry-After and `x-paceline-proxy: wait-exceeded`. Default: no limit.
     #[arg(long, value_name = "DURATION")]
     max_wait: Option<String>,
-    /// The upstream's answer must start within this, else 504.
-    #[arg(long, value_name = "DURATION", default_value = "30s")]
-    upstream_timeout: String,
+    /// The upstream's answer must start within this, else 504 [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    upstream_timeout: Option<String>,
     /// The most distinct Authorization values whose limits are kept at once; beyond, new
-    /// ones get 503 (an identity idle for 10 minutes is forgotten first).
-    #[arg(long, value_name = "N", default_value_t = 10_000)]
-    max_identities: usize,
+    /// ones get 503 (an identity idle for 10 minutes is forgotten first) [default: 10000].
+    #[arg(long, value_name = "N")]
+    max_identities: Option<u64>,
     /// Where /healthz and /metrics are served (never on the proxied address).
     #[arg(long, value_name = "ADDR:PORT")]
-    admin_listen: Option<SocketAddr>,
-    /// Log format: text (default) or json.
-    #[arg(long, value_name = "FORMAT", default_value = "text")]
-    log_format: String,
+    admin_listen: Option<String>,
+    /// Log format: text or json [default: text].
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<String>,
+    /// A TOML file with any of these settings, e.g. `upstream = "https://discord.com"`,
+    /// `store = "redis://127.0.0.1:6379"`, `max_wait = "30s"`.
+    #[arg(long, value_name = "FILE")]
+    config: Option<std::path::PathBuf>,
 }
 
-/// The settings the flags say, or the flag at fault and what it allows.
-fn settings(args: &ProxyArgs) -> Result<ProxySettings, String> {
-    if !matches!(args.log_format.as_str(), "text" | "json") {
-        return Err(format!(
-            "--log-format: `{}`: use text or json",
-            args.log_format
-        ));
+/// `--config FILE`: the flags' settings in TOML.
+#[derive(serde::Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct ProxyFile {
+    upstream: Option<String>,
+    listen: Option<String>,
+    store: Option<String>,
+    dialect: Option<String>,
+    global_limit: Option<String>,
+    max_wait: Option<String>,
+    upstream_timeout: Option<String>,
+    max_identities: Option<u64>,
+    admin_listen: Option<String>,
+    log_format: Option<String>,
+}
+
+/// A setting's value and where it came from, to name in an error: `--flag`, or the
+/// file and the key.
+struct Given<T> {
+    value: T,
+    origin: String,
+}
+
+impl<T> Given<T> {
+    fn fail(&self, message: impl std::fmt::Display) -> String {
+        format!("{}: {message}", self.origin)
     }
-    let upstream = reqwest::Url::parse(&args.upstream)
-        .map_err(|e| format!("--upstream: `{}` is not a URL ({e})", args.upstream))?;
-    let mut s = ProxySettings::new(upstream);
-    s.store = args.store.clone();
-    s.listen = args.listen;
-    s.admin_listen = args.admin_listen;
-    if args.max_identities == 0 {
-        return Err("--max-identities: must be at least 1".into());
-    }
-    s.max_identities = args.max_identities;
-    s.dialect = args.dialect.clone();
-    let global = match (&args.global_limit, args.dialect.as_str()) {
-        (Some(spec), _) => Some(spec.as_str()),
-        (None, "discord") => Some("gcra:rate=50/s,burst=1"),
-        (None, _) => None,
+}
+
+/// The settings the flags and the file say (flags win), whether logs are JSON; or the
+/// flag or key at fault and what it allows.
+fn settings(args: &ProxyArgs) -> Result<(ProxySettings, bool), String> {
+    let (file, path) = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--config: cannot read {}: {e}", path.display()))?;
+            let file: ProxyFile = toml::from_str(&text).map_err(|e| {
+                format!(
+                    "{}: {}",
+                    path.display(),
+                    e.to_string().trim().replace('\n', " ")
+                )
+            })?;
+            (file, path.display().to_string())
+        }
+        None => (ProxyFile::default(), String::new()),
     };
+    fn pick<T: Clone>(
+        flag: &Option<T>,
+        file: Option<T>,
+        name: &str,
+        path: &str,
+    ) -> Option<Given<T>> {
+        match (flag, file) {
+            (Some(v), _) => Some(Given {
+                value: v.clone(),
+                origin: format!("--{}", name.replace('_', "-")),
+            }),
+            (None, Some(v)) => Some(Given {
+                value: v,
+                origin: format!("{path}: `{name}`"),
+            }),
+            (None, None) => None,
+        }
+    }
+    let text = |flag: &Option<String>, file: Option<String>, name: &str, default: &str| {
+        pick(flag, file, name, &path).unwrap_or_else(|| Given {
+            value: default.to_string(),
+            origin: format!("--{}", name.replace('_', "-")),
+        })
+    };
+    let log_format = text(&args.log_format, file.log_format, "log_format", "text");
+    if !matches!(log_format.value.as_str(), "text" | "json") {
+        return Err(log_format.fail(format!("`{}`: use text or json", log_format.value)));
+    }
+    let Some(upstream) = pick(&args.upstream, file.upstream, "upstream", &path) else {
+        return Err(
+            "--upstream: required: the API to forward to (or `upstream` in --config FILE)".into(),
+        );
+    };
+    let url = reqwest::Url::parse(&upstream.value)
+        .map_err(|e| upstream.fail(format!("`{}` is not a URL ({e})", upstream.value)))?;
+    let mut s = ProxySettings::new(url);
+    let store = text(&args.store, file.store, "store", "memory");
+    s.store = store.value.clone();
+    let listen = text(&args.listen, file.listen, "listen", "127.0.0.1:8081");
+    s.listen = listen.value.parse().map_err(|_| {
+        listen.fail(format!(
+            "`{}` is not an address; use HOST:PORT, e.g. 127.0.0.1:8081",
+            listen.value
+        ))
+    })?;
+    if let Some(admin) = pick(&args.admin_listen, file.admin_listen, "admin_listen", &path) {
+        s.admin_listen = Some(admin.value.parse().map_err(|_| {
+            admin.fail(format!(
+                "`{}` is not an address; use HOST:PORT, e.g. 127.0.0.1:8082",
+                admin.value
+            ))
+        })?);
+    }
+    let max_identities = pick(
+        &args.max_identities,
+        file.max_identities,
+        "max_identities",
+        &path,
+    )
+    .unwrap_or(Given {
+        value: 10_000,
+        origin: "--max-identities".into(),
+    });
+    if max_identities.value == 0 {
+        return Err(max_identities.fail("must be at least 1"));
+    }
+    s.max_identities = usize::try_from(max_identities.value).unwrap_or(usize::MAX);
+    let dialect = text(&args.dialect, file.dialect, "dialect", "auto");
+    s.dialect = dialect.value.clone();
+    let global = pick(&args.global_limit, file.global_limit, "global_limit", &path).or_else(|| {
+        (dialect.value == "discord").then(|| Given {
+            value: "gcra:rate=50/s,burst=1".to_string(),
+            origin: "--global-limit".into(),
+        })
+    });
     if let Some(spec) = global {
         s.global_limit = Some(
-            spec.parse()
-                .map_err(|e: paceline_core::InputError| format!("--global-limit: {e}"))?,
+            spec.value
+                .parse()
+                .map_err(|e: paceline_core::InputError| spec.fail(e))?,
         );
     }
-    if let Some(text) = &args.max_wait {
+    if let Some(max_wait) = pick(&args.max_wait, file.max_wait, "max_wait", &path) {
         let us =
-            parse_duration("max_wait", text).map_err(|e| format!("--max-wait: {}", e.message()))?;
+            parse_duration("max_wait", &max_wait.value).map_err(|e| max_wait.fail(e.message()))?;
         s.max_wait = Some(Duration::from_micros(us));
     }
-    let us = parse_duration("upstream_timeout", &args.upstream_timeout)
-        .map_err(|e| format!("--upstream-timeout: {}", e.message()))?;
+    let timeout = text(
+        &args.upstream_timeout,
+        file.upstream_timeout,
+        "upstream_timeout",
+        "30s",
+    );
+    let us = parse_duration("upstream_timeout", &timeout.value)
+        .map_err(|e| timeout.fail(e.message()))?;
     s.upstream_timeout = Duration::from_micros(us);
-    s.validate()
-        .map_err(|e| format!("--{}: {}", e.field(), e.message()))?;
-    Ok(s)
+    s.validate().map_err(|e| {
+        let origin = match e.field() {
+            "store" => &store.origin,
+            "dialect" => &dialect.origin,
+            _ => &upstream.origin,
+        };
+        format!("{origin}: {}", e.message())
+    })?;
+    Ok((s, log_format.value == "json"))
 }
 
 pub(crate) fn run(args: ProxyArgs) -> ExitCode {
-    let settings = match settings(&args) {
+    let (settings, json) = match settings(&args) {
         Ok(s) => s,
         Err(message) => {
             eprintln!("error: {message}");
             return ExitCode::from(2);
         }
     };
-    init_logs(args.log_format == "json");
+    init_logs(json);
     let runtime = match runtime() {
         Ok(r) => r,
         Err(code) => return code,

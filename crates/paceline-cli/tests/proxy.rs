@@ -73,3 +73,49 @@ fn an_unreachable_redis_store_exits_1_naming_the_store_without_credentials() {
         "credentials are never printed: {stderr}"
     );
 }
+
+#[test]
+fn a_config_file_gives_the_settings_and_flags_win() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = dir.path().join("proxy.toml");
+    let file = path.to_str().expect("a UTF-8 path");
+    // A key the proxy does not know is named.
+    std::fs::write(
+        &path,
+        "upstream = \"http://example.com\"\nlisten_on = \"x\"\n",
+    )
+    .unwrap();
+    let (code, stderr) = proxy(&["--config", file]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("listen_on"), "{stderr}");
+    // A bad value in the file is named by the file and its key.
+    std::fs::write(
+        &path,
+        "upstream = \"http://example.com\"\ndialect = \"soap\"\n",
+    )
+    .unwrap();
+    let (code, stderr) = proxy(&["--config", file]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("proxy.toml: `dialect`"), "{stderr}");
+    // A flag given wins over the file: the file's dialect is not looked at, the flag's
+    // upstream is.
+    let (code, stderr) = proxy(&[
+        "--config",
+        file,
+        "--dialect",
+        "discord",
+        "--upstream",
+        "ftp://x",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--upstream"), "{stderr}");
+    assert!(!stderr.contains("dialect"), "{stderr}");
+    // Without an upstream anywhere.
+    std::fs::write(&path, "store = \"memory\"\n").unwrap();
+    let (code, stderr) = proxy(&["--config", file]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--upstream: required"), "{stderr}");
+    let (code, stderr) = proxy(&["--config", "/nonexistent/proxy.toml"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--config"), "{stderr}");
+}

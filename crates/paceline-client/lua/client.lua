@@ -22,12 +22,12 @@
 -- Records carry the time they say nothing more (`e`); one read after it is absent, and
 -- Redis drops it a little later (its time to live is set from it).
 --
--- ARGV[1] is the operation (`admit`, `answer`, `release`), ARGV[2] the clock as
+-- ARGV[1] is the operation (`round`: events told, then asks), ARGV[2] the clock as
 -- `PL.clock` reads it; then the configuration: the in-flight lease (µs), pioneers per
 -- major, the headerless backoff, the missing retry-after, the longest backoff (µs), the
 -- warning share, the invalid-request budget's limit, then the global policy and the
 -- invalid-request budget, each as `PL.read_policy` reads it or '' for none. The rest is the
--- operation's (see each below). Every reply starts with the time of the call.
+-- operation's (see `round`). Every reply starts with the time of the call.
 --
 -- Times are µs since the Unix epoch; every number is a whole number below 2^53.
 
@@ -448,13 +448,13 @@ end
 -- `Knowledge::admit_queue`: the reply's fields for one ask.
 local function admit_queue(major, filed, list, out)
   local admitted = {}
-  local moved_route, moved_bucket = '', ''
+  local moved, moved_route, moved_bucket = false, '', ''
   local wait_kind, wait_t = 0, 0
   for i = 1, #list, 2 do
     local route, exempt = list[i], list[i + 1] == '1'
     local id = resolve(route, filed)
     if id ~= filed then
-      moved_route, moved_bucket = route, id
+      moved, moved_route, moved_bucket = true, route, id
       break
     end
     if not exempt and meta.gpause > now then
@@ -517,6 +517,7 @@ local function admit_queue(major, filed, list, out)
   for _, x in ipairs(admitted) do
     out[#out + 1] = x
   end
+  out[#out + 1] = moved and 1 or 0
   out[#out + 1] = moved_route
   out[#out + 1] = moved_bucket
   out[#out + 1] = wait_kind
@@ -524,15 +525,16 @@ local function admit_queue(major, filed, list, out)
 end
 
 -- admit: the number of asks, then per ask its major, its bucket, the number of its
--- requests n, then n times a route key and '1' when the global limit spares it. Replies
--- the time, the invalid-request budget's delay in ns when it is spent (-1: it is not),
+-- requests n, then n times a route key and '1' when the global limit spares it. Appends
+-- to `out` the invalid-request budget's delay in ns when it is spent (-1: it is not),
 -- then per ask: the number admitted k, k times whether a pioneer (1/0) and the admission,
--- the route and bucket it moved to ('' ''), the wait (0: none, 1: until, 2: a response)
--- and its time.
-local function admit(args, a)
+-- whether the next request moved (1/0), the route and the bucket it moved to, the wait
+-- (0: none, 1: until, 2: a response) and its time.
+local function admit(args, a, out)
   local spent = budget_spent()
   if spent then
-    return { now, spent }
+    out[#out + 1] = spent
+    return
   end
   local asks = {}
   local n = tonumber(args[a])
@@ -555,11 +557,10 @@ local function admit(args, a)
       end
     end
   end
-  local out = { now, -1 }
+  out[#out + 1] = -1
   for _, ask in ipairs(asks) do
     admit_queue(ask.major, ask.filed, ask.list, out)
   end
-  return out
 end
 
 -- Ends -------------------------------------------------------------------------------
@@ -583,11 +584,15 @@ local function release(args, a)
   local sent, failed = args[a + 5] == '1', args[a + 6] == '1'
   local key = { major = major, id = id }
   end_request(key, pioneer, seq)
+  if pioneer then
+    -- A pioneer given back no longer waits to go: its route's next ask says if another
+    -- does.
+    load_major(major).w[route] = nil
+  end
   if failed and pioneer then
     local b = load(key)
     if b.k == UNKNOWN then
       b.pu = mx(b.pu, now + cfg.headerless)
-      load_major(major).w[route] = nil
     end
   end
   if not sent then
@@ -602,7 +607,6 @@ local function release(args, a)
     end
   end
   mark(key)
-  return { now }
 end
 
 -- `Knowledge::learn`.
@@ -668,8 +672,8 @@ end
 -- answer: route, major, bucket, pioneer (1/0), admission, status, the bucket the response
 -- named ('' after '0': none), as '1' or '0' then the id; its limit, remaining and
 -- reset-after in µs ('' for none); the refusal's scope ('' none, 'b', 's', 'g') and
--- retry-after in µs (''). Replies the time, when the refusal's pause ends (-1: none), and
--- the budget's use and limit when a warning is due (-1 -1).
+-- retry-after in µs (''). Answers when the refusal's pause ends (-1: none), and the
+-- budget's use and limit when a warning is due (-1 -1).
 local function answer(args, a)
   local route, major, id = args[a], args[a + 1], args[a + 2]
   local pioneer, seq, status = args[a + 3] == '1', tonumber(args[a + 4]), tonumber(args[a + 5])
@@ -721,10 +725,44 @@ local function answer(args, a)
     till = refused(key, scope, retry_after)
   end
   mark(key)
-  return { now, till, used, of }
+  return till, used, of
 end
 
-local OPS = { admit = admit, answer = answer, release = release }
+-- round: what happened, then what may go. The number of events, then each: 'a' and an
+-- answer's 13 fields (see `answer`), or 'r' and a release's 7 (see `release`); then the
+-- asks (see `admit`; a count of 0 for none). Replies the time, per event when its pause
+-- ends and the budget's use and limit when a warning is due (-1 each for none, and for a
+-- release), then the admission (see `admit`: -1 alone when nothing was asked).
+local function round(args, a)
+  local out = { now }
+  local events = tonumber(args[a])
+  a = a + 1
+  for _ = 1, events do
+    local kind = args[a]
+    a = a + 1
+    if kind == 'a' then
+      local till, used, of = answer(args, a)
+      a = a + 13
+      out[#out + 1] = till
+      out[#out + 1] = used
+      out[#out + 1] = of
+    else
+      release(args, a)
+      a = a + 7
+      out[#out + 1] = -1
+      out[#out + 1] = -1
+      out[#out + 1] = -1
+    end
+  end
+  if tonumber(args[a]) > 0 then
+    admit(args, a, out)
+  else
+    out[#out + 1] = -1
+  end
+  return out
+end
+
+local OPS = { round = round }
 
 local function client_call(KEYS, ARGV)
   base = KEYS[1]

@@ -97,67 +97,70 @@ impl Inner {
         Ok(next.map(|t| t.max(now)))
     }
 
-    /// One round of a shared core: tell the knowledge what happened, ask it what may go,
-    /// hand out its answer. Answers when to run again, or `Err` once the client is closed
-    /// (after telling the knowledge what the last requests gave back).
+    /// One round of a shared core: tell the knowledge what happened and ask it what may
+    /// go, in one call; hand out its answer. Answers when to run again (`None`: when
+    /// woken), or `Err` once the client is closed and nothing it admitted is left to tell
+    /// of.
     #[cfg(feature = "redis")]
     async fn run_shared(&self, remote: &crate::redis::RedisKnowledge) -> Result<Option<u64>, ()> {
         let now = self.clock.now_micros();
-        let (events, asks, closed) = {
+        let (events, asks) = {
             let mut s = self.lock();
             let events = s.core.take_events();
             s.events_taken += events.len() as u64;
-            let closed = s.closed;
-            let asks = (!closed).then(|| s.core.asks(now));
-            (events, asks, closed)
-        };
-        let mut failing = false;
-        for event in &events {
-            match remote.tell(event, now).await {
-                Ok(Some(answered)) => {
-                    if let Some((used, limit)) = answered.warn {
-                        crate::core::warn_budget(used, limit);
-                    }
+            if s.closed {
+                for (_, tx) in s.waiters.drain() {
+                    let _ = tx.send(Err(ClientError::Closed));
                 }
-                Ok(None) => {}
-                Err(error) => {
-                    failing = true;
-                    tracing::warn!(%error, "the client limiter could not tell Redis of a response; what it held counts until its lease ends");
+                if events.is_empty() {
+                    // Requests still in flight will report their end: wait for it.
+                    return if s.core.in_flight() == 0 {
+                        Err(())
+                    } else {
+                        Ok(None)
+                    };
                 }
             }
-        }
-        if !events.is_empty() {
-            self.lock().events_told += events.len() as u64;
-            self.told.notify_waiters();
-        }
-        let Some(asks) = asks else {
-            let mut s = self.lock();
-            for (_, tx) in s.waiters.drain() {
-                let _ = tx.send(Err(ClientError::Closed));
-            }
-            return if closed && s.core.events_pending() == 0 {
-                Err(())
+            let asks = if s.closed {
+                crate::core::Asks::default()
             } else {
-                Ok(Some(now))
+                s.core.asks(now)
             };
+            (events, asks)
         };
-        let admission = if asks.asks.is_empty() {
-            Ok(crate::knowledge::Admission {
+        if events.is_empty() && asks.asks.is_empty() {
+            // Nothing to tell or ask: only deadlines to keep.
+            let mut s = self.lock();
+            let empty = crate::knowledge::Admission {
                 spent: None,
                 grants: Vec::new(),
-            })
-        } else {
-            remote.admit(&asks.asks, now).await
-        };
-        let admission = admission.unwrap_or_else(|error| {
-            failing = true;
-            tracing::warn!(%error, "the client limiter could not ask Redis; its requests wait");
-            crate::knowledge::Admission {
-                spent: None,
-                grants: Vec::new(),
+            };
+            let poll = s.core.granted(asks, empty, now);
+            let next = poll.next;
+            s.deliver(poll, now);
+            return Ok(next.map(|t| t.max(now)));
+        }
+        let result = remote.round(&events, &asks.asks, now).await;
+        let mut failing = false;
+        let admission = match result {
+            Ok((answered, admission)) => {
+                for (used, limit) in answered.iter().flatten().filter_map(|a| a.warn) {
+                    crate::core::warn_budget(used, limit);
+                }
+                admission
             }
-        });
+            Err(error) => {
+                failing = true;
+                tracing::warn!(%error, "the client limiter could not reach Redis: its requests wait, and what it admitted counts until its lease ends");
+                crate::knowledge::Admission {
+                    spent: None,
+                    grants: Vec::new(),
+                }
+            }
+        };
         let mut s = self.lock();
+        s.events_told += events.len() as u64;
+        self.told.notify_waiters();
         let poll = s.core.granted(asks, admission, now);
         let mut next = poll.next;
         s.deliver(poll, now);
@@ -165,7 +168,7 @@ impl Inner {
             let retry = now + SHARED_RETRY_US;
             next = Some(next.map_or(retry, |t| t.min(retry)));
         }
-        if s.core.events_pending() > 0 {
+        if s.core.events_pending() > 0 || s.closed {
             next = Some(now);
         }
         Ok(next.map(|t| t.max(now)))

@@ -263,6 +263,8 @@ pub enum Event {
         status: u16,
         /// What its headers said.
         seen: Observation,
+        /// When it came, on the core's clock: durations it gave count from then.
+        at: u64,
     },
     /// A request ended without an answer: [`Knowledge::release`].
     Release {
@@ -280,7 +282,8 @@ pub enum Event {
 }
 
 impl Event {
-    /// Applies the event to `knowledge` at `now`.
+    /// Applies the event to `knowledge` at `now`: an answer that came earlier has its
+    /// durations (reset-after, retry-after) shortened by its age.
     pub fn apply(&self, knowledge: &mut Knowledge, now: u64) -> Option<Answered> {
         match self {
             Event::Answer {
@@ -289,6 +292,7 @@ impl Event {
                 admitted,
                 status,
                 seen,
+                at,
             } => Some(knowledge.answer(
                 &Report {
                     route: route.key(),
@@ -296,7 +300,7 @@ impl Event {
                     bucket,
                     admitted: *admitted,
                     status: *status,
-                    seen,
+                    seen: &aged(seen, now.saturating_sub(*at)),
                 },
                 now,
             )),
@@ -320,6 +324,19 @@ impl Event {
             }
         }
     }
+}
+
+/// What a response said, `age` µs later: its durations shortened by that much.
+pub(crate) fn aged(seen: &Observation, age: u64) -> Observation {
+    let mut seen = seen.clone();
+    if age > 0 {
+        let age = Duration::from_micros(age);
+        seen.reset_after = seen.reset_after.map(|d| d.saturating_sub(age));
+        if let Some(r) = &mut seen.refusal {
+            r.retry_after = r.retry_after.map(|d| d.saturating_sub(age));
+        }
+    }
+    seen
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -527,6 +544,9 @@ impl ClientCore {
             let mut requests = Vec::new();
             for &id in queue.iter().take(at_most) {
                 if let Some(req) = self.requests.get(&id) {
+                    if req.state != ReqState::Waiting {
+                        continue;
+                    }
                     ids.push(id);
                     requests.push((
                         Arc::clone(req.route.key_arc()),
@@ -684,13 +704,9 @@ impl ClientCore {
             });
             return;
         }
-        if let Some(queue) = self.queues.get_mut(key) {
-            if queue.front() == Some(&id) {
-                queue.pop_front();
-            } else if let Some(i) = queue.iter().position(|&q| q == id) {
-                queue.remove(i);
-            }
-        }
+        // Out of the queue it waits in now: the one asked about, or another its route
+        // moved to meanwhile.
+        self.unqueue(id);
         if let Some(req) = self.requests.get_mut(&id) {
             req.state = ReqState::Admitted(admitted);
             req.bucket = key.clone();
@@ -831,6 +847,7 @@ impl ClientCore {
             admitted,
             status,
             seen: seen.clone(),
+            at: now,
         };
         let paused_until = match self.local.as_mut() {
             Some(k) => {

@@ -677,14 +677,20 @@ impl Knowledge {
     ) {
         let key: BucketKey = (Arc::from(bucket), Arc::from(major));
         self.end(&key, admitted, now);
+        if admitted.pioneer {
+            // A pioneer given back no longer waits to go: its route's next ask says if
+            // another does.
+            self.majors
+                .entry(Arc::clone(&key.1))
+                .or_default()
+                .wants
+                .remove(route);
+        }
         if failed && admitted.pioneer {
             let backoff = micros(self.config.headerless_backoff);
             let b = self.load(&key, now);
             if b.known == Known::Unknown {
                 b.paused_until = b.paused_until.max(now.saturating_add(backoff));
-                if let Some(m) = self.majors.get_mut(&key.1) {
-                    m.wants.remove(route);
-                }
             }
         }
         if !sent {

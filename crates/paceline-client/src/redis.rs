@@ -39,7 +39,8 @@ use paceline_core::{StoreError, StoreErrorKind};
 use paceline_store::redis::extension::{fingerprint, policy_args, Extension};
 use paceline_store::redis::RedisStore;
 
-use crate::core::{ClientConfig, Event};
+use crate::core::{aged, ClientConfig, Event};
+use crate::headers::Scope;
 use crate::knowledge::{micros, Admission, Admitted, Answered, Ask, Grant, Wait};
 
 static LIBRARY: LazyLock<Extension> =
@@ -67,6 +68,14 @@ impl std::fmt::Debug for RedisKnowledge {
 
 fn text(n: u64) -> Vec<u8> {
     n.min(LUA_EXACT).to_string().into_bytes()
+}
+
+fn warn_share(x: f64) -> f64 {
+    if x.is_nan() {
+        2.0
+    } else {
+        x.clamp(-1e300, 1e300)
+    }
 }
 
 fn flag(b: bool) -> Vec<u8> {
@@ -138,7 +147,9 @@ impl RedisKnowledge {
             text(micros(config.headerless_backoff)),
             text(micros(config.missing_retry_after)),
             text(micros(config.max_backoff)),
-            format!("{:?}", config.invalid_warn_at).into_bytes(),
+            // Lua reads no NaN or infinity: a share that can never be reached (as NaN
+            // compares in Rust), or the largest.
+            format!("{:?}", warn_share(config.invalid_warn_at)).into_bytes(),
             text(config.invalid_budget.as_ref().map_or(0, |p| p.limit())),
         ];
         for policy in [&config.global, &config.invalid_budget] {
@@ -187,7 +198,30 @@ impl RedisKnowledge {
     /// [`Knowledge::admit`](crate::knowledge::Knowledge::admit) in Redis, at `now` on the
     /// caller's clock; the times of the answer are on the caller's clock too.
     pub async fn admit(&self, asks: &[Ask], now: u64) -> Result<Admission, StoreError> {
-        let mut rest = vec![text(asks.len() as u64)];
+        Ok(self.round(&[], asks, now).await?.1)
+    }
+
+    /// Tells the knowledge what a [shared](crate::ClientCore::shared) core's
+    /// [`Event`] says, at `now` on the caller's clock: the answer's times are on it too.
+    pub async fn tell(&self, event: &Event, now: u64) -> Result<Option<Answered>, StoreError> {
+        let (mut answered, _) = self.round(std::slice::from_ref(event), &[], now).await?;
+        Ok(answered.pop().flatten())
+    }
+
+    /// One atomic call: tells the knowledge the `events` in order, then asks it what of
+    /// `asks` may go, at `now` on the caller's clock. Answers what each event taught (for
+    /// an answer) and the admission (no grants when nothing was asked).
+    pub async fn round(
+        &self,
+        events: &[Event],
+        asks: &[Ask],
+        now: u64,
+    ) -> Result<(Vec<Option<Answered>>, Admission), StoreError> {
+        let mut rest = vec![text(events.len() as u64)];
+        for event in events {
+            push_event(&mut rest, event, now);
+        }
+        rest.push(text(asks.len() as u64));
         for ask in asks {
             rest.push(ask.major.as_bytes().to_vec());
             rest.push(ask.bucket.as_bytes().to_vec());
@@ -197,19 +231,31 @@ impl RedisKnowledge {
                 rest.push(flag(*exempt));
             }
         }
-        let mut r = self.call("admit", now, rest).await?;
+        let mut r = self.call("round", now, rest).await?;
         let server_now = r.int()?;
         // A time of the server, on the caller's clock.
         let local = |t: i64| -> u64 {
             let t = i128::from(t) - i128::from(server_now) + i128::from(now);
             u64::try_from(t.max(0)).unwrap_or(u64::MAX)
         };
+        let mut answered = Vec::with_capacity(events.len());
+        for event in events {
+            let (until, used, limit) = (r.int()?, r.int()?, r.int()?);
+            answered.push(match event {
+                Event::Release { .. } => None,
+                Event::Answer { .. } => Some(Answered {
+                    paused_until: (until >= 0).then(|| local(until)),
+                    warn: (used >= 0).then(|| (used.unsigned_abs(), limit.max(0).unsigned_abs())),
+                }),
+            });
+        }
         let spent = r.int()?;
         if spent >= 0 {
-            return Ok(Admission {
+            let admission = Admission {
                 spent: Some(Duration::from_nanos(spent.unsigned_abs())),
                 grants: Vec::new(),
-            });
+            };
+            return Ok((answered, admission));
         }
         let mut grants = Vec::with_capacity(asks.len());
         for _ in asks {
@@ -220,9 +266,10 @@ impl RedisKnowledge {
                 let seq = r.int()?.unsigned_abs();
                 admitted.push(Admitted { pioneer, seq });
             }
+            let moved = r.int()? == 1;
             let route = r.text()?;
             let bucket = r.text()?;
-            let moved = (!route.is_empty()).then_some((route, bucket));
+            let moved = moved.then_some((route, bucket));
             let wait = match (r.int()?, r.int()?) {
                 (0, _) => Wait::Nothing,
                 (1, t) => Wait::Until(local(t)),
@@ -235,76 +282,70 @@ impl RedisKnowledge {
                 wait,
             });
         }
-        Ok(Admission {
-            spent: None,
-            grants,
-        })
+        Ok((
+            answered,
+            Admission {
+                spent: None,
+                grants,
+            },
+        ))
     }
+}
 
-    /// Tells the knowledge what a [shared](crate::ClientCore::shared) core's
-    /// [`Event`] says, at `now` on the caller's clock: the answer's times are on it too.
-    pub async fn tell(&self, event: &Event, now: u64) -> Result<Option<Answered>, StoreError> {
-        match event {
-            Event::Release {
-                route,
-                bucket,
-                admitted,
-                sent,
-                failed,
-            } => {
-                let rest = vec![
-                    route.key().as_bytes().to_vec(),
-                    route.major().as_bytes().to_vec(),
-                    bucket.as_bytes().to_vec(),
-                    flag(admitted.pioneer),
-                    text(admitted.seq),
-                    flag(*sent),
-                    flag(*failed),
-                ];
-                self.call("release", now, rest).await?;
-                Ok(None)
-            }
-            Event::Answer {
-                route,
-                bucket,
-                admitted,
-                status,
-                seen,
-            } => {
-                let opt = |v: Option<u64>| v.map_or_else(Vec::new, text);
-                let scope = match seen.refusal.map(|r| r.scope) {
-                    None => "",
-                    Some(crate::headers::Scope::Bucket) => "b",
-                    Some(crate::headers::Scope::Shared) => "s",
-                    Some(crate::headers::Scope::Global) => "g",
-                };
-                let rest = vec![
-                    route.key().as_bytes().to_vec(),
-                    route.major().as_bytes().to_vec(),
-                    bucket.as_bytes().to_vec(),
-                    flag(admitted.pioneer),
-                    text(admitted.seq),
-                    text(u64::from(*status)),
-                    flag(seen.bucket.is_some()),
-                    seen.bucket.clone().unwrap_or_default().into_bytes(),
-                    opt(seen.limit),
-                    opt(seen.remaining),
-                    opt(seen.reset_after.map(micros)),
-                    scope.as_bytes().to_vec(),
-                    opt(seen.refusal.and_then(|r| r.retry_after).map(micros)),
-                ];
-                let mut r = self.call("answer", now, rest).await?;
-                let server_now = r.int()?;
-                let until = r.int()?;
-                let used = r.int()?;
-                let limit = r.int()?;
-                let paused_until = (until >= 0).then(|| {
-                    let t = i128::from(until) - i128::from(server_now) + i128::from(now);
-                    u64::try_from(t.max(0)).unwrap_or(u64::MAX)
-                });
-                let warn = (used >= 0).then(|| (used.unsigned_abs(), limit.max(0).unsigned_abs()));
-                Ok(Some(Answered { paused_until, warn }))
-            }
+/// Appends an event's arguments: `r` and a release's 7, or `a` and an answer's 13, its
+/// durations shortened by the time since the response came.
+fn push_event(rest: &mut Vec<Vec<u8>>, event: &Event, now: u64) {
+    match event {
+        Event::Release {
+            route,
+            bucket,
+            admitted,
+            sent,
+            failed,
+        } => {
+            rest.extend([
+                b"r".to_vec(),
+                route.key().as_bytes().to_vec(),
+                route.major().as_bytes().to_vec(),
+                bucket.as_bytes().to_vec(),
+                flag(admitted.pioneer),
+                text(admitted.seq),
+                flag(*sent),
+                flag(*failed),
+            ]);
+        }
+        Event::Answer {
+            route,
+            bucket,
+            admitted,
+            status,
+            seen,
+            at,
+        } => {
+            let seen = aged(seen, now.saturating_sub(*at));
+            let opt = |v: Option<u64>| v.map_or_else(Vec::new, text);
+            let scope = match seen.refusal.map(|r| r.scope) {
+                None => "",
+                Some(Scope::Bucket) => "b",
+                Some(Scope::Shared) => "s",
+                Some(Scope::Global) => "g",
+            };
+            rest.extend([
+                b"a".to_vec(),
+                route.key().as_bytes().to_vec(),
+                route.major().as_bytes().to_vec(),
+                bucket.as_bytes().to_vec(),
+                flag(admitted.pioneer),
+                text(admitted.seq),
+                text(u64::from(*status)),
+                flag(seen.bucket.is_some()),
+                seen.bucket.clone().unwrap_or_default().into_bytes(),
+                opt(seen.limit),
+                opt(seen.remaining),
+                opt(seen.reset_after.map(micros)),
+                scope.as_bytes().to_vec(),
+                opt(seen.refusal.and_then(|r| r.retry_after).map(micros)),
+            ]);
         }
     }
 }

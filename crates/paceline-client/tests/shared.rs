@@ -326,6 +326,56 @@ proptest! {
     }
 }
 
+#[test]
+fn a_request_admitted_while_its_route_moved_leaves_every_queue() {
+    // A shared core asks about a request; before the answer, a response of its route
+    // names a bucket and the request moves there; the knowledge, not told yet, admits it
+    // where it was. It goes once, and no queue keeps it.
+    let config = ClientConfig::new();
+    let mut knowledge = Knowledge::new(config.clone());
+    let mut core = ClientCore::shared(config);
+    let route = Route::generic("GET", "/things");
+    fn step(core: &mut ClientCore, knowledge: &mut Knowledge, now: u64) -> Poll {
+        for event in core.take_events() {
+            event.apply(knowledge, now);
+        }
+        let asks = core.asks(now);
+        let admission = knowledge.admit(&asks.asks, now);
+        core.granted(asks, admission, now)
+    }
+    let first = core.submit(route.clone(), T0, None).unwrap();
+    let second = core.submit(route.clone(), T0, None).unwrap();
+    assert_eq!(
+        step(&mut core, &mut knowledge, T0).go,
+        vec![first],
+        "the pioneer"
+    );
+    // No limits in the answer: the route is unlimited.
+    core.complete(first, 200, &Observation::default(), T0 + 1);
+    assert_eq!(step(&mut core, &mut knowledge, T0 + 1).go, vec![second]);
+    let third = core.submit(route.clone(), T0 + 2, None).unwrap();
+    let asks = core.asks(T0 + 2);
+    assert_eq!(asks.asks.len(), 1);
+    // The second's answer names a bucket: the third moves to it.
+    let named = Observation {
+        bucket: Some("b".into()),
+        limit: Some(5),
+        remaining: Some(3),
+        reset_after: Some(Duration::from_secs(1)),
+        ..Observation::default()
+    };
+    core.complete(second, 200, &named, T0 + 3);
+    let admission = knowledge.admit(&asks.asks, T0 + 3);
+    let poll = core.granted(asks, admission, T0 + 3);
+    assert_eq!(poll.go, vec![third]);
+    assert_eq!(core.waiting(), 0);
+    assert_eq!(core.in_flight(), 1);
+    let later = step(&mut core, &mut knowledge, T0 + 4);
+    assert!(later.go.is_empty(), "{later:?}");
+    assert!(core.asks(T0 + 5).asks.is_empty());
+    assert_eq!(core.buckets_held(), 0, "no queue holds it");
+}
+
 // Four processes against the mock --------------------------------------------------------
 
 #[derive(Debug)]
