@@ -59,6 +59,11 @@ struct Shared {
     /// knowledge (or given up on).
     events_taken: u64,
     events_told: u64,
+    /// Since when events wait to be told while no request waits (they wait a little for
+    /// a round that asks, to go in the same call).
+    events_since: Option<u64>,
+    /// Callers of [`Client::flush`] waiting: events are told at once.
+    flushing: usize,
 }
 
 struct Inner {
@@ -106,6 +111,16 @@ impl Inner {
         let now = self.clock.now_micros();
         let (events, asks) = {
             let mut s = self.lock();
+            if !s.closed && s.flushing == 0 && !s.core.has_waiting() && s.core.events_pending() > 0
+            {
+                // Nothing asks now: what happened waits a moment for the next ask (a
+                // caller's next request), to go with it in one call.
+                let since = *s.events_since.get_or_insert(now);
+                if now < since + SHARED_LINGER_US {
+                    return Ok(Some(since + SHARED_LINGER_US));
+                }
+            }
+            s.events_since = None;
             let events = s.core.take_events();
             s.events_taken += events.len() as u64;
             if s.closed {
@@ -390,10 +405,19 @@ impl Client {
     /// exits, so that what it learned is not lost to the others.
     pub async fn flush(&self) {
         let inner = self.inner();
+        /// Counts a waiting `flush` until it returns or is dropped.
+        struct Flushing<'a>(&'a Inner);
+        impl Drop for Flushing<'_> {
+            fn drop(&mut self) {
+                self.0.lock().flushing -= 1;
+            }
+        }
         let target = {
-            let s = inner.lock();
+            let mut s = inner.lock();
+            s.flushing += 1;
             s.events_taken + s.core.events_pending() as u64
         };
+        let _flushing = Flushing(inner);
         loop {
             let told = inner.told.notified();
             {
@@ -468,6 +492,8 @@ impl Shared {
             closed: false,
             events_taken: 0,
             events_told: 0,
+            events_since: None,
+            flushing: 0,
         }
     }
 
@@ -628,6 +654,10 @@ impl Drop for Permit {
         }
     }
 }
+
+/// How long a shared client's news waits for a request to ask with: 1 ms.
+#[cfg(feature = "redis")]
+const SHARED_LINGER_US: u64 = 1_000;
 
 /// How soon a shared client asks Redis again after a failed call: 250 ms.
 #[cfg(feature = "redis")]

@@ -966,6 +966,11 @@ impl ClientCore {
         self.waiting.insert(to.clone());
     }
 
+    /// Whether any request waits to be admitted.
+    pub fn has_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     /// How many requests are waiting (not yet admitted).
     pub fn waiting(&self) -> usize {
         self.requests
