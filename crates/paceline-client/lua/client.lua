@@ -145,7 +145,7 @@ end
 local function new_bucket()
   -- k: what is known; l, r, ra, w, pn: limit, remaining, reset at, window, paced next
   -- (-1: none); f: requests in flight (admission -> when); pio: the pioneer's admission
-  -- (-1: none); pu: paused until; t: the last admission.
+  -- (-1: none); pu: paused until; t: when last asked about or admitted to.
   return { k = UNKNOWN, l = 0, r = 0, ra = 0, w = 0, pn = -1, f = {}, pio = -1, pu = 0, t = now }
 end
 
@@ -155,11 +155,9 @@ end
 
 -- `Bucket::expires`.
 local function expires(b)
-  local e
+  local e = b.t + KEEP_US
   if b.k == LIMITED then
-    e = b.ra + b.w
-  else
-    e = b.t + KEEP_US
+    e = mx(b.ra + b.w, e)
   end
   for _, at in pairs(b.f) do
     e = mx(e, at + cfg.lease)
@@ -552,6 +550,7 @@ local function admit(args, a, out)
     if ask.list[1] then
       local id = resolve(ask.list[1], ask.filed)
       local b = load({ major = ask.major, id = id })
+      b.t = now
       if b.k == UNKNOWN and b.pu <= now then
         load_major(ask.major).w[ask.list[1]] = now + WANT_US
       end

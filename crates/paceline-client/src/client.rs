@@ -61,6 +61,7 @@ struct Shared {
     events_told: u64,
     /// Since when events wait to be told while no request waits (they wait a little for
     /// a round that asks, to go in the same call).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     events_since: Option<u64>,
     /// Callers of [`Client::flush`] waiting: events are told at once.
     flushing: usize,
@@ -74,9 +75,15 @@ struct Inner {
     /// Wakes [`Client::flush`] when events were told.
     told: Notify,
     /// Where the knowledge lives when it is not in the core.
-    #[cfg(feature = "redis")]
-    remote: Option<crate::redis::RedisKnowledge>,
+    remote: Option<Remote>,
 }
+
+/// Where a client's knowledge may live besides its core.
+#[cfg(feature = "redis")]
+type Remote = crate::redis::RedisKnowledge;
+/// Nowhere but its core, without the `redis` feature.
+#[cfg(not(feature = "redis"))]
+type Remote = std::convert::Infallible;
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Shared> {
@@ -359,12 +366,11 @@ impl Client {
         .into())
     }
 
-    #[cfg(feature = "redis")]
     fn build(
         core: ClientCore,
         dialect: Box<dyn Dialect>,
         clock: Arc<dyn Clock>,
-        remote: Option<crate::redis::RedisKnowledge>,
+        remote: Option<Remote>,
     ) -> Client {
         Client::spawn(Inner {
             shared: Mutex::new(Shared::new(core)),
@@ -373,22 +379,6 @@ impl Client {
             wake: Notify::new(),
             told: Notify::new(),
             remote,
-        })
-    }
-
-    #[cfg(not(feature = "redis"))]
-    fn build(
-        core: ClientCore,
-        dialect: Box<dyn Dialect>,
-        clock: Arc<dyn Clock>,
-        _remote: Option<std::convert::Infallible>,
-    ) -> Client {
-        Client::spawn(Inner {
-            shared: Mutex::new(Shared::new(core)),
-            clock,
-            dialect,
-            wake: Notify::new(),
-            told: Notify::new(),
         })
     }
 
@@ -666,13 +656,13 @@ const SHARED_RETRY_US: u64 = 250_000;
 /// The task that admits waiting requests at their time.
 async fn drive(inner: Arc<Inner>) {
     loop {
-        #[cfg(feature = "redis")]
         let ran = match &inner.remote {
+            #[cfg(feature = "redis")]
             Some(remote) => inner.run_shared(remote).await,
+            #[cfg(not(feature = "redis"))]
+            Some(never) => match *never {},
             None => inner.run_once(),
         };
-        #[cfg(not(feature = "redis"))]
-        let ran = inner.run_once();
         let Ok(next) = ran else {
             return;
         };

@@ -78,6 +78,7 @@
 //! ```
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -85,8 +86,8 @@ use paceline_core::Policy;
 
 use crate::headers::Observation;
 use crate::knowledge::{
-    micros, own_bucket, Admission, Admitted, Answered, Ask, BucketKey, Knowledge, Report, Wait,
-    MAX_ROUTES,
+    micros, own_bucket, refusal_wait, Admission, Admitted, Answered, Ask, BucketKey, Knowledge,
+    Report, Wait, MAX_ROUTES,
 };
 use crate::route::Route;
 
@@ -358,7 +359,7 @@ struct Req {
 
 /// The most requests of one queue a poll asks about at once (a shared core asks fewer:
 /// every one asked about is sent to Redis).
-const ASK_AT_MOST: usize = 256;
+const ASK_AT_MOST: usize = 8;
 const SHARED_ASK_AT_MOST: usize = 32;
 
 /// How soon a shared core asks again when it waits for a response that another process
@@ -392,6 +393,10 @@ pub struct ClientCore {
     /// A shared core's own route → bucket map, from its responses and the knowledge's
     /// refilings, so that its requests are filed where the knowledge looks for them.
     routes: HashMap<Arc<str>, Arc<str>>,
+    /// The last queue that had a request admitted: the next asks start after it.
+    cursor: Option<BucketKey>,
+    /// A queue had every request asked about admitted: it may have more that can go.
+    again: bool,
     /// A shared core's queues told to wait until a time: that time, and when they were
     /// told. They are not asked about again before it (nor for longer than a second, so
     /// that the knowledge keeps hearing of them), unless something happens here.
@@ -426,6 +431,8 @@ impl ClientCore {
             outbox: Vec::new(),
             routes: HashMap::new(),
             held: HashMap::new(),
+            cursor: None,
+            again: false,
             missing_in_a_row: 0,
         }
     }
@@ -515,7 +522,20 @@ impl ClientCore {
             return out;
         };
         let admission = k.admit(&asks.asks, now);
-        self.granted(asks, admission, now)
+        let mut out = self.granted(asks, admission, now);
+        // A queue whose every request asked about went may have more that can: ask again.
+        while std::mem::take(&mut self.again) {
+            let asks = self.asks(now);
+            let Some(k) = self.local.as_mut() else {
+                break;
+            };
+            let admission = k.admit(&asks.asks, now);
+            let more = self.granted(asks, admission, now);
+            out.go.extend(more.go);
+            out.failed.extend(more.failed);
+            out.next = more.next;
+        }
+        out
     }
 
     /// Fails the requests whose deadline passed, and answers what to ask the knowledge at
@@ -528,7 +548,18 @@ impl ClientCore {
         } else {
             ASK_AT_MOST
         };
-        for key in &self.waiting {
+        // Round-robin: the queues after the last one served go first, so that a limit
+        // every queue shares (the global one) serves them in turn, not in name order.
+        let (after, before): (Vec<&BucketKey>, Vec<&BucketKey>) = match &self.cursor {
+            Some(c) => (
+                self.waiting
+                    .range((Bound::Excluded(c), Bound::Unbounded))
+                    .collect(),
+                self.waiting.range(..=c).collect(),
+            ),
+            None => (self.waiting.iter().collect(), Vec::new()),
+        };
+        for key in after.into_iter().chain(before) {
             let Some(queue) = self.queues.get(key) else {
                 continue;
             };
@@ -603,6 +634,9 @@ impl ClientCore {
             {
                 self.admit_request(id, &key, route, *admitted, &mut out.go);
             }
+            if !grant.admitted.is_empty() {
+                self.cursor = Some(key.clone());
+            }
             let rest = ids.get(grant.admitted.len()).copied();
             if let Some((route, bucket)) = &grant.moved {
                 let to: BucketKey = (Arc::clone(bucket), Arc::clone(&ask.major));
@@ -633,7 +667,10 @@ impl ClientCore {
                 Wait::Event if shared => earliest(now + SHARED_REPOLL_US),
                 Wait::Event => {}
                 // The queue holds more than was asked about.
-                Wait::Nothing if grant.moved.is_none() && ids.len() == at_most => earliest(now),
+                Wait::Nothing if grant.moved.is_none() && ids.len() == at_most => {
+                    self.again = true;
+                    earliest(now)
+                }
                 Wait::Nothing => {}
             }
             if self.queues.get(&key).is_none_or(VecDeque::is_empty) {
@@ -668,13 +705,26 @@ impl ClientCore {
         if req.state != ReqState::Waiting || at >= start {
             return;
         }
+        let would_wait = Some(Duration::from_micros(start.saturating_sub(now)));
+        self.fail_waiting(id, max_wait, would_wait, failed);
+    }
+
+    /// Takes a waiting request out of the core: it fails, its deadline passed or known
+    /// to pass.
+    fn fail_waiting(
+        &mut self,
+        id: RequestId,
+        max_wait: Duration,
+        would_wait: Option<Duration>,
+        failed: &mut Vec<(RequestId, ClientError)>,
+    ) {
         self.unqueue(id);
         self.forget(id);
         failed.push((
             id,
             ClientError::WaitExceeded {
                 max_wait,
-                would_wait: Some(Duration::from_micros(start.saturating_sub(now))),
+                would_wait,
             },
         ));
     }
@@ -730,15 +780,7 @@ impl ClientCore {
                 continue;
             }
             let max_wait = req.deadline.map_or(Duration::ZERO, |(_, d)| d);
-            self.unqueue(id);
-            self.forget(id);
-            failed.push((
-                id,
-                ClientError::WaitExceeded {
-                    max_wait,
-                    would_wait: None,
-                },
-            ));
+            self.fail_waiting(id, max_wait, None, failed);
         }
     }
 
@@ -902,15 +944,11 @@ impl ClientCore {
             self.missing_in_a_row = 0;
         }
         let refusal = seen.refusal?;
-        let wait = match refusal.retry_after {
-            Some(d) => micros(d),
-            None => {
-                let base = micros(self.config.missing_retry_after);
-                let doubled = base.saturating_mul(1u64 << self.missing_in_a_row.min(20));
-                self.missing_in_a_row = self.missing_in_a_row.saturating_add(1);
-                doubled.min(micros(self.config.max_backoff))
-            }
-        };
+        let wait = refusal_wait(
+            &self.config,
+            refusal.retry_after,
+            &mut self.missing_in_a_row,
+        );
         Some(now.saturating_add(wait.max(1)))
     }
 

@@ -38,8 +38,8 @@ use crate::headers::{Observation, Refusal, Scope};
 /// speeds): 50 ms.
 pub(crate) const SAME_WINDOW_US: u64 = 50_000;
 
-/// How long a bucket with no limit to keep (unknown, or unlimited) is remembered after
-/// its last admission: 10 s.
+/// How long a bucket is remembered after it was last asked about (and, when limited, at
+/// least a window after its reset): 10 s.
 pub(crate) const KEEP_US: u64 = 10_000_000;
 
 /// How long a process's wish to send a pioneer holds known buckets' calls back without
@@ -55,6 +55,25 @@ pub const MAX_ROUTES: usize = 65_536;
 
 pub(crate) fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// How long a refusal pauses what it names, in µs: its retry-after, or without one
+/// `missing_retry_after` doubled for each such refusal in a row (`in_a_row`, counted up),
+/// up to `max_backoff`.
+pub(crate) fn refusal_wait(
+    config: &ClientConfig,
+    retry_after: Option<Duration>,
+    in_a_row: &mut u32,
+) -> u64 {
+    match retry_after {
+        Some(d) => micros(d),
+        None => {
+            let base = micros(config.missing_retry_after);
+            let doubled = base.saturating_mul(1u64 << (*in_a_row).min(20));
+            *in_a_row = in_a_row.saturating_add(1);
+            doubled.min(micros(config.max_backoff))
+        }
+    }
 }
 
 /// The bucket id of a route whose bucket is unknown: its key after a NUL, which never
@@ -202,7 +221,7 @@ pub(crate) struct Bucket {
     /// The admission number of its pioneer in flight.
     pub(crate) pioneer: Option<u64>,
     pub(crate) paused_until: u64,
-    /// The last admission.
+    /// When it was last asked about or admitted to.
     pub(crate) touched: u64,
 }
 
@@ -227,11 +246,14 @@ impl Bucket {
 
     /// When the record says nothing more and is dropped.
     pub(crate) fn expires(&self, lease: u64) -> u64 {
+        // Kept while in use (a queue asks about it, even one held back by the global
+        // limit for longer than the window), and a window after its reset.
+        let used = self.touched.saturating_add(KEEP_US);
         let known = match self.known {
             Known::Limited {
                 reset_at, window, ..
-            } => reset_at.saturating_add(window),
-            _ => self.touched.saturating_add(KEEP_US),
+            } => reset_at.saturating_add(window).max(used),
+            _ => used,
         };
         let flying = self
             .flying
@@ -532,6 +554,7 @@ impl Knowledge {
             };
             let key = (self.resolve(route, &ask.bucket), Arc::clone(&ask.major));
             let b = self.load(&key, now);
+            b.touched = now;
             if b.known == Known::Unknown && b.paused_until <= now {
                 self.majors
                     .entry(Arc::clone(&ask.major))
@@ -771,15 +794,11 @@ impl Knowledge {
 
     /// Pauses what the refusal names; answers when the pause ends.
     fn refused(&mut self, key: &BucketKey, refusal: Refusal, now: u64) -> u64 {
-        let wait = match refusal.retry_after {
-            Some(d) => micros(d),
-            None => {
-                let base = micros(self.config.missing_retry_after);
-                let doubled = base.saturating_mul(1u64 << self.missing_in_a_row.min(20));
-                self.missing_in_a_row = self.missing_in_a_row.saturating_add(1);
-                doubled.min(micros(self.config.max_backoff))
-            }
-        };
+        let wait = refusal_wait(
+            &self.config,
+            refusal.retry_after,
+            &mut self.missing_in_a_row,
+        );
         let until = now.saturating_add(wait.max(1));
         match refusal.scope {
             Scope::Global => self.global_paused_until = self.global_paused_until.max(until),

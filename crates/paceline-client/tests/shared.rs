@@ -10,7 +10,6 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::HeaderMap;
@@ -21,31 +20,12 @@ use paceline_client::{
     After, Client, ClientConfig, ClientCore, ClientError, Completion, Poll, RequestId, Route,
 };
 use paceline_store::redis::RedisStore;
-use paceline_store::FailurePolicy;
 use paceline_testkit::mock_api::{Limit, MockApi, SECOND};
-use paceline_testkit::{shared_cluster, shared_server};
+use paceline_testkit::{connect, shared_cluster, shared_server, unique_name};
 use proptest::prelude::*;
 
 const T0: u64 = 1_700_000_000_000_000;
 const LATENCY: u64 = 2_000;
-
-/// A fresh identity per use: tests share one server.
-fn fresh(stem: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{stem}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn store(url: &str) -> RedisStore {
-    RedisStore::builder(url, FailurePolicy::FailClosed)
-        .response_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .expect("the test's Redis is up")
-}
 
 /// Where a core's knowledge is.
 enum Brain {
@@ -236,9 +216,9 @@ fn twin_config() -> ClientConfig {
 
 async fn twins_agree(steps: Vec<Step>, url: String) -> Result<(), TestCaseError> {
     let config = twin_config();
-    let store = store(&url).await;
+    let store = connect(&url).await;
     let mut memory = Process::memory(&config);
-    let mut redis = Process::redis(&config, store, &fresh("twins"));
+    let mut redis = Process::redis(&config, store, &unique_name("twins"));
     let routes = twin_routes();
     let mut now = T0;
     let mut flying: Vec<RequestId> = Vec::new();
@@ -488,12 +468,12 @@ fn mock_routes(api: &mut MockApi, limit: Limit, per_major: u64) -> Vec<Route> {
 /// Four processes on `url` share `n` requests spread over the routes, submitted at once;
 /// answers the virtual seconds they took.
 async fn four_processes(url: &str, api: MockApi, routes: &[Route], n: usize) -> (Sim, f64) {
-    let identity = fresh("four");
+    let identity = unique_name("four");
     let mut processes = Vec::new();
     for _ in 0..4 {
         processes.push(Process::redis(
             &ClientConfig::discord(),
-            store(url).await,
+            connect(url).await,
             &identity,
         ));
     }
@@ -593,7 +573,7 @@ fn limits(bucket: &str, remaining: u64) -> HeaderMap {
 #[tokio::test(flavor = "current_thread")]
 async fn two_clients_on_one_redis_share_what_either_learns() {
     let url = shared_server().url();
-    let token = fresh("Bot token");
+    let token = unique_name("Bot token");
     let open = || Client::open(&url, &token, ClientConfig::new(), Discord);
     let a = open().await.expect("opened");
     let b = open().await.expect("opened");
@@ -644,4 +624,119 @@ async fn a_memory_url_opens_a_client_of_its_own() {
         .await
         .expect_err("not a store URL");
     assert!(err.to_string().contains("ftp://x"), "{err}");
+}
+
+// The adapters on Redis ----------------------------------------------------------------
+
+/// Four routes on one bucket id of 5 calls per 200 ms, and Discord's global limit: one
+/// process alone could spend them; two must share.
+fn roles_api() -> MockApi {
+    let mut api = MockApi::new(50);
+    for r in 0..4 {
+        let route = Route::discord("PUT", &format!("/guilds/5/members/{r}/roles/9"));
+        api.route(
+            &route,
+            "roles",
+            Limit {
+                limit: 5,
+                window: SECOND / 5,
+            },
+        );
+    }
+    api
+}
+
+/// Under the mock's 50 per aligned second, with room for loopback jitter.
+fn roles_config() -> ClientConfig {
+    ClientConfig::discord().global("gcra:rate=45/s,burst=1".parse().unwrap())
+}
+
+#[cfg(feature = "reqwest")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_through_the_middleware_on_one_redis_meet_no_429() {
+    use paceline_client::middleware::Limited;
+    let mock = paceline_testkit::mock_api::MockServer::start(roles_api()).await;
+    let url = shared_server().url();
+    let token = unique_name("Bot middleware");
+    let mut tasks = tokio::task::JoinSet::new();
+    for _process in 0..2 {
+        let limits = Client::open(&url, &token, roles_config(), Discord)
+            .await
+            .expect("opened");
+        let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+            .with(Limited::discord(limits))
+            .build();
+        for t in 0..4u64 {
+            let (http, base) = (http.clone(), mock.url());
+            tasks.spawn(async move {
+                for i in 0..5 {
+                    let r = http
+                        .put(format!("{base}/guilds/5/members/{}/roles/9", (t + i) % 4))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(r.status(), 200);
+                }
+            });
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let counts = &mock.api.lock().unwrap().counts;
+    assert_eq!(
+        (counts.bucket_429, counts.global_429, counts.requests),
+        (0, 0, 40)
+    );
+}
+
+#[cfg(feature = "tower")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_through_the_tower_layer_on_a_redis_cluster_meet_no_429() {
+    use paceline_client::layer::LimitedLayer;
+    use paceline_core::Clock;
+    use std::sync::{Arc, Mutex};
+    use tower::{Layer, ServiceExt};
+    let api = Arc::new(Mutex::new(roles_api()));
+    let upstream = {
+        let api = Arc::clone(&api);
+        tower::service_fn(move |request: http::Request<()>| {
+            let api = Arc::clone(&api);
+            async move {
+                let route = Route::discord(request.method().as_str(), request.uri().path());
+                let now = paceline_store::SystemClock::new().now_micros();
+                let (status, headers) = api.lock().unwrap().handle(&route, now);
+                let mut response = http::Response::new(());
+                *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                *response.headers_mut() = headers;
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        })
+    };
+    let url = shared_cluster().url();
+    let token = unique_name("Bot layer");
+    let mut tasks = tokio::task::JoinSet::new();
+    for _process in 0..2 {
+        let limits = Client::open(&url, &token, roles_config(), Discord)
+            .await
+            .expect("opened");
+        let service = LimitedLayer::discord(limits).layer(upstream.clone());
+        for i in 0..15 {
+            let service = service.clone();
+            tasks.spawn(async move {
+                let request = http::Request::put(format!("/guilds/5/members/{}/roles/9", i % 4))
+                    .body(())
+                    .unwrap();
+                service.oneshot(request).await.unwrap().status()
+            });
+        }
+    }
+    while let Some(status) = tasks.join_next().await {
+        assert_eq!(status.unwrap(), 200);
+    }
+    let counts = &api.lock().unwrap().counts;
+    assert_eq!(
+        (counts.bucket_429, counts.global_429, counts.requests),
+        (0, 0, 30)
+    );
 }

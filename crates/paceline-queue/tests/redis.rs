@@ -4,37 +4,16 @@
 //! by several handles (processes), on different slots of a cluster, and the wake-up of a
 //! waiting lease by an enqueue through another handle.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use paceline_core::{Clock, ManualClock, Policy};
 use paceline_queue::{Failure, MemoryQueue, NewJob, Queue, QueueConfig, QueueError, RedisQueue};
-use paceline_store::redis::RedisStore;
-use paceline_store::FailurePolicy;
-use paceline_testkit::{shared_cluster, shared_server};
+use paceline_testkit::{connect, shared_cluster, shared_server, unique_name};
 use proptest::prelude::*;
 
 mod common;
 use common::POLICIES;
-
-/// A fresh queue name per use: tests share one server.
-fn fresh(stem: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{stem}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn store(url: &str) -> RedisStore {
-    RedisStore::builder(url, FailurePolicy::FailClosed)
-        .response_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .expect("the test's Redis is up")
-}
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -216,8 +195,8 @@ async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), Test
     );
     let redis = Queue::new(
         RedisQueue::open(
-            store(&shared_server().url()).await,
-            &fresh("diff"),
+            connect(&shared_server().url()).await,
+            &unique_name("diff"),
             config,
             Some(shared),
         )
@@ -411,8 +390,8 @@ fn a_group_backlog_gets_the_seed_estimates_in_redis() {
         let config = QueueConfig::new("fixed_window:limit=10,window=10s".parse().unwrap());
         let q = Queue::new(
             RedisQueue::open(
-                store(&shared_server().url()).await,
-                &fresh("seed"),
+                connect(&shared_server().url()).await,
+                &unique_name("seed"),
                 config,
                 None,
             )
@@ -449,16 +428,16 @@ fn a_group_backlog_gets_the_seed_estimates_in_redis() {
 #[test]
 fn handles_share_a_queue_and_wake_each_other() {
     runtime().block_on(async {
-        let name = fresh("shared");
+        let name = unique_name("shared");
         let config = QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().unwrap());
         let url = shared_server().url();
         let producer = Queue::new(
-            RedisQueue::open(store(&url).await, &name, config.clone(), None)
+            RedisQueue::open(connect(&url).await, &name, config.clone(), None)
                 .await
                 .unwrap(),
         );
         let worker = Queue::new(
-            RedisQueue::open(store(&url).await, &name, config, None)
+            RedisQueue::open(connect(&url).await, &name, config, None)
                 .await
                 .unwrap(),
         );
@@ -505,8 +484,8 @@ fn queues_on_different_cluster_slots_work_side_by_side() {
         let mut queues = Vec::new();
         for n in 0..6 {
             let q = RedisQueue::open(
-                store(&cluster.url()).await,
-                &fresh(&format!("c{n}")),
+                connect(&cluster.url()).await,
+                &unique_name(&format!("c{n}")),
                 config.clone(),
                 None,
             )
@@ -544,11 +523,11 @@ fn a_redis_restart_with_persistence_loses_nothing_acknowledged() {
     ])
     .expect("redis-server starts");
     runtime().block_on(async {
-        let name = fresh("restart");
+        let name = unique_name("restart");
         let config = QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().unwrap())
             .lease(Duration::from_secs(60));
         let q = Queue::new(
-            RedisQueue::open(store(&server.url()).await, &name, config.clone(), None)
+            RedisQueue::open(connect(&server.url()).await, &name, config.clone(), None)
                 .await
                 .unwrap(),
         );
@@ -596,7 +575,7 @@ fn a_redis_restart_with_persistence_loses_nothing_acknowledged() {
         }
         // A new handle after the restart, and the rest of the jobs.
         let other = Queue::new(
-            RedisQueue::open(store(&server.url()).await, &name, config, None)
+            RedisQueue::open(connect(&server.url()).await, &name, config, None)
                 .await
                 .unwrap(),
         );
@@ -640,7 +619,7 @@ fn worker_process() {
     );
     runtime().block_on(async {
         let q = Queue::new(
-            RedisQueue::attach(store(&url).await, &name)
+            RedisQueue::attach(connect(&url).await, &name)
                 .await
                 .expect("the queue exists"),
         );
@@ -684,14 +663,14 @@ fn workers_share_a_queue_and_survive_a_sigkill() {
     use std::process::{Child, Command, Stdio};
     let server = paceline_testkit::RedisServer::start().expect("redis-server starts");
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let name = fresh("sigkill");
+    let name = unique_name("sigkill");
     let spec = "fixed_window:limit=5,window=500ms";
     let policy: Policy = spec.parse().unwrap();
     let rt = runtime();
     let q = rt.block_on(async {
         let config = QueueConfig::new(policy.clone()).lease(Duration::from_millis(1_000));
         let q = Queue::new(
-            RedisQueue::open(store(&server.url()).await, &name, config, None)
+            RedisQueue::open(connect(&server.url()).await, &name, config, None)
                 .await
                 .unwrap(),
         );
@@ -805,15 +784,20 @@ fn a_changed_algorithm_starts_the_group_afresh_as_in_memory() {
     runtime().block_on(async {
         let clock = ManualClock::new(1_700_000_000_000_000);
         let shared: Arc<dyn Clock> = Arc::new(clock.clone());
-        let name = fresh("realgorithm");
+        let name = unique_name("realgorithm");
         let url = shared_server().url();
         let before = QueueConfig::new("gcra:rate=2/s,burst=2".parse().unwrap());
         let after = QueueConfig::new("fixed_window:limit=3,window=10s".parse().unwrap());
         let mut core = QueueCore::new(before.clone()).unwrap();
         let first = Queue::new(
-            RedisQueue::open(store(&url).await, &name, before, Some(Arc::clone(&shared)))
-                .await
-                .unwrap(),
+            RedisQueue::open(
+                connect(&url).await,
+                &name,
+                before,
+                Some(Arc::clone(&shared)),
+            )
+            .await
+            .unwrap(),
         );
         for n in 0..8u8 {
             let job = NewJob::new("g", vec![n]);
@@ -828,7 +812,7 @@ fn a_changed_algorithm_starts_the_group_afresh_as_in_memory() {
         // Another process opens the queue with the new policy.
         core.set_config(after.clone()).unwrap();
         let second = Queue::new(
-            RedisQueue::open(store(&url).await, &name, after, Some(Arc::clone(&shared)))
+            RedisQueue::open(connect(&url).await, &name, after, Some(Arc::clone(&shared)))
                 .await
                 .unwrap(),
         );
@@ -854,11 +838,11 @@ fn a_changed_algorithm_starts_the_group_afresh_as_in_memory() {
 #[test]
 fn a_lost_configuration_comes_back_and_large_repairs_go_in_chunks() {
     runtime().block_on(async {
-        let name = fresh("chunks");
+        let name = unique_name("chunks");
         let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
         let server = shared_server();
         let q = Queue::new(
-            RedisQueue::open(store(&server.url()).await, &name, config, None)
+            RedisQueue::open(connect(&server.url()).await, &name, config, None)
                 .await
                 .unwrap(),
         );

@@ -64,23 +64,8 @@ fn http() -> reqwest::Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_callers_through_one_proxy_get_every_answer_and_no_429() {
-    let mut api = MockApi::new(50);
-    let mut routes = Vec::new();
-    for major in [7u64, 8] {
-        for r in 0..10 {
-            let route = paceline_client::Route::discord("POST", &format!("/channels/{major}/r{r}"));
-            // 10 routes on 2 bucket ids: routes learn they share one as they go.
-            api.route(
-                &route,
-                &format!("bucket-{}", r % 2),
-                Limit {
-                    limit: 5,
-                    window: SECOND / 5,
-                },
-            );
-            routes.push(format!("/channels/{major}/r{r}"));
-        }
-    }
+    // Routes learn that they share bucket ids as they go.
+    let (api, routes) = shared_buckets();
     let mock = MockServer::start(api).await;
     let p = proxy(&mock.url(), "discord", None).await;
     let client = http();

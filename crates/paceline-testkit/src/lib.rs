@@ -486,6 +486,30 @@ impl RedisCluster {
     }
 }
 
+/// A name no other call in this process has given: `stem`, the process id and a counter
+/// (tests share one server, so each keeps to keys of its own).
+pub fn unique_name(stem: &str) -> String {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{stem}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A connection to a test's Redis at `url` (failing closed, answers within 5 s).
+///
+/// # Panics
+///
+/// When it cannot connect: the test's own server is down, and the test cannot go on.
+pub async fn connect(url: &str) -> paceline_store::redis::RedisStore {
+    paceline_store::redis::RedisStore::builder(url, paceline_store::FailurePolicy::FailClosed)
+        .response_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("the test's Redis is up")
+}
+
 /// A server shared by every test of this test binary, started on first use.
 ///
 /// It is started from a thread that lives as long as the process, so it outlives any one
