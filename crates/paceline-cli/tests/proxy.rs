@@ -1,6 +1,9 @@
-//! `paceline proxy` from the outside: bad flags exit 2 naming the flag.
+//! `paceline proxy` from the outside: bad flags exit 2 naming the flag; two proxy
+//! processes on one Redis share a token's limits.
 
 use std::process::Command;
+
+mod common;
 
 fn proxy(args: &[&str]) -> (Option<i32>, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
@@ -118,4 +121,114 @@ fn a_config_file_gives_the_settings_and_flags_win() {
     let (code, stderr) = proxy(&["--config", "/nonexistent/proxy.toml"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--config"), "{stderr}");
+}
+
+/// A running `paceline proxy` process, killed when dropped (also when a test fails).
+struct ProxyProcess {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `paceline proxy` with `args` on a free port, once it listens.
+async fn start_proxy(args: &[&str]) -> ProxyProcess {
+    let port = common::free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .arg("proxy")
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("the paceline binary starts");
+    let mut proxy = ProxyProcess { child, port };
+    // Waits for the process to be ready (not for time to pass): at most 20 s.
+    for _ in 0..1000 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return proxy;
+        }
+        if let Ok(Some(status)) = proxy.child.try_wait() {
+            panic!("paceline proxy exited: {status}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("paceline proxy did not start listening");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_proxy_processes_on_one_redis_share_a_tokens_limits() {
+    use paceline_testkit::mock_api::{Limit, MockApi, MockServer, SECOND};
+    let redis = paceline_testkit::RedisServer::start().expect("a redis-server");
+    let mut api = MockApi::new(50);
+    let mut paths = Vec::new();
+    for major in [7u64, 8] {
+        for r in 0..6 {
+            let path = format!("/channels/{major}/r{r}");
+            let route = paceline_client::Route::discord("POST", &path);
+            api.route(
+                &route,
+                &format!("bucket-{}", r % 2),
+                Limit {
+                    limit: 5,
+                    window: SECOND / 5,
+                },
+            );
+            paths.push(path);
+        }
+    }
+    let mock = MockServer::start(api).await;
+    let args = [
+        "--upstream",
+        &mock.url(),
+        "--dialect",
+        "discord",
+        "--global-limit",
+        "gcra:rate=45/s,burst=1",
+        "--store",
+        &redis.url(),
+    ];
+    let a = start_proxy(&args).await;
+    let b = start_proxy(&args).await;
+    let http = reqwest::Client::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..16usize {
+        let port = if caller % 2 == 0 { a.port } else { b.port };
+        let (http, paths) = (http.clone(), paths.clone());
+        tasks.spawn(async move {
+            let mut statuses = Vec::new();
+            for i in 0..5 {
+                let path = &paths[(caller * 5 + i) % paths.len()];
+                let r = http
+                    .post(format!("http://127.0.0.1:{port}{path}"))
+                    .header("authorization", "Bot one-token")
+                    .send()
+                    .await
+                    .expect("the proxy answers");
+                statuses.push(r.status().as_u16());
+            }
+            statuses
+        });
+    }
+    let mut statuses = Vec::new();
+    while let Some(s) = tasks.join_next().await {
+        statuses.extend(s.expect("a caller"));
+    }
+    assert_eq!(statuses.len(), 80, "every request answered");
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    let counts = &mock.api.lock().expect("the mock").counts;
+    assert_eq!(
+        (counts.bucket_429, counts.global_429, counts.requests),
+        (0, 0, 80),
+        "{counts:?}"
+    );
+    drop((a, b));
 }
