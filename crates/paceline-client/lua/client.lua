@@ -609,8 +609,8 @@ local function release(args, a)
 end
 
 -- `Knowledge::learn`.
-local function learn(b, limit, left, reset_after, pioneer, seq)
-  local reset_at = now + reset_after
+local function learn(b, limit, left, reset_after, pioneer, seq, age)
+  local reset_at = now + mx(reset_after - age, 0)
   local in_flight, later = 0, 0
   for s in pairs(b.f) do
     in_flight = in_flight + 1
@@ -641,13 +641,14 @@ local function learn(b, limit, left, reset_after, pioneer, seq)
 end
 
 -- `Knowledge::refused`: when the pause ends.
-local function refused(key, scope, retry_after)
+local function refused(key, scope, retry_after, age)
   local wait = retry_after
   if not wait then
     local doubled = cfg.missing * 2 ^ mn(meta.missing, 20)
     meta.missing = meta.missing + 1
     wait = mn(doubled, cfg.max_backoff)
   end
+  wait = mx(wait - age, 0)
   local till = now + mx(wait, 1)
   if scope == 'g' then
     meta.gpause = mx(meta.gpause, till)
@@ -671,7 +672,8 @@ end
 -- answer: route, major, bucket, pioneer (1/0), admission, status, the bucket the response
 -- named ('' after '0': none), as '1' or '0' then the id; its limit, remaining and
 -- reset-after in µs ('' for none); the refusal's scope ('' none, 'b', 's', 'g') and
--- retry-after in µs (''). Answers when the refusal's pause ends (-1: none), and the
+-- retry-after in µs (''); how long ago the response came in µs (the durations count from
+-- then). Answers when the refusal's pause ends (-1: none), and the
 -- budget's use and limit when a warning is due (-1 -1).
 local function answer(args, a)
   local route, major, id = args[a], args[a + 1], args[a + 2]
@@ -679,6 +681,7 @@ local function answer(args, a)
   local has_bucket, named = args[a + 6] == '1', args[a + 7]
   local limit, left, reset_after = opt(args[a + 8]), opt(args[a + 9]), opt(args[a + 10])
   local scope, retry_after = args[a + 11], opt(args[a + 12])
+  local age = tonumber(args[a + 13])
   local key = { major = major, id = id }
   end_request(key, pioneer, seq)
   if has_bucket then
@@ -698,7 +701,7 @@ local function answer(args, a)
   end
   local b = load(key)
   if left and reset_after then
-    learn(b, limit, left, reset_after, pioneer, seq)
+    learn(b, limit, left, reset_after, pioneer, seq, age)
   elseif status >= 200 and status < 400 and scope == '' then
     if b.k == UNKNOWN then
       b.k = UNLIMITED
@@ -721,14 +724,14 @@ local function answer(args, a)
   end
   local till = -1
   if scope ~= '' then
-    till = refused(key, scope, retry_after)
+    till = refused(key, scope, retry_after, age)
   end
   mark(key)
   return till, used, of
 end
 
 -- round: what happened, then what may go. The number of events, then each: 'a' and an
--- answer's 13 fields (see `answer`), or 'r' and a release's 7 (see `release`); then the
+-- answer's 14 fields (see `answer`), or 'r' and a release's 7 (see `release`); then the
 -- asks (see `admit`; a count of 0 for none). Replies the time, per event when its pause
 -- ends and the budget's use and limit when a warning is due (-1 each for none, and for a
 -- release), then the admission (see `admit`: -1 alone when nothing was asked).
@@ -741,7 +744,7 @@ local function round(args, a)
     a = a + 1
     if kind == 'a' then
       local till, used, of = answer(args, a)
-      a = a + 13
+      a = a + 14
       out[#out + 1] = till
       out[#out + 1] = used
       out[#out + 1] = of

@@ -77,7 +77,7 @@
 //! # Ok::<(), paceline_client::ClientError>(())
 //! ```
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
@@ -251,6 +251,7 @@ pub struct Asks {
 
 /// What a shared core tells the knowledge, in order ([`ClientCore::take_events`]).
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum Event {
     /// A response came: [`Knowledge::answer`].
     Answer {
@@ -283,8 +284,8 @@ pub enum Event {
 }
 
 impl Event {
-    /// Applies the event to `knowledge` at `now`: an answer that came earlier has its
-    /// durations (reset-after, retry-after) shortened by its age.
+    /// Applies the event to `knowledge` at `now`: the durations of an answer that came
+    /// earlier (reset-after, retry-after) count from when it came.
     pub fn apply(&self, knowledge: &mut Knowledge, now: u64) -> Option<Answered> {
         match self {
             Event::Answer {
@@ -301,7 +302,8 @@ impl Event {
                     bucket,
                     admitted: *admitted,
                     status: *status,
-                    seen: &aged(seen, now.saturating_sub(*at)),
+                    seen,
+                    age: now.saturating_sub(*at),
                 },
                 now,
             )),
@@ -325,19 +327,6 @@ impl Event {
             }
         }
     }
-}
-
-/// What a response said, `age` µs later: its durations shortened by that much.
-pub(crate) fn aged(seen: &Observation, age: u64) -> Observation {
-    let mut seen = seen.clone();
-    if age > 0 {
-        let age = Duration::from_micros(age);
-        seen.reset_after = seen.reset_after.map(|d| d.saturating_sub(age));
-        if let Some(r) = &mut seen.refusal {
-            r.retry_after = r.retry_after.map(|d| d.saturating_sub(age));
-        }
-    }
-    seen
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -395,8 +384,8 @@ pub struct ClientCore {
     routes: HashMap<Arc<str>, Arc<str>>,
     /// The last queue that had a request admitted: the next asks start after it.
     cursor: Option<BucketKey>,
-    /// A queue had every request asked about admitted: it may have more that can go.
-    again: bool,
+    /// Queues that had every request asked about admitted: they may have more that can go.
+    again: Vec<BucketKey>,
     /// A shared core's queues told to wait until a time: that time, and when they were
     /// told. They are not asked about again before it (nor for longer than a second, so
     /// that the knowledge keeps hearing of them), unless something happens here.
@@ -432,7 +421,7 @@ impl ClientCore {
             routes: HashMap::new(),
             held: HashMap::new(),
             cursor: None,
-            again: false,
+            again: Vec::new(),
             missing_in_a_row: 0,
         }
     }
@@ -523,9 +512,11 @@ impl ClientCore {
         };
         let admission = k.admit(&asks.asks, now);
         let mut out = self.granted(asks, admission, now);
-        // A queue whose every request asked about went may have more that can: ask again.
-        while std::mem::take(&mut self.again) {
-            let asks = self.asks(now);
+        // A queue whose every request asked about went may have more that can: ask again,
+        // those queues only.
+        while !self.again.is_empty() {
+            let only: HashSet<BucketKey> = std::mem::take(&mut self.again).into_iter().collect();
+            let asks = self.asks_in(now, Some(&only));
             let Some(k) = self.local.as_mut() else {
                 break;
             };
@@ -533,7 +524,10 @@ impl ClientCore {
             let more = self.granted(asks, admission, now);
             out.go.extend(more.go);
             out.failed.extend(more.failed);
-            out.next = more.next;
+            out.next = match (out.next, more.next) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
         }
         out
     }
@@ -541,6 +535,11 @@ impl ClientCore {
     /// Fails the requests whose deadline passed, and answers what to ask the knowledge at
     /// `now`: each waiting queue's first requests.
     pub fn asks(&mut self, now: u64) -> Asks {
+        self.asks_in(now, None)
+    }
+
+    /// [`asks`](Self::asks), of the queues in `only` if given.
+    fn asks_in(&mut self, now: u64, only: Option<&HashSet<BucketKey>>) -> Asks {
         let mut out = Asks::default();
         self.expire_deadlines(now, &mut out.failed);
         let at_most = if self.is_shared() {
@@ -560,6 +559,9 @@ impl ClientCore {
             None => (self.waiting.iter().collect(), Vec::new()),
         };
         for key in after.into_iter().chain(before) {
+            if only.is_some_and(|only| !only.contains(key)) {
+                continue;
+            }
             let Some(queue) = self.queues.get(key) else {
                 continue;
             };
@@ -634,7 +636,12 @@ impl ClientCore {
             {
                 self.admit_request(id, &key, route, *admitted, &mut out.go);
             }
-            if !grant.admitted.is_empty() {
+            // The next asks start after a queue that took a global token (one spared by the
+            // global limit would bring the name order back).
+            if ask.requests[..grant.admitted.len().min(ask.requests.len())]
+                .iter()
+                .any(|(_, exempt)| !exempt)
+            {
                 self.cursor = Some(key.clone());
             }
             let rest = ids.get(grant.admitted.len()).copied();
@@ -668,8 +675,12 @@ impl ClientCore {
                 Wait::Event => {}
                 // The queue holds more than was asked about.
                 Wait::Nothing if grant.moved.is_none() && ids.len() == at_most => {
-                    self.again = true;
-                    earliest(now)
+                    // A core that holds its knowledge asks again within this poll.
+                    if shared {
+                        earliest(now);
+                    } else {
+                        self.again.push(key.clone());
+                    }
                 }
                 Wait::Nothing => {}
             }

@@ -156,6 +156,8 @@ pub struct Report<'a> {
     pub status: u16,
     /// What the response's headers said.
     pub seen: &'a Observation,
+    /// How long ago (µs) the response came: the durations it gave count from then.
+    pub age: u64,
 }
 
 /// What [`Knowledge::answer`] concluded.
@@ -760,7 +762,7 @@ impl Knowledge {
         let headerless = micros(self.config.headerless_backoff);
         let b = self.load(&key, now);
         if seen.has_limits() {
-            Self::learn(b, seen, report.admitted, now);
+            Self::learn(b, seen, report.admitted, now, report.age);
         } else if (200..400).contains(&report.status) && seen.refusal.is_none() {
             if b.known == Known::Unknown {
                 b.known = Known::Unlimited;
@@ -787,18 +789,20 @@ impl Knowledge {
         if (200..300).contains(&report.status) {
             self.missing_in_a_row = 0;
         }
-        let paused_until = seen.refusal.map(|r| self.refused(&key, r, now));
+        let paused_until = seen.refusal.map(|r| self.refused(&key, r, now, report.age));
         self.mark(&key, now);
         Answered { paused_until, warn }
     }
 
-    /// Pauses what the refusal names; answers when the pause ends.
-    fn refused(&mut self, key: &BucketKey, refusal: Refusal, now: u64) -> u64 {
+    /// Pauses what the refusal names (its wait counting from when it came, `age` ago);
+    /// answers when the pause ends.
+    fn refused(&mut self, key: &BucketKey, refusal: Refusal, now: u64, age: u64) -> u64 {
         let wait = refusal_wait(
             &self.config,
             refusal.retry_after,
             &mut self.missing_in_a_row,
-        );
+        )
+        .saturating_sub(age);
         let until = now.saturating_add(wait.max(1));
         match refusal.scope {
             Scope::Global => self.global_paused_until = self.global_paused_until.max(until),
@@ -837,12 +841,14 @@ impl Knowledge {
     /// What the server says is left does not count requests still in flight. Our own count
     /// already does, except for a pioneer that lands on a known bucket: requests admitted
     /// to the bucket after it are not in its answer's count yet, and are taken off it.
-    fn learn(b: &mut Bucket, seen: &Observation, admitted: Admitted, now: u64) {
+    fn learn(b: &mut Bucket, seen: &Observation, admitted: Admitted, now: u64, age: u64) {
         let (Some(left), Some(reset_after)) = (seen.remaining, seen.reset_after) else {
             return;
         };
+        // The window is as long as the server said; it resets that long after the answer
+        // came, `age` ago.
         let reset_after = micros(reset_after);
-        let reset_at = now.saturating_add(reset_after);
+        let reset_at = now.saturating_add(reset_after.saturating_sub(age));
         let in_flight = b.flying.len() as u64;
         let later = b.flying.range(admitted.seq.saturating_add(1)..).count() as u64;
         b.known = match b.known {

@@ -39,7 +39,7 @@ use paceline_core::{StoreError, StoreErrorKind};
 use paceline_store::redis::extension::{fingerprint, policy_args, Extension};
 use paceline_store::redis::RedisStore;
 
-use crate::core::{aged, ClientConfig, Event};
+use crate::core::{ClientConfig, Event};
 use crate::headers::Scope;
 use crate::knowledge::{micros, Admission, Admitted, Answered, Ask, Grant, Wait};
 
@@ -292,8 +292,8 @@ impl RedisKnowledge {
     }
 }
 
-/// Appends an event's arguments: `r` and a release's 7, or `a` and an answer's 13, its
-/// durations shortened by the time since the response came.
+/// Appends an event's arguments: `r` and a release's 7, or `a` and an answer's 14 (the
+/// last: how long ago the response came, in µs).
 fn push_event(rest: &mut Vec<Vec<u8>>, event: &Event, now: u64) {
     match event {
         Event::Release {
@@ -322,7 +322,6 @@ fn push_event(rest: &mut Vec<Vec<u8>>, event: &Event, now: u64) {
             seen,
             at,
         } => {
-            let seen = aged(seen, now.saturating_sub(*at));
             let opt = |v: Option<u64>| v.map_or_else(Vec::new, text);
             let scope = match seen.refusal.map(|r| r.scope) {
                 None => "",
@@ -345,6 +344,7 @@ fn push_event(rest: &mut Vec<Vec<u8>>, event: &Event, now: u64) {
                 opt(seen.reset_after.map(micros)),
                 scope.as_bytes().to_vec(),
                 opt(seen.refusal.and_then(|r| r.retry_after).map(micros)),
+                text(now.saturating_sub(*at)),
             ]);
         }
     }

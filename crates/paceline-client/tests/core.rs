@@ -74,19 +74,6 @@ impl Sim {
 
     fn poll(&mut self) -> Option<u64> {
         let p = self.core.poll(self.now);
-        if std::env::var("TRACE").is_ok()
-            && (self.now - T0) > 178_800_000
-            && (self.now - T0) < 179_100_000
-        {
-            eprintln!(
-                "T {} {:?} next {:?} waiting {} flying {}",
-                self.now - T0,
-                p.go,
-                p.next.map(|n| n - T0),
-                self.core.waiting(),
-                self.core.in_flight()
-            );
-        }
         for id in p.go {
             self.sent.push((id, self.now));
             self.at(self.now + self.latency, Ev::Arrive(id));
