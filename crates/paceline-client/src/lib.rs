@@ -8,8 +8,14 @@
 //!
 //! - [`headers`]: the header dialects, one trait ([`headers::Dialect`]);
 //! - [`Route`]: which limit a request counts against before the server says;
-//! - [`ClientCore`]: the rules, as a pure state machine on injected time (sans-IO);
-//! - [`Client`]: the async limiter over the core: [`Client::acquire`] → [`Permit`];
+//! - [`ClientCore`]: a process's requests (queues, deadlines), as a pure state machine on
+//!   injected time (sans-IO);
+//! - [`knowledge`]: what a token has learned of the limits, the half processes share, as a
+//!   pure state machine too;
+//! - `redis::RedisKnowledge` (feature `redis`): that knowledge in Redis or Redis Cluster,
+//!   one atomic call per round, so that every process of a token keeps its limits together;
+//! - [`Client`]: the async limiter over the core: [`Client::acquire`] → [`Permit`]; on a
+//!   Redis URL with [`Client::open`];
 //! - `middleware::Limited` (feature `reqwest`): the limiter as a `reqwest-middleware`
 //!   middleware;
 //! - `layer::LimitedLayer` (feature `tower`): the limiter as a tower `Layer` for `http`
