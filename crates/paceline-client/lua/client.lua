@@ -86,23 +86,17 @@ local function read_config(args)
     invalid_limit = tonumber(args[9]),
   }
   local a = 10
-  local err
-  if args[a] == '' then
-    a = a + 1
-  else
-    c.global, a = PL.read_policy(args, a)
-    if not c.global then
-      return nil, a
+  for _, name in ipairs({ 'global', 'invalid' }) do
+    if args[a] == '' then
+      a = a + 1
+    else
+      local policy, after = PL.read_policy(args, a)
+      if not policy then
+        -- `after` is the error message.
+        return nil, after
+      end
+      c[name], a = policy, after
     end
-  end
-  if args[a] == '' then
-    a = a + 1
-  else
-    c.invalid, err = PL.read_policy(args, a)
-    if not c.invalid then
-      return nil, err
-    end
-    a = err
   end
   return c, a
 end

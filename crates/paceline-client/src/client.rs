@@ -287,28 +287,16 @@ impl Client {
     ) -> Result<Client, paceline_store::Error> {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         let url = url.trim();
-        if url == "memory" || url == "memory://" {
-            return Ok(Client::build(
+        match paceline_store::store_kind(url)? {
+            paceline_store::StoreKind::Redis => {
+                Client::open_redis(url, identity, config, Box::new(dialect), clock).await
+            }
+            _ => Ok(Client::build(
                 ClientCore::new(config),
                 Box::new(dialect),
                 clock,
                 None,
-            ));
-        }
-        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-        match scheme {
-            Some("redis" | "rediss" | "redis-cluster" | "rediss-cluster") => {
-                Client::open_redis(url, identity, config, Box::new(dialect), clock).await
-            }
-            _ => Err(paceline_core::InputError::new(
-                "store",
-                format!(
-                    "`{}` is not a store URL; use `memory`, redis://HOST:PORT[/DB], \
-                     rediss://HOST:PORT (TLS) or redis-cluster://HOST:PORT[,HOST:PORT...]",
-                    paceline_store::without_credentials(url)
-                ),
-            )
-            .into()),
+            )),
         }
     }
 

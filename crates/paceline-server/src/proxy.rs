@@ -111,23 +111,7 @@ impl ProxySettings {
                 ),
             ));
         }
-        let store = self.store.trim();
-        let scheme = store.split_once("://").map(|(scheme, _)| scheme);
-        if store != "memory"
-            && !matches!(
-                scheme,
-                Some("redis" | "rediss" | "redis-cluster" | "rediss-cluster")
-            )
-        {
-            return Err(paceline_core::InputError::new(
-                "store",
-                format!(
-                    "`{}` is not a store URL; use `memory`, redis://HOST:PORT[/DB], \
-                     rediss://HOST:PORT (TLS) or redis-cluster://HOST:PORT[,HOST:PORT...]",
-                    paceline_store::without_credentials(store)
-                ),
-            ));
-        }
+        paceline_store::store_kind(&self.store)?;
         dialects::dialect(&self.dialect).map(|_| ())
     }
 }
@@ -300,7 +284,8 @@ impl Proxy {
             ClientConfig::new()
         };
         config.global = settings.global_limit.clone();
-        let redis = if settings.store.trim() == "memory" {
+        let kind = paceline_store::store_kind(&settings.store).map_err(ServerError::Settings)?;
+        let redis = if kind != paceline_store::StoreKind::Redis {
             None
         } else {
             let store = RedisStore::builder(settings.store.trim(), FailurePolicy::FailClosed)

@@ -63,7 +63,7 @@ pub use clock::{SystemClock, TokioClock};
 pub use failure::FailurePolicy;
 pub use limiter::Limiter;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use open::{open, without_credentials, StoreOptions};
+pub use open::{open, store_kind, without_credentials, StoreKind, StoreOptions};
 pub use paceline_core::{
     policy, spec, Clock, Decision, Error, Fallback, InputError, ManualClock, Op, Policy, Rate,
     Sleep, State, StoreError, StoreErrorKind, ALGORITHMS,

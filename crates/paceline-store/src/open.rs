@@ -171,21 +171,48 @@ impl StoreOptions {
 /// ```
 pub async fn open(url: &str, options: &StoreOptions) -> Result<SharedStore, Error> {
     let url = url.trim();
-    if url == "memory" || url == "memory://" {
-        let mut builder = MemoryStore::builder();
-        if let Some(clock) = &options.clock {
-            builder = builder.shared_clock(Arc::clone(clock));
+    match store_kind(url)? {
+        StoreKind::Memory => {
+            let mut builder = MemoryStore::builder();
+            if let Some(clock) = &options.clock {
+                builder = builder.shared_clock(Arc::clone(clock));
+            }
+            if let Some(max_keys) = options.max_keys {
+                builder = builder.max_keys(max_keys);
+            }
+            Ok(Arc::new(builder.build()))
         }
-        if let Some(max_keys) = options.max_keys {
-            builder = builder.max_keys(max_keys);
-        }
-        return Ok(Arc::new(builder.build()));
+        StoreKind::Redis => open_redis(url, options).await,
     }
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    match scheme {
-        Some("redis" | "rediss" | "redis-cluster" | "rediss-cluster") => {
-            open_redis(url, options).await
-        }
+}
+
+/// Where a store URL points (see [`open`] for the URLs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreKind {
+    /// `memory`: this process.
+    Memory,
+    /// `redis://`, `rediss://`, `redis-cluster://` or `rediss-cluster://`.
+    Redis,
+}
+
+/// The kind of store `url` names, or an input error naming the field `store` and the URLs
+/// allowed (the URL quoted without its credentials). For front ends that open a store of
+/// their own from a URL, so that every one accepts the same URLs.
+///
+/// ```
+/// use paceline_store::{store_kind, StoreKind};
+/// assert_eq!(store_kind("memory").unwrap(), StoreKind::Memory);
+/// assert_eq!(store_kind("redis-cluster://a:7000,b:7000").unwrap(), StoreKind::Redis);
+/// assert_eq!(store_kind("mysql://u:pw@db").unwrap_err().field(), "store");
+/// ```
+pub fn store_kind(url: &str) -> Result<StoreKind, InputError> {
+    let url = url.trim();
+    if url == "memory" || url == "memory://" {
+        return Ok(StoreKind::Memory);
+    }
+    match url.split_once("://").map(|(scheme, _)| scheme) {
+        Some("redis" | "rediss" | "redis-cluster" | "rediss-cluster") => Ok(StoreKind::Redis),
         _ => Err(InputError::new(
             "store",
             format!(
@@ -193,8 +220,7 @@ pub async fn open(url: &str, options: &StoreOptions) -> Result<SharedStore, Erro
                  rediss://HOST:PORT (TLS) or redis-cluster://HOST:PORT[,HOST:PORT...]",
                 without_credentials(url)
             ),
-        )
-        .into()),
+        )),
     }
 }
 
