@@ -48,6 +48,7 @@ mod memory;
 mod open;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod set;
 
 /// Installs rustls's `ring` crypto provider as the process's default, unless one is
 /// installed already (which is as good): rustls needs one per process. Every TLS client of
@@ -68,6 +69,7 @@ pub use paceline_core::{
     policy, spec, Clock, Decision, Error, Fallback, InputError, ManualClock, Op, Policy, Rate,
     Sleep, State, StoreError, StoreErrorKind, ALGORITHMS,
 };
+pub use set::{Limits, SetDecision, MAX_LIMITS};
 
 /// Any store, shared: what [`open`] returns and what front ends hold.
 pub type SharedStore = Arc<dyn Store>;
@@ -141,6 +143,18 @@ pub trait Store: Send + Sync + 'static {
         })
     }
 
+    /// Decides a set of limits as one ([`Limits`]): admitted only if every request admits,
+    /// and then each counts it; refused otherwise, changing no key, with each limit's
+    /// answer as of now. A set of one is decided as [`decide`](Store::decide) decides it.
+    /// The requests share one op (`limit` or `peek`; `pace` only for a
+    /// set of one), name each key once, and number at most [`MAX_LIMITS`]; a Redis Cluster
+    /// needs their keys in one hash slot. Anything else is an [`Error::Input`] naming the
+    /// field.
+    fn decide_all<'a>(
+        &'a self,
+        requests: &'a [Request<'a>],
+    ) -> StoreFuture<'a, Result<SetDecision, Error>>;
+
     /// Forgets `key`: its next request finds it idle.
     fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>>;
 
@@ -160,6 +174,9 @@ pub trait SyncStore: Store {
     /// Applies `op` with `cost` to `key` under `policy`, synchronously.
     fn decide_sync(&self, policy: &Policy, key: &str, op: Op, cost: u64)
         -> Result<Decision, Error>;
+
+    /// [`Store::decide_all`], synchronously.
+    fn decide_all_sync(&self, requests: &[Request<'_>]) -> Result<SetDecision, Error>;
 
     /// Forgets `key`, synchronously.
     fn reset_sync(&self, key: &str) -> Result<(), Error>;

@@ -16,7 +16,8 @@ use paceline_core::policy::{gcra, Gcra};
 use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::{Request, Store, StoreFuture, SyncStore, SystemClock};
+use crate::set::check_set;
+use crate::{Request, SetDecision, Store, StoreFuture, SyncStore, SystemClock};
 
 /// A sweep pass over every shard begins at most this often (microseconds of the store's
 /// clock), on the first call after the previous one began this long ago and has finished.
@@ -196,6 +197,23 @@ impl Slot {
         match state {
             Some(State::Gcra(g)) => Slot::Gcra(AtomicU64::new(g.tat.to_bits())),
             state => Slot::Other(Box::new(Mutex::new(OtherSlot { state, expires_at }))),
+        }
+    }
+
+    /// A copy of the state a request at `now` finds (`None`: idle), read under the shard's
+    /// exclusive lock.
+    fn live_state(&mut self, now: u64) -> Option<State> {
+        match self {
+            Slot::Gcra(tat) => {
+                let tat = f64::from_bits(*tat.get_mut());
+                (tat > now as f64).then_some(State::Gcra(gcra::State { tat }))
+            }
+            Slot::Other(other) => {
+                let other = other_mut(other);
+                (other.expires_at > now)
+                    .then(|| other.state.clone())
+                    .flatten()
+            }
         }
     }
 
@@ -670,15 +688,7 @@ impl MemoryStore {
             return Ok(apply_to_slot(policy, &mut entry.slot, now, op, cost));
         }
         if self.full() && op != Op::Peek {
-            return Err(StoreError::new(
-                StoreErrorKind::Capacity,
-                format!(
-                    "the memory store holds its maximum of {} active keys and none is idle; \
-                     raise `max_keys` or use fewer keys",
-                    self.max_keys.unwrap_or_default()
-                ),
-            )
-            .into());
+            return Err(self.capacity_error());
         }
         self.insert(&mut inner, policy, hash, key, now, op, cost)
     }
@@ -713,6 +723,101 @@ impl MemoryStore {
             self.keys.fetch_add(1, Ordering::Relaxed);
         }
         Ok(decision)
+    }
+
+    /// Decides a set of limits as one (see [`Store::decide_all`]): every shard holding one
+    /// of its keys is locked exclusively, in ascending order (so two sets never wait for
+    /// each other in a cycle, and single decisions, which take one lock at a time, never
+    /// wait on a set for long), the set is decided on copies of the keys' states, and only
+    /// if every limit admits are the requests applied to the keys themselves, giving the
+    /// same decisions.
+    fn decide_all_now(&self, requests: &[Request<'_>]) -> Result<SetDecision, Error> {
+        check_set(requests)?;
+        if let [r] = requests {
+            let decision = self.decide_now(r.policy, r.key, r.op, r.cost)?;
+            return Ok(SetDecision::new(decision.allowed, vec![decision]));
+        }
+        let now = self.clock.now();
+        paceline_core::policy::check_now(now)?;
+        self.sweep_if_due(now);
+        let places: Vec<(u64, usize)> = requests
+            .iter()
+            .map(|r| {
+                let hash = self.hasher.hash_one(r.key.as_bytes());
+                (hash, self.shard_for(hash))
+            })
+            .collect();
+        let mut shards: Vec<usize> = places.iter().map(|&(_, shard)| shard).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        let mut guards: Vec<ShardedLockWriteGuard<'_, ShardInner>> =
+            shards.iter().map(|&shard| self.write(shard)).collect();
+        let held = |shard: usize| shards.binary_search(&shard).unwrap_or(0);
+        // On copies: what each limit answers, and how many keys are new.
+        let mut missing = 0;
+        let trial =
+            |op: Op, guards: &mut [ShardedLockWriteGuard<'_, ShardInner>], missing: &mut usize| {
+                requests
+                    .iter()
+                    .zip(&places)
+                    .map(|(r, &(hash, shard))| {
+                        let inner = &mut guards[held(shard)];
+                        let mut state = match inner.table.find_mut(hash, |e| e.key.is(r.key)) {
+                            Some(entry) => entry.slot.live_state(now),
+                            None => {
+                                *missing += 1;
+                                None
+                            }
+                        };
+                        r.policy.apply_validated(&mut state, now, op, r.cost)
+                    })
+                    .collect::<Vec<Decision>>()
+            };
+        let op = requests[0].op;
+        let decisions = trial(op, &mut guards, &mut missing);
+        let admitted = decisions.iter().all(|d| d.allowed);
+        if op == Op::Peek {
+            return Ok(SetDecision::new(admitted, decisions));
+        }
+        if !admitted {
+            // Refused: nothing changes; each limit's answer as of now.
+            let peeks = trial(Op::Peek, &mut guards, &mut 0);
+            return Ok(SetDecision::new(false, peeks));
+        }
+        if let Some(max) = self.max_keys {
+            if missing > 0 && self.len() + missing > max {
+                for inner in guards.iter_mut() {
+                    self.sweep(inner, now);
+                }
+                if self.len() + missing > max {
+                    return Err(self.capacity_error());
+                }
+            }
+        }
+        // Admitted: the same requests on the keys themselves.
+        let mut applied = Vec::with_capacity(requests.len());
+        for (r, &(hash, shard)) in requests.iter().zip(&places) {
+            let inner = &mut guards[held(shard)];
+            let decision = match inner.table.find_mut(hash, |e| e.key.is(r.key)) {
+                Some(entry) => apply_to_slot(r.policy, &mut entry.slot, now, r.op, r.cost),
+                None => self.insert(inner, r.policy, hash, r.key, now, r.op, r.cost)?,
+            };
+            applied.push(decision);
+        }
+        Ok(SetDecision::new(true, applied))
+    }
+
+    #[cold]
+    fn capacity_error(&self) -> Error {
+        StoreError::new(
+            StoreErrorKind::Capacity,
+            format!(
+                "the memory store holds its maximum of {} active keys and none is idle; \
+                 raise `max_keys` or use fewer keys",
+                self.max_keys.unwrap_or_default()
+            ),
+        )
+        .into()
     }
 
     fn reset_now(&self, key: &str) {
@@ -856,6 +961,13 @@ impl Store for MemoryStore {
         )
     }
 
+    fn decide_all<'a>(
+        &'a self,
+        requests: &'a [Request<'a>],
+    ) -> StoreFuture<'a, Result<SetDecision, Error>> {
+        StoreFuture::ready(self.decide_all_now(requests))
+    }
+
     fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {
         self.reset_now(key);
         StoreFuture::ready(Ok(()))
@@ -876,6 +988,10 @@ impl SyncStore for MemoryStore {
         cost: u64,
     ) -> Result<Decision, Error> {
         self.decide_now(policy, key, op, cost)
+    }
+
+    fn decide_all_sync(&self, requests: &[Request<'_>]) -> Result<SetDecision, Error> {
+        self.decide_all_now(requests)
     }
 
     fn reset_sync(&self, key: &str) -> Result<(), Error> {

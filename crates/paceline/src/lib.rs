@@ -50,6 +50,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Several limits at once
+//!
+//! Real limits come in layers, e.g. per second *and* per day for a tenant. [`Limits`]
+//! decides such a set as one: admitted only if every limit admits; refused, no limit
+//! changes, and the decision names the limits that refused and the longest retry-after.
+//!
+//! ```
+//! use paceline::{Limits, MemoryStore};
+//! let store = MemoryStore::new();
+//! let tenant = Limits::new()
+//!     .with("gcra:rate=10/s,burst=10".parse()?, "{tenant42}:second")
+//!     .with("fixed_window:limit=10000,window=1d".parse()?, "{tenant42}:day");
+//! let decision = tenant.limit_sync(&store, 1)?;
+//! assert!(decision.allowed());
+//! assert_eq!(decision.limits[1].remaining, 9_999);
+//! # Ok::<(), paceline::Error>(())
+//! ```
+//!
 //! Policies are written as specs (`ALGORITHM:name=value,...`), serde tables, or typed, with
 //! the same validation; see [`policy`] for the algorithms, their parameters and the exact
 //! contract every store meets.
@@ -85,9 +103,9 @@
 pub use paceline_core::{policy, spec};
 pub use paceline_store::{
     open, without_credentials, Clock, Decision, Error, FailurePolicy, Fallback, InputError,
-    Limiter, ManualClock, MemoryStore, MemoryStoreBuilder, Op, Policy, Rate, Request, SharedStore,
-    Sleep, State, Store, StoreError, StoreErrorKind, StoreFuture, StoreOptions, SyncStore,
-    SystemClock, TokioClock, ALGORITHMS,
+    Limiter, Limits, ManualClock, MemoryStore, MemoryStoreBuilder, Op, Policy, Rate, Request,
+    SetDecision, SharedStore, Sleep, State, Store, StoreError, StoreErrorKind, StoreFuture,
+    StoreOptions, SyncStore, SystemClock, TokioClock, ALGORITHMS, MAX_LIMITS,
 };
 
 /// The rate-limited job queue (feature `queue`): see [`paceline_queue`]'s docs, re-exported

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use paceline_core::{Decision, Error, Fallback, StoreError, StoreErrorKind};
 
-use crate::{FailurePolicy, MemoryStore, Request, SyncStore};
+use crate::{FailurePolicy, MemoryStore, Request, SetDecision, SyncStore};
 
 pub(crate) struct Resilience {
     failure: FailurePolicy,
@@ -76,15 +76,40 @@ impl Resilience {
     ) -> Result<Decision, Error> {
         match outcome {
             Ok(decision) => {
-                if self.outage.load(Ordering::Relaxed) {
-                    self.outage.store(false, Ordering::Relaxed);
-                }
+                self.answered();
                 Ok(decision)
             }
             Err(e) => {
                 self.mark_down(group, &e);
                 self.fall_back(e, request)
             }
+        }
+    }
+
+    /// A set's outcome from Redis (its keys' node in `group`): whether it was admitted and
+    /// each limit's decision, or the failure policy's answer for the whole set.
+    pub(crate) fn settle_all(
+        &self,
+        outcome: Result<(bool, Vec<Decision>), StoreError>,
+        requests: &[Request<'_>],
+        group: usize,
+    ) -> Result<SetDecision, Error> {
+        match outcome {
+            Ok((admitted, limits)) => {
+                self.answered();
+                Ok(SetDecision::new(admitted, limits))
+            }
+            Err(e) => {
+                self.mark_down(group, &e);
+                self.fall_back_all(e, requests)
+            }
+        }
+    }
+
+    /// Redis answered: an outage, if any, is over.
+    fn answered(&self) {
+        if self.outage.load(Ordering::Relaxed) {
+            self.outage.store(false, Ordering::Relaxed);
         }
     }
 
@@ -138,14 +163,7 @@ impl Resilience {
     pub(crate) fn fall_back(&self, error: StoreError, r: &Request<'_>) -> Result<Decision, Error> {
         match self.failure {
             FailurePolicy::FailClosed => Err(error.into()),
-            FailurePolicy::FailOpen => Ok(Decision::from_micros(
-                true,
-                0.0,
-                r.policy.limit().saturating_sub(r.cost),
-                0.0,
-                r.policy.limit(),
-            )
-            .with_fallback(Fallback::FailOpen)),
+            FailurePolicy::FailOpen => Ok(fail_open(r)),
             FailurePolicy::Local => match &self.local {
                 Some(local) => local
                     .decide_sync(r.policy, r.key, r.op, r.cost)
@@ -154,4 +172,44 @@ impl Resilience {
             },
         }
     }
+
+    /// The failure policy's answer to a failed set: refused by an error, admitted whole, or
+    /// decided as a set by the in-process stand-in.
+    pub(crate) fn fall_back_all(
+        &self,
+        error: StoreError,
+        requests: &[Request<'_>],
+    ) -> Result<SetDecision, Error> {
+        match self.failure {
+            FailurePolicy::FailClosed => Err(error.into()),
+            FailurePolicy::FailOpen => Ok(SetDecision::new(
+                true,
+                requests.iter().map(fail_open).collect(),
+            )),
+            FailurePolicy::Local => match &self.local {
+                Some(local) => {
+                    let set = local.decide_all_sync(requests)?;
+                    let limits = set
+                        .limits
+                        .into_iter()
+                        .map(|d| d.with_fallback(Fallback::Local))
+                        .collect();
+                    Ok(SetDecision::new(set.decision.allowed, limits))
+                }
+                None => Err(error.into()),
+            },
+        }
+    }
+}
+
+/// `fail_open`'s answer to `r`: admitted at once, as if its key were idle.
+fn fail_open(r: &Request<'_>) -> Decision {
+    Decision::from_micros(
+        true,
+        0.0,
+        r.policy.limit().saturating_sub(r.cost),
+        0.0,
+        r.policy.limit(),
+    )
+    .with_fallback(Fallback::FailOpen)
 }

@@ -29,6 +29,9 @@ const SOURCES: &[&str] = &[
     include_str!("../../lua/decide.lua"),
 ];
 
+/// The entry point deciding a set of limits as one (`lua/decide_all.lua`).
+const DECIDE_ALL_ENTRY: &str = include_str!("../../lua/decide_all.lua");
+
 /// The lean entry points (`lua/lean.lua`), in the library only.
 const LEAN: &str = include_str!("../../lua/lean.lua");
 
@@ -36,6 +39,10 @@ const LEAN: &str = include_str!("../../lua/lean.lua");
 /// `lua/decide.lua`), for `EVALSHA`.
 pub(crate) static DECIDE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&SOURCES.join("\n")));
+
+/// The set decision script (`lua/decide_all.lua`), for `EVALSHA`.
+pub(crate) static DECIDE_ALL: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{}\n{DECIDE_ALL_ENTRY}", *ALGORITHMS)));
 
 /// The same code as a Redis function library (Redis 7+), preferred where the server has
 /// functions: a library's definitions run once at load, not at every call as a script's
@@ -52,6 +59,9 @@ pub(crate) struct Library {
     /// The lean batch of `gcra` and `pacer` decisions: the arguments of `function`, one
     /// string as the answer (see `lua/lean.lua`).
     pub(crate) lean_batch: String,
+    /// The function deciding a set of limits as one (`lua/decide_all.lua`); its keys share
+    /// a slot.
+    pub(crate) all: String,
     /// The library's source for `FUNCTION LOAD`.
     pub(crate) code: String,
 }
@@ -111,13 +121,17 @@ pub(crate) fn register(
 pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let entry = SOURCES.last().copied().unwrap_or("");
     let library = ALGORITHMS.as_str();
-    let body = format!("{library}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n{LEAN}\n");
+    let body = format!(
+        "{library}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n\
+         local function decide_all(KEYS, ARGV)\n{DECIDE_ALL_ENTRY}\nend\n{LEAN}\n"
+    );
     // Each function: its name's stem, its callback in `body`, its flags.
     let functions = [
         ("decide", "decide", "'allow-cross-slot-keys'"),
         ("gcra", "single_gcra", ""),
         ("pacer", "single_pacer", ""),
         ("lean", "lean_batch", "'allow-cross-slot-keys'"),
+        ("all", "decide_all", ""),
     ];
     let (code, name) = register("", &body, &functions);
     Library {
@@ -125,6 +139,7 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         single_gcra: name("gcra"),
         single_pacer: name("pacer"),
         lean_batch: name("lean"),
+        all: name("all"),
         code,
     }
 });
@@ -168,6 +183,27 @@ pub(crate) fn parse_reply(
             Ok(decision)
         })
         .collect()
+}
+
+/// Turns the set script's reply (`lua/decide_all.lua`) into whether the set was admitted
+/// and one decision per entry of `limits`.
+pub(crate) fn parse_all_reply(
+    reply: Value,
+    limits: impl ExactSizeIterator<Item = u64>,
+) -> Result<(bool, Vec<Decision>), StoreError> {
+    let Value::Array(mut values) = reply else {
+        return Err(protocol(format!("expected an array, got {reply:?}")));
+    };
+    if values.is_empty() {
+        return Err(protocol("expected the set's admission flag, got nothing"));
+    }
+    let admitted = match values.remove(0) {
+        Value::Int(1) => true,
+        Value::Int(0) => false,
+        other => return Err(protocol(format!("the set's admission flag is {other:?}"))),
+    };
+    let decisions = parse_reply(Value::Array(values), limits)?;
+    Ok((admitted, decisions))
 }
 
 /// A time the script returned in nanoseconds: an integer, or a float in a string when it is
@@ -394,10 +430,13 @@ impl std::fmt::Display for Shown<'_> {
     }
 }
 
-fn protocol(message: String) -> StoreError {
+fn protocol(message: impl Into<String>) -> StoreError {
     StoreError::new(
         StoreErrorKind::Protocol,
-        format!("unexpected reply from the paceline script: {message}"),
+        format!(
+            "unexpected reply from the paceline script: {}",
+            message.into()
+        ),
     )
 }
 

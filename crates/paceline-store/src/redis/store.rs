@@ -16,7 +16,8 @@ use super::batch::{self, Job, Queue};
 use super::resilience::Resilience;
 use super::routing::{collect, Router};
 use super::transport::{Connection, Target, Transport};
-use crate::{FailurePolicy, MemoryStore, Request, Store, StoreFuture, SyncStore};
+use crate::set::check_set;
+use crate::{FailurePolicy, MemoryStore, Request, SetDecision, Store, StoreFuture, SyncStore};
 
 /// The format version in every key: a change of the stored layout changes it, so an old
 /// layout is never misread.
@@ -287,6 +288,45 @@ impl RedisStore {
         resilience.settle(outcome, &request, group)
     }
 
+    /// Decides a set of limits as one (see [`Store::decide_all`]): one call of the Lua
+    /// library, which reads every key, decides on what it read and writes only if every
+    /// limit admits. In a cluster the keys must share a hash slot (a common hash tag, e.g.
+    /// `{tenant42}:second` and `{tenant42}:day`). If Redis fails, the failure policy
+    /// answers for the whole set (`local`: the in-process stand-in decides it as a set).
+    pub async fn decide_all(&self, requests: &[Request<'_>]) -> Result<SetDecision, Error> {
+        check_set(requests)?;
+        if let [r] = requests {
+            let decision = self.decide(r.policy, r.key, r.op, r.cost).await?;
+            return Ok(SetDecision::new(decision.allowed, vec![decision]));
+        }
+        let (router, resilience) = (&self.inner.router, &self.inner.resilience);
+        let first = requests[0].key;
+        if router.is_cluster() {
+            let slot = router.slot_of(first);
+            if let Some(other) = requests.iter().find(|r| router.slot_of(r.key) != slot) {
+                return Err(InputError::new(
+                    "limits",
+                    format!(
+                        "the keys `{first}` and `{}` are in different hash slots of the Redis \
+                         Cluster, and a set is decided in one call on one node: give the keys \
+                         of a set a common hash tag, e.g. `{{tenant42}}:second` and \
+                         `{{tenant42}}:day`",
+                        other.key
+                    ),
+                )
+                .into());
+            }
+        }
+        let now = self.now()?;
+        let group = router.group_of(first);
+        if resilience.in_backoff(group) {
+            return resilience.fall_back_all(resilience.backoff_error(), requests);
+        }
+        let batch: Vec<&Request> = requests.iter().collect();
+        let outcome = router.transport().call_all(&batch, now).await;
+        resilience.settle_all(outcome, requests, group)
+    }
+
     /// Deletes the key. A store failure is returned whatever the failure policy (with
     /// `local`, the in-process stand-in forgets the key too).
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
@@ -535,6 +575,13 @@ impl Store for RedisStore {
         requests: &'a [Request<'a>],
     ) -> StoreFuture<'a, Vec<Result<Decision, Error>>> {
         StoreFuture::boxed(RedisStore::decide_batch(self, requests))
+    }
+
+    fn decide_all<'a>(
+        &'a self,
+        requests: &'a [Request<'a>],
+    ) -> StoreFuture<'a, Result<SetDecision, Error>> {
+        StoreFuture::boxed(RedisStore::decide_all(self, requests))
     }
 
     fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {

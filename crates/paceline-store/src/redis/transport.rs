@@ -15,7 +15,9 @@ use redis::{
 use tokio::time::Instant;
 
 use super::args::{push_clock, push_params, push_policy, push_request, Prefixed};
-use super::script::{lean_decisions, parse_reply, single_decision, DECIDE, LIBRARY};
+use super::script::{
+    lean_decisions, parse_all_reply, parse_reply, single_decision, DECIDE, DECIDE_ALL, LIBRARY,
+};
 use crate::{without_credentials, Request};
 
 /// A parsed store URL.
@@ -392,7 +394,7 @@ impl Transport {
         let reply = self
             .bounded_until(
                 self.deadline(),
-                run_decide(&mut connection, &call, self.functions),
+                run_decide(&mut connection, &call, self.functions, &DECIDE),
                 "a decision",
             )
             .await?;
@@ -412,21 +414,7 @@ impl Transport {
         spread: bool,
         deadline: Instant,
     ) -> Result<Vec<Decision>, StoreError> {
-        // Each distinct policy is sent once; decisions refer to it by number.
-        let mut policies: Vec<&Policy> = Vec::new();
-        let mut numbers = Vec::with_capacity(batch.len());
-        for r in batch {
-            let known = policies
-                .iter()
-                .rposition(|p| std::ptr::eq(*p, r.policy) || *p == r.policy);
-            numbers.push(match known {
-                Some(i) => i + 1,
-                None => {
-                    policies.push(r.policy);
-                    policies.len()
-                }
-            });
-        }
+        let (policies, numbers) = numbered(batch);
         // The lean batch answers `gcra` and `pacer` decisions with less work for the server;
         // it takes the same arguments (see `PL.read_batch` in `lua/prelude.lua`).
         let lean = self.functions && policies.iter().all(|p| LIBRARY.single(p).is_some());
@@ -443,6 +431,35 @@ impl Transport {
             call.arg(DECIDE.get_hash());
             call
         };
+        self.push_batch(&mut call, batch, now, spread, &policies, &numbers);
+        let mut connection = self.connection.clone();
+        let reply = self
+            .bounded_until(
+                deadline,
+                run_decide(&mut connection, &call, self.functions, &DECIDE),
+                "a decision",
+            )
+            .await?;
+        if lean {
+            lean_decisions(reply, batch, now)
+        } else {
+            parse_reply(reply, batch.iter().map(|r| r.policy.limit()))
+        }
+    }
+
+    /// Writes a batch's arguments (see `PL.read_batch` in `lua/prelude.lua`) after the
+    /// function's name: the keys (only the first declared when `spread`), the clock,
+    /// `policies` (each distinct policy once) and the runs of requests referring to them by
+    /// their `numbers`.
+    fn push_batch(
+        &self,
+        call: &mut Cmd,
+        batch: &[&Request<'_>],
+        now: Option<u64>,
+        spread: bool,
+        policies: &[&Policy],
+        numbers: &[usize],
+    ) {
         // The keys, each written under the prefix straight into the command.
         let prefix = self.key_prefix.as_str();
         let push_keys = |call: &mut Cmd| {
@@ -456,38 +473,74 @@ impl Transport {
         if spread {
             call.arg(1).arg(Prefixed(prefix, batch[0].key));
         } else {
-            push_keys(&mut call);
+            push_keys(call);
         }
-        push_clock(now, self.ttl_slack_ms, &mut call);
+        push_clock(now, self.ttl_slack_ms, call);
         if spread {
-            push_keys(&mut call);
+            push_keys(call);
         } else {
             call.arg(0);
         }
         call.arg(policies.len());
-        for policy in &policies {
-            push_policy(policy, &mut call);
+        for policy in policies {
+            push_policy(policy, call);
         }
-        let runs = runs(batch, &numbers);
+        let runs = runs(batch, numbers);
         call.arg(runs.len());
         for (start, count) in runs {
             call.arg(count).arg(numbers[start]);
-            push_request(batch[start].op, batch[start].cost, &mut call);
+            push_request(batch[start].op, batch[start].cost, call);
         }
+    }
+
+    /// One call deciding `batch` as a set (`lua/decide_all.lua`): whether it was admitted,
+    /// and each limit's decision. The keys share a slot (checked by the caller).
+    pub(crate) async fn call_all(
+        &self,
+        batch: &[&Request<'_>],
+        now: Option<u64>,
+    ) -> Result<(bool, Vec<Decision>), StoreError> {
+        let (policies, numbers) = numbered(batch);
+        let mut call = if self.functions {
+            let mut call = redis::cmd("FCALL");
+            call.arg(&LIBRARY.all);
+            call
+        } else {
+            let mut call = redis::cmd("EVALSHA");
+            call.arg(DECIDE_ALL.get_hash());
+            call
+        };
+        self.push_batch(&mut call, batch, now, false, &policies, &numbers);
         let mut connection = self.connection.clone();
         let reply = self
             .bounded_until(
-                deadline,
-                run_decide(&mut connection, &call, self.functions),
-                "a decision",
+                self.deadline(),
+                run_decide(&mut connection, &call, self.functions, &DECIDE_ALL),
+                "a set decision",
             )
             .await?;
-        if lean {
-            lean_decisions(reply, batch, now)
-        } else {
-            parse_reply(reply, batch.iter().map(|r| r.policy.limit()))
-        }
+        parse_all_reply(reply, batch.iter().map(|r| r.policy.limit()))
     }
+}
+
+/// Each distinct policy of `batch` once, and each request's policy by its number (from 1)
+/// among them: a call sends each policy once.
+fn numbered<'a>(batch: &[&'a Request<'_>]) -> (Vec<&'a Policy>, Vec<usize>) {
+    let mut policies: Vec<&Policy> = Vec::new();
+    let mut numbers = Vec::with_capacity(batch.len());
+    for r in batch {
+        let known = policies
+            .iter()
+            .rposition(|p| std::ptr::eq(*p, r.policy) || *p == r.policy);
+        numbers.push(match known {
+            Some(i) => i + 1,
+            None => {
+                policies.push(r.policy);
+                policies.len()
+            }
+        });
+    }
+    (policies, numbers)
 }
 
 /// A batch's consecutive requests with the same policy (by its number in the call), op
@@ -520,6 +573,7 @@ async fn run_decide(
     connection: &mut Connection,
     call: &Cmd,
     functions: bool,
+    script: &redis::Script,
 ) -> RedisResult<Value> {
     match call.query_async(connection).await {
         Err(e) if functions && e.kind() == ErrorKind::Server(ServerErrorKind::ResponseError) => {
@@ -527,7 +581,7 @@ async fn run_decide(
             call.query_async(connection).await
         }
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            DECIDE.prepare_invoke().load_async(connection).await?;
+            script.prepare_invoke().load_async(connection).await?;
             call.query_async(connection).await
         }
         other => other,

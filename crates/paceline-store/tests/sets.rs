@@ -1,0 +1,386 @@
+//! Sets of limits decided as one ([`Store::decide_all`]), on every store.
+//!
+//! * **Differential**: proptest generates a few keys, each with a policy of any algorithm,
+//!   and steps that advance an injected clock and decide sets of one to three of the keys
+//!   (`limit` or `peek`, costs 1 and 2). The memory store, a Redis server (the library as
+//!   functions and as a script) and a 3-primary Redis Cluster (the keys under one hash tag)
+//!   must give identical decisions, combined and per limit.
+//! * **Atomicity**: the same steps run on a model, a memory store of single decisions in
+//!   which an admitted set's requests are applied one by one and a refused set applies
+//!   nothing (a set of one is the limit's own decision). After every step each key must answer a `peek` as the model's key does (so a
+//!   refused set changed no limit, on any store), and a set is admitted exactly when every
+//!   limit alone admits.
+//!
+//! `PROPTEST_CASES` sets the number of cases (default 96).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline_store::{redis::RedisStore, FailurePolicy, Request, SetDecision, MAX_LIMITS};
+use paceline_store::{Error, ManualClock, MemoryStore, Op, Policy, Store};
+use paceline_testkit::{shared_cluster, shared_server};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+/// 2023-11-14 in microseconds since the Unix epoch.
+const EPOCH_2023: u64 = 1_700_000_000_000_000;
+
+#[derive(Clone, Debug)]
+enum Step {
+    Sleep(u64),
+    Set {
+        /// Key numbers, distinct.
+        keys: Vec<usize>,
+        peek: bool,
+        cost: u64,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    /// Key `i`'s policy.
+    specs: Vec<String>,
+    steps: Vec<Step>,
+}
+
+/// One policy of any algorithm, with limits small enough for sets to be refused often.
+fn spec() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (1..=20u64, 1..=3u64).prop_map(|(r, b)| format!("gcra:rate={r}/s,burst={b}")),
+        (1..=20u64, 0..=3u64).prop_map(|(r, b)| format!("pacer:rate={r}/s,max_burst={b}")),
+        (2..=5u64, 100..=2000u64).prop_map(|(l, w)| format!("fixed_window:limit={l},window={w}ms")),
+        (2..=5u64, 100..=2000u64, any::<bool>()).prop_map(|(l, w, blocked)| format!(
+            "sliding_log:limit={l},window={w}ms,count_blocked={blocked}"
+        )),
+        (2..=5u64, 100..=2000u64)
+            .prop_map(|(l, w)| format!("sliding_window:limit={l},window={w}ms")),
+        (2..=6u64, 100..=2000u64)
+            .prop_map(|(p, d)| format!("exec_evenly:points={p},duration={d}ms")),
+        (1..=20u64).prop_map(|r| format!("smooth_bursty:rate={r}/s")),
+        (1..=20u64, 100..=2000u64)
+            .prop_map(|(r, w)| format!("smooth_warming_up:rate={r}/s,warmup={w}ms")),
+    ]
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    prop::collection::vec(spec(), 2..=4).prop_flat_map(|specs| {
+        let n = specs.len();
+        let set = (
+            prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n.min(3)),
+            prop::bool::weighted(0.15),
+            prop_oneof![4 => Just(1u64), 1 => Just(2u64)],
+        )
+            .prop_shuffle_keys();
+        let step = prop_oneof![
+            2 => Just(Step::Sleep(0)),
+            3 => (0..=600_000u64).prop_map(Step::Sleep),
+            10 => set,
+        ];
+        prop::collection::vec(step, 1..40).prop_map(move |steps| Case {
+            specs: specs.clone(),
+            steps,
+        })
+    })
+}
+
+/// Shuffles a generated set's keys, so the same keys come in every order.
+trait ShuffleKeys {
+    fn prop_shuffle_keys(self) -> BoxedStrategy<Step>;
+}
+
+impl<S> ShuffleKeys for S
+where
+    S: Strategy<Value = (Vec<usize>, bool, u64)> + 'static,
+{
+    fn prop_shuffle_keys(self) -> BoxedStrategy<Step> {
+        self.prop_flat_map(|(keys, peek, cost)| {
+            Just(keys)
+                .prop_shuffle()
+                .prop_map(move |keys| Step::Set { keys, peek, cost })
+        })
+        .boxed()
+    }
+}
+
+struct Stores {
+    clock: ManualClock,
+    memory: MemoryStore,
+    /// Single decisions only: the model of what a set should have done.
+    model: MemoryStore,
+    redis: RedisStore,
+    redis_scripts: RedisStore,
+    cluster: RedisStore,
+}
+
+impl Stores {
+    async fn new() -> Stores {
+        let clock = ManualClock::new(EPOCH_2023);
+        let connect = |url: String, scripts: bool, prefix: &'static str| {
+            let clock = clock.clone();
+            async move {
+                let mut builder = RedisStore::builder(url, FailurePolicy::FailClosed)
+                    .prefix(prefix)
+                    .clock(Arc::new(clock))
+                    .response_timeout(Duration::from_secs(10));
+                if scripts {
+                    builder = builder.scripts_only();
+                }
+                builder.connect().await.expect("connect to the test Redis")
+            }
+        };
+        let redis = connect(shared_server().url(), false, "sets").await;
+        let redis_scripts = connect(shared_server().url(), true, "sets-scripts").await;
+        let cluster = connect(shared_cluster().url(), false, "sets").await;
+        assert!(redis.runs_as_functions() && !redis_scripts.runs_as_functions());
+        assert!(cluster.is_cluster());
+        Stores {
+            memory: MemoryStore::builder().clock(clock.clone()).build(),
+            model: MemoryStore::builder().clock(clock.clone()).build(),
+            clock,
+            redis,
+            redis_scripts,
+            cluster,
+        }
+    }
+
+    async fn run(&self, case: &Case) -> Result<(), TestCaseError> {
+        let id = next_case_id();
+        self.clock.set_micros(EPOCH_2023 + id * 3_600_000_000);
+        let policies: Vec<Policy> = case
+            .specs
+            .iter()
+            .map(|s| s.parse().expect("generated specs are valid"))
+            .collect();
+        // One hash tag per case: the cluster takes the case's sets in one slot.
+        let keys: Vec<String> = (0..policies.len())
+            .map(|k| format!("{{case{id}}}:k{k}"))
+            .collect();
+        let stores: [(&str, &dyn Store); 4] = [
+            ("memory", &self.memory),
+            ("redis", &self.redis),
+            ("redis (as a script)", &self.redis_scripts),
+            ("cluster", &self.cluster),
+        ];
+        for (index, step) in case.steps.iter().enumerate() {
+            let (set, peek, cost) = match step {
+                Step::Sleep(us) => {
+                    self.clock.advance(Duration::from_micros(*us));
+                    continue;
+                }
+                Step::Set {
+                    keys: set,
+                    peek,
+                    cost,
+                } => (set, *peek, *cost),
+            };
+            let op = if peek { Op::Peek } else { Op::Limit };
+            let requests: Vec<Request> = set
+                .iter()
+                .map(|&k| Request::new(&policies[k], &keys[k], op, cost))
+                .collect();
+            let what = || {
+                let parts: Vec<String> = set
+                    .iter()
+                    .map(|&k| format!("{} on k{k}", policies[k]))
+                    .collect();
+                format!("step {index}: {op:?} cost {cost} of [{}]", parts.join(", "))
+            };
+            let expected = self.memory.decide_all(&requests).await;
+            for (name, store) in &stores[1..] {
+                let got = store.decide_all(&requests).await;
+                if let Err(why) = same(&expected, &got) {
+                    return Err(TestCaseError::fail(format!(
+                        "{}: {name} differs from memory: {why}\n memory: {expected:?}\n {name}: {got:?}",
+                        what()
+                    )));
+                }
+            }
+            // The model: each limit alone, applied only if every one admits.
+            let mut alone = Vec::new();
+            for r in &requests {
+                alone.push(self.model.decide(r.policy, r.key, Op::Peek, r.cost).await);
+            }
+            match (&expected, alone.into_iter().collect::<Result<Vec<_>, _>>()) {
+                (Ok(set), Ok(alone)) => {
+                    let every = alone.iter().all(|d| d.allowed);
+                    prop_assert_eq!(
+                        set.allowed(),
+                        every,
+                        "{}: the set's admission differs from its limits' alone {:?}",
+                        what(),
+                        alone
+                    );
+                    let refused: Vec<usize> = set.refused().collect();
+                    let expected_refused: Vec<usize> = if every {
+                        Vec::new()
+                    } else {
+                        (0..alone.len()).filter(|&i| !alone[i].allowed).collect()
+                    };
+                    prop_assert_eq!(refused, expected_refused, "{}", what());
+                    // A set of one is that limit's own decision, which a `sliding_log` with
+                    // `count_blocked` records even when it refuses.
+                    if (every || requests.len() == 1) && !peek {
+                        for r in &requests {
+                            self.model
+                                .decide(r.policy, r.key, r.op, r.cost)
+                                .await
+                                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        }
+                    }
+                }
+                (Err(Error::Input(e)), Err(Error::Input(alone))) => {
+                    prop_assert_eq!(e.field(), alone.field(), "{}", what());
+                    continue;
+                }
+                (set, alone) => {
+                    return Err(TestCaseError::fail(format!(
+                        "{}: the set answered {set:?}, its limits alone {alone:?}",
+                        what()
+                    )))
+                }
+            }
+            // Every key, on every store, answers a peek as the model's does.
+            for (k, policy) in policies.iter().enumerate() {
+                let model = self.model.decide(policy, &keys[k], Op::Peek, 1).await;
+                for (name, store) in &stores {
+                    let got = store.decide(policy, &keys[k], Op::Peek, 1).await;
+                    prop_assert_eq!(
+                        got.as_ref().ok(),
+                        model.as_ref().ok(),
+                        "{}: k{} on {} is not where the model's is",
+                        what(),
+                        k,
+                        name
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn next_case_id() -> u64 {
+    static CASE: AtomicU64 = AtomicU64::new(0);
+    CASE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Identical set decisions, or errors naming the same field.
+fn same(a: &Result<SetDecision, Error>, b: &Result<SetDecision, Error>) -> Result<(), String> {
+    match (a, b) {
+        (Ok(a), Ok(b)) if a == b => Ok(()),
+        (Ok(_), Ok(_)) => Err("decisions differ".into()),
+        (Err(Error::Input(a)), Err(Error::Input(b))) if a.field() == b.field() => Ok(()),
+        _ => Err("one failed, the other did not".into()),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+#[test]
+fn every_store_decides_sets_alike_and_a_refused_set_changes_nothing() {
+    let runtime = runtime();
+    let stores = runtime.block_on(Stores::new());
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(96);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    if let Err(e) = runner.run(&case(), |case| runtime.block_on(stores.run(&case))) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn a_cluster_refuses_a_set_across_slots_by_naming_its_keys() {
+    let runtime = runtime();
+    runtime.block_on(async {
+        let cluster = RedisStore::builder(shared_cluster().url(), FailurePolicy::FailClosed)
+            .prefix("sets-slots")
+            .connect()
+            .await
+            .expect("connect to the test cluster");
+        let second: Policy = "gcra:rate=10/s".parse().expect("a policy");
+        let day: Policy = "fixed_window:limit=1000,window=1d"
+            .parse()
+            .expect("a policy");
+        // "tenant42:second" and "tenant42:day" hash to different slots.
+        let apart = [
+            Request::new(&second, "tenant42:second", Op::Limit, 1),
+            Request::new(&day, "tenant42:day", Op::Limit, 1),
+        ];
+        let err = cluster
+            .decide_all(&apart)
+            .await
+            .expect_err("keys across slots");
+        let Error::Input(err) = err else {
+            panic!("not an input error: {err:?}")
+        };
+        assert_eq!(err.field(), "limits");
+        assert!(err.message().contains("`tenant42:second`"), "{err}");
+        assert!(err.message().contains("`tenant42:day`"), "{err}");
+        assert!(err.message().contains("hash tag"), "{err}");
+        let tagged = [
+            Request::new(&second, "{tenant42}:second", Op::Limit, 1),
+            Request::new(&day, "{tenant42}:day", Op::Limit, 1),
+        ];
+        let set = cluster.decide_all(&tagged).await.expect("one slot");
+        assert!(set.allowed());
+        assert_eq!(set.limits[1].remaining, 999);
+        for r in &tagged {
+            cluster.reset(r.key).await.expect("clean up");
+        }
+    });
+}
+
+#[test]
+fn redis_checks_sets_as_memory_does() {
+    let runtime = runtime();
+    runtime.block_on(async {
+        let redis = RedisStore::builder(shared_server().url(), FailurePolicy::FailClosed)
+            .prefix("sets-checks")
+            .connect()
+            .await
+            .expect("connect to the test Redis");
+        let memory = MemoryStore::new();
+        let p: Policy = "gcra:rate=10/s,burst=2".parse().expect("a policy");
+        let keys: Vec<String> = (0..=MAX_LIMITS).map(|i| format!("k{i}")).collect();
+        let many: Vec<Request> = keys
+            .iter()
+            .map(|k| Request::new(&p, k, Op::Limit, 1))
+            .collect();
+        let twice = [
+            Request::new(&p, "k", Op::Limit, 1),
+            Request::new(&p, "k", Op::Limit, 1),
+        ];
+        let paced = [
+            Request::new(&p, "a", Op::pace(), 1),
+            Request::new(&p, "b", Op::pace(), 1),
+        ];
+        let costly = [Request::new(&p, "a", Op::Limit, 3)];
+        let cases: [(&[Request], &str); 5] = [
+            (&[], "limits"),
+            (&many, "limits"),
+            (&twice, "limits"),
+            (&paced, "op"),
+            (&costly, "cost"),
+        ];
+        for (requests, field) in cases {
+            for (name, store) in [("memory", &memory as &dyn Store), ("redis", &redis)] {
+                match store.decide_all(requests).await {
+                    Err(Error::Input(e)) => assert_eq!(e.field(), field, "{name}: {e}"),
+                    other => panic!("{name}: expected an input error on `{field}`, got {other:?}"),
+                }
+            }
+        }
+    });
+}
