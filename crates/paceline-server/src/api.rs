@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use paceline_store::{
-    Decision, Error, InputError, Op, Policy, Request, SharedStore, StoreErrorKind,
+    Decision, Error, InputError, Op, Policy, Request, SharedStore, StoreErrorKind, MAX_LIMITS,
 };
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -22,7 +22,7 @@ use subtle::ConstantTimeEq as _;
 
 use crate::config::Settings;
 use crate::metrics::{Metrics, PolicyMetrics};
-use crate::request::{self, BodyError, RawAsk, Text};
+use crate::request::{self, BodyError, RawAsk};
 
 /// The largest body of `POST /v1/decisions`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -81,7 +81,8 @@ impl Live {
     }
 
     /// An inline spec's policy, parsed once, and the store's key for `key` under it.
-    fn inline(&self, spec: &str, key: &str) -> Result<(Policy, String), ApiError> {
+    /// Errors name `field`, the request's field holding the spec.
+    fn inline(&self, spec: &str, key: &str, field: &str) -> Result<(Policy, String), ApiError> {
         if let Some((policy, namespace)) = self
             .inline
             .read()
@@ -91,7 +92,7 @@ impl Live {
             return Ok((policy.clone(), store_key(namespace, key)));
         }
         let policy: Policy = spec.parse().map_err(|e: InputError| {
-            ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
+            ApiError::invalid(format!("{field}.{}", e.field()), e.message().to_string())
         })?;
         // The canonical spec keeps equal policies on the same keys.
         let namespace = format!("~{policy}");
@@ -195,11 +196,11 @@ impl ApiError {
         ApiError::invalid(e.field(), e.message())
     }
 
-    fn unknown_policy(name: &str) -> ApiError {
+    fn unknown_policy(name: &str, field: &str) -> ApiError {
         ApiError::new(
             StatusCode::NOT_FOUND,
             "unknown_policy",
-            "policy",
+            field,
             format!("no policy named `{name}`; see GET /v1/policies"),
         )
     }
@@ -261,6 +262,32 @@ impl<'a> DecisionBody<'a> {
             status,
         }
     }
+}
+
+/// The answer to a set of limits: the combined decision and one entry per limit (fields in
+/// alphabetical order, as in a single decision's answer).
+#[derive(Serialize)]
+struct SetBody<'a> {
+    allowed: bool,
+    delay_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback: Option<&'static str>,
+    limit: u64,
+    limits: Vec<PartBody<'a>>,
+    remaining: u64,
+    reset_after_ms: f64,
+}
+
+/// One limit's entry in a set's answer.
+#[derive(Serialize)]
+struct PartBody<'a> {
+    allowed: bool,
+    delay_ms: f64,
+    key: &'a str,
+    limit: u64,
+    policy: &'a str,
+    remaining: u64,
+    reset_after_ms: f64,
 }
 
 /// One answer of a batch: a decision, or an error, each with its status.
@@ -389,27 +416,100 @@ fn validate<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<Ask<'a>, ApiError
         op,
         cost,
         max_wait_ms,
+        limits,
     } = fields;
+    if limits.is_some() {
+        return Err(ApiError::invalid(
+            "limits",
+            "a set of limits is decided by POST /v1/decisions, one set per request",
+        ));
+    }
     let spec = policy.as_deref().ok_or_else(|| {
         ApiError::invalid(
             "policy",
-            "is required: a configured policy's name or a spec",
+            "is required: a configured policy's name or a spec (or give `limits`, a set of limits)",
         )
     })?;
     let key = key
         .as_deref()
         .ok_or_else(|| ApiError::invalid("key", "is required"))?;
-    check_key(key)?;
-    let op_name = op.as_ref().map_or("pace", |op: &Text| op);
-    let cost = number_field(
-        cost.as_ref(),
-        "cost",
-        "use a whole number of at least 1",
-        |n| n.as_u64().filter(|&c| c >= 1),
-    )?
-    .unwrap_or(1);
+    check_key(key, "key")?;
+    let cost = cost_field(cost.as_ref(), "cost")?.unwrap_or(1);
+    let op = op_field(op.as_deref().unwrap_or("pace"), max_wait_ms.as_ref())?;
+    let Resolved {
+        name,
+        metrics,
+        policy,
+        store_key,
+    } = resolve(live, spec, key, "policy")?;
+    // The cost is checked against the policy by the store, once, as it decides.
+    Ok(Ask {
+        name: name.unwrap_or(INLINE),
+        metrics,
+        policy,
+        store_key,
+        op,
+        cost,
+    })
+}
+
+/// A policy named by a request, found in the live configuration.
+struct Resolved<'a> {
+    /// The configured name; `None` for an inline spec.
+    name: Option<&'a str>,
+    metrics: &'a PolicyMetrics,
+    policy: Policy,
+    /// The key in the store: namespaced by policy.
+    store_key: String,
+}
+
+/// Finds `spec` (a configured name, or an inline spec where allowed) for `key`; errors name
+/// `field`, the request's field holding the spec.
+fn resolve<'a>(
+    live: &'a Live,
+    spec: &str,
+    key: &str,
+    field: &str,
+) -> Result<Resolved<'a>, ApiError> {
+    if let Some((name, c)) = live.policies.get_key_value(spec) {
+        return Ok(Resolved {
+            name: Some(name.as_str()),
+            metrics: &c.metrics,
+            policy: c.policy.clone(),
+            store_key: store_key(spec, key),
+        });
+    }
+    if !spec.contains(':') {
+        return Err(ApiError::unknown_policy(spec, field));
+    }
+    if !live.allow_inline_policies {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "inline_policies_disabled",
+            field,
+            "inline policy specs are turned off on this service; use a configured policy's name (GET /v1/policies)",
+        ));
+    }
+    let (policy, store_key) = live.inline(spec, key, field)?;
+    Ok(Resolved {
+        name: None,
+        metrics: &live.inline_metrics,
+        policy,
+        store_key,
+    })
+}
+
+/// A request's cost (`field`): a whole number of at least 1, if given.
+fn cost_field(cost: Option<&serde_json::Number>, field: &str) -> Result<Option<u64>, ApiError> {
+    number_field(cost, field, "use a whole number of at least 1", |n| {
+        n.as_u64().filter(|&c| c >= 1)
+    })
+}
+
+/// A request's op, with its `max_wait_ms` (for `pace` only).
+fn op_field(name: &str, max_wait_ms: Option<&serde_json::Number>) -> Result<Op, ApiError> {
     let max_wait = number_field(
-        max_wait_ms.as_ref(),
+        max_wait_ms,
         "max_wait_ms",
         "use milliseconds from 0 to 1e13",
         |n| {
@@ -418,51 +518,115 @@ fn validate<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<Ask<'a>, ApiError
                 .map(|ms| Duration::from_secs_f64(ms / 1000.0))
         },
     )?;
-    let op = match (op_name, max_wait) {
-        ("pace", None) => Op::pace(),
-        ("pace", Some(w)) => Op::pace_within(w),
+    match (name, max_wait) {
+        ("pace", None) => Ok(Op::pace()),
+        ("pace", Some(w)) => Ok(Op::pace_within(w)),
         ("limit" | "peek", Some(_)) => {
-            return Err(ApiError::invalid("max_wait_ms", "applies to `pace` only"));
+            Err(ApiError::invalid("max_wait_ms", "applies to `pace` only"))
         }
-        ("limit", None) => Op::Limit,
-        ("peek", None) => Op::Peek,
-        (other, _) => {
-            return Err(ApiError::invalid(
-                "op",
-                format!("`{other}` is not an op; use pace, limit or peek"),
-            ))
-        }
-    };
-    let (name, metrics, policy, store_key) = match live.policies.get_key_value(spec) {
-        Some((name, c)) => (
-            name.as_str(),
-            &c.metrics,
-            c.policy.clone(),
-            store_key(spec, key),
-        ),
-        None if spec.contains(':') => {
-            if !live.allow_inline_policies {
-                return Err(ApiError::new(
-                    StatusCode::FORBIDDEN,
-                    "inline_policies_disabled",
-                    "policy",
-                    "inline policy specs are turned off on this service; use a configured policy's name (GET /v1/policies)",
-                ));
-            }
-            let (policy, store_key) = live.inline(spec, key)?;
-            (INLINE, &live.inline_metrics, policy, store_key)
-        }
-        None => return Err(ApiError::unknown_policy(spec)),
-    };
-    // The cost is checked against the policy by the store, once, as it decides.
-    Ok(Ask {
-        name,
-        metrics,
+        ("limit", None) => Ok(Op::Limit),
+        ("peek", None) => Ok(Op::Peek),
+        (other, _) => Err(ApiError::invalid(
+            "op",
+            format!("`{other}` is not an op; use pace, limit or peek"),
+        )),
+    }
+}
+
+/// A validated set of limits.
+struct SetAsk<'a> {
+    parts: Vec<Part<'a>>,
+}
+
+/// One limit of a set.
+struct Part<'a> {
+    /// Its name in the answer and the headers, distinct within the set: the configured
+    /// policy's name, `inline-N` for an inline spec at position N (from 1), and a name
+    /// already taken gets `#N` added.
+    name: String,
+    /// The key as the request gave it.
+    key: String,
+    metrics: &'a PolicyMetrics,
+    policy: Policy,
+    store_key: String,
+    op: Op,
+    cost: u64,
+}
+
+/// Validates a request with `limits`: 1 to [`MAX_LIMITS`] limits, each with a policy and a
+/// key, no `policy` or `key` beside them; the op defaults to `limit` (a set of several
+/// takes `limit` or `peek`).
+fn validate_set<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<SetAsk<'a>, ApiError> {
+    let RawAsk {
         policy,
-        store_key,
+        key,
         op,
         cost,
-    })
+        max_wait_ms,
+        limits,
+    } = fields;
+    let limits = limits.as_deref().unwrap_or_default();
+    for (given, name) in [(policy.is_some(), "policy"), (key.is_some(), "key")] {
+        if given {
+            return Err(ApiError::invalid(
+                name,
+                format!("`{name}` and `limits` do not go together: give `policy` and `key` for one limit, or `limits` for a set"),
+            ));
+        }
+    }
+    if limits.is_empty() || limits.len() > MAX_LIMITS {
+        return Err(ApiError::invalid(
+            "limits",
+            format!(
+                "holds {} limits; give 1 to {MAX_LIMITS}, each {{\"policy\", \"key\"}}",
+                limits.len()
+            ),
+        ));
+    }
+    let cost = cost_field(cost.as_ref(), "cost")?.unwrap_or(1);
+    let op = op_field(op.as_deref().unwrap_or("limit"), max_wait_ms.as_ref())?;
+    let mut parts: Vec<Part> = Vec::with_capacity(limits.len());
+    for (i, raw) in limits.iter().enumerate() {
+        let field = |name: &str| format!("limits[{i}].{name}");
+        let spec = raw.policy.as_deref().ok_or_else(|| {
+            ApiError::invalid(
+                field("policy"),
+                "is required: a configured policy's name or a spec",
+            )
+        })?;
+        let key = raw
+            .key
+            .as_deref()
+            .ok_or_else(|| ApiError::invalid(field("key"), "is required"))?;
+        check_key(key, &field("key"))?;
+        let cost = cost_field(raw.cost.as_ref(), &field("cost"))?.unwrap_or(cost);
+        let resolved = resolve(live, spec, key, &field("policy"))?;
+        if let Some(j) = parts.iter().position(|p| p.store_key == resolved.store_key) {
+            return Err(ApiError::invalid(
+                format!("limits[{i}]"),
+                format!(
+                    "repeats limits[{j}]: the same policy on the same key counts once; drop one"
+                ),
+            ));
+        }
+        let mut name = match resolved.name {
+            Some(name) => name.to_string(),
+            None => format!("{INLINE}-{}", i + 1),
+        };
+        if parts.iter().any(|p| p.name == name) {
+            name = format!("{name}#{}", i + 1);
+        }
+        parts.push(Part {
+            name,
+            key: key.to_string(),
+            metrics: resolved.metrics,
+            policy: resolved.policy,
+            store_key: resolved.store_key,
+            op,
+            cost,
+        });
+    }
+    Ok(SetAsk { parts })
 }
 
 /// A path's parts; a path that does not decode (percent-encoded bytes that are not UTF-8)
@@ -502,11 +666,11 @@ pub(crate) fn number_field<T>(
     }
 }
 
-/// Keys are 1 to [`MAX_KEY`] bytes.
-fn check_key(key: &str) -> Result<(), ApiError> {
+/// Keys are 1 to [`MAX_KEY`] bytes; errors name `field`.
+fn check_key(key: &str, field: &str) -> Result<(), ApiError> {
     if key.is_empty() || key.len() > MAX_KEY {
         return Err(ApiError::invalid(
-            "key",
+            field,
             format!("must be 1 to {MAX_KEY} bytes long"),
         ));
     }
@@ -595,35 +759,54 @@ const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Adds `RateLimit-Policy`, `RateLimit` and, for a rejection, `Retry-After`.
 fn add_rate_limit_headers(headers: &mut HeaderMap, name: &str, decision: &Decision) {
+    add_set_headers(headers, &[(name, decision)], decision);
+}
+
+/// Adds `RateLimit-Policy` and `RateLimit` listing every limit of `limits` under its name
+/// (draft-ietf-httpapi-ratelimit-headers: a list of items, a quoted name with `q` for the
+/// policy; `r` remaining and `t` seconds to reset for the limit), and, when `combined` is a
+/// rejection, `Retry-After`.
+fn add_set_headers(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &Decision) {
     let seconds_up = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    // `"NAME";` then `key=number` pairs; the value is taken as it is built, without a copy.
-    let value = |pairs: &[(&str, u64)]| {
-        let mut text = String::with_capacity(name.len() + 16 + 24 * pairs.len());
+    // Items `"NAME";key=number...`, comma-separated, both values built in one pass and
+    // taken as they are, without a copy.
+    let (mut policy, mut limit) = (
+        String::with_capacity(limits.len() * 32),
+        String::with_capacity(limits.len() * 40),
+    );
+    let mut digits = itoa::Buffer::new();
+    let mut item = |text: &mut String, name: &str, pairs: &[(&str, u64)]| {
+        if !text.is_empty() {
+            text.push_str(", ");
+        }
         text.push('"');
         text.push_str(name);
         text.push('"');
-        let mut digits = itoa::Buffer::new();
         for (key, number) in pairs {
             text.push(';');
             text.push_str(key);
             text.push('=');
             text.push_str(digits.format(*number));
         }
-        HeaderValue::from_maybe_shared(Bytes::from(text))
     };
-    if let Ok(v) = value(&[("q", decision.limit)]) {
+    for (name, d) in limits {
+        item(&mut policy, name, &[("q", d.limit)]);
+        item(
+            &mut limit,
+            name,
+            &[("r", d.remaining), ("t", seconds_up(d.reset_after))],
+        );
+    }
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(policy)) {
         headers.insert(RATELIMIT_POLICY, v);
     }
-    if let Ok(v) = value(&[
-        ("r", decision.remaining),
-        ("t", seconds_up(decision.reset_after)),
-    ]) {
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(limit)) {
         headers.insert(RATELIMIT, v);
     }
-    if !decision.allowed {
+    if !combined.allowed {
         headers.insert(
             header::RETRY_AFTER,
-            HeaderValue::from(seconds_up(decision.delay).max(1)),
+            HeaderValue::from(seconds_up(combined.delay).max(1)),
         );
     }
 }
@@ -637,10 +820,17 @@ async fn decision(
         Ok(bytes) => bytes,
         Err(e) => return e.into_response(),
     };
-    let ask = match utf8(&bytes)
-        .and_then(|json| Ok(request::ask(json)?))
-        .and_then(|fields| validate(&live, &fields))
-    {
+    let fields = match utf8(&bytes).and_then(|json| Ok(request::ask(json)?)) {
+        Ok(fields) => fields,
+        Err(e) => return e.into_response(),
+    };
+    if fields.limits.is_some() {
+        return match validate_set(&live, &fields) {
+            Ok(set) => decide_set(&state, &set).await,
+            Err(e) => e.into_response(),
+        };
+    }
+    let ask = match validate(&live, &fields) {
         Ok(ask) => ask,
         Err(e) => return e.into_response(),
     };
@@ -662,6 +852,76 @@ async fn decision(
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// Decides a set of limits as one and answers: `200` admitted or `429` refused, with the
+/// combined decision and one entry per limit, and the headers listing every limit.
+async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
+    let requests: Vec<Request> = set
+        .parts
+        .iter()
+        .map(|p| Request::new(&p.policy, &p.store_key, p.op, p.cost))
+        .collect();
+    let started = Instant::now();
+    let outcome = state.store.decide_all(&requests).await;
+    state.metrics.observe_store(started.elapsed());
+    let decided = match outcome {
+        Ok(decided) => decided,
+        Err(e @ Error::Input(_)) => return store_failure(e).into_response(),
+        Err(e) => {
+            for part in &set.parts {
+                part.metrics.failed();
+            }
+            if matches!(e, Error::Store(_)) {
+                state.metrics.store_errors.inc();
+            }
+            return store_failure(e).into_response();
+        }
+    };
+    if decided.decision.fallback.is_some() {
+        state.metrics.store_errors.inc();
+    }
+    for (part, d) in set.parts.iter().zip(&decided.limits) {
+        // A limit that would have admitted a refused set did not admit anything.
+        let mut counted = *d;
+        counted.allowed &= decided.allowed();
+        part.metrics.decided(&counted);
+    }
+    let combined = &decided.decision;
+    let body = SetBody {
+        allowed: combined.allowed,
+        delay_ms: ms(combined.delay),
+        fallback: combined.fallback.map(|f| f.name()),
+        limit: combined.limit,
+        limits: set
+            .parts
+            .iter()
+            .zip(&decided.limits)
+            .map(|(part, d)| PartBody {
+                allowed: d.allowed,
+                delay_ms: ms(d.delay),
+                key: &part.key,
+                limit: d.limit,
+                policy: &part.name,
+                remaining: d.remaining,
+                reset_after_ms: ms(d.reset_after),
+            })
+            .collect(),
+        remaining: combined.remaining,
+        reset_after_ms: ms(combined.reset_after),
+    };
+    // Serialising a struct of numbers and strings into a Vec cannot fail.
+    let bytes = serde_json::to_vec(&body).unwrap_or_default();
+    let content_type = [(header::CONTENT_TYPE, APPLICATION_JSON)];
+    let mut response = (status_of(combined), content_type, bytes).into_response();
+    let named: Vec<(&str, &Decision)> = set
+        .parts
+        .iter()
+        .map(|p| p.name.as_str())
+        .zip(&decided.limits)
+        .collect();
+    add_set_headers(response.headers_mut(), &named, combined);
+    response
 }
 
 async fn batch(
@@ -738,9 +998,9 @@ async fn reset_key(
         Err(e) => return e.into_response(),
     };
     if !live.policies.contains_key(&policy) {
-        return ApiError::unknown_policy(&policy).into_response();
+        return ApiError::unknown_policy(&policy, "policy").into_response();
     }
-    if let Err(e) = check_key(&key) {
+    if let Err(e) = check_key(&key, "key") {
         return e.into_response();
     }
     match state.store.reset(&store_key(&policy, &key)).await {

@@ -7,7 +7,8 @@
 //! | endpoint | what |
 //! |---|---|
 //! | `POST /v1/decisions` | one decision: `{"policy", "key", "op", "cost", "max_wait_ms"}` |
-//! | `POST /v1/decisions/batch` | up to 1,000 of them, answered in order |
+//! | `POST /v1/decisions` with `limits` | a set of limits decided as one: `{"limits": [{"policy", "key"}, ...], "op", "cost"}` |
+//! | `POST /v1/decisions/batch` | up to 1,000 single decisions, answered in order |
 //! | `DELETE /v1/keys/{policy}/{key}` | reset a key |
 //! | `GET /v1/policies` | the configured policies |
 //! | `POST /v1/reload` | re-read the config file (also on SIGHUP) |

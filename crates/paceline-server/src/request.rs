@@ -39,6 +39,24 @@ pub(crate) struct RawAsk<'a> {
     pub(crate) op: Option<Text<'a>>,
     pub(crate) cost: Option<Number>,
     pub(crate) max_wait_ms: Option<Number>,
+    /// A set of limits decided as one, in place of `policy` and `key`.
+    #[serde(borrow)]
+    pub(crate) limits: Option<Vec<RawLimit<'a>>>,
+}
+
+/// One limit of a set, as sent.
+#[derive(Debug, Deserialize, PartialEq)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a JSON object with `policy` and `key`"
+)]
+pub(crate) struct RawLimit<'a> {
+    #[serde(borrow)]
+    pub(crate) policy: Option<Text<'a>>,
+    #[serde(borrow)]
+    pub(crate) key: Option<Text<'a>>,
+    /// This limit's own cost, in place of the request's.
+    pub(crate) cost: Option<Number>,
 }
 
 /// What is allowed in each field of a request, as an error message says it.
@@ -48,6 +66,10 @@ const ALLOWED: &[(&str, &str)] = &[
     ("op", "a string: pace, limit or peek"),
     ("cost", "a whole number of at least 1"),
     ("max_wait_ms", "a number of milliseconds from 0 to 1e13"),
+    (
+        "limits",
+        "an array of objects, each with `policy`, `key` and optionally `cost`",
+    ),
 ];
 
 /// Why a body was refused: the field it names (`body` for the body as a whole) and what

@@ -1,0 +1,266 @@
+//! `POST /v1/decisions` with `limits`: a set of limits decided as one, in process, on the
+//! memory store and on Redis.
+
+use std::collections::BTreeMap;
+
+use paceline_server::{Server, Settings};
+use paceline_store::Policy;
+use paceline_testkit::shared_server;
+use serde_json::{json, Value};
+
+/// A service on a free port with two configured policies, on `store`.
+async fn serve(
+    store: &str,
+) -> (
+    String,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    // reqwest's TLS needs the process's crypto provider (plain HTTP here, but it builds
+    // its TLS configuration anyway).
+    paceline_store::install_tls_provider();
+    let policies: BTreeMap<String, Policy> = [
+        ("burst", "gcra:rate=2/h,burst=2"),
+        ("per-day", "fixed_window:limit=3,window=1d"),
+    ]
+    .into_iter()
+    .map(|(name, spec)| (name.to_string(), spec.parse().expect("a policy")))
+    .collect();
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("an address"),
+        store: store.to_string(),
+        allow_inline_policies: true,
+        policies,
+        ..Settings::default()
+    };
+    let server = Server::bind(settings).await.expect("bind");
+    let url = format!("http://{}", server.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let _ = server
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (url, task, stop)
+}
+
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+async fn post(url: &str, body: Value) -> Answer {
+    let response = reqwest::Client::new()
+        .post(format!("{url}/v1/decisions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("the service answers");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response.json().await.expect("a JSON body");
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// The items of a `RateLimit` or `RateLimit-Policy` header, read by a structured-field
+/// parser: each name with its parameters.
+fn items(headers: &reqwest::header::HeaderMap, name: &str) -> Vec<(String, BTreeMap<String, i64>)> {
+    let value = headers
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} header"))
+        .to_str()
+        .expect("ASCII");
+    let list: sfv::List = sfv::Parser::new(value)
+        .parse()
+        .unwrap_or_else(|e| panic!("{name}: {value} is no structured-field list: {e}"));
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("{name}: an inner list in {value}");
+            };
+            let sfv::BareItem::String(text) = &item.bare_item else {
+                panic!("{name}: the item is not a string: {value}");
+            };
+            let params = item
+                .params
+                .iter()
+                .map(|(k, v)| {
+                    let sfv::BareItem::Integer(n) = v else {
+                        panic!("{name}: {k} is not an integer in {value}");
+                    };
+                    (k.as_str().to_string(), i64::from(*n))
+                })
+                .collect();
+            (text.as_str().to_string(), params)
+        })
+        .collect()
+}
+
+async fn a_set_is_decided_as_one(store: &str, tenant: &str) {
+    let (url, task, stop) = serve(store).await;
+    let set = json!({
+        "limits": [
+            {"policy": "burst", "key": format!("{{{tenant}}}")},
+            {"policy": "per-day", "key": format!("{{{tenant}}}")},
+            {"policy": "fixed_window:limit=100,window=1h", "key": format!("{{{tenant}}}:hour")},
+        ]
+    });
+    // Admitted twice: every limit counts it.
+    for day_left in [2, 1] {
+        let a = post(&url, set.clone()).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.body["allowed"], true);
+        let limits = a.body["limits"].as_array().expect("one entry per limit");
+        assert_eq!(limits.len(), 3);
+        assert_eq!(limits[1]["policy"], "per-day");
+        assert_eq!(limits[1]["key"], format!("{{{tenant}}}"));
+        assert_eq!(limits[1]["remaining"], day_left);
+        assert_eq!(limits[2]["policy"], "inline-3");
+        assert!(a.headers.get("retry-after").is_none());
+    }
+    // The burst limit refuses: 429, and the daily and hourly limits are left as they
+    // were.
+    let refused = post(&url, set.clone()).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(refused.body["allowed"], false);
+    let limits = refused.body["limits"].as_array().expect("entries");
+    let allowed: Vec<bool> = limits.iter().map(|l| l["allowed"] == true).collect();
+    assert_eq!(allowed, [false, true, true]);
+    assert_eq!(
+        limits[1]["remaining"], 1,
+        "the refused set used none of the day"
+    );
+    assert_eq!(limits[2]["remaining"], 98);
+    let delay_ms = refused.body["delay_ms"].as_f64().expect("a retry-after");
+    assert!(delay_ms > 0.0 && delay_ms <= 1_800_000.0, "{delay_ms}");
+    assert_eq!(refused.body["delay_ms"], limits[0]["delay_ms"]);
+    let retry: f64 = refused.headers["retry-after"]
+        .to_str()
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("Retry-After in seconds");
+    assert_eq!(retry, (delay_ms / 1000.0).ceil());
+    // Both headers list every limit under the same names, parsed back exactly.
+    let policy = items(&refused.headers, "ratelimit-policy");
+    let state = items(&refused.headers, "ratelimit");
+    let names: Vec<&str> = policy.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["burst", "per-day", "inline-3"]);
+    assert_eq!(
+        state.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        names
+    );
+    for (i, ((_, p), (_, s))) in policy.iter().zip(&state).enumerate() {
+        assert_eq!(p["q"], limits[i]["limit"].as_i64().expect("limit"));
+        assert_eq!(s["r"], limits[i]["remaining"].as_i64().expect("remaining"));
+        let reset_ms = limits[i]["reset_after_ms"].as_f64().expect("reset");
+        assert_eq!(s["t"], (reset_ms / 1000.0).ceil() as i64, "limit {i}");
+    }
+    let _ = stop.send(());
+    let _ = task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_decided_as_one_in_memory() {
+    a_set_is_decided_as_one("memory", "tenant42").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_decided_as_one_on_redis() {
+    let tenant = paceline_testkit::unique_name("tenant");
+    a_set_is_decided_as_one(&shared_server().url(), &tenant).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_sets_are_400s_naming_the_field() {
+    let (url, task, stop) = serve("memory").await;
+    let limit = |policy: &str, key: &str| json!({"policy": policy, "key": key});
+    let many: Vec<Value> = (0..=paceline_store::MAX_LIMITS)
+        .map(|i| limit("burst", &format!("k{i}")))
+        .collect();
+    for (body, status, field) in [
+        (
+            json!({"policy": "burst", "key": "k", "limits": [limit("per-day", "k")]}),
+            400,
+            "policy",
+        ),
+        (
+            json!({"key": "k", "limits": [limit("per-day", "k")]}),
+            400,
+            "key",
+        ),
+        (json!({"limits": []}), 400, "limits"),
+        (json!({"limits": many}), 400, "limits"),
+        (
+            json!({"limits": [{"policy": "per-day"}]}),
+            400,
+            "limits[0].key",
+        ),
+        (
+            json!({"limits": [limit("per-day", "a"), {"key": "b"}]}),
+            400,
+            "limits[1].policy",
+        ),
+        (
+            json!({"limits": [limit("per-day", "a"), limit("nope", "b")]}),
+            404,
+            "limits[1].policy",
+        ),
+        (
+            json!({"limits": [limit("gcra:rate=0/s", "a")]}),
+            400,
+            "limits[0].policy.rate",
+        ),
+        (
+            json!({"limits": [limit("per-day", "a"), limit("per-day", "a")]}),
+            400,
+            "limits[1]",
+        ),
+        (
+            json!({"limits": [limit("per-day", "a"), limit("burst", "a")], "op": "pace"}),
+            400,
+            "op",
+        ),
+        (
+            json!({"limits": [{"policy": "per-day", "key": "a", "cost": 0}]}),
+            400,
+            "limits[0].cost",
+        ),
+        (
+            json!({"limits": [{"policy": "per-day", "key": "a", "colour": 1}]}),
+            400,
+            "limits[0].colour",
+        ),
+        (
+            json!({"limits": [limit("per-day", "a")], "cost": 4}),
+            400,
+            "cost",
+        ),
+        (json!({"limits": "per-day"}), 400, "limits"),
+    ] {
+        let a = post(&url, body.clone()).await;
+        assert_eq!(a.status, status, "{body}: {}", a.body);
+        assert_eq!(a.body["error"]["field"], field, "{body}: {}", a.body);
+    }
+    // The same policy twice, on two keys: two distinct names in the headers.
+    let a = post(
+        &url,
+        json!({"limits": [limit("per-day", "a"), limit("per-day", "b")]}),
+    )
+    .await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let names: Vec<String> = items(&a.headers, "ratelimit")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["per-day", "per-day#2"]);
+    assert_eq!(a.body["limits"][1]["policy"], "per-day#2");
+    let _ = stop.send(());
+    let _ = task.await;
+}
