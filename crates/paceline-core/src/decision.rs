@@ -92,6 +92,10 @@ pub struct Decision {
     pub limit: u64,
     /// Set when the store could not be reached and the failure policy decided instead.
     pub fallback: Option<Fallback>,
+    /// The lease an admitted [`concurrency`](crate::policy::concurrency) request holds: give
+    /// it back with [`Policy::release`](crate::Policy::release) (or the store's `release`)
+    /// when the request ends. `None` for every other policy.
+    pub lease: Option<u64>,
 }
 
 /// How a decision was made when the store failed (see a shared store's failure policy).
@@ -138,6 +142,7 @@ impl Decision {
             reset_after: micros_to_duration(reset_after_us),
             limit,
             fallback: None,
+            lease: None,
         }
     }
 

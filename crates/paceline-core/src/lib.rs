@@ -1,6 +1,6 @@
 //! # paceline-core: the policy engine
 //!
-//! Eight rate-limiting and pacing algorithms as pure transitions over one key's state, with
+//! Eight rate-limiting and pacing algorithms, and a cap on requests in flight, as pure transitions over one key's state, with
 //! time passed in (microseconds since the Unix epoch) and never read from a clock. Stores
 //! persist the state: the memory store calls [`Policy::apply`], the Redis store runs Lua twins
 //! of the same transitions. Users normally reach this crate through the `paceline` crate's
@@ -16,6 +16,7 @@
 //! | [`sliding_window`](policy::sliding_window) | an approximate sliding window from two counters |
 //! | [`smooth_bursty`](policy::smooth_bursty) | Guava's `RateLimiter.create(rate)` |
 //! | [`smooth_warming_up`](policy::smooth_warming_up) | Guava's `RateLimiter.create(rate, warmup, coldFactor)` |
+//! | [`concurrency`](policy::concurrency) | at most `limit` in flight, each holding a lease it gives back |
 //!
 //! ```
 //! use paceline_core::{Op, Policy};

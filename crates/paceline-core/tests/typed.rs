@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use paceline_core::policy::{
-    ExecEvenly, FixedWindow, Gcra, Pacer, SlidingLog, SlidingWindow, SmoothBursty, SmoothWarmingUp,
+    Concurrency, ExecEvenly, FixedWindow, Gcra, Pacer, SlidingLog, SlidingWindow, SmoothBursty,
+    SmoothWarmingUp,
 };
 use paceline_core::{InputError, Policy, Rate};
 
@@ -71,6 +72,10 @@ fn every_algorithm_built_typed_equals_its_spec() -> Result<(), InputError> {
             "gcra:rate=1000/h",
         ),
         (Gcra::new(Rate::per_day(1)?, 1)?.into(), "gcra:rate=1/d"),
+        (
+            Concurrency::new(10, secs(30))?.into(),
+            "concurrency:limit=10,lease=30s",
+        ),
     ];
     let mut algorithms: Vec<&str> = typed.iter().map(|(p, _)| p.algorithm()).collect();
     algorithms.sort_unstable();

@@ -183,12 +183,18 @@ impl QueueConfig {
 /// admissions start at once and whose refusals change nothing. Two do not qualify:
 /// `exec_evenly` admits with a delay to wait (it spaces calls made by one caller), and
 /// `sliding_log` with `count_blocked` counts every refusal, so checking a group would keep
-/// it refused.
+/// it refused. Nor does `concurrency`, whose leases no job gives back (a job's own lease
+/// already bounds the jobs in flight).
 pub fn check_policy(field: &str, policy: &Policy) -> Result<(), InputError> {
     let refused = match policy {
         Policy::ExecEvenly(_) => Some(
             "exec_evenly admits with a delay to wait, which a job that starts now cannot take; \
              use fixed_window, gcra, sliding_window or another algorithm",
+        ),
+        Policy::Concurrency(_) => Some(
+            "concurrency counts requests in flight, each giving its lease back, which a \
+             group's start never does; limit the jobs in flight by the workers' lease calls \
+             and give the group a rate policy such as gcra or fixed_window",
         ),
         Policy::SlidingLog(p) if p.count_blocked() => Some(
             "sliding_log with count_blocked=true counts refused starts, so a waiting group \
@@ -237,6 +243,7 @@ mod tests {
         for spec in [
             "exec_evenly:points=10,duration=1s",
             "sliding_log:limit=5,window=1s,count_blocked=true",
+            "concurrency:limit=5,lease=30s",
         ] {
             let e = QueueConfig::new(policy(spec)).validate().unwrap_err();
             assert_eq!(e.field(), "group_policy", "{spec}");

@@ -141,6 +141,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(v1)
         .merge(crate::queues::routes())
+        .merge(crate::leases::routes())
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -236,11 +237,14 @@ pub(crate) struct ErrorBody<'a> {
 /// One decision's JSON body (fields in alphabetical order, as the API has always printed
 /// them); `status` only in batch answers.
 #[derive(Serialize)]
-struct DecisionBody<'a> {
+pub(crate) struct DecisionBody<'a> {
     allowed: bool,
     delay_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     fallback: Option<&'static str>,
+    /// The lease a `concurrency` decision took (see [`crate::leases`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<String>,
     limit: u64,
     policy: &'a str,
     remaining: u64,
@@ -250,11 +254,12 @@ struct DecisionBody<'a> {
 }
 
 impl<'a> DecisionBody<'a> {
-    fn new(policy: &'a str, d: &Decision, status: Option<u16>) -> DecisionBody<'a> {
+    pub(crate) fn new(policy: &'a str, d: &Decision, status: Option<u16>) -> DecisionBody<'a> {
         DecisionBody {
             allowed: d.allowed,
             delay_ms: ms(d.delay),
             fallback: d.fallback.map(|f| f.name()),
+            lease: None,
             limit: d.limit,
             policy,
             remaining: d.remaining,
@@ -284,11 +289,16 @@ struct PartBody<'a> {
     allowed: bool,
     delay_ms: f64,
     key: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<String>,
     limit: u64,
     policy: &'a str,
     remaining: u64,
     reset_after_ms: f64,
 }
+
+/// A batch request's decision: the policy's name, the decision and its lease's token.
+type Settled<'a> = (&'a str, Decision, Option<String>);
 
 /// One answer of a batch: a decision, or an error, each with its status.
 #[derive(Serialize)]
@@ -350,7 +360,7 @@ fn bearer_token(value: &[u8]) -> Option<&[u8]> {
 }
 
 /// A validated request, borrowing from the configuration it was checked against.
-struct Ask<'a> {
+pub(crate) struct Ask<'a> {
     /// The name in responses and metrics: the configured name, or `inline`.
     name: &'a str,
     metrics: &'a PolicyMetrics,
@@ -359,6 +369,22 @@ struct Ask<'a> {
     store_key: String,
     op: Op,
     cost: u64,
+}
+
+impl Ask<'_> {
+    /// The token of lease `id` this request's decision took (see [`crate::leases`]).
+    fn lease_token(&self, id: u64) -> String {
+        let namespace = if self.name == INLINE {
+            format!("~{}", self.policy)
+        } else {
+            self.name.to_string()
+        };
+        let key = self
+            .store_key
+            .get(namespace.len() + 1..)
+            .unwrap_or_default();
+        crate::leases::token(&namespace, key, id)
+    }
 }
 
 /// A request's whole body, at most `limit` bytes (else `413`), read within the service's
@@ -454,18 +480,18 @@ fn validate<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<Ask<'a>, ApiError
 }
 
 /// A policy named by a request, found in the live configuration.
-struct Resolved<'a> {
+pub(crate) struct Resolved<'a> {
     /// The configured name; `None` for an inline spec.
-    name: Option<&'a str>,
-    metrics: &'a PolicyMetrics,
-    policy: Policy,
+    pub(crate) name: Option<&'a str>,
+    pub(crate) metrics: &'a PolicyMetrics,
+    pub(crate) policy: Policy,
     /// The key in the store: namespaced by policy.
-    store_key: String,
+    pub(crate) store_key: String,
 }
 
 /// Finds `spec` (a configured name, or an inline spec where allowed) for `key`; errors name
 /// `field`, the request's field holding the spec.
-fn resolve<'a>(
+pub(crate) fn resolve<'a>(
     live: &'a Live,
     spec: &str,
     key: &str,
@@ -500,7 +526,10 @@ fn resolve<'a>(
 }
 
 /// A request's cost (`field`): a whole number of at least 1, if given.
-fn cost_field(cost: Option<&serde_json::Number>, field: &str) -> Result<Option<u64>, ApiError> {
+pub(crate) fn cost_field(
+    cost: Option<&serde_json::Number>,
+    field: &str,
+) -> Result<Option<u64>, ApiError> {
     number_field(cost, field, "use a whole number of at least 1", |n| {
         n.as_u64().filter(|&c| c >= 1)
     })
@@ -546,6 +575,8 @@ struct Part<'a> {
     name: String,
     /// The key as the request gave it.
     key: String,
+    /// The policy's namespace of keys: its configured name, or `~SPEC`.
+    namespace: String,
     metrics: &'a PolicyMetrics,
     policy: Policy,
     store_key: String,
@@ -616,9 +647,15 @@ fn validate_set<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<SetAsk<'a>, A
         if parts.iter().any(|p| p.name == name) {
             name = format!("{name}#{}", i + 1);
         }
+        let namespace = resolved
+            .store_key
+            .get(..resolved.store_key.len() - key.len() - 1)
+            .unwrap_or_default()
+            .to_string();
         parts.push(Part {
             name,
             key: key.to_string(),
+            namespace,
             metrics: resolved.metrics,
             policy: resolved.policy,
             store_key: resolved.store_key,
@@ -667,7 +704,7 @@ pub(crate) fn number_field<T>(
 }
 
 /// Keys are 1 to [`MAX_KEY`] bytes; errors name `field`.
-fn check_key(key: &str, field: &str) -> Result<(), ApiError> {
+pub(crate) fn check_key(key: &str, field: &str) -> Result<(), ApiError> {
     if key.is_empty() || key.len() > MAX_KEY {
         return Err(ApiError::invalid(
             field,
@@ -678,7 +715,7 @@ fn check_key(key: &str, field: &str) -> Result<(), ApiError> {
 }
 
 /// The store's key for `key` under a policy's namespace (its name, or `~SPEC` inline).
-fn store_key(namespace: &str, key: &str) -> String {
+pub(crate) fn store_key(namespace: &str, key: &str) -> String {
     let mut out = String::with_capacity(namespace.len() + 1 + key.len());
     out.push_str(namespace);
     out.push(':');
@@ -687,7 +724,7 @@ fn store_key(namespace: &str, key: &str) -> String {
 }
 
 /// Milliseconds with microsecond precision.
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     paceline_core::round_to_micros(d) as f64 / 1000.0
 }
 
@@ -718,9 +755,9 @@ pub(crate) fn store_failure(e: Error) -> ApiError {
 }
 
 /// Counts a decision in the metrics and turns a failure into its API error.
-fn settle(
+pub(crate) fn settle(
     state: &AppState,
-    ask: &Ask<'_>,
+    metrics: &PolicyMetrics,
     outcome: Result<Decision, Error>,
 ) -> Result<Decision, ApiError> {
     match outcome {
@@ -728,14 +765,14 @@ fn settle(
             if decision.fallback.is_some() {
                 state.metrics.store_errors.inc();
             }
-            ask.metrics.decided(&decision);
+            metrics.decided(&decision);
             Ok(decision)
         }
         // Bad input (a cost the policy can never admit) is the request's fault, not a
         // failed decision.
         Err(e @ Error::Input(_)) => Err(store_failure(e)),
         Err(e) => {
-            ask.metrics.failed();
+            metrics.failed();
             if matches!(e, Error::Store(_)) {
                 state.metrics.store_errors.inc();
             }
@@ -745,7 +782,7 @@ fn settle(
 }
 
 /// 200 admitted, 429 rejected.
-fn status_of(decision: &Decision) -> StatusCode {
+pub(crate) fn status_of(decision: &Decision) -> StatusCode {
     if decision.allowed {
         StatusCode::OK
     } else {
@@ -758,7 +795,7 @@ const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy")
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Adds `RateLimit-Policy`, `RateLimit` and, for a rejection, `Retry-After`.
-fn add_rate_limit_headers(headers: &mut HeaderMap, name: &str, decision: &Decision) {
+pub(crate) fn add_rate_limit_headers(headers: &mut HeaderMap, name: &str, decision: &Decision) {
     add_set_headers(headers, &[(name, decision)], decision);
 }
 
@@ -840,11 +877,12 @@ async fn decision(
         .decide(&ask.policy, &ask.store_key, ask.op, ask.cost)
         .await;
     state.metrics.observe_store(started.elapsed());
-    match settle(&state, &ask, outcome) {
+    match settle(&state, ask.metrics, outcome) {
         Ok(d) => {
             // Serialising a struct of numbers and strings into a Vec cannot fail.
-            let body =
-                serde_json::to_vec(&DecisionBody::new(ask.name, &d, None)).unwrap_or_default();
+            let mut body = DecisionBody::new(ask.name, &d, None);
+            body.lease = d.lease.map(|id| ask.lease_token(id));
+            let body = serde_json::to_vec(&body).unwrap_or_default();
             let content_type = [(header::CONTENT_TYPE, APPLICATION_JSON)];
             let mut response = (status_of(&d), content_type, body).into_response();
             add_rate_limit_headers(response.headers_mut(), ask.name, &d);
@@ -901,6 +939,9 @@ async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
                 allowed: d.allowed,
                 delay_ms: ms(d.delay),
                 key: &part.key,
+                lease: d
+                    .lease
+                    .map(|id| crate::leases::token(&part.namespace, &part.key, id)),
                 limit: d.limit,
                 policy: &part.name,
                 remaining: d.remaining,
@@ -962,22 +1003,25 @@ async fn batch(
         state.metrics.observe_store(started.elapsed());
     }
     // One result per request, in order: its decision, or why it has none.
-    let settled: Vec<Result<(&str, Decision), ApiError>> = asks
+    let settled: Vec<Result<Settled, ApiError>> = asks
         .into_iter()
         .map(|ask| {
             let ask = ask?;
             let outcome = outcomes.next().unwrap_or_else(|| {
                 Err(paceline_store::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
             });
-            settle(&state, &ask, outcome).map(|d| (ask.name, d))
+            settle(&state, ask.metrics, outcome)
+                .map(|d| (ask.name, d, d.lease.map(|id| ask.lease_token(id))))
         })
         .collect();
     // The answers borrow from the results above.
     let items: Vec<BatchItem> = settled
         .iter()
         .map(|result| match result {
-            Ok((name, d)) => {
-                BatchItem::Decision(DecisionBody::new(name, d, Some(status_of(d).as_u16())))
+            Ok((name, d, lease)) => {
+                let mut body = DecisionBody::new(name, d, Some(status_of(d).as_u16()));
+                body.lease = lease.clone();
+                BatchItem::Decision(body)
             }
             Err(e) => BatchItem::Error {
                 error: e.body(),

@@ -9,6 +9,8 @@
 //! | `POST /v1/decisions` | one decision: `{"policy", "key", "op", "cost", "max_wait_ms"}` |
 //! | `POST /v1/decisions` with `limits` | a set of limits decided as one: `{"limits": [{"policy", "key"}, ...], "op", "cost"}` |
 //! | `POST /v1/decisions/batch` | up to 1,000 single decisions, answered in order |
+//! | `POST /v1/leases` | take a lease of a `concurrency` policy: `{"policy", "key", "cost"}` → `201 {"lease", "expires_ms"}` or `429` |
+//! | `POST /v1/leases/{lease}/extend`, `DELETE /v1/leases/{lease}` | renew (`200`) or give back (`204`) a lease; `404` for one unknown or reclaimed |
 //! | `DELETE /v1/keys/{policy}/{key}` | reset a key |
 //! | `GET /v1/policies` | the configured policies |
 //! | `POST /v1/reload` | re-read the config file (also on SIGHUP) |
@@ -30,6 +32,7 @@
 mod api;
 pub mod config;
 mod conn;
+mod leases;
 mod metrics;
 pub mod proxy;
 pub mod queues;

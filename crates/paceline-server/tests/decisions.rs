@@ -1,5 +1,5 @@
-//! `POST /v1/decisions` with `limits`: a set of limits decided as one, in process, on the
-//! memory store and on Redis.
+//! `POST /v1/decisions` with `limits` (a set of limits decided as one) and the concurrency
+//! leases of `/v1/leases`, in process, on the memory store and on Redis.
 
 use std::collections::BTreeMap;
 
@@ -22,6 +22,7 @@ async fn serve(
     let policies: BTreeMap<String, Policy> = [
         ("burst", "gcra:rate=2/h,burst=2"),
         ("per-day", "fixed_window:limit=3,window=1d"),
+        ("db", "concurrency:limit=2,lease=30s"),
     ]
     .into_iter()
     .map(|(name, spec)| (name.to_string(), spec.parse().expect("a policy")))
@@ -53,15 +54,28 @@ struct Answer {
 }
 
 async fn post(url: &str, body: Value) -> Answer {
-    let response = reqwest::Client::new()
-        .post(format!("{url}/v1/decisions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("the service answers");
+    call(
+        reqwest::Method::POST,
+        &format!("{url}/v1/decisions"),
+        Some(body),
+    )
+    .await
+}
+
+async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Answer {
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("the service answers");
     let status = response.status().as_u16();
     let headers = response.headers().clone();
-    let body = response.json().await.expect("a JSON body");
+    let text = response.text().await.expect("a body");
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).expect("a JSON body")
+    };
     Answer {
         status,
         headers,
@@ -263,4 +277,98 @@ async fn bad_sets_are_400s_naming_the_field() {
     assert_eq!(a.body["limits"][1]["policy"], "per-day#2");
     let _ = stop.send(());
     let _ = task.await;
+}
+
+async fn leases_are_taken_given_back_and_extended(store: &str, tenant: &str) {
+    use reqwest::Method;
+    let (url, task, stop) = serve(store).await;
+    let take = |key: String| {
+        let url = url.clone();
+        async move {
+            call(
+                Method::POST,
+                &format!("{url}/v1/leases"),
+                Some(json!({"policy": "db", "key": key})),
+            )
+            .await
+        }
+    };
+    let a = take(tenant.to_string()).await;
+    assert_eq!(a.status, 201, "{}", a.body);
+    assert_eq!(a.body["expires_ms"], 30_000.0);
+    assert_eq!(a.body["remaining"], 1);
+    let lease_a = a.body["lease"].as_str().expect("a lease token").to_string();
+    // A decision under a concurrency policy takes a lease too, and says which.
+    let b = post(&url, json!({"policy": "db", "key": tenant, "op": "limit"})).await;
+    assert_eq!(b.status, 200, "{}", b.body);
+    let lease_b = b.body["lease"].as_str().expect("a lease token").to_string();
+    assert_ne!(lease_a, lease_b);
+    let full = take(tenant.to_string()).await;
+    assert_eq!(full.status, 429, "{}", full.body);
+    let retry: u64 = full.headers["retry-after"]
+        .to_str()
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("Retry-After");
+    assert!((29..=30).contains(&retry), "{retry}");
+    // Given back: room again; a second give-back is a 404.
+    let lease = |token: &str| format!("{url}/v1/leases/{token}");
+    assert_eq!(
+        call(Method::DELETE, &lease(&lease_a), None).await.status,
+        204
+    );
+    let again = call(Method::DELETE, &lease(&lease_a), None).await;
+    assert_eq!(again.status, 404, "{}", again.body);
+    assert_eq!(again.body["error"]["code"], "unknown_lease");
+    let c = take(tenant.to_string()).await;
+    assert_eq!(c.status, 201, "{}", c.body);
+    // Extended: it lives 30 s from now.
+    let renewed = call(Method::POST, &format!("{}/extend", lease(&lease_b)), None).await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    assert_eq!(renewed.body["expires_ms"], 30_000.0);
+    assert_eq!(renewed.body["lease"], lease_b.as_str());
+    let gone = call(Method::POST, &format!("{}/extend", lease(&lease_a)), None).await;
+    assert_eq!(gone.status, 404, "{}", gone.body);
+    // Not a token; not a concurrency policy; a set holding a concurrency limit.
+    let bad = call(Method::DELETE, &lease("nonsense"), None).await;
+    assert_eq!(
+        (bad.status, &bad.body["error"]["field"]),
+        (400, &json!("lease"))
+    );
+    let rate = call(
+        Method::POST,
+        &format!("{url}/v1/leases"),
+        Some(json!({"policy": "per-day", "key": tenant})),
+    )
+    .await;
+    assert_eq!(
+        (rate.status, &rate.body["error"]["field"]),
+        (400, &json!("policy"))
+    );
+    let set = post(
+        &url,
+        json!({"limits": [
+            {"policy": "per-day", "key": format!("{{{tenant}}}")},
+            {"policy": "db", "key": format!("{{{tenant}}}:db")}
+        ]}),
+    )
+    .await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    let in_set = set.body["limits"][1]["lease"]
+        .as_str()
+        .expect("the set's lease");
+    assert_eq!(call(Method::DELETE, &lease(in_set), None).await.status, 204);
+    let _ = stop.send(());
+    let _ = task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_in_memory() {
+    leases_are_taken_given_back_and_extended("memory", "tenant7").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_on_redis() {
+    let tenant = paceline_testkit::unique_name("tenant");
+    leases_are_taken_given_back_and_extended(&shared_server().url(), &tenant).await;
 }

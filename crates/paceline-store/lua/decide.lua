@@ -1,9 +1,9 @@
 -- Applies one or more decisions, in order, each on its own key (a key may repeat). The
 -- arguments are those `PL.read_batch` reads (see the prelude).
 --
--- Returns four values per decision: allowed (1 or 0), delay, remaining, and reset_after;
--- the times in nanoseconds, rounded as Rust's `micros_to_duration` rounds (an integer, or
--- beyond 2^62 ns a float in a string).
+-- Returns five values per decision: allowed (1 or 0), delay, remaining, reset_after, and
+-- the lease a `concurrency` decision took (-1: none); the times in nanoseconds, rounded as
+-- Rust's `micros_to_duration` rounds (an integer, or beyond 2^62 ns a float in a string).
 --
 -- A key holds the record `PL.pack` writes (see the prelude). As in the memory store, a
 -- record another algorithm wrote is idle to this one, and a record is idle once it expired.
@@ -39,7 +39,7 @@ for r = 1, #runs do
         state, old_exp = s, exp
       end
     end
-    local allowed, delay, remaining, reset_after, new_state, idle_at =
+    local allowed, delay, remaining, reset_after, new_state, idle_at, lease =
       f(p, state, now, op, cost, max_wait, max_wait_us)
     local written = PL.save(key, alg, state, old_exp, new_state, reset_after, idle_at, now, slack)
     if written ~= nil then
@@ -49,6 +49,7 @@ for r = 1, #runs do
     out[#out + 1] = PL.nanos(delay)
     out[#out + 1] = remaining
     out[#out + 1] = PL.nanos(reset_after)
+    out[#out + 1] = lease or -1
   end
 end
 return out

@@ -5,8 +5,8 @@
 -- every limit admits, the decisions are applied and saved exactly as `decide.lua` does;
 -- otherwise nothing is written and each limit answers a `peek` of its record as read.
 --
--- Returns 1 (admitted and saved) or 0 (refused, nothing changed), then four values per
--- limit as `decide.lua` returns them: allowed, delay, remaining, reset_after.
+-- Returns 1 (admitted and saved) or 0 (refused, nothing changed), then five values per
+-- limit as `decide.lua` returns them: allowed, delay, remaining, reset_after, lease.
 local now, _, slack = PL.clock(ARGV[1])
 
 local keys, listed, runs = PL.read_batch(KEYS, ARGV)
@@ -53,27 +53,30 @@ every(function(run, key)
 end)
 
 local out = { admitted and 1 or 0 }
-local function reply(allowed, delay, remaining, reset_after)
+local function reply(allowed, delay, remaining, reset_after, lease)
   out[#out + 1] = allowed and 1 or 0
   out[#out + 1] = PL.nanos(delay)
   out[#out + 1] = remaining
   out[#out + 1] = PL.nanos(reset_after)
+  out[#out + 1] = lease or -1
 end
 
 if admitted then
   every(function(run, key)
     local policy = run.policy
     local state, old_exp = live(key, policy.alg)
-    local allowed, delay, remaining, reset_after, new_state, idle_at =
+    local allowed, delay, remaining, reset_after, new_state, idle_at, lease =
       policy.f(policy.p, state, now, run.op, run.cost, run.max_wait, run.max_wait_us)
     PL.save(key, policy.alg, state, old_exp, new_state, reset_after, idle_at, now, slack)
-    reply(allowed, delay, remaining, reset_after)
+    reply(allowed, delay, remaining, reset_after, lease)
   end)
 else
   every(function(run, key)
     local policy = run.policy
     local state = live(key, policy.alg)
-    reply(policy.f(policy.p, state, now, 'peek', run.cost, nil, nil))
+    local allowed, delay, remaining, reset_after =
+      policy.f(policy.p, state, now, 'peek', run.cost, nil, nil)
+    reply(allowed, delay, remaining, reset_after)
   end)
 end
 return out

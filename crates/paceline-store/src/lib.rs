@@ -155,6 +155,29 @@ pub trait Store: Send + Sync + 'static {
         requests: &'a [Request<'a>],
     ) -> StoreFuture<'a, Result<SetDecision, Error>>;
 
+    /// Gives back lease `lease` of `key` under `policy`, a
+    /// [`concurrency`](paceline_core::policy::concurrency) policy (the lease an admitted
+    /// decision's [`Decision::lease`] names): true if it was live, false if it is unknown,
+    /// released or reclaimed already (no error: a late release changes nothing). Errors: a
+    /// policy that holds no leases ([`Error::Input`] naming `policy`), a failed store
+    /// (whatever its failure policy: a release cannot be made up).
+    fn release<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        lease: u64,
+    ) -> StoreFuture<'a, Result<bool, Error>>;
+
+    /// Renews lease `lease` of `key` under `policy` (a `concurrency` policy) to live the
+    /// policy's lease duration from now: that duration, or `None` if the lease is not live
+    /// (unknown, released or reclaimed already). Errors as [`release`](Store::release).
+    fn extend<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        lease: u64,
+    ) -> StoreFuture<'a, Result<Option<Duration>, Error>>;
+
     /// Forgets `key`: its next request finds it idle.
     fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>>;
 
@@ -177,6 +200,17 @@ pub trait SyncStore: Store {
 
     /// [`Store::decide_all`], synchronously.
     fn decide_all_sync(&self, requests: &[Request<'_>]) -> Result<SetDecision, Error>;
+
+    /// [`Store::release`], synchronously.
+    fn release_sync(&self, policy: &Policy, key: &str, lease: u64) -> Result<bool, Error>;
+
+    /// [`Store::extend`], synchronously.
+    fn extend_sync(
+        &self,
+        policy: &Policy,
+        key: &str,
+        lease: u64,
+    ) -> Result<Option<Duration>, Error>;
 
     /// Forgets `key`, synchronously.
     fn reset_sync(&self, key: &str) -> Result<(), Error>;

@@ -807,6 +807,39 @@ impl MemoryStore {
         Ok(SetDecision::new(true, applied))
     }
 
+    /// Releases (`extend`: false) or extends lease `id` of `key` under `policy` (see
+    /// [`Store::release`], [`Store::extend`]): whether the lease was live. An extension
+    /// keeps the key at least until the renewed lease expires.
+    fn lease_now(&self, policy: &Policy, key: &str, id: u64, extend: bool) -> Result<bool, Error> {
+        policy.concurrency()?;
+        let now = self.clock.now();
+        paceline_core::policy::check_now(now)?;
+        self.sweep_if_due(now);
+        let hash = self.hasher.hash_one(key.as_bytes());
+        let inner = self.read(self.shard_for(hash));
+        let Some(Entry {
+            slot: Slot::Other(other),
+            ..
+        }) = inner.table.find(hash, |e| e.key.is(key))
+        else {
+            return Ok(false);
+        };
+        let mut other = lock(other);
+        if other.expires_at <= now {
+            return Ok(false);
+        }
+        if !extend {
+            return Ok(policy.release(&mut other.state, now, id)?);
+        }
+        match policy.extend(&mut other.state, now, id)? {
+            Some(expires) => {
+                other.expires_at = other.expires_at.max(expires);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
     #[cold]
     fn capacity_error(&self) -> Error {
         StoreError::new(
@@ -968,6 +1001,24 @@ impl Store for MemoryStore {
         StoreFuture::ready(self.decide_all_now(requests))
     }
 
+    fn release<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        lease: u64,
+    ) -> StoreFuture<'a, Result<bool, Error>> {
+        StoreFuture::ready(self.release_sync(policy, key, lease))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        lease: u64,
+    ) -> StoreFuture<'a, Result<Option<Duration>, Error>> {
+        StoreFuture::ready(self.extend_sync(policy, key, lease))
+    }
+
     fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {
         self.reset_now(key);
         StoreFuture::ready(Ok(()))
@@ -992,6 +1043,20 @@ impl SyncStore for MemoryStore {
 
     fn decide_all_sync(&self, requests: &[Request<'_>]) -> Result<SetDecision, Error> {
         self.decide_all_now(requests)
+    }
+
+    fn release_sync(&self, policy: &Policy, key: &str, lease: u64) -> Result<bool, Error> {
+        self.lease_now(policy, key, lease, false)
+    }
+
+    fn extend_sync(
+        &self,
+        policy: &Policy,
+        key: &str,
+        lease: u64,
+    ) -> Result<Option<Duration>, Error> {
+        let live = self.lease_now(policy, key, lease, true)?;
+        Ok(live.then(|| policy.concurrency().map(|c| c.lease()).unwrap_or_default()))
     }
 
     fn reset_sync(&self, key: &str) -> Result<(), Error> {

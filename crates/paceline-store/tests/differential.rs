@@ -542,3 +542,9 @@ fn smooth_warming_up_matches_memory() {
     });
     differential(case(spec, 1_000_000));
 }
+
+#[test]
+fn concurrency_matches_memory() {
+    let spec = (1..=5u64, window()).prop_map(|(l, w)| format!("concurrency:limit={l},lease={w}"));
+    differential(case(spec, 1_000_000));
+}

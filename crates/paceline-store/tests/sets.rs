@@ -60,6 +60,7 @@ fn spec() -> impl Strategy<Value = String> {
         (1..=20u64).prop_map(|r| format!("smooth_bursty:rate={r}/s")),
         (1..=20u64, 100..=2000u64)
             .prop_map(|(r, w)| format!("smooth_warming_up:rate={r}/s,warmup={w}ms")),
+        (2..=4u64, 100..=2000u64).prop_map(|(l, w)| format!("concurrency:limit={l},lease={w}ms")),
     ]
 }
 

@@ -1,8 +1,9 @@
 //! # paceline: may I act now, and if not, when?
 //!
-//! Distributed rate limiting and pacing. A [`Limiter`] applies one of eight algorithms
-//! ([`Policy`]) to any number of keys whose state lives in a [`Store`]: in this process
-//! ([`MemoryStore`], the default), or in Redis / Redis Cluster, shared by many processes
+//! Distributed rate limiting and pacing. A [`Limiter`] applies one of eight algorithms, or a
+//! cap on requests in flight ([`Policy`]), to any number of keys whose state lives in a
+//! [`Store`]: in this process ([`MemoryStore`], the default), or in Redis / Redis Cluster,
+//! shared by many processes
 //! ([`redis::RedisStore`], feature `redis`), behind the same trait and with the same
 //! decisions.
 //!

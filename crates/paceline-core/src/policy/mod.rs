@@ -1,4 +1,4 @@
-//! The eight algorithms, as pure transitions over one key's state.
+//! The eight algorithms and `concurrency`, as pure transitions over one key's state.
 //!
 //! Each algorithm is a small struct of validated parameters and a `State` value; applying a
 //! request is `(params, state, now, op, cost) -> (decision, new state)`, written as a function
@@ -29,6 +29,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::spec::{self, Params, MAX_COUNT};
 use crate::{Decision, InputError, Op};
 
+pub mod concurrency;
 pub mod exec_evenly;
 pub mod fixed_window;
 pub mod gcra;
@@ -41,6 +42,7 @@ pub mod smooth_warming_up;
 #[cfg(test)]
 mod test_util;
 
+pub use concurrency::Concurrency;
 pub use exec_evenly::ExecEvenly;
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
@@ -227,6 +229,7 @@ policies! {
     SlidingWindow => sliding_window,
     SmoothBursty => smooth_bursty,
     SmoothWarmingUp => smooth_warming_up,
+    Concurrency => concurrency,
 }
 
 /// The latest time the engine accepts, 2^53 µs after the epoch (in 2255): times stay exact
@@ -367,6 +370,61 @@ impl Policy {
         params: impl IntoIterator<Item = (&'a str, String)>,
     ) -> Result<Policy, InputError> {
         Policy::build(algorithm.trim(), params.into_iter().collect())
+    }
+}
+
+impl Policy {
+    /// Gives back lease `id` of a [`concurrency`] key at `now` (µs since the Unix epoch):
+    /// true if it was live, false if it is unknown, released or reclaimed already (no
+    /// error: a late release changes nothing).
+    ///
+    /// Errors: a policy other than `concurrency` (it holds no leases).
+    pub fn release(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        id: u64,
+    ) -> Result<bool, InputError> {
+        let policy = self.concurrency()?;
+        check_now(now)?;
+        Ok(match state {
+            Some(State::Concurrency(s)) => policy.release(s, now, id),
+            _ => false,
+        })
+    }
+
+    /// Renews lease `id` of a [`concurrency`] key at `now`, to live the policy's `lease`
+    /// from now: its new expiry (µs since the Unix epoch), or `None` if the lease is not
+    /// live (unknown, released or reclaimed already).
+    ///
+    /// Errors: a policy other than `concurrency`.
+    pub fn extend(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        id: u64,
+    ) -> Result<Option<u64>, InputError> {
+        let policy = self.concurrency()?;
+        check_now(now)?;
+        Ok(match state {
+            Some(State::Concurrency(s)) => policy.extend(s, now, id),
+            _ => None,
+        })
+    }
+
+    /// The `concurrency` policy this is, or the error of one that holds no leases.
+    pub fn concurrency(&self) -> Result<&Concurrency, InputError> {
+        match self {
+            Policy::Concurrency(c) => Ok(c),
+            other => Err(InputError::new(
+                "policy",
+                format!(
+                    "`{}` holds no leases; leases are taken under a `concurrency` policy, \
+                     e.g. `concurrency:limit=10,lease=30s`",
+                    other.algorithm()
+                ),
+            )),
+        }
     }
 }
 
@@ -540,6 +598,7 @@ mod tests {
             "sliding_window:limit=100,window=1h",
             "smooth_bursty:rate=5/s,max_burst_seconds=2",
             "smooth_warming_up:rate=2/s,warmup=4s,cold_factor=3",
+            "concurrency:limit=10,lease=30s",
         ];
         for spec in specs {
             let p: Policy = spec.parse().unwrap_or_else(|e| panic!("{spec}: {e}"));

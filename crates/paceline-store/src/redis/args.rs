@@ -25,6 +25,7 @@ fn param_count(policy: &Policy) -> usize {
         | Policy::SmoothBursty(_) => 2,
         Policy::Pacer(_) | Policy::ExecEvenly(_) | Policy::SmoothWarmingUp(_) => 3,
         Policy::SlidingLog(_) => 4,
+        Policy::Concurrency(_) => 2,
         _ => 0,
     }
 }
@@ -62,6 +63,7 @@ pub(crate) fn push_params(policy: &Policy, cmd: &mut Cmd) {
             .arg(Float(w.rate().events_per_second()))
             .arg(w.warmup_micros())
             .arg(Float(w.cold_factor())),
+        Policy::Concurrency(c) => cmd.arg(c.limit()).arg(c.lease().as_micros()),
         // `Policy` is non-exhaustive; an algorithm without a Lua twin is refused by the
         // script with an error naming it.
         _ => cmd,

@@ -26,11 +26,15 @@ const SOURCES: &[&str] = &[
     include_str!("../../lua/guava.lua"),
     include_str!("../../lua/smooth_bursty.lua"),
     include_str!("../../lua/smooth_warming_up.lua"),
+    include_str!("../../lua/concurrency.lua"),
     include_str!("../../lua/decide.lua"),
 ];
 
 /// The entry point deciding a set of limits as one (`lua/decide_all.lua`).
 const DECIDE_ALL_ENTRY: &str = include_str!("../../lua/decide_all.lua");
+
+/// The entry point releasing or extending a lease (`lua/lease.lua`).
+const LEASE_ENTRY: &str = include_str!("../../lua/lease.lua");
 
 /// The lean entry points (`lua/lean.lua`), in the library only.
 const LEAN: &str = include_str!("../../lua/lean.lua");
@@ -43,6 +47,10 @@ pub(crate) static DECIDE: LazyLock<redis::Script> =
 /// The set decision script (`lua/decide_all.lua`), for `EVALSHA`.
 pub(crate) static DECIDE_ALL: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(&format!("{}\n{DECIDE_ALL_ENTRY}", *ALGORITHMS)));
+
+/// The lease script (`lua/lease.lua`), for `EVALSHA`.
+pub(crate) static LEASE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&format!("{}\n{LEASE_ENTRY}", *ALGORITHMS)));
 
 /// The same code as a Redis function library (Redis 7+), preferred where the server has
 /// functions: a library's definitions run once at load, not at every call as a script's
@@ -62,6 +70,8 @@ pub(crate) struct Library {
     /// The function deciding a set of limits as one (`lua/decide_all.lua`); its keys share
     /// a slot.
     pub(crate) all: String,
+    /// The function releasing or extending a lease (`lua/lease.lua`).
+    pub(crate) lease: String,
     /// The library's source for `FUNCTION LOAD`.
     pub(crate) code: String,
 }
@@ -123,7 +133,8 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let library = ALGORITHMS.as_str();
     let body = format!(
         "{library}\nlocal function decide(KEYS, ARGV)\n{entry}\nend\n\
-         local function decide_all(KEYS, ARGV)\n{DECIDE_ALL_ENTRY}\nend\n{LEAN}\n"
+         local function decide_all(KEYS, ARGV)\n{DECIDE_ALL_ENTRY}\nend\n\
+         local function lease(KEYS, ARGV)\n{LEASE_ENTRY}\nend\n{LEAN}\n"
     );
     // Each function: its name's stem, its callback in `body`, its flags.
     let functions = [
@@ -132,6 +143,7 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         ("pacer", "single_pacer", ""),
         ("lean", "lean_batch", "'allow-cross-slot-keys'"),
         ("all", "decide_all", ""),
+        ("lease", "lease", ""),
     ];
     let (code, name) = register("", &body, &functions);
     Library {
@@ -140,12 +152,13 @@ pub(crate) static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
         single_pacer: name("pacer"),
         lean_batch: name("lean"),
         all: name("all"),
+        lease: name("lease"),
         code,
     }
 });
 
 /// Values the script returns per decision.
-const REPLY_WIDTH: usize = 4;
+const REPLY_WIDTH: usize = 5;
 
 /// Turns the script's flat reply into decisions, one per entry of `limits` (each decision's
 /// policy's limit, which the script does not repeat).
@@ -180,6 +193,13 @@ pub(crate) fn parse_reply(
             let mut decision = Decision::from_micros(allowed, 0.0, remaining, 0.0, limit);
             decision.delay = nanos(&v[1], "delay")?;
             decision.reset_after = nanos(&v[3], "reset_after")?;
+            decision.lease = match &v[4] {
+                Value::Int(-1) => None,
+                Value::Int(id) => {
+                    Some(u64::try_from(*id).map_err(|_| protocol(format!("`lease` is {id}")))?)
+                }
+                other => return Err(protocol(format!("`lease` is {other:?}"))),
+            };
             Ok(decision)
         })
         .collect()

@@ -327,6 +327,34 @@ impl RedisStore {
         resilience.settle_all(outcome, requests, group)
     }
 
+    /// Gives back lease `lease` of `key` under `policy` (see [`Store::release`]): one call
+    /// of the Lua library. A failed Redis is an error whatever the failure policy.
+    pub async fn release(&self, policy: &Policy, key: &str, lease: u64) -> Result<bool, Error> {
+        policy.concurrency()?;
+        let now = self.now()?;
+        let reply = self
+            .transport()
+            .call_lease(policy, key, lease, false, now)
+            .await?;
+        Ok(reply == 1)
+    }
+
+    /// Renews lease `lease` of `key` under `policy` (see [`Store::extend`]).
+    pub async fn extend(
+        &self,
+        policy: &Policy,
+        key: &str,
+        lease: u64,
+    ) -> Result<Option<Duration>, Error> {
+        let duration = policy.concurrency()?.lease();
+        let now = self.now()?;
+        let reply = self
+            .transport()
+            .call_lease(policy, key, lease, true, now)
+            .await?;
+        Ok((reply >= 0).then_some(duration))
+    }
+
     /// Deletes the key. A store failure is returned whatever the failure policy (with
     /// `local`, the in-process stand-in forgets the key too).
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
@@ -582,6 +610,24 @@ impl Store for RedisStore {
         requests: &'a [Request<'a>],
     ) -> StoreFuture<'a, Result<SetDecision, Error>> {
         StoreFuture::boxed(RedisStore::decide_all(self, requests))
+    }
+
+    fn release<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        lease: u64,
+    ) -> StoreFuture<'a, Result<bool, Error>> {
+        StoreFuture::boxed(RedisStore::release(self, policy, key, lease))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        policy: &'a Policy,
+        key: &'a str,
+        lease: u64,
+    ) -> StoreFuture<'a, Result<Option<Duration>, Error>> {
+        StoreFuture::boxed(RedisStore::extend(self, policy, key, lease))
     }
 
     fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {

@@ -16,7 +16,8 @@ use tokio::time::Instant;
 
 use super::args::{push_clock, push_params, push_policy, push_request, Prefixed};
 use super::script::{
-    lean_decisions, parse_all_reply, parse_reply, single_decision, DECIDE, DECIDE_ALL, LIBRARY,
+    lean_decisions, parse_all_reply, parse_reply, single_decision, DECIDE, DECIDE_ALL, LEASE,
+    LIBRARY,
 };
 use crate::{without_credentials, Request};
 
@@ -490,6 +491,47 @@ impl Transport {
         for (start, count) in runs {
             call.arg(count).arg(numbers[start]);
             push_request(batch[start].op, batch[start].cost, call);
+        }
+    }
+
+    /// Releases (`extend`: false) or extends lease `id` of `key` under `policy` (a
+    /// `concurrency` policy): the reply of `lua/lease.lua`, 1 or 0 for a release, the new
+    /// expiry in µs or -1 for an extension.
+    pub(crate) async fn call_lease(
+        &self,
+        policy: &Policy,
+        key: &str,
+        id: u64,
+        extend: bool,
+        now: Option<u64>,
+    ) -> Result<i64, StoreError> {
+        let mut call = if self.functions {
+            let mut call = redis::cmd("FCALL");
+            call.arg(&LIBRARY.lease);
+            call
+        } else {
+            let mut call = redis::cmd("EVALSHA");
+            call.arg(LEASE.get_hash());
+            call
+        };
+        call.arg(1).arg(Prefixed(&self.key_prefix, key));
+        push_clock(now, self.ttl_slack_ms, &mut call);
+        call.arg(if extend { "extend" } else { "release" }).arg(id);
+        push_policy(policy, &mut call);
+        let mut connection = self.connection.clone();
+        let reply = self
+            .bounded_until(
+                self.deadline(),
+                run_decide(&mut connection, &call, self.functions, &LEASE),
+                "a lease call",
+            )
+            .await?;
+        match reply {
+            Value::Int(n) => Ok(n),
+            other => Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                format!("unexpected reply from the paceline lease script: {other:?}"),
+            )),
         }
     }
 

@@ -1,0 +1,307 @@
+//! Concurrency leases over HTTP: a request in flight holds a lease of a `concurrency`
+//! policy, and gives it back when it ends.
+//!
+//! | endpoint | answer |
+//! |---|---|
+//! | `POST /v1/leases` `{"policy", "key", "cost"}` | `201 {"lease", "expires_ms", ...}`, or `429` with `Retry-After` when `limit` leases are live |
+//! | `POST /v1/leases/{lease}/extend` | `200 {"lease", "expires_ms"}`: it lives `lease` from now |
+//! | `DELETE /v1/leases/{lease}` | `204` |
+//!
+//! A lease that is unknown, given back already or reclaimed (not given back by its expiry)
+//! is `404 unknown_lease`; a token that is not one this service wrote is `400` naming
+//! `lease`. A lease token is `ID.NAMESPACE.KEY`: the lease's id on its key, then the
+//! policy's namespace (its configured name, or `~SPEC` for an inline spec) and the key, both
+//! hex-encoded, so that any instance sharing the store finds the key and its policy again
+//! from the token alone. `POST /v1/decisions` with a `concurrency` policy takes a lease too,
+//! and answers its token as `lease`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use paceline_store::Op;
+use serde::{Deserialize, Serialize};
+use serde_json::Number;
+
+use crate::api::{
+    add_rate_limit_headers, check_key, cost_field, ms, path_parts, read_body, resolve, settle,
+    status_of, store_failure, utf8, ApiError, AppState, Authorized, DecisionBody, Live, Resolved,
+    MAX_BODY,
+};
+use crate::request::{self, Text};
+
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/leases", post(take))
+        .route("/v1/leases/{lease}", axum::routing::delete(give_back))
+        .route("/v1/leases/{lease}/extend", post(extend))
+}
+
+/// The token of lease `id` of `key` under the policy of `namespace`.
+pub(crate) fn token(namespace: &str, key: &str, id: u64) -> String {
+    let mut text = String::with_capacity(24 + 2 * (namespace.len() + key.len()));
+    text.push_str(itoa::Buffer::new().format(id));
+    for part in [namespace, key] {
+        text.push('.');
+        for byte in part.bytes() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            text.push(char::from(HEX[usize::from(byte >> 4)]));
+            text.push(char::from(HEX[usize::from(byte & 15)]));
+        }
+    }
+    text
+}
+
+/// A token read back: the lease id, the policy's namespace and the key.
+struct Token {
+    id: u64,
+    namespace: String,
+    key: String,
+}
+
+fn parse(token: &str) -> Result<Token, ApiError> {
+    let bad = || {
+        ApiError::invalid(
+            "lease",
+            "is not a lease token of this service; use the `lease` a POST /v1/leases answered",
+        )
+    };
+    let mut parts = token.split('.');
+    let (Some(id), Some(namespace), Some(key), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad());
+    };
+    let unhex = |text: &str| -> Option<String> {
+        if text.is_empty() || !text.len().is_multiple_of(2) {
+            return None;
+        }
+        let bytes: Option<Vec<u8>> = (0..text.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+            .collect();
+        String::from_utf8(bytes?).ok()
+    };
+    Ok(Token {
+        id: id.parse().map_err(|_| bad())?,
+        namespace: unhex(namespace).ok_or_else(bad)?,
+        key: unhex(key).ok_or_else(bad)?,
+    })
+}
+
+/// The lease a token names: its id, and its key's policy as the live configuration has it.
+/// A policy no longer configured makes the lease unknown.
+fn find<'a>(live: &'a Live, token: &str) -> Result<(u64, Resolved<'a>), ApiError> {
+    let Token { id, namespace, key } = parse(token)?;
+    let spec = namespace.strip_prefix('~').unwrap_or(&namespace);
+    match resolve(live, spec, &key, "lease") {
+        Ok(resolved) => Ok((id, resolved)),
+        Err(e) if e.status() == StatusCode::NOT_FOUND => Err(unknown_lease()),
+        Err(e) => Err(e),
+    }
+}
+
+fn unknown_lease() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "unknown_lease",
+        "lease",
+        "no such live lease: it was given back already, or reclaimed when it expired; take a new one",
+    )
+}
+
+/// `POST /v1/leases`'s body, as sent.
+#[derive(Debug, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a JSON object with `policy` and `key`"
+)]
+struct RawTake<'a> {
+    #[serde(borrow)]
+    policy: Option<Text<'a>>,
+    #[serde(borrow)]
+    key: Option<Text<'a>>,
+    cost: Option<Number>,
+}
+
+const ALLOWED: &[(&str, &str)] = &[
+    (
+        "policy",
+        "a string: a `concurrency` policy's configured name or spec",
+    ),
+    ("key", "a string"),
+    ("cost", "a whole number of at least 1"),
+];
+
+/// A lease taken.
+#[derive(Serialize)]
+struct LeaseBody<'a> {
+    /// When the lease is reclaimed unless extended, in ms from now.
+    expires_ms: f64,
+    /// Set when the store failed and the failure policy answered: the lease is held
+    /// nowhere shared.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback: Option<&'static str>,
+    lease: Option<String>,
+    limit: u64,
+    policy: &'a str,
+    remaining: u64,
+}
+
+async fn take(
+    State(state): State<Arc<AppState>>,
+    Authorized(live): Authorized,
+    body: Body,
+) -> Response {
+    match take_lease(&state, &live, body).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn take_lease(state: &AppState, live: &Live, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(state, body, MAX_BODY).await?;
+    let fields: RawTake = request::object(
+        utf8(&bytes)?,
+        "a JSON object with `policy` and `key`",
+        ALLOWED,
+    )?;
+    let spec = fields.policy.as_deref().ok_or_else(|| {
+        ApiError::invalid(
+            "policy",
+            "is required: a `concurrency` policy's name or spec",
+        )
+    })?;
+    let key = fields
+        .key
+        .as_deref()
+        .ok_or_else(|| ApiError::invalid("key", "is required"))?;
+    check_key(key, "key")?;
+    let cost = cost_field(fields.cost.as_ref(), "cost")?.unwrap_or(1);
+    let resolved = resolve(live, spec, key, "policy")?;
+    let lease = resolved
+        .policy
+        .concurrency()
+        .map_err(|e| ApiError::input(&e))?
+        .lease();
+    let name = resolved.name.unwrap_or("inline");
+    let outcome = state
+        .store
+        .decide(&resolved.policy, &resolved.store_key, Op::Limit, cost)
+        .await;
+    let d = settle(state, resolved.metrics, outcome)?;
+    let namespace = &resolved.store_key[..resolved.store_key.len() - key.len() - 1];
+    let mut response = if d.allowed {
+        let body = LeaseBody {
+            expires_ms: ms(lease),
+            fallback: d.fallback.map(|f| f.name()),
+            lease: d.lease.map(|id| token(namespace, key, id)),
+            limit: d.limit,
+            policy: name,
+            remaining: d.remaining,
+        };
+        (StatusCode::CREATED, axum::Json(body)).into_response()
+    } else {
+        (status_of(&d), axum::Json(DecisionBody::new(name, &d, None))).into_response()
+    };
+    add_rate_limit_headers(response.headers_mut(), name, &d);
+    Ok(response)
+}
+
+/// An extension: the lease and its new life.
+#[derive(Serialize)]
+struct ExtendedBody<'a> {
+    expires_ms: f64,
+    lease: &'a str,
+}
+
+async fn extend(
+    State(state): State<Arc<AppState>>,
+    Authorized(live): Authorized,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let result = async {
+        let token = path_parts(path, "the lease")?;
+        let (id, resolved) = find(&live, &token)?;
+        match state
+            .store
+            .extend(&resolved.policy, &resolved.store_key, id)
+            .await
+        {
+            Ok(Some(left)) => {
+                let body = ExtendedBody {
+                    expires_ms: ms(left),
+                    lease: &token,
+                };
+                Ok((StatusCode::OK, axum::Json(body)).into_response())
+            }
+            Ok(None) => Err(unknown_lease()),
+            Err(e) => Err(store_failure(e)),
+        }
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn give_back(
+    State(state): State<Arc<AppState>>,
+    Authorized(live): Authorized,
+    path: Result<Path<String>, PathRejection>,
+) -> Response {
+    let result = async {
+        let token = path_parts(path, "the lease")?;
+        let (id, resolved) = find(&live, &token)?;
+        match state
+            .store
+            .release(&resolved.policy, &resolved.store_key, id)
+            .await
+        {
+            Ok(true) => Ok(StatusCode::NO_CONTENT.into_response()),
+            Ok(false) => Err(unknown_lease()),
+            Err(e) => Err(store_failure(e)),
+        }
+    };
+    result.await.unwrap_or_else(IntoResponse::into_response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_read_back_and_anything_else_is_refused() {
+        for (namespace, key, id) in [
+            ("db-slots", "tenant:42", 1_700_000_000_000_000),
+            ("~concurrency:limit=2,lease=30s", "{t}.é\u{1}", 0),
+        ] {
+            let t = token(namespace, key, id);
+            assert!(
+                t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'),
+                "{t}"
+            );
+            let back = parse(&t).unwrap_or_else(|e| panic!("{t}: {e:?}"));
+            assert_eq!(
+                (back.id, back.namespace.as_str(), back.key.as_str()),
+                (id, namespace, key)
+            );
+        }
+        for bad in [
+            "",
+            "1",
+            "1.61",
+            "x.61.61",
+            "1.6.61",
+            "1.61.zz",
+            "1.61.61.61",
+            "1..61",
+            "1.ff.61",
+        ] {
+            let e = parse(bad).err().unwrap_or_else(|| panic!("{bad} was read"));
+            assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+}
