@@ -87,6 +87,9 @@ struct DecisionRecord {
     remaining: u64,
     reset_after_ms: f64,
     limit: u64,
+    /// The lease a `concurrency` decision took (its id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<u64>,
 }
 
 impl From<&Decision> for DecisionRecord {
@@ -97,6 +100,7 @@ impl From<&Decision> for DecisionRecord {
             remaining: d.remaining,
             reset_after_ms: duration_ms(d.reset_after),
             limit: d.limit,
+            lease: d.lease,
         }
     }
 }

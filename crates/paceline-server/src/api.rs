@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -791,61 +791,10 @@ pub(crate) fn status_of(decision: &Decision) -> StatusCode {
 }
 
 const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
-const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
-const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// Adds `RateLimit-Policy`, `RateLimit` and, for a rejection, `Retry-After`.
 pub(crate) fn add_rate_limit_headers(headers: &mut HeaderMap, name: &str, decision: &Decision) {
-    add_set_headers(headers, &[(name, decision)], decision);
-}
-
-/// Adds `RateLimit-Policy` and `RateLimit` listing every limit of `limits` under its name
-/// (draft-ietf-httpapi-ratelimit-headers: a list of items, a quoted name with `q` for the
-/// policy; `r` remaining and `t` seconds to reset for the limit), and, when `combined` is a
-/// rejection, `Retry-After`.
-fn add_set_headers(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &Decision) {
-    let seconds_up = |d: Duration| d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    // Items `"NAME";key=number...`, comma-separated, both values built in one pass and
-    // taken as they are, without a copy.
-    let (mut policy, mut limit) = (
-        String::with_capacity(limits.len() * 32),
-        String::with_capacity(limits.len() * 40),
-    );
-    let mut digits = itoa::Buffer::new();
-    let mut item = |text: &mut String, name: &str, pairs: &[(&str, u64)]| {
-        if !text.is_empty() {
-            text.push_str(", ");
-        }
-        text.push('"');
-        text.push_str(name);
-        text.push('"');
-        for (key, number) in pairs {
-            text.push(';');
-            text.push_str(key);
-            text.push('=');
-            text.push_str(digits.format(*number));
-        }
-    };
-    for (name, d) in limits {
-        item(&mut policy, name, &[("q", d.limit)]);
-        item(
-            &mut limit,
-            name,
-            &[("r", d.remaining), ("t", seconds_up(d.reset_after))],
-        );
-    }
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(policy)) {
-        headers.insert(RATELIMIT_POLICY, v);
-    }
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(limit)) {
-        headers.insert(RATELIMIT, v);
-    }
-    if !combined.allowed {
-        headers.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(seconds_up(combined.delay).max(1)),
-        );
-    }
+    paceline_tower::headers::insert(headers, &[(name, decision)], decision);
 }
 
 async fn decision(
@@ -961,7 +910,7 @@ async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
         .map(|p| p.name.as_str())
         .zip(&decided.limits)
         .collect();
-    add_set_headers(response.headers_mut(), &named, combined);
+    paceline_tower::headers::insert(response.headers_mut(), &named, combined);
     response
 }
 

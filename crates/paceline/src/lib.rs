@@ -34,6 +34,7 @@
 //! | limits shared through Redis / Redis Cluster | `cargo add paceline -F redis` |
 //! | a rate-limited job queue (groups, leases, retries) | `cargo add paceline -F queue` |
 //! | a client of an API whose limits come in response headers (Discord, GitHub, IETF `RateLimit`) | `cargo add paceline -F client` (`-F client,redis` to share them between processes) |
+//! | limits on the requests a server (axum, hyper, tonic) takes | `cargo add paceline -F tower` |
 //!
 //! ## Any store, from a URL
 //!
@@ -153,6 +154,26 @@ pub mod queue {
 #[cfg(feature = "client")]
 pub mod client {
     pub use paceline_client::*;
+}
+
+/// Protecting a service (feature `tower`): see [`paceline_tower`]'s docs, re-exported here
+/// whole. A tower layer decides every request against a set of limits on any store, with
+/// the IETF `RateLimit` headers and RFC 9457 problem details.
+///
+/// ```
+/// use paceline::tower::{Key, RateLimitLayer};
+/// use paceline::MemoryStore;
+/// use std::sync::Arc;
+/// let layer = RateLimitLayer::builder(Arc::new(MemoryStore::new()))
+///     .limit("per-second", "gcra:rate=10/s,burst=20".parse()?, Key::header("x-api-key"))
+///     .limit("in-flight", "concurrency:limit=4,lease=30s".parse()?, Key::header("x-api-key"))
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), paceline::InputError>(())
+/// ```
+#[cfg(feature = "tower")]
+pub mod tower {
+    pub use paceline_tower::*;
 }
 
 /// The Redis and Redis Cluster store (feature `redis`).

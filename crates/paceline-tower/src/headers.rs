@@ -1,0 +1,143 @@
+//! The answer's headers and body: the IETF `RateLimit` and `RateLimit-Policy` fields
+//! (draft-ietf-httpapi-ratelimit-headers, structured fields) and RFC 9457 problem details.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::{HeaderMap, StatusCode};
+use paceline_core::Decision;
+use serde::Serialize;
+
+/// `RateLimit-Policy`: each limit's quota.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: each limit's state for this request.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// The media type of RFC 9457 problem details.
+pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// Whole seconds, rounded up: a client that waits them is never early.
+fn seconds_up(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// Sets `RateLimit-Policy` and `RateLimit` listing every limit of `limits` under its name,
+/// in order (a list of items: the name as a string, then `q`, the quota, in the policy
+/// field, and `r`, the remaining quota, and `t`, the seconds until the limit resets, in the
+/// state field), and `Retry-After` (whole seconds, at least 1) when `combined` refused.
+///
+/// ```
+/// use paceline_core::{Decision, Op, Policy};
+/// let policy: Policy = "gcra:rate=1/s,burst=2".parse()?;
+/// let d = policy.apply(&mut None, 0, Op::Limit, 1)?;
+/// let mut headers = http::HeaderMap::new();
+/// paceline_tower::headers::insert(&mut headers, &[("per-second", &d)], &d);
+/// assert_eq!(headers["ratelimit-policy"], "\"per-second\";q=2");
+/// assert_eq!(headers["ratelimit"], "\"per-second\";r=1;t=1");
+/// # Ok::<(), paceline_core::InputError>(())
+/// ```
+pub fn insert(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &Decision) {
+    let (mut policy, mut state) = (
+        String::with_capacity(limits.len() * 32),
+        String::with_capacity(limits.len() * 40),
+    );
+    let mut digits = itoa::Buffer::new();
+    let mut item = |text: &mut String, name: &str, pairs: &[(&str, u64)]| {
+        if !text.is_empty() {
+            text.push_str(", ");
+        }
+        text.push('"');
+        for c in name.chars() {
+            if c == '"' || c == '\\' {
+                text.push('\\');
+            }
+            text.push(c);
+        }
+        text.push('"');
+        for (key, number) in pairs {
+            text.push(';');
+            text.push_str(key);
+            text.push('=');
+            text.push_str(digits.format(*number));
+        }
+    };
+    for (name, d) in limits {
+        item(&mut policy, name, &[("q", d.limit)]);
+        item(
+            &mut state,
+            name,
+            &[("r", d.remaining), ("t", seconds_up(d.reset_after))],
+        );
+    }
+    // A name that is no header text (non-ASCII) leaves the field out rather than break it.
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(policy)) {
+        headers.insert(RATELIMIT_POLICY, v);
+    }
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(state)) {
+        headers.insert(RATELIMIT, v);
+    }
+    if !combined.allowed {
+        headers.insert(
+            RETRY_AFTER,
+            HeaderValue::from(seconds_up(combined.delay).max(1)),
+        );
+    }
+}
+
+/// An RFC 9457 problem details object (`application/problem+json`), with paceline's
+/// extension members.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    /// `about:blank`: the status says it all.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The status's reason phrase.
+    pub title: &'static str,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What happened, for people.
+    pub detail: String,
+    /// For a refusal: when to retry, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<f64>,
+    /// For a refusal: the names of the limits that refused.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub violated: Vec<String>,
+}
+
+impl Problem {
+    /// A problem of `status`, explained by `detail`.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail: detail.into(),
+            retry_after_ms: None,
+            violated: Vec::new(),
+        }
+    }
+
+    /// The `429` of a refusal by the limits named `violated`, retried after `retry_after`.
+    pub fn too_many_requests(violated: Vec<String>, retry_after: Duration) -> Problem {
+        let names: Vec<String> = violated.iter().map(|n| format!("`{n}`")).collect();
+        let mut problem = Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "refused by the {} limit{}; retry in {} s",
+                names.join(" and "),
+                if names.len() > 1 { "s" } else { "" },
+                seconds_up(retry_after).max(1)
+            ),
+        );
+        problem.retry_after_ms = Some(retry_after.as_secs_f64() * 1000.0);
+        problem.violated = violated;
+        problem
+    }
+
+    /// The problem as JSON bytes.
+    pub fn to_bytes(&self) -> Bytes {
+        // A struct of strings and numbers always serialises.
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}

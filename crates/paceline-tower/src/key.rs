@@ -1,0 +1,418 @@
+//! Whose request is it? [`Key`]s read the key a limit counts a request under.
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
+use ipnet::IpNet;
+
+/// What a [`Key`] reads a request's key from: its method, URI, headers and extensions (the
+/// body is never read).
+#[derive(Clone, Copy, Debug)]
+pub struct Head<'a> {
+    /// The request's method.
+    pub method: &'a Method,
+    /// The request's URI.
+    pub uri: &'a Uri,
+    /// The request's headers.
+    pub headers: &'a HeaderMap,
+    /// The request's extensions (the peer address, the authenticated user, ...).
+    pub extensions: &'a Extensions,
+}
+
+impl<'a> Head<'a> {
+    /// The head of `request`.
+    pub fn of<B>(request: &'a http::Request<B>) -> Head<'a> {
+        Head {
+            method: request.method(),
+            uri: request.uri(),
+            headers: request.headers(),
+            extensions: request.extensions(),
+        }
+    }
+}
+
+/// Why a request has no key: the request's fault (`400`, e.g. a missing API key header) or
+/// the service's (`500`: no peer address to read).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MissingKey {
+    /// True when the request could supply the key (it is then answered `400`), false when
+    /// the service is set up wrong (`500`).
+    pub request_fault: bool,
+    /// What is missing, for the answer's `detail`.
+    pub what: String,
+}
+
+type Extract = dyn Fn(&Head<'_>) -> Result<String, MissingKey> + Send + Sync;
+
+/// Reads the key a limit counts a request under.
+///
+/// ```
+/// use paceline_tower::Key;
+/// let by_ip = Key::peer_ip().trust_proxies(["10.0.0.0/8"])?;
+/// let by_api_key = Key::header("x-api-key");
+/// let everyone = Key::constant("global");
+/// # Ok::<(), paceline_tower::InputError>(())
+/// ```
+#[derive(Clone)]
+pub struct Key {
+    extract: Arc<Extract>,
+    describe: Arc<str>,
+    /// For `peer_ip`: the proxies trusted to say whom they forward.
+    trusted: Option<Arc<[IpNet]>>,
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", self.describe)
+    }
+}
+
+impl Key {
+    /// The connection's peer IP address: axum's `ConnectInfo<SocketAddr>` (serve with
+    /// `into_make_service_with_connect_info::<SocketAddr>()`, feature `axum`), or a
+    /// [`SocketAddr`] a server put in the request's extensions. A request without either is
+    /// answered `500` (the service is set up wrong). Behind proxies, see
+    /// [`trust_proxies`](Key::trust_proxies).
+    pub fn peer_ip() -> Key {
+        Key {
+            extract: Arc::new(|head| {
+                peer(head.extensions)
+                    .map(|ip| ip.to_string())
+                    .ok_or_else(no_peer)
+            }),
+            describe: "peer IP".into(),
+            trusted: None,
+        }
+    }
+
+    /// For [`peer_ip`](Key::peer_ip): when the peer is one of `proxies` (CIDR blocks such as
+    /// `"10.0.0.0/8"`, or single addresses), the client is the address the proxies name, in
+    /// `Forwarded` (`for=`, RFC 7239) or else `X-Forwarded-For`: the last one not itself a
+    /// trusted proxy, so a client cannot pass for another by sending the header itself.
+    /// Errors: a block that does not parse (naming `trusted_proxies`); a key other than
+    /// `peer_ip`.
+    pub fn trust_proxies<I, S>(self, proxies: I) -> Result<Key, paceline_core::InputError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        if self.describe.as_ref() != "peer IP" {
+            return Err(paceline_core::InputError::new(
+                "trusted_proxies",
+                "applies to Key::peer_ip() only",
+            ));
+        }
+        let nets: Vec<IpNet> = proxies
+            .into_iter()
+            .map(|p| {
+                let text = p.as_ref().trim();
+                text.parse::<IpNet>()
+                    .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| {
+                        paceline_core::InputError::new(
+                            "trusted_proxies",
+                            format!("`{text}` is neither an IP address nor a CIDR block such as 10.0.0.0/8"),
+                        )
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let trusted: Arc<[IpNet]> = nets.into();
+        let nets = Arc::clone(&trusted);
+        Ok(Key {
+            extract: Arc::new(move |head| {
+                let ip = peer(head.extensions).ok_or_else(no_peer)?;
+                Ok(forwarded_client(ip, head.headers, &nets).to_string())
+            }),
+            describe: "peer IP".into(),
+            trusted: Some(trusted),
+        })
+    }
+
+    /// The value of header `name`; a request without it is answered `400` (it must send
+    /// it, e.g. an API key).
+    pub fn header(name: impl AsRef<str>) -> Key {
+        let name = name.as_ref().to_ascii_lowercase();
+        let describe: Arc<str> = format!("the `{name}` header").into();
+        let header = HeaderName::from_bytes(name.as_bytes()).ok();
+        let what = Arc::clone(&describe);
+        Key {
+            extract: Arc::new(move |head| {
+                header
+                    .as_ref()
+                    .and_then(|h| head.headers.get(h))
+                    .and_then(|v| v.to_str().ok())
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_string)
+                    .ok_or_else(|| MissingKey {
+                        request_fault: true,
+                        what: format!("{what}, which this endpoint's limits count requests by"),
+                    })
+            }),
+            describe,
+            trusted: None,
+        }
+    }
+
+    /// A value of type `T` in the request's extensions, e.g. the user an authentication
+    /// layer put there, read by `key`; a request without one is answered `400`.
+    pub fn extension<T, F>(key: F) -> Key
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&T) -> String + Send + Sync + 'static,
+    {
+        let describe: Arc<str> = format!("a `{}` extension", std::any::type_name::<T>()).into();
+        let what = Arc::clone(&describe);
+        Key {
+            extract: Arc::new(move |head| {
+                head.extensions
+                    .get::<T>()
+                    .map(&key)
+                    .ok_or_else(|| MissingKey {
+                        request_fault: true,
+                        what: format!("{what} (the authenticated caller)"),
+                    })
+            }),
+            describe,
+            trusted: None,
+        }
+    }
+
+    /// The same key for every request: one limit for the whole service.
+    pub fn constant(key: impl Into<String>) -> Key {
+        let key: String = key.into();
+        Key {
+            describe: format!("`{key}`").into(),
+            extract: Arc::new(move |_| Ok(key.clone())),
+            trusted: None,
+        }
+    }
+
+    /// A key of the caller's own: `key` reads it from the request's head, `None` meaning
+    /// the request has none (it is answered `400`).
+    pub fn from_fn<F>(key: F) -> Key
+    where
+        F: Fn(&Head<'_>) -> Option<String> + Send + Sync + 'static,
+    {
+        Key {
+            extract: Arc::new(move |head| {
+                key(head).ok_or_else(|| MissingKey {
+                    request_fault: true,
+                    what: "the key this endpoint's limits count requests by".into(),
+                })
+            }),
+            describe: "a key function".into(),
+            trusted: None,
+        }
+    }
+
+    /// The key of a request.
+    pub fn read(&self, head: &Head<'_>) -> Result<String, MissingKey> {
+        (self.extract)(head)
+    }
+
+    /// The proxies trusted by a [`peer_ip`](Key::peer_ip) key.
+    pub fn trusted_proxies(&self) -> &[IpNet] {
+        self.trusted.as_deref().unwrap_or_default()
+    }
+}
+
+fn no_peer() -> MissingKey {
+    MissingKey {
+        request_fault: false,
+        what: "the peer address: serve the app with into_make_service_with_connect_info::<SocketAddr>() \
+               (axum), or put the connection's SocketAddr in each request's extensions"
+            .into(),
+    }
+}
+
+/// The peer address in `extensions`: axum's `ConnectInfo`, or a plain `SocketAddr`.
+fn peer(extensions: &Extensions) -> Option<IpAddr> {
+    #[cfg(feature = "axum")]
+    if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(info.0.ip());
+    }
+    extensions.get::<SocketAddr>().map(SocketAddr::ip)
+}
+
+/// The client behind `peer`: while the address at hand is a trusted proxy, step back one
+/// hop through `Forwarded`'s `for=` (or, without it, `X-Forwarded-For`), from the last.
+fn forwarded_client(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
+    if !is_trusted(&peer) {
+        return peer;
+    }
+    let hops = forwarded_hops(headers);
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        let Some(ip) = hop else {
+            // An entry that is no address (`unknown`, an obfuscated name): stop at the
+            // last address known.
+            return client;
+        };
+        client = *ip;
+        if !is_trusted(ip) {
+            return client;
+        }
+    }
+    client
+}
+
+/// The addresses a request's proxies list, first (the client's side) to last: `Forwarded`'s
+/// `for=` parameters if the header is there, else `X-Forwarded-For`. `None` for an entry
+/// that is no address.
+fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    let forwarded: Vec<&str> = headers
+        .get_all(http::header::FORWARDED)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    if !forwarded.is_empty() {
+        return forwarded
+            .iter()
+            .flat_map(|v| v.split(','))
+            .map(|element| {
+                element.split(';').find_map(|pair| {
+                    let (name, value) = pair.split_once('=')?;
+                    name.trim()
+                        .eq_ignore_ascii_case("for")
+                        .then(|| parse_node(value.trim().trim_matches('"')))?
+                })
+            })
+            .collect();
+    }
+    headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|entry| parse_node(entry.trim()))
+        .collect()
+}
+
+/// An address as proxies write it: `192.0.2.1`, `192.0.2.1:4711`, `[2001:db8::1]:4711` or
+/// `2001:db8::1`.
+fn parse_node(text: &str) -> Option<IpAddr> {
+    if let Ok(ip) = text.parse() {
+        return Some(ip);
+    }
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Some(addr.ip());
+    }
+    text.strip_prefix('[')
+        .and_then(|rest| rest.split_once(']'))
+        .and_then(|(ip, _)| ip.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head_with<'a>(headers: &'a HeaderMap, extensions: &'a Extensions, uri: &'a Uri) -> Head<'a> {
+        Head {
+            method: &Method::GET,
+            uri,
+            headers,
+            extensions,
+        }
+    }
+
+    fn peer_at(addr: &str) -> Extensions {
+        let mut e = Extensions::new();
+        e.insert(addr.parse::<SocketAddr>().unwrap());
+        e
+    }
+
+    #[test]
+    fn a_trusted_proxy_names_the_client_and_an_untrusted_peer_is_the_client() {
+        let key = Key::peer_ip()
+            .trust_proxies(["10.0.0.0/8", "192.168.1.1"])
+            .unwrap();
+        let uri = Uri::from_static("/");
+        let read = |peer: &str, headers: &[(&str, &str)]| {
+            let mut map = HeaderMap::new();
+            for (name, value) in headers {
+                map.append(
+                    HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                    value.parse().unwrap(),
+                );
+            }
+            let extensions = peer_at(peer);
+            key.read(&head_with(&map, &extensions, &uri)).unwrap()
+        };
+        // Not behind a trusted proxy: the peer, whatever it claims.
+        assert_eq!(
+            read("203.0.113.9:5000", &[("x-forwarded-for", "1.2.3.4")]),
+            "203.0.113.9"
+        );
+        // The last untrusted hop: a client cannot pass for 6.6.6.6 by sending it.
+        assert_eq!(
+            read(
+                "10.1.2.3:80",
+                &[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.9.9.9")]
+            ),
+            "198.51.100.7"
+        );
+        // `Forwarded` first, with ports, quotes and IPv6.
+        assert_eq!(
+            read(
+                "192.168.1.1:80",
+                &[
+                    (
+                        "forwarded",
+                        "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https"
+                    ),
+                    ("x-forwarded-for", "7.7.7.7"),
+                ]
+            ),
+            "2001:db8::1"
+        );
+        // An obfuscated hop ends the walk at the last address known.
+        assert_eq!(
+            read("10.0.0.1:80", &[("forwarded", "for=_hidden")]),
+            "10.0.0.1"
+        );
+        // Only proxies all the way: the first listed.
+        assert_eq!(
+            read("10.0.0.1:80", &[("x-forwarded-for", "10.0.0.2")]),
+            "10.0.0.2"
+        );
+    }
+
+    #[test]
+    fn keys_say_what_is_missing_and_whose_fault_it_is() {
+        let (headers, none, uri) = (HeaderMap::new(), Extensions::new(), Uri::from_static("/"));
+        let head = head_with(&headers, &none, &uri);
+        let peer = Key::peer_ip().read(&head).unwrap_err();
+        assert!(!peer.request_fault && peer.what.contains("connect_info"));
+        let header = Key::header("X-Api-Key").read(&head).unwrap_err();
+        assert!(header.request_fault && header.what.contains("`x-api-key`"));
+        #[derive(Clone)]
+        struct User(u32);
+        let user = Key::extension(|u: &User| format!("user:{}", u.0));
+        assert!(user.read(&head).unwrap_err().request_fault);
+        let mut with_user = Extensions::new();
+        with_user.insert(User(7));
+        assert_eq!(
+            user.read(&head_with(&headers, &with_user, &uri)).unwrap(),
+            "user:7"
+        );
+        assert_eq!(Key::constant("all").read(&head).unwrap(), "all");
+        let path = Key::from_fn(|h| h.uri.path().strip_prefix("/t/").map(str::to_string));
+        let tenant_uri = Uri::from_static("/t/acme");
+        assert_eq!(
+            path.read(&head_with(&headers, &none, &tenant_uri)).unwrap(),
+            "acme"
+        );
+        assert!(path.read(&head).is_err());
+        assert_eq!(
+            Key::peer_ip()
+                .trust_proxies(["10.0.0.0/33"])
+                .unwrap_err()
+                .field(),
+            "trusted_proxies"
+        );
+        assert!(Key::header("a").trust_proxies(["10.0.0.0/8"]).is_err());
+    }
+}

@@ -1,0 +1,526 @@
+//! [`RateLimitLayer`]: every request decided against a set of limits before it reaches the
+//! service.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use paceline_core::{Decision, Error, InputError, Op, Policy};
+use paceline_store::{Request, SetDecision, SharedStore, MAX_LIMITS};
+use pin_project_lite::pin_project;
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::headers::{self, Problem, PROBLEM_JSON};
+use crate::key::{Head, Key};
+
+/// What the layer does when the store cannot decide (Redis down, under the store's
+/// `fail_closed` failure policy, or a full memory store).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreFailure {
+    /// Answer `503 Service Unavailable` (problem details naming the failure).
+    #[default]
+    Refuse,
+    /// Let the request through, unlimited.
+    Allow,
+}
+
+/// One limit of a layer: its name (in the headers and problem details), policy and key.
+struct Limit {
+    name: String,
+    policy: Policy,
+    key: Key,
+}
+
+/// What every clone of a layer's services shares: the store, the limits, the options.
+struct Shared {
+    store: SharedStore,
+    limits: Vec<Limit>,
+    pace: Option<Duration>,
+    on_failure: StoreFailure,
+    headers: bool,
+}
+
+/// A tower [`Layer`] that decides every request against a set of limits, on any store,
+/// before the inner service sees it.
+///
+/// * **One state for every clone**: the limits' state is in the store, which every service
+///   the layer makes shares (axum clones a service per connection; the limits hold across
+///   connections, processes and, on Redis, machines).
+/// * **A set decided as one**: a request is admitted only if every limit admits it, and a
+///   refused request counts against none ([`Store::decide_all`](paceline_store::Store::decide_all)).
+///   Refused: `429 Too Many Requests`, `Retry-After`, and an RFC 9457
+///   `application/problem+json` body naming the limits that refused.
+/// * **Headers**: every answer carries `RateLimit-Policy` and `RateLimit` (the IETF draft's
+///   structured fields) listing each limit under its name ([`headers`](Builder::headers)
+///   turns them off).
+/// * **Requests in flight**: a `concurrency` limit's lease is given back when the response
+///   body ends, or when the request is dropped (the client went away); one not given back
+///   (a crashed process) is reclaimed at its expiry.
+/// * **Pace mode** ([`pace`](Builder::pace)): a request the limits would refuse waits up to
+///   `max_wait` for its turn instead. With one limit the wait is a reservation (first come,
+///   first served); with several, the request waits the longest retry-after and asks again.
+/// * **Store failures**: [`StoreFailure`].
+///
+/// Keys are stored as `{KEY}:NAME`: a hash tag of the request's key, so on a Redis Cluster
+/// every limit of a layer must use the same [`Key`] (a set is decided in one slot).
+///
+/// ```
+/// use paceline_store::MemoryStore;
+/// use paceline_tower::{Key, RateLimitLayer};
+/// use std::sync::Arc;
+/// let layer = RateLimitLayer::builder(Arc::new(MemoryStore::new()))
+///     .limit("per-second", "gcra:rate=10/s,burst=20".parse()?, Key::header("x-api-key"))
+///     .limit("per-day", "fixed_window:limit=10000,window=1d".parse()?, Key::header("x-api-key"))
+///     .limit("in-flight", "concurrency:limit=4,lease=30s".parse()?, Key::header("x-api-key"))
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), paceline_core::InputError>(())
+/// ```
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for RateLimitLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.shared.limits.iter().map(|l| l.name.as_str()).collect();
+        f.debug_struct("RateLimitLayer")
+            .field("limits", &names)
+            .field("pace", &self.shared.pace)
+            .field("on_failure", &self.shared.on_failure)
+            .finish()
+    }
+}
+
+/// Configures a [`RateLimitLayer`].
+#[must_use]
+pub struct Builder {
+    store: SharedStore,
+    limits: Vec<Limit>,
+    pace: Option<Duration>,
+    on_failure: StoreFailure,
+    headers: bool,
+}
+
+impl RateLimitLayer {
+    /// Starts a layer whose limits live in `store` (any store: `Arc::new(MemoryStore::new())`,
+    /// or what [`paceline_store::open`] opens from a URL).
+    pub fn builder(store: SharedStore) -> Builder {
+        Builder {
+            store,
+            limits: Vec::new(),
+            pace: None,
+            on_failure: StoreFailure::Refuse,
+            headers: true,
+        }
+    }
+}
+
+impl Builder {
+    /// Adds a limit: `policy` applied to each request's `key`. `name` (1 to 64 of
+    /// `A-Z a-z 0-9 - _ .`) names it in the headers and problem details, and in the store.
+    pub fn limit(mut self, name: impl Into<String>, policy: Policy, key: Key) -> Builder {
+        self.limits.push(Limit {
+            name: name.into(),
+            policy,
+            key,
+        });
+        self
+    }
+
+    /// Pace mode: a request the limits would refuse waits up to `max_wait` for its turn
+    /// (the task sleeps, in the store's time), and is refused only if its turn is further
+    /// away.
+    pub fn pace(mut self, max_wait: Duration) -> Builder {
+        self.pace = Some(max_wait);
+        self
+    }
+
+    /// What to do when the store cannot decide (default: [`StoreFailure::Refuse`], `503`).
+    pub fn on_store_failure(mut self, failure: StoreFailure) -> Builder {
+        self.on_failure = failure;
+        self
+    }
+
+    /// Whether answers carry `RateLimit-Policy` and `RateLimit` (default: true; a refusal's
+    /// `Retry-After` is always sent).
+    pub fn headers(mut self, on: bool) -> Builder {
+        self.headers = on;
+        self
+    }
+
+    /// Checks the limits: 1 to [`MAX_LIMITS`], named distinctly.
+    pub fn build(self) -> Result<RateLimitLayer, InputError> {
+        if self.limits.is_empty() || self.limits.len() > MAX_LIMITS {
+            return Err(InputError::new(
+                "limits",
+                format!(
+                    "a layer holds 1 to {MAX_LIMITS} limits, not {}; add them with .limit(name, policy, key)",
+                    self.limits.len()
+                ),
+            ));
+        }
+        for (i, limit) in self.limits.iter().enumerate() {
+            let name = &limit.name;
+            let valid = !name.is_empty()
+                && name.len() <= 64
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            if !valid {
+                return Err(InputError::new(
+                    "name",
+                    format!("`{name}` is not a limit name; use 1 to 64 of A-Z a-z 0-9 - _ ."),
+                ));
+            }
+            if self.limits[..i].iter().any(|l| &l.name == name) {
+                return Err(InputError::new(
+                    "name",
+                    format!("two limits are named `{name}`; give each its own name"),
+                ));
+            }
+            limit.policy.check_cost(Op::Limit, 1)?;
+        }
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                store: self.store,
+                limits: self.limits,
+                pace: self.pace,
+                on_failure: self.on_failure,
+                headers: self.headers,
+            }),
+        })
+    }
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The service a [`RateLimitLayer`] makes: decides, then calls the inner service.
+#[derive(Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> std::fmt::Debug for RateLimit<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RateLimit")
+    }
+}
+
+/// The future of a [`RateLimit`] call.
+pub type ResponseFuture<R, E> =
+    Pin<Box<dyn Future<Output = Result<http::Response<LimitedBody<R>>, E>> + Send>>;
+
+impl<S, B, R> Service<http::Request<B>> for RateLimit<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+    R: Send + 'static,
+{
+    type Response = http::Response<LimitedBody<R>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<R, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The service that was polled ready goes with this call; a fresh clone stays.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        let head = Head::of(&request);
+        let keys: Result<Vec<String>, Problem> = shared
+            .limits
+            .iter()
+            .map(|limit| {
+                limit.key.read(&head).map_err(|missing| {
+                    let status = if missing.request_fault {
+                        StatusCode::BAD_REQUEST
+                    } else {
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    };
+                    Problem::new(
+                        status,
+                        format!("the `{}` limit has no key: {}", limit.name, missing.what),
+                    )
+                })
+            })
+            .collect();
+        Box::pin(async move {
+            let keys = match keys {
+                Ok(keys) => keys,
+                Err(problem) => return Ok(answer(&problem)),
+            };
+            Shared::run(shared, inner, request, keys).await
+        })
+    }
+}
+
+impl Shared {
+    async fn run<S, B, R>(
+        shared: Arc<Shared>,
+        mut inner: S,
+        request: http::Request<B>,
+        keys: Vec<String>,
+    ) -> Result<http::Response<LimitedBody<R>>, S::Error>
+    where
+        S: Service<http::Request<B>, Response = http::Response<R>>,
+    {
+        let store_keys: Vec<String> = keys
+            .iter()
+            .zip(&shared.limits)
+            .map(|(key, limit)| format!("{{{key}}}:{}", limit.name))
+            .collect();
+        let op = match shared.pace {
+            Some(max_wait) if shared.limits.len() == 1 => Op::pace_within(max_wait),
+            _ => Op::Limit,
+        };
+        let mut waited = Duration::ZERO;
+        let set = loop {
+            let requests: Vec<Request> = shared
+                .limits
+                .iter()
+                .zip(&store_keys)
+                .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
+                .collect();
+            match shared.store.decide_all(&requests).await {
+                Ok(set) if set.allowed() => break set,
+                Ok(set) => {
+                    // Several limits in pace mode: wait for the longest retry-after while
+                    // the budget lasts, then ask again.
+                    let retry = set.decision.delay;
+                    match shared.pace {
+                        Some(max_wait) if shared.limits.len() > 1 && waited + retry <= max_wait => {
+                            shared.store.sleep(retry).await;
+                            waited += retry;
+                        }
+                        _ => return Ok(shared.refusal(&set)),
+                    }
+                }
+                Err(Error::Store(_)) if shared.on_failure == StoreFailure::Allow => {
+                    let response = inner.call(request).await?;
+                    return Ok(response.map(|body| LimitedBody::inner(body, None)));
+                }
+                Err(e) => {
+                    let status = match e {
+                        Error::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+                        _ => StatusCode::INTERNAL_SERVER_ERROR,
+                    };
+                    let problem =
+                        Problem::new(status, format!("the limits could not be decided: {e}"));
+                    return Ok(answer(&problem));
+                }
+            }
+        };
+        if !set.decision.delay.is_zero() {
+            shared.store.sleep(set.decision.delay).await;
+        }
+        let leases: Vec<(usize, String, u64)> = set
+            .limits
+            .iter()
+            .zip(store_keys)
+            .enumerate()
+            .filter_map(|(i, (d, key))| d.lease.map(|id| (i, key, id)))
+            .collect();
+        let guard = (!leases.is_empty()).then(|| LeaseGuard {
+            shared: Arc::clone(&shared),
+            leases,
+        });
+        // On an error the guard is dropped here, giving the leases back.
+        let mut response = inner.call(request).await?;
+        if shared.headers {
+            shared.insert_headers(response.headers_mut(), &set);
+        }
+        Ok(response.map(|body| LimitedBody::inner(body, guard)))
+    }
+
+    fn named<'a>(&'a self, set: &'a SetDecision) -> Vec<(&'a str, &'a Decision)> {
+        self.limits
+            .iter()
+            .map(|l| l.name.as_str())
+            .zip(&set.limits)
+            .collect()
+    }
+
+    fn insert_headers(&self, headers: &mut http::HeaderMap, set: &SetDecision) {
+        headers::insert(headers, &self.named(set), &set.decision);
+    }
+
+    /// The `429` of a refused set.
+    fn refusal<R>(&self, set: &SetDecision) -> http::Response<LimitedBody<R>> {
+        let violated = set
+            .refused()
+            .filter_map(|i| self.limits.get(i).map(|l| l.name.clone()))
+            .collect();
+        let delay = set.retry_after().unwrap_or_default();
+        let mut response = answer(&Problem::too_many_requests(violated, delay));
+        if self.headers {
+            self.insert_headers(response.headers_mut(), set);
+        } else {
+            let seconds = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, seconds.max(1).into());
+        }
+        response
+    }
+}
+
+/// An answer of the layer's own: `problem` as `application/problem+json`.
+fn answer<R>(problem: &Problem) -> http::Response<LimitedBody<R>> {
+    let mut response = http::Response::new(LimitedBody::answer(problem.to_bytes()));
+    *response.status_mut() =
+        StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, PROBLEM_JSON);
+    response
+}
+
+/// The leases a request holds, given back when dropped: with its response body (ended, or
+/// dropped when the client went away), or with the request if it never got that far.
+struct LeaseGuard {
+    shared: Arc<Shared>,
+    /// Each lease: its limit's index, its key in the store, its id.
+    leases: Vec<(usize, String, u64)>,
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        for (index, key, id) in std::mem::take(&mut self.leases) {
+            let Some(limit) = self.shared.limits.get(index) else {
+                continue;
+            };
+            // A store that answers at once (memory) gives it back here; another in a task.
+            let mut release = self.shared.store.release(&limit.policy, &key, id);
+            let mut cx = Context::from_waker(Waker::noop());
+            if Pin::new(&mut release).poll(&mut cx).is_ready() {
+                continue;
+            }
+            drop(release);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let shared = Arc::clone(&self.shared);
+                runtime.spawn(async move {
+                    if let Some(limit) = shared.limits.get(index) {
+                        // A failed release leaves the lease to be reclaimed at its expiry.
+                        let _ = shared.store.release(&limit.policy, &key, id).await;
+                    }
+                });
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// A response body through the layer: the inner service's (holding the request's
+    /// leases until it ends), or the layer's own answer.
+    pub struct LimitedBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = Projected]
+    enum Kind<B> {
+        // The inner service's body, and the request's leases.
+        Inner {
+            #[pin]
+            body: B,
+            guard: Option<LeaseGuard>,
+        },
+        // The layer's answer (a refusal, or a problem).
+        Answer { bytes: Option<Bytes> },
+    }
+}
+
+impl<B> LimitedBody<B> {
+    fn inner(body: B, guard: Option<LeaseGuard>) -> LimitedBody<B> {
+        LimitedBody {
+            kind: Kind::Inner { body, guard },
+        }
+    }
+
+    fn answer(bytes: Bytes) -> LimitedBody<B> {
+        LimitedBody {
+            kind: Kind::Answer { bytes: Some(bytes) },
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for LimitedBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.kind {
+            Kind::Inner { guard, .. } => f
+                .debug_struct("LimitedBody")
+                .field("leases", &guard.as_ref().map_or(0, |g| g.leases.len()))
+                .finish(),
+            Kind::Answer { .. } => f.write_str("LimitedBody(answer)"),
+        }
+    }
+}
+
+impl<B> Body for LimitedBody<B>
+where
+    B: Body,
+    B::Data: From<Bytes>,
+{
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        match self.project().kind.project() {
+            Projected::Inner { body, guard } => {
+                let frame = body.poll_frame(cx);
+                if matches!(frame, Poll::Ready(None | Some(Err(_)))) {
+                    // The body ended (or failed): the request is over.
+                    guard.take();
+                }
+                frame
+            }
+            Projected::Answer { bytes } => {
+                Poll::Ready(bytes.take().map(|b| Ok(Frame::data(B::Data::from(b)))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.is_end_stream(),
+            Kind::Answer { bytes } => bytes.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body, .. } => body.size_hint(),
+            Kind::Answer { bytes } => {
+                SizeHint::with_exact(bytes.as_ref().map_or(0, |b| b.len() as u64))
+            }
+        }
+    }
+}

@@ -1,0 +1,443 @@
+//! The layer in an axum app: state shared across connections, headers and problem details,
+//! leases given back, pace mode and store failures. Time is a [`ManualClock`] the tests move
+//! (or leave still): nothing sleeps for real.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::get;
+use axum::Router;
+use http_body_util::BodyExt;
+use paceline_store::redis::RedisStore;
+use paceline_store::{Clock, FailurePolicy, ManualClock, MemoryStore, Op, Policy, SharedStore};
+use paceline_tower::{Key, RateLimitLayer, StoreFailure};
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::ServiceExt;
+
+/// 2023-11-14 in microseconds since the Unix epoch.
+const EPOCH_2023: u64 = 1_700_000_000_000_000;
+
+fn memory(clock: &ManualClock) -> SharedStore {
+    Arc::new(MemoryStore::builder().clock(clock.clone()).build())
+}
+
+fn policy(spec: &str) -> Policy {
+    spec.parse().expect("a valid spec")
+}
+
+/// How many connections may be open at once here: the process's open-file limit leaves room
+/// for both ends of each (1,500 where the limit allows, as on most machines).
+fn connections_allowed() -> usize {
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            limits
+                .lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).map(str::to_string))
+        })
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(1024);
+    (soft.saturating_sub(256) / 2).clamp(100, 1_500)
+}
+
+/// Serves `app` on a free port with each connection's peer address, as axum apps run.
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move {
+        let _ = axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await;
+    });
+    addr
+}
+
+/// One request on a connection of its own; its status.
+async fn get_status(addr: SocketAddr) -> u16 {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).await.expect("read");
+    let text = String::from_utf8_lossy(&reply);
+    text.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {text}"))
+}
+
+/// `n` requests at once, each on its own connection: how many got 200 and how many 429.
+async fn burst(addr: SocketAddr, n: usize) -> (usize, usize) {
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let barrier = Arc::clone(&barrier);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                get_status(addr).await
+            })
+        })
+        .collect();
+    let (mut ok, mut refused) = (0, 0);
+    for task in tasks {
+        match task.await.expect("a request task") {
+            200 => ok += 1,
+            429 => refused += 1,
+            other => panic!("unexpected status {other}"),
+        }
+    }
+    (ok, refused)
+}
+
+fn hello(layer: RateLimitLayer) -> Router {
+    Router::new()
+        .route("/", get(|| async { "hello" }))
+        .layer(layer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_connections_share_one_limit_in_memory() {
+    // axum clones the service for every connection; tower's own RateLimit, whose state is
+    // in each clone, let 1,500 of these through. Here the clock stands still: the policy
+    // admits its burst of 5, and nothing more.
+    let clock = ManualClock::new(EPOCH_2023);
+    let layer = RateLimitLayer::builder(memory(&clock))
+        .limit(
+            "per-second",
+            policy("gcra:rate=5/s,burst=5"),
+            Key::peer_ip(),
+        )
+        .build()
+        .expect("a layer");
+    let addr = serve(hello(layer)).await;
+    let n = connections_allowed();
+    let (ok, refused) = burst(addr, n).await;
+    assert_eq!((ok, refused), (5, n - 5), "{n} requests");
+    // A second later, five more: the policy's own replay.
+    clock.advance(Duration::from_secs(1));
+    let (ok, _) = burst(addr, 50).await;
+    assert_eq!(ok, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_connections_share_one_limit_on_redis() {
+    let clock = ManualClock::new(EPOCH_2023);
+    let store = RedisStore::builder(
+        paceline_testkit::shared_server().url(),
+        FailurePolicy::FailClosed,
+    )
+    .prefix(paceline_testkit::unique_name("tower"))
+    .clock(Arc::new(clock.clone()))
+    .connect()
+    .await
+    .expect("the test Redis");
+    let layer = RateLimitLayer::builder(Arc::new(store))
+        .limit(
+            "per-second",
+            policy("gcra:rate=5/s,burst=5"),
+            Key::peer_ip(),
+        )
+        .limit(
+            "per-day",
+            policy("fixed_window:limit=8,window=1d"),
+            Key::peer_ip(),
+        )
+        .build()
+        .expect("a layer");
+    let addr = serve(hello(layer)).await;
+    let (ok, refused) = burst(addr, 300).await;
+    assert_eq!((ok, refused), (5, 295));
+    // The day's limit counted only the five admitted: three more pass a second later.
+    clock.advance(Duration::from_secs(1));
+    let (ok, _) = burst(addr, 50).await;
+    assert_eq!(ok, 3);
+}
+
+/// The items of a `RateLimit` / `RateLimit-Policy` field, parsed as structured fields:
+/// each name with its integer parameters.
+fn items(headers: &http::HeaderMap, field: &str) -> Vec<(String, Vec<(String, i64)>)> {
+    let text = headers
+        .get(field)
+        .unwrap_or_else(|| panic!("no {field}"))
+        .to_str()
+        .expect("ASCII");
+    let list: sfv::List = sfv::Parser::new(text)
+        .parse()
+        .unwrap_or_else(|e| panic!("{field}: `{text}` is no structured-field list: {e}"));
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("{field}: an inner list in `{text}`");
+            };
+            let sfv::BareItem::String(name) = &item.bare_item else {
+                panic!("{field}: a name that is no string in `{text}`");
+            };
+            let params = item
+                .params
+                .iter()
+                .map(|(k, v)| {
+                    let sfv::BareItem::Integer(n) = v else {
+                        panic!("{field}: {k} is no integer in `{text}`");
+                    };
+                    (k.as_str().to_string(), i64::from(*n))
+                })
+                .collect();
+            (name.as_str().to_string(), params)
+        })
+        .collect()
+}
+
+async fn call(app: &Router, request: http::Request<Body>) -> http::Response<Body> {
+    app.clone().oneshot(request).await.expect("the app answers")
+}
+
+fn request(api_key: Option<&str>) -> http::Request<Body> {
+    let mut builder = http::Request::get("/");
+    if let Some(key) = api_key {
+        builder = builder.header("x-api-key", key);
+    }
+    builder.body(Body::empty()).expect("a request")
+}
+
+#[tokio::test]
+async fn headers_parse_back_into_the_decisions_and_refusals_are_problem_details() {
+    let clock = ManualClock::new(EPOCH_2023);
+    let second = policy("gcra:rate=2/s,burst=2");
+    let day = policy("fixed_window:limit=100,window=1d");
+    let layer = RateLimitLayer::builder(memory(&clock))
+        .limit("per-second", second.clone(), Key::header("x-api-key"))
+        .limit("per-day", day.clone(), Key::header("x-api-key"))
+        .build()
+        .expect("a layer");
+    let app = hello(layer);
+    // The same traffic replayed on the policies alone gives what the headers must say.
+    let (mut s2, mut sd) = (None, None);
+    let now = clock.now_micros();
+    for _ in 0..2 {
+        let response = call(&app, request(Some("k1"))).await;
+        assert_eq!(response.status(), 200);
+        let d2 = second.apply(&mut s2, now, Op::Limit, 1).expect("replay");
+        let dd = day.apply(&mut sd, now, Op::Limit, 1).expect("replay");
+        let up = |d: Duration| (d.as_secs() + u64::from(d.subsec_nanos() > 0)) as i64;
+        assert_eq!(
+            items(response.headers(), "ratelimit-policy"),
+            [
+                ("per-second".to_string(), vec![("q".to_string(), 2)]),
+                ("per-day".to_string(), vec![("q".to_string(), 100)]),
+            ]
+        );
+        assert_eq!(
+            items(response.headers(), "ratelimit"),
+            [
+                (
+                    "per-second".to_string(),
+                    vec![
+                        ("r".to_string(), d2.remaining as i64),
+                        ("t".to_string(), up(d2.reset_after))
+                    ]
+                ),
+                (
+                    "per-day".to_string(),
+                    vec![
+                        ("r".to_string(), dd.remaining as i64),
+                        ("t".to_string(), up(dd.reset_after))
+                    ]
+                ),
+            ]
+        );
+    }
+    let refused = call(&app, request(Some("k1"))).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let state = items(refused.headers(), "ratelimit");
+    assert_eq!(state[0].1[0], ("r".to_string(), 0));
+    assert_eq!(
+        state[1].1[0],
+        ("r".to_string(), 98),
+        "the refusal counted against no limit"
+    );
+    let body = refused
+        .into_body()
+        .collect()
+        .await
+        .expect("a body")
+        .to_bytes();
+    let problem: Value = serde_json::from_slice(&body).expect("JSON");
+    // RFC 9457: `type` a URI reference, `title` and `detail` strings, `status` the code.
+    assert_eq!(problem["type"], "about:blank");
+    assert_eq!(problem["title"], "Too Many Requests");
+    assert_eq!(problem["status"], 429);
+    assert!(problem["detail"]
+        .as_str()
+        .is_some_and(|d| d.contains("`per-second`")));
+    assert_eq!(problem["violated"], serde_json::json!(["per-second"]));
+    assert_eq!(problem["retry_after_ms"], 500.0);
+    // Another key is counted apart; a request without the key is the request's fault.
+    assert_eq!(call(&app, request(Some("k2"))).await.status(), 200);
+    let keyless = call(&app, request(None)).await;
+    assert_eq!(keyless.status(), 400);
+    assert_eq!(
+        keyless.headers()["content-type"],
+        "application/problem+json"
+    );
+}
+
+/// An app whose handler tells when it runs and answers only when told to.
+fn held_app(
+    layer: RateLimitLayer,
+) -> (
+    Router,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+    Arc<tokio::sync::Notify>,
+) {
+    let (entered, started) = tokio::sync::mpsc::unbounded_channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let go = Arc::clone(&release);
+    let app = Router::new()
+        .route(
+            "/",
+            get(move || {
+                let (entered, go) = (entered.clone(), Arc::clone(&go));
+                async move {
+                    let _ = entered.send(());
+                    go.notified().await;
+                    "done"
+                }
+            }),
+        )
+        .route("/quick", get(|| async { "quick" }))
+        .layer(layer);
+    (app, started, release)
+}
+
+#[tokio::test]
+async fn a_request_in_flight_holds_its_lease_until_its_body_ends_or_it_is_dropped() {
+    let clock = ManualClock::new(EPOCH_2023);
+    let layer = RateLimitLayer::builder(memory(&clock))
+        .limit(
+            "in-flight",
+            policy("concurrency:limit=1,lease=30s"),
+            Key::constant("all"),
+        )
+        .build()
+        .expect("a layer");
+    let (app, mut started, release) = held_app(layer);
+    let quick = || {
+        http::Request::get("/quick")
+            .body(Body::empty())
+            .expect("a request")
+    };
+    // A request in its handler holds the only place.
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { call(&app, request(None)).await }
+    });
+    started.recv().await.expect("the first request runs");
+    assert_eq!(call(&app, quick()).await.status(), 429);
+    // The client goes away: its request is dropped, and the lease comes back.
+    first.abort();
+    assert!(first.await.is_err_and(|e| e.is_cancelled()));
+    let response = call(&app, quick()).await;
+    assert_eq!(response.status(), 200);
+    // That response's body is not read yet: the lease is still held.
+    assert_eq!(call(&app, quick()).await.status(), 429);
+    let body = response.into_body().collect().await.expect("a body");
+    assert_eq!(body.to_bytes(), "quick");
+    // The body ended: the place is free again.
+    assert_eq!(call(&app, quick()).await.status(), 200);
+    release.notify_waiters();
+}
+
+#[tokio::test]
+async fn pace_mode_waits_its_turn_within_max_wait() {
+    let clock = ManualClock::new(EPOCH_2023);
+    // Both layers on one store: the impatient one sees what the first did.
+    let store = memory(&clock);
+    let layer = |max_wait: Duration, limits: usize| {
+        let mut builder = RateLimitLayer::builder(Arc::clone(&store));
+        builder = builder.limit("a", policy("gcra:rate=1/s"), Key::constant("k"));
+        if limits > 1 {
+            builder = builder.limit(
+                "b",
+                policy("fixed_window:limit=5,window=1h"),
+                Key::constant("k"),
+            );
+        }
+        hello(builder.pace(max_wait).build().expect("a layer"))
+    };
+    for limits in [1, 2] {
+        let start = clock.now_micros();
+        let app = layer(Duration::from_secs(2), limits);
+        assert_eq!(call(&app, request(None)).await.status(), 200);
+        // The second waits a second of the store's time for its turn, then goes.
+        assert_eq!(call(&app, request(None)).await.status(), 200);
+        assert_eq!(clock.now_micros() - start, 1_000_000, "{limits} limit(s)");
+        // Within half a second it cannot: refused at once.
+        let impatient = layer(Duration::from_millis(500), limits);
+        assert_eq!(call(&impatient, request(None)).await.status(), 429);
+        assert_eq!(clock.now_micros() - start, 1_000_000);
+        clock.advance(Duration::from_secs(3600));
+    }
+}
+
+#[tokio::test]
+async fn a_failed_store_is_a_503_or_lets_requests_through() {
+    // A memory store that holds no key fails every new key.
+    let full: SharedStore = Arc::new(MemoryStore::builder().max_keys(0).build());
+    let layer = |failure: StoreFailure| {
+        RateLimitLayer::builder(Arc::clone(&full))
+            .limit("a", policy("gcra:rate=1/s"), Key::constant("k"))
+            .on_store_failure(failure)
+            .build()
+            .expect("a layer")
+    };
+    let refused = call(&hello(layer(StoreFailure::Refuse)), request(None)).await;
+    assert_eq!(refused.status(), 503);
+    assert_eq!(
+        refused.headers()["content-type"],
+        "application/problem+json"
+    );
+    let open = call(&hello(layer(StoreFailure::Allow)), request(None)).await;
+    assert_eq!(open.status(), 200);
+    // Without a peer address to read, the service is set up wrong: 500.
+    let by_ip = RateLimitLayer::builder(Arc::clone(&full))
+        .limit("a", policy("gcra:rate=1/s"), Key::peer_ip())
+        .build()
+        .expect("a layer");
+    assert_eq!(call(&hello(by_ip), request(None)).await.status(), 500);
+}
+
+#[test]
+fn layers_are_checked_when_built() {
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    let err = |builder: paceline_tower::Builder| {
+        builder.build().expect_err("refused").field().to_string()
+    };
+    assert_eq!(err(RateLimitLayer::builder(Arc::clone(&store))), "limits");
+    let named = |name: &str| {
+        RateLimitLayer::builder(Arc::clone(&store)).limit(
+            name,
+            policy("gcra:rate=1/s"),
+            Key::constant("k"),
+        )
+    };
+    assert_eq!(err(named("has space")), "name");
+    assert_eq!(err(named("")), "name");
+    let twice = named("a").limit("a", policy("gcra:rate=2/s"), Key::constant("k"));
+    assert_eq!(err(twice), "name");
+    assert!(named("per-second.v2_x").build().is_ok());
+}
