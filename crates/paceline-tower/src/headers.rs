@@ -130,7 +130,8 @@ impl Problem {
                 seconds_up(retry_after).max(1)
             ),
         );
-        problem.retry_after_ms = Some(retry_after.as_secs_f64() * 1000.0);
+        // Milliseconds with microsecond precision, as `paceline serve` writes times.
+        problem.retry_after_ms = Some(paceline_core::round_to_micros(retry_after) as f64 / 1000.0);
         problem.violated = violated;
         problem
     }

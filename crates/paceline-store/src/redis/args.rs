@@ -171,6 +171,7 @@ mod tests {
             "sliding_window:limit=3,window=1s",
             "smooth_bursty:rate=5/s",
             "smooth_warming_up:rate=5/s,warmup=2s",
+            "concurrency:limit=3,lease=30s",
         ] {
             let policy: Policy = spec.parse().unwrap();
             seen.push(policy.algorithm());

@@ -500,11 +500,36 @@ mod tests {
             Value::Int(0),
             Value::Int(0),
             Value::Int(1_000_000_000),
+            Value::Int(-1),
         ]);
         let d = parse_reply(ok, [policy.limit()].into_iter()).unwrap();
         assert!(d[0].allowed);
         assert_eq!(d[0].reset_after, Duration::from_secs(1));
         assert_eq!(d[0].limit, 1);
+        assert_eq!(d[0].lease, None);
+        // A lease id, and one that is no id.
+        let leased = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(42),
+        ]);
+        let d = parse_reply(leased, [policy.limit()].into_iter()).unwrap();
+        assert_eq!(d[0].lease, Some(42));
+        let bad = Value::Array(vec![
+            Value::Int(1),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(0),
+            Value::Int(-7),
+        ]);
+        assert_eq!(
+            parse_reply(bad, [policy.limit()].into_iter())
+                .unwrap_err()
+                .kind(),
+            StoreErrorKind::Protocol
+        );
     }
 
     /// `single_decision` for one request on key "k".
