@@ -96,6 +96,9 @@ pub struct Decision {
     /// it back with [`Policy::release`](crate::Policy::release) (or the store's `release`)
     /// when the request ends. `None` for every other policy.
     pub lease: Option<u64>,
+    /// True for a refusal a local cache of refusals answered without asking the store
+    /// (`CachedRefusals` in `paceline-store`).
+    pub cached: bool,
 }
 
 /// How a decision was made when the store failed (see a shared store's failure policy).
@@ -143,6 +146,7 @@ impl Decision {
             limit,
             fallback: None,
             lease: None,
+            cached: false,
         }
     }
 

@@ -41,6 +41,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+mod cache;
 mod clock;
 mod failure;
 mod limiter;
@@ -60,6 +61,7 @@ pub fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
+pub use cache::{CachedRefusals, DEFAULT_REFUSALS};
 pub use clock::{SystemClock, TokioClock};
 pub use failure::FailurePolicy;
 pub use limiter::Limiter;
@@ -189,6 +191,19 @@ pub trait Store: Send + Sync + 'static {
 
     /// Waits `duration` in the store's time: a real sleep, or an advance of a virtual clock.
     fn sleep(&self, duration: Duration) -> Sleep;
+
+    /// The clock the store reads time from when it is one of this process's (the memory
+    /// store's, or a clock injected into a Redis store); `None` when time comes from
+    /// elsewhere (Redis's `TIME`). Caches in front of the store keep time with it.
+    fn time_source(&self) -> Option<Arc<dyn Clock>> {
+        None
+    }
+
+    /// True when a decision costs a round trip to another process (Redis), so that front
+    /// ends put a [`CachedRefusals`] in front of it by default.
+    fn is_remote(&self) -> bool {
+        false
+    }
 }
 
 /// A store that answers without waiting on I/O (the in-memory store), so decisions can be

@@ -1027,6 +1027,13 @@ impl Store for MemoryStore {
     fn sleep(&self, duration: Duration) -> Sleep {
         self.clock().sleep(duration)
     }
+
+    fn time_source(&self) -> Option<Arc<dyn Clock>> {
+        Some(match &self.clock {
+            StoreClock::System(clock) => Arc::new(clock.clone()),
+            StoreClock::Injected(clock) => Arc::clone(clock),
+        })
+    }
 }
 
 impl SyncStore for MemoryStore {

@@ -32,6 +32,7 @@ pub struct StoreOptions {
     failure_backoff: Option<Duration>,
     ttl_slack: Option<Duration>,
     tls_root_certificate: Option<Vec<u8>>,
+    refusal_cache: usize,
 }
 
 impl Default for StoreOptions {
@@ -47,6 +48,7 @@ impl Default for StoreOptions {
             failure_backoff: None,
             ttl_slack: None,
             tls_root_certificate: None,
+            refusal_cache: 0,
         }
     }
 }
@@ -63,6 +65,7 @@ impl std::fmt::Debug for StoreOptions {
             .field("connect_timeout", &self.connect_timeout)
             .field("failure_backoff", &self.failure_backoff)
             .field("ttl_slack", &self.ttl_slack)
+            .field("refusal_cache", &self.refusal_cache)
             .finish_non_exhaustive()
     }
 }
@@ -144,6 +147,15 @@ impl StoreOptions {
         self.tls_root_certificate = Some(pem.into());
         self
     }
+
+    /// Puts a [`CachedRefusals`](crate::CachedRefusals) of `capacity` refusals in front of
+    /// the store (default 0: none): a key refused with a retry-after is refused again,
+    /// until then, without asking the store. Worth it for Redis, where each decision is a
+    /// round trip.
+    pub fn refusal_cache(mut self, capacity: usize) -> Self {
+        self.refusal_cache = capacity;
+        self
+    }
 }
 
 /// Opens the store named by `url`:
@@ -170,7 +182,17 @@ impl StoreOptions {
 /// # }
 /// ```
 pub async fn open(url: &str, options: &StoreOptions) -> Result<SharedStore, Error> {
-    let url = url.trim();
+    let store = open_store(url.trim(), options).await?;
+    if options.refusal_cache == 0 {
+        return Ok(store);
+    }
+    Ok(Arc::new(crate::CachedRefusals::new(
+        store,
+        options.refusal_cache,
+    )))
+}
+
+async fn open_store(url: &str, options: &StoreOptions) -> Result<SharedStore, Error> {
     match store_kind(url)? {
         StoreKind::Memory => {
             let mut builder = MemoryStore::builder();

@@ -11,7 +11,9 @@ use bytes::Bytes;
 use http::{header, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use paceline_core::{Decision, Error, InputError, Op, Policy};
-use paceline_store::{Request, SetDecision, SharedStore, MAX_LIMITS};
+use paceline_store::{
+    CachedRefusals, Request, SetDecision, SharedStore, DEFAULT_REFUSALS, MAX_LIMITS,
+};
 use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
@@ -41,6 +43,8 @@ struct Limit {
 /// What every clone of a layer's services shares: the store, the limits, the options.
 struct Shared {
     store: SharedStore,
+    /// The cache of refusals in front of the store, if any (the same object as `store`).
+    cache: Option<Arc<CachedRefusals>>,
     limits: Vec<Limit>,
     pace: Option<Duration>,
     on_failure: StoreFailure,
@@ -67,6 +71,9 @@ struct Shared {
 ///   `max_wait` for its turn instead. With one limit the wait is a reservation (first come,
 ///   first served); with several, the request waits the longest retry-after and asks again.
 /// * **Store failures**: [`StoreFailure`].
+/// * **Refusals remembered**: on a store across the network (Redis), a key refused with a
+///   retry-after is refused again, until then, in this process, without a Redis call
+///   ([`refusal_cache`](Builder::refusal_cache)).
 ///
 /// Keys are stored as `{KEY}:NAME`: a hash tag of the request's key, so on a Redis Cluster
 /// every limit of a layer must use the same [`Key`] (a set is decided in one slot).
@@ -103,6 +110,7 @@ impl std::fmt::Debug for RateLimitLayer {
 #[must_use]
 pub struct Builder {
     store: SharedStore,
+    refusal_cache: Option<usize>,
     limits: Vec<Limit>,
     pace: Option<Duration>,
     on_failure: StoreFailure,
@@ -115,6 +123,7 @@ impl RateLimitLayer {
     pub fn builder(store: SharedStore) -> Builder {
         Builder {
             store,
+            refusal_cache: None,
             limits: Vec::new(),
             pace: None,
             on_failure: StoreFailure::Refuse,
@@ -146,6 +155,15 @@ impl Builder {
     /// What to do when the store cannot decide (default: [`StoreFailure::Refuse`], `503`).
     pub fn on_store_failure(mut self, failure: StoreFailure) -> Builder {
         self.on_failure = failure;
+        self
+    }
+
+    /// How many refusals to remember in this process ([`CachedRefusals`]): a key refused
+    /// with a retry-after is refused again, until then, without asking the store. On by
+    /// default (10,000) for a store across the network (Redis), off for the memory store
+    /// (which answers as fast as the cache would); `0` turns it off.
+    pub fn refusal_cache(mut self, capacity: usize) -> Builder {
+        self.refusal_cache = Some(capacity);
         self
     }
 
@@ -188,15 +206,35 @@ impl Builder {
             }
             limit.policy.check_cost(Op::Limit, 1)?;
         }
+        let capacity = self.refusal_cache.unwrap_or(if self.store.is_remote() {
+            DEFAULT_REFUSALS
+        } else {
+            0
+        });
+        let cache = (capacity > 0)
+            .then(|| Arc::new(CachedRefusals::new(Arc::clone(&self.store), capacity)));
+        let store: SharedStore = match &cache {
+            Some(cache) => Arc::clone(cache) as SharedStore,
+            None => self.store,
+        };
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
-                store: self.store,
+                store,
+                cache,
                 limits: self.limits,
                 pace: self.pace,
                 on_failure: self.on_failure,
                 headers: self.headers,
             }),
         })
+    }
+}
+
+impl RateLimitLayer {
+    /// How many requests the cache of refusals answered without asking the store (`None`
+    /// when the layer has no cache; see [`Builder::refusal_cache`]).
+    pub fn refusals_from_cache(&self) -> Option<u64> {
+        self.shared.cache.as_ref().map(|c| c.hits())
     }
 }
 

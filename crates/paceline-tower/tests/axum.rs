@@ -119,6 +119,11 @@ async fn concurrent_connections_share_one_limit_in_memory() {
         )
         .build()
         .expect("a layer");
+    assert_eq!(
+        layer.refusals_from_cache(),
+        None,
+        "no cache in front of memory"
+    );
     let addr = serve(hello(layer)).await;
     let n = connections_allowed();
     let (ok, refused) = burst(addr, n).await;
@@ -154,10 +159,16 @@ async fn concurrent_connections_share_one_limit_on_redis() {
         )
         .build()
         .expect("a layer");
-    let addr = serve(hello(layer)).await;
+    let addr = serve(hello(layer.clone())).await;
     let (ok, refused) = burst(addr, 300).await;
     assert_eq!((ok, refused), (5, 295));
-    // The day's limit counted only the five admitted: three more pass a second later.
+    // On Redis the layer remembers refusals: now every retry is answered without Redis.
+    let before = layer.refusals_from_cache().expect("a cache on Redis");
+    let (ok, refused) = burst(addr, 10).await;
+    assert_eq!((ok, refused), (0, 10));
+    assert_eq!(layer.refusals_from_cache(), Some(before + 10));
+    // The day's limit counted only the five admitted: three more pass a second later, as
+    // the remembered refusals expire on the store's clock.
     clock.advance(Duration::from_secs(1));
     let (ok, _) = burst(addr, 50).await;
     assert_eq!(ok, 3);

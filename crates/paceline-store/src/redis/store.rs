@@ -644,4 +644,12 @@ impl Store for RedisStore {
             None => Box::pin(tokio::time::sleep(duration)),
         }
     }
+
+    fn time_source(&self) -> Option<Arc<dyn Clock>> {
+        self.inner.clock.clone()
+    }
+
+    fn is_remote(&self) -> bool {
+        true
+    }
 }
