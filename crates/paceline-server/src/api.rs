@@ -365,8 +365,10 @@ pub(crate) struct Ask<'a> {
     name: &'a str,
     metrics: &'a PolicyMetrics,
     policy: Policy,
-    /// The key in the store: namespaced by policy.
+    /// The key in the store: namespaced by policy (`NAMESPACE:KEY`).
     store_key: String,
+    /// The length of the namespace at the start of `store_key`.
+    namespace_len: usize,
     op: Op,
     cost: u64,
 }
@@ -374,16 +376,12 @@ pub(crate) struct Ask<'a> {
 impl Ask<'_> {
     /// The token of lease `id` this request's decision took (see [`crate::leases`]).
     fn lease_token(&self, id: u64) -> String {
-        let namespace = if self.name == INLINE {
-            format!("~{}", self.policy)
-        } else {
-            self.name.to_string()
-        };
+        let namespace = self.store_key.get(..self.namespace_len).unwrap_or_default();
         let key = self
             .store_key
-            .get(namespace.len() + 1..)
+            .get(self.namespace_len + 1..)
             .unwrap_or_default();
-        crate::leases::token(&namespace, key, id)
+        crate::leases::token(namespace, key, id)
     }
 }
 
@@ -473,6 +471,7 @@ fn validate<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<Ask<'a>, ApiError
         name: name.unwrap_or(INLINE),
         metrics,
         policy,
+        namespace_len: store_key.len() - key.len() - 1,
         store_key,
         op,
         cost,
@@ -632,6 +631,11 @@ fn validate_set<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<SetAsk<'a>, A
         check_key(key, &field("key"))?;
         let cost = cost_field(raw.cost.as_ref(), &field("cost"))?.unwrap_or(cost);
         let resolved = resolve(live, spec, key, &field("policy"))?;
+        // A cost this limit can never admit is its own entry's fault.
+        resolved
+            .policy
+            .check_cost(op, cost)
+            .map_err(|e| ApiError::invalid(field(e.field()), e.message()))?;
         if let Some(j) = parts.iter().position(|p| p.store_key == resolved.store_key) {
             return Err(ApiError::invalid(
                 format!("limits[{i}]"),

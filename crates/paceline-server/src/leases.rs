@@ -7,9 +7,13 @@
 //! | `POST /v1/leases/{lease}/extend` | `200 {"lease", "expires_ms"}`: it lives `lease` from now |
 //! | `DELETE /v1/leases/{lease}` | `204` |
 //!
-//! A lease that is unknown, given back already or reclaimed (not given back by its expiry)
-//! is `404 unknown_lease`; a token that is not one this service wrote is `400` naming
-//! `lease`. A lease token is `ID.NAMESPACE.KEY`: the lease's id on its key, then the
+//! A lease that is unknown, given back already or reclaimed (not given back by its expiry),
+//! or whose policy is no longer configured as a `concurrency` one, is `404 unknown_lease`; a
+//! token that is not one this service wrote is `400` naming `lease` (an inline spec's
+//! token while inline specs are turned off, `403`). Tokens are not secret: any client the
+//! service accepts can give back or extend any lease whose token it knows (or guesses: ids
+//! count up from the time); where clients do not trust each other, put the lease calls
+//! behind your own authorization. A lease token is `ID.NAMESPACE.KEY`: the lease's id on its key, then the
 //! policy's namespace (its configured name, or `~SPEC` for an inline spec) and the key, both
 //! hex-encoded, so that any instance sharing the store finds the key and its policy again
 //! from the token alone. `POST /v1/decisions` with a `concurrency` policy takes a lease too,
@@ -100,6 +104,8 @@ fn find<'a>(live: &'a Live, token: &str) -> Result<(u64, Resolved<'a>), ApiError
     let Token { id, namespace, key } = parse(token)?;
     let spec = namespace.strip_prefix('~').unwrap_or(&namespace);
     match resolve(live, spec, &key, "lease") {
+        // A policy that is no longer a concurrency one (a reload changed it) holds no lease.
+        Ok(resolved) if resolved.policy.concurrency().is_err() => Err(unknown_lease()),
         Ok(resolved) => Ok((id, resolved)),
         Err(e) if e.status() == StatusCode::NOT_FOUND => Err(unknown_lease()),
         Err(e) => Err(e),

@@ -23,6 +23,8 @@ async fn serve(
         ("burst", "gcra:rate=2/h,burst=2"),
         ("per-day", "fixed_window:limit=3,window=1d"),
         ("db", "concurrency:limit=2,lease=30s"),
+        // A configured policy may be named like the inline specs' name.
+        ("inline", "concurrency:limit=1,lease=30s"),
     ]
     .into_iter()
     .map(|(name, spec)| (name.to_string(), spec.parse().expect("a policy")))
@@ -254,7 +256,7 @@ async fn bad_sets_are_400s_naming_the_field() {
         (
             json!({"limits": [limit("per-day", "a")], "cost": 4}),
             400,
-            "cost",
+            "limits[0].cost",
         ),
         (json!({"limits": "per-day"}), 400, "limits"),
     ] {
@@ -358,6 +360,17 @@ async fn leases_are_taken_given_back_and_extended(store: &str, tenant: &str) {
         .as_str()
         .expect("the set's lease");
     assert_eq!(call(Method::DELETE, &lease(in_set), None).await.status, 204);
+    // The lease of a configured policy named `inline`, whatever the key's length.
+    for key in ["k", "a-key-much-longer-than-any-policy-spec-would-be"] {
+        let named = post(
+            &url,
+            json!({"policy": "inline", "key": format!("{tenant}:{key}"), "op": "limit"}),
+        )
+        .await;
+        let token = named.body["lease"].as_str().expect("a lease token");
+        let given_back = call(Method::DELETE, &lease(token), None).await;
+        assert_eq!(given_back.status, 204, "{key}: {}", given_back.body);
+    }
     let _ = stop.send(());
     let _ = task.await;
 }

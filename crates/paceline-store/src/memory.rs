@@ -737,6 +737,19 @@ impl MemoryStore {
             let decision = self.decide_now(r.policy, r.key, r.op, r.cost)?;
             return Ok(SetDecision::new(decision.allowed, vec![decision]));
         }
+        match self.decide_set(requests) {
+            // Full: sweep every shard (holding none of their locks), then try once more.
+            Err(Error::Store(e)) if e.kind() == StoreErrorKind::Capacity => {
+                self.purge_idle();
+                self.decide_set(requests)
+            }
+            outcome => outcome,
+        }
+    }
+
+    /// [`Self::decide_all_now`] for a checked set of several; a capacity error when its new
+    /// keys do not fit under the key cap after sweeping the shards it locked.
+    fn decide_set(&self, requests: &[Request<'_>]) -> Result<SetDecision, Error> {
         let now = self.clock.now();
         paceline_core::policy::check_now(now)?;
         self.sweep_if_due(now);

@@ -380,6 +380,33 @@ mod tests {
     }
 
     #[test]
+    fn a_full_store_sweeps_every_shard_before_refusing_a_set() {
+        use crate::{ManualClock, MemoryStore};
+        let clock = ManualClock::new(1_000_000);
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .max_keys(2)
+            .shards(64)
+            .build();
+        let p: Policy = "gcra:rate=1/s".parse().unwrap();
+        // Two keys, idle a second later, in whichever shards they fall.
+        for key in ["old1", "old2"] {
+            assert!(Limits::new()
+                .with(p.clone(), key)
+                .limit_sync(&store, 1)
+                .unwrap()
+                .allowed());
+        }
+        clock.advance(std::time::Duration::from_secs(2));
+        let set = Limits::new().with(p.clone(), "new1").with(p, "new2");
+        assert!(
+            set.limit_sync(&store, 1).unwrap().allowed(),
+            "idle keys made room"
+        );
+        assert_eq!(store.len(), 2);
+    }
+
+    #[test]
     fn a_full_store_refuses_a_set_needing_new_keys_whole() {
         use crate::{ManualClock, MemoryStore};
         let store = MemoryStore::builder()

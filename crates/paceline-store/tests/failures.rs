@@ -361,3 +361,40 @@ async fn the_response_timeout_bounds_a_whole_batch_on_a_frozen_redis() {
         "virtual time the batch waited: {took:?}"
     );
 }
+
+#[tokio::test]
+async fn leases_taken_from_the_local_stand_in_are_given_back_to_it() {
+    use paceline_store::{Op, Policy};
+    let mut server = RedisServer::start().expect("redis-server");
+    let store = store(&server, FailurePolicy::Local).await;
+    let policy: Policy = "concurrency:limit=1,lease=1h".parse().expect("valid spec");
+    server.kill();
+    // Redis is down: the stand-in hands out the only place.
+    let first = bounded(store.decide(&policy, "db", Op::Limit, 1))
+        .await
+        .expect("local never errs");
+    assert_eq!(
+        (first.allowed, first.fallback),
+        (true, Some(Fallback::Local))
+    );
+    let full = bounded(store.decide(&policy, "db", Op::Limit, 1))
+        .await
+        .expect("local never errs");
+    assert!(!full.allowed);
+    // Given back although Redis cannot be asked: the stand-in held it.
+    let lease = first.lease.expect("a lease");
+    let extended = bounded(store.extend(&policy, "db", lease)).await;
+    assert_eq!(
+        extended.expect("renewed locally"),
+        Some(Duration::from_secs(3600))
+    );
+    assert!(bounded(store.release(&policy, "db", lease))
+        .await
+        .expect("released locally"));
+    let again = bounded(store.decide(&policy, "db", Op::Limit, 1))
+        .await
+        .expect("local never errs");
+    assert!(again.allowed, "the place came back");
+    // A lease neither Redis nor the stand-in knows is a store failure while Redis is down.
+    assert!(bounded(store.release(&policy, "db", 42)).await.is_err());
+}

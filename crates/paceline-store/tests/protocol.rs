@@ -143,7 +143,7 @@ async fn malformed_batch_calls_are_refused_and_change_nothing() {
         .await
         .expect("decide takes fixed_window");
     assert!(
-        matches!(ok, redis::Value::Array(ref v) if v.len() == 8),
+        matches!(ok, redis::Value::Array(ref v) if v.len() == 10),
         "{ok:?}"
     );
 

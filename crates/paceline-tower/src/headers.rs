@@ -16,15 +16,19 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// The media type of RFC 9457 problem details.
 pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
+/// The largest integer a structured field holds (15 digits).
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
 /// Whole seconds, rounded up: a client that waits them is never early.
 fn seconds_up(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 
 /// Sets `RateLimit-Policy` and `RateLimit` listing every limit of `limits` under its name,
 /// in order (a list of items: the name as a string, then `q`, the quota, in the policy
 /// field, and `r`, the remaining quota, and `t`, the seconds until the limit resets, in the
-/// state field), and `Retry-After` (whole seconds, at least 1) when `combined` refused.
+/// state field; numbers capped at the 15 digits a structured field holds), and
+/// `Retry-After` (whole seconds, at least 1) when `combined` refused.
 ///
 /// ```
 /// use paceline_core::{Decision, Op, Policy};
@@ -47,18 +51,24 @@ pub fn insert(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &
             text.push_str(", ");
         }
         text.push('"');
+        // A structured-field string holds printable ASCII, with `"` and `\` escaped;
+        // anything else is written `?`.
         for c in name.chars() {
-            if c == '"' || c == '\\' {
-                text.push('\\');
+            match c {
+                '"' | '\\' => {
+                    text.push('\\');
+                    text.push(c);
+                }
+                ' '..='~' => text.push(c),
+                _ => text.push('?'),
             }
-            text.push(c);
         }
         text.push('"');
         for (key, number) in pairs {
             text.push(';');
             text.push_str(key);
             text.push('=');
-            text.push_str(digits.format(*number));
+            text.push_str(digits.format((*number).min(SF_INTEGER_MAX)));
         }
     };
     for (name, d) in limits {
@@ -69,7 +79,6 @@ pub fn insert(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &
             &[("r", d.remaining), ("t", seconds_up(d.reset_after))],
         );
     }
-    // A name that is no header text (non-ASCII) leaves the field out rather than break it.
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(policy)) {
         headers.insert(RATELIMIT_POLICY, v);
     }
@@ -140,5 +149,24 @@ impl Problem {
     pub fn to_bytes(&self) -> Bytes {
         // A struct of strings and numbers always serialises.
         Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn odd_names_and_huge_times_still_make_valid_structured_fields() {
+        let mut d = Decision::from_micros(false, f64::INFINITY, u64::MAX, f64::INFINITY, 7);
+        d.delay = Duration::MAX;
+        let mut headers = HeaderMap::new();
+        insert(&mut headers, &[("a\"b\\c é\t", &d)], &d);
+        let state = headers["ratelimit"].to_str().unwrap();
+        assert_eq!(
+            state,
+            "\"a\\\"b\\\\c ??\";r=999999999999999;t=999999999999999"
+        );
+        assert_eq!(headers["retry-after"], u64::MAX.to_string().as_str());
     }
 }

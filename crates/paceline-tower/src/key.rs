@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use http::{Extensions, HeaderMap, HeaderName, Method, Uri};
 use ipnet::IpNet;
+use paceline_core::InputError;
 
 /// What a [`Key`] reads a request's key from: its method, URI, headers and extensions (the
 /// body is never read).
@@ -46,6 +47,17 @@ pub struct MissingKey {
 
 type Extract = dyn Fn(&Head<'_>) -> Result<String, MissingKey> + Send + Sync;
 
+/// Which header trusted proxies name the client in (see [`Key::trust_proxies`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Forwarded {
+    /// `X-Forwarded-For: client, proxy1, proxy2`, which most load balancers append to
+    /// (nginx's `$proxy_add_x_forwarded_for`, AWS and Google Cloud load balancers).
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`.
+    Forwarded,
+}
+
 /// Reads the key a limit counts a request under.
 ///
 /// ```
@@ -57,10 +69,20 @@ type Extract = dyn Fn(&Head<'_>) -> Result<String, MissingKey> + Send + Sync;
 /// ```
 #[derive(Clone)]
 pub struct Key {
-    extract: Arc<Extract>,
+    kind: Kind,
     describe: Arc<str>,
-    /// For `peer_ip`: the proxies trusted to say whom they forward.
-    trusted: Option<Arc<[IpNet]>>,
+    /// Why this key can never be read (an invalid header name): the layer's `build` says so.
+    invalid: Option<Arc<str>>,
+}
+
+#[derive(Clone)]
+enum Kind {
+    /// The peer address, or, from a trusted proxy, the client it names in `via`.
+    Peer {
+        trusted: Arc<[IpNet]>,
+        via: Forwarded,
+    },
+    Other(Arc<Extract>),
 }
 
 impl fmt::Debug for Key {
@@ -70,40 +92,49 @@ impl fmt::Debug for Key {
 }
 
 impl Key {
+    fn other(describe: impl Into<Arc<str>>, extract: Arc<Extract>) -> Key {
+        Key {
+            kind: Kind::Other(extract),
+            describe: describe.into(),
+            invalid: None,
+        }
+    }
+
     /// The connection's peer IP address: axum's `ConnectInfo<SocketAddr>` (serve with
     /// `into_make_service_with_connect_info::<SocketAddr>()`, feature `axum`), or a
     /// [`SocketAddr`] a server put in the request's extensions. A request without either is
     /// answered `500` (the service is set up wrong). Behind proxies, see
-    /// [`trust_proxies`](Key::trust_proxies).
+    /// [`trust_proxies`](Key::trust_proxies). IPv4 peers of a dual-stack listener
+    /// (`::ffff:192.0.2.1`) count as their IPv4 address.
     pub fn peer_ip() -> Key {
         Key {
-            extract: Arc::new(|head| {
-                peer(head.extensions)
-                    .map(|ip| ip.to_string())
-                    .ok_or_else(no_peer)
-            }),
+            kind: Kind::Peer {
+                trusted: Arc::from(Vec::new()),
+                via: Forwarded::XForwardedFor,
+            },
             describe: "peer IP".into(),
-            trusted: None,
+            invalid: None,
         }
     }
 
     /// For [`peer_ip`](Key::peer_ip): when the peer is one of `proxies` (CIDR blocks such as
-    /// `"10.0.0.0/8"`, or single addresses), the client is the address the proxies name, in
-    /// `Forwarded` (`for=`, RFC 7239) or else `X-Forwarded-For`: the last one not itself a
-    /// trusted proxy, so a client cannot pass for another by sending the header itself.
-    /// Errors: a block that does not parse (naming `trusted_proxies`); a key other than
-    /// `peer_ip`.
-    pub fn trust_proxies<I, S>(self, proxies: I) -> Result<Key, paceline_core::InputError>
+    /// `"10.0.0.0/8"`, or single addresses), the client is the address the proxies name in
+    /// `X-Forwarded-For` (or `Forwarded`, see [`via`](Key::via)): the last one that is not
+    /// itself a trusted proxy, so that a client cannot pass for another by sending the
+    /// header itself. Only that one header is read, never the other, which a proxy would
+    /// pass through from the client unchecked. Errors: a block that does not parse (naming
+    /// `trusted_proxies`); a key other than `peer_ip`.
+    pub fn trust_proxies<I, S>(self, proxies: I) -> Result<Key, InputError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        if self.describe.as_ref() != "peer IP" {
-            return Err(paceline_core::InputError::new(
+        let Kind::Peer { via, .. } = self.kind else {
+            return Err(InputError::new(
                 "trusted_proxies",
                 "applies to Key::peer_ip() only",
             ));
-        }
+        };
         let nets: Vec<IpNet> = proxies
             .into_iter()
             .map(|p| {
@@ -111,37 +142,54 @@ impl Key {
                 text.parse::<IpNet>()
                     .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
                     .map_err(|_| {
-                        paceline_core::InputError::new(
+                        InputError::new(
                             "trusted_proxies",
                             format!("`{text}` is neither an IP address nor a CIDR block such as 10.0.0.0/8"),
                         )
                     })
             })
             .collect::<Result<_, _>>()?;
-        let trusted: Arc<[IpNet]> = nets.into();
-        let nets = Arc::clone(&trusted);
         Ok(Key {
-            extract: Arc::new(move |head| {
-                let ip = peer(head.extensions).ok_or_else(no_peer)?;
-                Ok(forwarded_client(ip, head.headers, &nets).to_string())
-            }),
-            describe: "peer IP".into(),
-            trusted: Some(trusted),
+            kind: Kind::Peer {
+                trusted: nets.into(),
+                via,
+            },
+            ..self
         })
     }
 
+    /// For [`peer_ip`](Key::peer_ip) behind trusted proxies: the header they name the
+    /// client in (default [`Forwarded::XForwardedFor`]).
+    pub fn via(self, header: Forwarded) -> Key {
+        match self.kind {
+            Kind::Peer { trusted, .. } => Key {
+                kind: Kind::Peer {
+                    trusted,
+                    via: header,
+                },
+                ..self
+            },
+            Kind::Other(_) => self,
+        }
+    }
+
     /// The value of header `name`; a request without it is answered `400` (it must send
-    /// it, e.g. an API key).
+    /// it, e.g. an API key). A name that is no header name is refused when the layer is
+    /// built.
     pub fn header(name: impl AsRef<str>) -> Key {
         let name = name.as_ref().to_ascii_lowercase();
         let describe: Arc<str> = format!("the `{name}` header").into();
-        let header = HeaderName::from_bytes(name.as_bytes()).ok();
+        let Ok(header) = HeaderName::from_bytes(name.as_bytes()) else {
+            let mut key = Key::other(describe, Arc::new(|_| unreachable_key()));
+            key.invalid = Some(format!("`{name}` is not a header name").into());
+            return key;
+        };
         let what = Arc::clone(&describe);
-        Key {
-            extract: Arc::new(move |head| {
-                header
-                    .as_ref()
-                    .and_then(|h| head.headers.get(h))
+        Key::other(
+            describe,
+            Arc::new(move |head| {
+                head.headers
+                    .get(&header)
                     .and_then(|v| v.to_str().ok())
                     .filter(|v| !v.is_empty())
                     .map(str::to_string)
@@ -150,9 +198,7 @@ impl Key {
                         what: format!("{what}, which this endpoint's limits count requests by"),
                     })
             }),
-            describe,
-            trusted: None,
-        }
+        )
     }
 
     /// A value of type `T` in the request's extensions, e.g. the user an authentication
@@ -164,8 +210,9 @@ impl Key {
     {
         let describe: Arc<str> = format!("a `{}` extension", std::any::type_name::<T>()).into();
         let what = Arc::clone(&describe);
-        Key {
-            extract: Arc::new(move |head| {
+        Key::other(
+            describe,
+            Arc::new(move |head| {
                 head.extensions
                     .get::<T>()
                     .map(&key)
@@ -174,19 +221,13 @@ impl Key {
                         what: format!("{what} (the authenticated caller)"),
                     })
             }),
-            describe,
-            trusted: None,
-        }
+        )
     }
 
     /// The same key for every request: one limit for the whole service.
     pub fn constant(key: impl Into<String>) -> Key {
         let key: String = key.into();
-        Key {
-            describe: format!("`{key}`").into(),
-            extract: Arc::new(move |_| Ok(key.clone())),
-            trusted: None,
-        }
+        Key::other(format!("`{key}`"), Arc::new(move |_| Ok(key.clone())))
     }
 
     /// A key of the caller's own: `key` reads it from the request's head, `None` meaning
@@ -195,27 +236,48 @@ impl Key {
     where
         F: Fn(&Head<'_>) -> Option<String> + Send + Sync + 'static,
     {
-        Key {
-            extract: Arc::new(move |head| {
+        Key::other(
+            "a key function",
+            Arc::new(move |head| {
                 key(head).ok_or_else(|| MissingKey {
                     request_fault: true,
                     what: "the key this endpoint's limits count requests by".into(),
                 })
             }),
-            describe: "a key function".into(),
-            trusted: None,
-        }
+        )
     }
 
     /// The key of a request.
     pub fn read(&self, head: &Head<'_>) -> Result<String, MissingKey> {
-        (self.extract)(head)
+        match &self.kind {
+            Kind::Peer { trusted, via } => {
+                let ip = peer(head.extensions).ok_or_else(no_peer)?;
+                Ok(forwarded_client(ip, head.headers, trusted, *via).to_string())
+            }
+            Kind::Other(extract) => extract(head),
+        }
     }
 
     /// The proxies trusted by a [`peer_ip`](Key::peer_ip) key.
     pub fn trusted_proxies(&self) -> &[IpNet] {
-        self.trusted.as_deref().unwrap_or_default()
+        match &self.kind {
+            Kind::Peer { trusted, .. } => trusted,
+            Kind::Other(_) => &[],
+        }
     }
+
+    /// Why this key can never be read, if so.
+    pub(crate) fn invalid(&self) -> Option<&str> {
+        self.invalid.as_deref()
+    }
+}
+
+/// The answer of a key that can never be read (the layer refuses to build with it).
+fn unreachable_key() -> Result<String, MissingKey> {
+    Err(MissingKey {
+        request_fault: false,
+        what: "a key whose header name is invalid".into(),
+    })
 }
 
 fn no_peer() -> MissingKey {
@@ -231,19 +293,29 @@ fn no_peer() -> MissingKey {
 fn peer(extensions: &Extensions) -> Option<IpAddr> {
     #[cfg(feature = "axum")]
     if let Some(info) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
-        return Some(info.0.ip());
+        return Some(info.0.ip().to_canonical());
     }
-    extensions.get::<SocketAddr>().map(SocketAddr::ip)
+    extensions
+        .get::<SocketAddr>()
+        .map(|addr| addr.ip().to_canonical())
 }
 
 /// The client behind `peer`: while the address at hand is a trusted proxy, step back one
-/// hop through `Forwarded`'s `for=` (or, without it, `X-Forwarded-For`), from the last.
-fn forwarded_client(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpAddr {
+/// hop through the header `via` names, from the last.
+fn forwarded_client(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    trusted: &[IpNet],
+    via: Forwarded,
+) -> IpAddr {
     let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
     if !is_trusted(&peer) {
         return peer;
     }
-    let hops = forwarded_hops(headers);
+    let hops = match via {
+        Forwarded::XForwardedFor => x_forwarded_for(headers),
+        Forwarded::Forwarded => forwarded(headers),
+    };
     let mut client = peer;
     for hop in hops.iter().rev() {
         let Some(ip) = hop else {
@@ -259,29 +331,27 @@ fn forwarded_client(peer: IpAddr, headers: &HeaderMap, trusted: &[IpNet]) -> IpA
     client
 }
 
-/// The addresses a request's proxies list, first (the client's side) to last: `Forwarded`'s
-/// `for=` parameters if the header is there, else `X-Forwarded-For`. `None` for an entry
-/// that is no address.
-fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
-    let forwarded: Vec<&str> = headers
+/// The addresses `Forwarded`'s `for=` parameters list, first (the client's side) to last;
+/// `None` for an entry that is no address.
+fn forwarded(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    headers
         .get_all(http::header::FORWARDED)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .collect();
-    if !forwarded.is_empty() {
-        return forwarded
-            .iter()
-            .flat_map(|v| v.split(','))
-            .map(|element| {
-                element.split(';').find_map(|pair| {
-                    let (name, value) = pair.split_once('=')?;
-                    name.trim()
-                        .eq_ignore_ascii_case("for")
-                        .then(|| parse_node(value.trim().trim_matches('"')))?
-                })
+        .flat_map(|v| v.split(','))
+        .map(|element| {
+            element.split(';').find_map(|pair| {
+                let (name, value) = pair.split_once('=')?;
+                name.trim()
+                    .eq_ignore_ascii_case("for")
+                    .then(|| parse_node(value.trim().trim_matches('"')))?
             })
-            .collect();
-    }
+        })
+        .collect()
+}
+
+/// The addresses `X-Forwarded-For` lists, first to last.
+fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
     headers
         .get_all("x-forwarded-for")
         .iter()
@@ -294,15 +364,16 @@ fn forwarded_hops(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
 /// An address as proxies write it: `192.0.2.1`, `192.0.2.1:4711`, `[2001:db8::1]:4711` or
 /// `2001:db8::1`.
 fn parse_node(text: &str) -> Option<IpAddr> {
-    if let Ok(ip) = text.parse() {
-        return Some(ip);
-    }
-    if let Ok(addr) = text.parse::<SocketAddr>() {
-        return Some(addr.ip());
-    }
-    text.strip_prefix('[')
-        .and_then(|rest| rest.split_once(']'))
-        .and_then(|(ip, _)| ip.parse().ok())
+    let ip = if let Ok(ip) = text.parse::<IpAddr>() {
+        ip
+    } else if let Ok(addr) = text.parse::<SocketAddr>() {
+        addr.ip()
+    } else {
+        text.strip_prefix('[')
+            .and_then(|rest| rest.split_once(']'))
+            .and_then(|(ip, _)| ip.parse().ok())?
+    };
+    Some(ip.to_canonical())
 }
 
 #[cfg(test)]
@@ -326,11 +397,12 @@ mod tests {
 
     #[test]
     fn a_trusted_proxy_names_the_client_and_an_untrusted_peer_is_the_client() {
-        let key = Key::peer_ip()
+        let xff = Key::peer_ip()
             .trust_proxies(["10.0.0.0/8", "192.168.1.1"])
             .unwrap();
+        let rfc = xff.clone().via(Forwarded::Forwarded);
         let uri = Uri::from_static("/");
-        let read = |peer: &str, headers: &[(&str, &str)]| {
+        let read_with = |key: &Key, peer: &str, headers: &[(&str, &str)]| {
             let mut map = HeaderMap::new();
             for (name, value) in headers {
                 map.append(
@@ -341,6 +413,7 @@ mod tests {
             let extensions = peer_at(peer);
             key.read(&head_with(&map, &extensions, &uri)).unwrap()
         };
+        let read = |peer: &str, headers: &[(&str, &str)]| read_with(&xff, peer, headers);
         // Not behind a trusted proxy: the peer, whatever it claims.
         assert_eq!(
             read("203.0.113.9:5000", &[("x-forwarded-for", "1.2.3.4")]),
@@ -354,29 +427,40 @@ mod tests {
             ),
             "198.51.100.7"
         );
-        // `Forwarded` first, with ports, quotes and IPv6.
-        assert_eq!(
-            read(
-                "192.168.1.1:80",
-                &[
-                    (
-                        "forwarded",
-                        "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https"
-                    ),
-                    ("x-forwarded-for", "7.7.7.7"),
-                ]
+        // `Forwarded`, when chosen, with ports, quotes and IPv6; X-Forwarded-For is then
+        // not read, and the other way round: a client's own header of the other kind,
+        // passed through by the proxy, changes nothing.
+        let both = [
+            (
+                "forwarded",
+                "for=6.6.6.6, for=\"[2001:db8::1]:4711\";proto=https",
             ),
-            "2001:db8::1"
+            ("x-forwarded-for", "7.7.7.7"),
+        ];
+        assert_eq!(read_with(&rfc, "192.168.1.1:80", &both), "2001:db8::1");
+        assert_eq!(read("192.168.1.1:80", &both), "7.7.7.7");
+        assert_eq!(
+            read("10.0.0.1:80", &[("forwarded", "for=5.5.5.5")]),
+            "10.0.0.1",
+            "a spoofed Forwarded is not read"
         );
         // An obfuscated hop ends the walk at the last address known.
         assert_eq!(
-            read("10.0.0.1:80", &[("forwarded", "for=_hidden")]),
+            read_with(&rfc, "10.0.0.1:80", &[("forwarded", "for=_hidden")]),
             "10.0.0.1"
         );
         // Only proxies all the way: the first listed.
         assert_eq!(
             read("10.0.0.1:80", &[("x-forwarded-for", "10.0.0.2")]),
             "10.0.0.2"
+        );
+        // A dual-stack listener's IPv4 peers are their IPv4 addresses, trusted or not.
+        assert_eq!(
+            read(
+                "[::ffff:10.0.0.1]:80",
+                &[("x-forwarded-for", "::ffff:198.51.100.7")]
+            ),
+            "198.51.100.7"
         );
     }
 
@@ -414,5 +498,7 @@ mod tests {
             "trusted_proxies"
         );
         assert!(Key::header("a").trust_proxies(["10.0.0.0/8"]).is_err());
+        assert!(Key::header("bad name").invalid().is_some());
+        assert!(Key::header("x-api-key").invalid().is_none());
     }
 }

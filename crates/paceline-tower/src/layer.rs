@@ -66,10 +66,15 @@ struct Shared {
 ///   turns them off).
 /// * **Requests in flight**: a `concurrency` limit's lease is given back when the response
 ///   body ends, or when the request is dropped (the client went away); one not given back
-///   (a crashed process) is reclaimed at its expiry.
+///   (a crashed process) is reclaimed at its expiry. Give the policy a `lease` longer than
+///   your longest response: a streamed response that outlives it loses its place (the
+///   lease is not renewed), and an upgraded connection (`101`, a WebSocket) gives its place
+///   back with its empty body. A refusal's `Retry-After` is when the soonest lease would
+///   expire if none came back earlier.
 /// * **Pace mode** ([`pace`](Builder::pace)): a request the limits would refuse waits up to
-///   `max_wait` for its turn instead. With one limit the wait is a reservation (first come,
-///   first served); with several, the request waits the longest retry-after and asks again.
+///   `max_wait` for its turn instead. With one rate limit the wait is a reservation (first
+///   come, first served); with several, or a concurrency limit, the request waits the
+///   longest retry-after and asks again while `max_wait` lasts.
 /// * **Store failures**: [`StoreFailure`].
 /// * **Refusals remembered**: on a store across the network (Redis), a key refused with a
 ///   retry-after is refused again, until then, in this process, without a Redis call
@@ -205,6 +210,12 @@ impl Builder {
                 ));
             }
             limit.policy.check_cost(Op::Limit, 1)?;
+            if let Some(why) = limit.key.invalid() {
+                return Err(InputError::new(
+                    "key",
+                    format!("the `{name}` limit's key can never be read: {why}"),
+                ));
+            }
         }
         let capacity = self.refusal_cache.unwrap_or(if self.store.is_remote() {
             DEFAULT_REFUSALS
@@ -330,8 +341,12 @@ impl Shared {
             .zip(&shared.limits)
             .map(|(key, limit)| format!("{{{key}}}:{}", limit.name))
             .collect();
+        // One rate limit paces by reservation; several, or a concurrency limit (whose
+        // places come back when leases do), wait for the retry-after and ask again.
+        let reserves =
+            shared.limits.len() == 1 && !matches!(shared.limits[0].policy, Policy::Concurrency(_));
         let op = match shared.pace {
-            Some(max_wait) if shared.limits.len() == 1 => Op::pace_within(max_wait),
+            Some(max_wait) if reserves => Op::pace_within(max_wait),
             _ => Op::Limit,
         };
         let mut waited = Duration::ZERO;
@@ -349,7 +364,9 @@ impl Shared {
                     // the budget lasts, then ask again.
                     let retry = set.decision.delay;
                     match shared.pace {
-                        Some(max_wait) if shared.limits.len() > 1 && waited + retry <= max_wait => {
+                        Some(max_wait)
+                            if !reserves && !retry.is_zero() && waited + retry <= max_wait =>
+                        {
                             shared.store.sleep(retry).await;
                             waited += retry;
                         }
@@ -371,9 +388,6 @@ impl Shared {
                 }
             }
         };
-        if !set.decision.delay.is_zero() {
-            shared.store.sleep(set.decision.delay).await;
-        }
         let leases: Vec<(usize, String, u64)> = set
             .limits
             .iter()
@@ -381,10 +395,15 @@ impl Shared {
             .enumerate()
             .filter_map(|(i, (d, key))| d.lease.map(|id| (i, key, id)))
             .collect();
+        // Held from here: a request dropped while it waits for its slot gives its leases
+        // back too.
         let guard = (!leases.is_empty()).then(|| LeaseGuard {
             shared: Arc::clone(&shared),
             leases,
         });
+        if !set.decision.delay.is_zero() {
+            shared.store.sleep(set.decision.delay).await;
+        }
         // On an error the guard is dropped here, giving the leases back.
         let mut response = inner.call(request).await?;
         if shared.headers {
@@ -450,13 +469,15 @@ impl Drop for LeaseGuard {
             let Some(limit) = self.shared.limits.get(index) else {
                 continue;
             };
-            // A store that answers at once (memory) gives it back here; another in a task.
-            let mut release = self.shared.store.release(&limit.policy, &key, id);
-            let mut cx = Context::from_waker(Waker::noop());
-            if Pin::new(&mut release).poll(&mut cx).is_ready() {
-                continue;
+            // The memory store gives it back here, at once; a remote store in a task of
+            // the runtime (without one, the lease is reclaimed at its expiry).
+            if !self.shared.store.is_remote() {
+                let mut release = self.shared.store.release(&limit.policy, &key, id);
+                let mut cx = Context::from_waker(Waker::noop());
+                if Pin::new(&mut release).poll(&mut cx).is_ready() {
+                    continue;
+                }
             }
-            drop(release);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let shared = Arc::clone(&self.shared);
                 runtime.spawn(async move {

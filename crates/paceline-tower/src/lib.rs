@@ -39,6 +39,6 @@ pub mod headers;
 mod key;
 mod layer;
 
-pub use key::{Head, Key, MissingKey};
+pub use key::{Forwarded, Head, Key, MissingKey};
 pub use layer::{Builder, LimitedBody, RateLimit, RateLimitLayer, ResponseFuture, StoreFailure};
 pub use paceline_core::InputError;

@@ -406,6 +406,29 @@ async fn pace_mode_waits_its_turn_within_max_wait() {
 }
 
 #[tokio::test]
+async fn pace_mode_waits_for_a_place_in_flight_too() {
+    let clock = ManualClock::new(EPOCH_2023);
+    let layer = RateLimitLayer::builder(memory(&clock))
+        .limit(
+            "in-flight",
+            policy("concurrency:limit=1,lease=1s"),
+            Key::constant("all"),
+        )
+        .pace(Duration::from_secs(2))
+        .build()
+        .expect("a layer");
+    let app = hello(layer);
+    // The first response is held (its body unread): its lease with it.
+    let held = call(&app, request(None)).await;
+    assert_eq!(held.status(), 200);
+    let start = clock.now_micros();
+    // The second waits for the place: here the lease's expiry, a second of the store's time.
+    assert_eq!(call(&app, request(None)).await.status(), 200);
+    assert_eq!(clock.now_micros() - start, 1_000_000);
+    drop(held);
+}
+
+#[tokio::test]
 async fn a_failed_store_is_a_503_or_lets_requests_through() {
     // A memory store that holds no key fails every new key.
     let full: SharedStore = Arc::new(MemoryStore::builder().max_keys(0).build());
@@ -450,5 +473,11 @@ fn layers_are_checked_when_built() {
     assert_eq!(err(named("")), "name");
     let twice = named("a").limit("a", policy("gcra:rate=2/s"), Key::constant("k"));
     assert_eq!(err(twice), "name");
+    let bad_header = RateLimitLayer::builder(Arc::clone(&store)).limit(
+        "a",
+        policy("gcra:rate=1/s"),
+        Key::header("x api key"),
+    );
+    assert_eq!(err(bad_header), "key");
     assert!(named("per-second.v2_x").build().is_ok());
 }

@@ -328,18 +328,29 @@ impl RedisStore {
     }
 
     /// Gives back lease `lease` of `key` under `policy` (see [`Store::release`]): one call
-    /// of the Lua library. A failed Redis is an error whatever the failure policy.
+    /// of the Lua library. Under the `local` failure policy the in-process stand-in, which
+    /// took the leases handed out while Redis was down, gives it back too. A failed Redis
+    /// is an error (unless the stand-in held the lease).
     pub async fn release(&self, policy: &Policy, key: &str, lease: u64) -> Result<bool, Error> {
         policy.concurrency()?;
+        let local = match self.inner.resilience.local() {
+            Some(local) => local.release_sync(policy, key, lease)?,
+            None => false,
+        };
         let now = self.now()?;
-        let reply = self
+        match self
             .transport()
             .call_lease(policy, key, lease, false, now)
-            .await?;
-        Ok(reply == 1)
+            .await
+        {
+            Ok(reply) => Ok(reply == 1 || local),
+            Err(_) if local => Ok(true),
+            Err(e) => Err(e.into()),
+        }
     }
 
-    /// Renews lease `lease` of `key` under `policy` (see [`Store::extend`]).
+    /// Renews lease `lease` of `key` under `policy` (see [`Store::extend`]), in Redis and,
+    /// under the `local` failure policy, in the in-process stand-in.
     pub async fn extend(
         &self,
         policy: &Policy,
@@ -347,12 +358,20 @@ impl RedisStore {
         lease: u64,
     ) -> Result<Option<Duration>, Error> {
         let duration = policy.concurrency()?.lease();
+        let local = match self.inner.resilience.local() {
+            Some(local) => local.extend_sync(policy, key, lease)?.is_some(),
+            None => false,
+        };
         let now = self.now()?;
-        let reply = self
+        match self
             .transport()
             .call_lease(policy, key, lease, true, now)
-            .await?;
-        Ok((reply >= 0).then_some(duration))
+            .await
+        {
+            Ok(reply) => Ok((reply >= 0 || local).then_some(duration)),
+            Err(_) if local => Ok(Some(duration)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Deletes the key. A store failure is returned whatever the failure policy (with
