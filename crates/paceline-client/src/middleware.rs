@@ -1,10 +1,17 @@
-//! The client limiter as a `reqwest-middleware` middleware (feature `reqwest`).
+//! The client limiters as `reqwest-middleware` middlewares (feature `reqwest`).
 //!
-//! Every request through the middleware waits for its turn ([`Client::acquire_within`]),
-//! is sent, and its response teaches the limiter; a refusal the limiter waits out is sent
-//! again (when reqwest can clone the request: a streamed body is sent once and its refusal
-//! is the caller's). A request that would wait longer than `max_wait`, or that the
-//! invalid-request budget refuses, fails with the [`ClientError`] as a middleware error.
+//! One adapter, [`Gated`], sends every request through a [`Gate`]: the gate admits the
+//! request (waiting for its turn), the request is sent, and its response goes back to the
+//! gate, which may send it again after a refusal it waited out (when reqwest can clone the
+//! request: a streamed body is sent once, and its refusal is the caller's). Two gates come
+//! with it:
+//!
+//! * [`Limited`] (= `Gated<Learned>`): the API client limiter, whose limits are learned from
+//!   response headers ([`Client`]). A request that would wait longer than `max_wait`, or
+//!   that the invalid-request budget refuses, fails with the [`ClientError`].
+//! * [`Paced`]: an outbound pacer: every request to a host (or a key of the caller's)
+//!   reserves a slot of a paceline policy, on any store, and is sent when its slot comes.
+//!   Processes sharing a Redis store pace their requests together.
 //!
 //! The response's body is the caller's and is not read: a refusal said only in its body
 //! (GitHub's secondary limits without `Retry-After`) is seen as a plain 403. Where that
@@ -29,93 +36,334 @@
 //! println!("{}", response.status());
 //! # Ok(()) }
 //! ```
+//!
+//! Pacing every host at 10 requests per second, in this process:
+//!
+//! ```no_run
+//! use paceline_client::middleware::Paced;
+//! use paceline_store::MemoryStore;
+//! use std::sync::Arc;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pacer = Paced::per_host("gcra:rate=10/s".parse()?, Arc::new(MemoryStore::new()));
+//! let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(pacer)
+//!     .build();
+//! let response = http.get("https://api.example.com/items").send().await?;
+//! # let _ = response;
+//! # Ok(()) }
+//! ```
 
+use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::Extensions;
+use http::{Extensions, HeaderMap};
+use paceline_store::{Op, Policy, SharedStore};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::client::{After, Client};
+use crate::client::{After, Client, Permit};
 use crate::core::ClientError;
 use crate::route::Route;
 
-/// How a request maps to its route.
-type Router = fn(&str, &str) -> Route;
+/// Where a request goes, as a [`Gate`] sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    /// The method, e.g. `PATCH`.
+    pub method: &'a str,
+    /// The URL's host (empty if it has none).
+    pub host: &'a str,
+    /// The URL's path.
+    pub path: &'a str,
+}
 
-/// The middleware: one [`Client`] (one identity) and how requests map to routes.
+/// What an adapter asks before it sends a request: the seam every client adapter shares.
+#[async_trait::async_trait]
+pub trait Gate: Send + Sync + 'static {
+    /// What an admitted request holds while it is sent.
+    type Ticket: Ticket;
+    /// Why a request is not sent.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Waits for the turn of a request to `target`.
+    async fn admit(&self, target: Target<'_>) -> Result<Self::Ticket, Self::Error>;
+}
+
+/// What an admitted request holds: told when the request is sent and how it ended.
+#[async_trait::async_trait]
+pub trait Ticket: Send + Sized + 'static {
+    /// Why a request refused by its server is not sent again.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The request is being sent.
+    fn sent(&mut self) {}
+
+    /// The request got no response (a transport error).
+    fn failed(self) {}
+
+    /// The request's response: `None` when it is the caller's, or the ticket of its new
+    /// turn to be sent again (only when `again` says the request can be sent again).
+    async fn complete(
+        self,
+        status: u16,
+        headers: &HeaderMap,
+        again: bool,
+    ) -> Result<Option<Self>, Self::Error>;
+}
+
+/// A `reqwest-middleware` middleware sending every request through a [`Gate`].
 #[derive(Clone, Debug)]
-pub struct Limited {
-    client: Client,
-    router: Router,
-    max_wait: Option<Duration>,
+pub struct Gated<G> {
+    gate: G,
 }
 
-impl Limited {
-    /// For Discord's API: routes by [`Route::discord`].
-    pub fn discord(client: Client) -> Limited {
-        Limited {
-            client,
-            router: Route::discord,
-            max_wait: None,
-        }
+impl<G: Gate> Gated<G> {
+    /// The middleware of `gate`.
+    pub fn new(gate: G) -> Gated<G> {
+        Gated { gate }
     }
 
-    /// For any API: routes by [`Route::generic`].
-    pub fn generic(client: Client) -> Limited {
-        Limited {
-            client,
-            router: Route::generic,
-            max_wait: None,
-        }
+    /// The gate.
+    pub fn gate(&self) -> &G {
+        &self.gate
     }
-
-    /// The same middleware failing requests that would wait longer than `max_wait`.
-    pub fn max_wait(mut self, max_wait: Duration) -> Limited {
-        self.max_wait = Some(max_wait);
-        self
-    }
-}
-
-fn refused(e: ClientError) -> reqwest_middleware::Error {
-    reqwest_middleware::Error::middleware(e)
 }
 
 #[async_trait::async_trait]
-impl Middleware for Limited {
+impl<G: Gate> Middleware for Gated<G> {
     async fn handle(
         &self,
         request: reqwest::Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        let route = (self.router)(request.method().as_str(), request.url().path());
-        let mut permit = self
-            .client
-            .acquire_within(route, self.max_wait)
+        let url = request.url();
+        let target = Target {
+            method: request.method().as_str(),
+            host: url.host_str().unwrap_or_default(),
+            path: url.path(),
+        };
+        let mut ticket = self
+            .gate
+            .admit(target)
             .await
-            .map_err(refused)?;
-        let mut request = Some(request);
+            .map_err(reqwest_middleware::Error::middleware)?;
+        let mut request = request;
         loop {
-            let Some(current) = request.take() else {
-                // Unreachable: each round either keeps a copy or returns.
-                return Err(refused(ClientError::Closed));
-            };
-            let copy = current.try_clone();
-            permit.sent();
-            let response = match next.clone().run(current, extensions).await {
+            let copy = request.try_clone();
+            ticket.sent();
+            let response = match next.clone().run(request, extensions).await {
                 Ok(r) => r,
                 Err(e) => {
-                    permit.failed();
+                    ticket.failed();
                     return Err(e);
                 }
             };
-            match permit.complete(response.status().as_u16(), response.headers(), None) {
-                After::Retry(waiting) if copy.is_some() => {
+            let again = ticket
+                .complete(
+                    response.status().as_u16(),
+                    response.headers(),
+                    copy.is_some(),
+                )
+                .await
+                .map_err(reqwest_middleware::Error::middleware)?;
+            match (again, copy) {
+                (Some(turn), Some(copy)) => {
+                    ticket = turn;
                     request = copy;
-                    permit = waiting.admitted().await.map_err(refused)?;
                 }
                 _ => return Ok(response),
             }
         }
+    }
+}
+
+/// How a request maps to its route.
+type Router = fn(&str, &str) -> Route;
+
+/// The [`Gate`] of the API client limiter: one [`Client`] (one identity), how requests map
+/// to routes, and how long a request may wait.
+#[derive(Clone, Debug)]
+pub struct Learned {
+    client: Client,
+    router: Router,
+    max_wait: Option<Duration>,
+}
+
+/// The API client limiter as a middleware (see the [module](self)).
+pub type Limited = Gated<Learned>;
+
+impl Gated<Learned> {
+    /// For Discord's API: routes by [`Route::discord`].
+    pub fn discord(client: Client) -> Limited {
+        Gated::new(Learned {
+            client,
+            router: Route::discord,
+            max_wait: None,
+        })
+    }
+
+    /// For any API: routes by [`Route::generic`].
+    pub fn generic(client: Client) -> Limited {
+        Gated::new(Learned {
+            client,
+            router: Route::generic,
+            max_wait: None,
+        })
+    }
+
+    /// The same middleware failing requests that would wait longer than `max_wait`.
+    pub fn max_wait(mut self, max_wait: Duration) -> Limited {
+        self.gate.max_wait = Some(max_wait);
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl Gate for Learned {
+    type Ticket = Permit;
+    type Error = ClientError;
+
+    async fn admit(&self, target: Target<'_>) -> Result<Permit, ClientError> {
+        let route = (self.router)(target.method, target.path);
+        self.client.acquire_within(route, self.max_wait).await
+    }
+}
+
+#[async_trait::async_trait]
+impl Ticket for Permit {
+    type Error = ClientError;
+
+    fn sent(&mut self) {
+        Permit::sent(self);
+    }
+
+    fn failed(self) {
+        Permit::failed(self);
+    }
+
+    async fn complete(
+        self,
+        status: u16,
+        headers: &HeaderMap,
+        again: bool,
+    ) -> Result<Option<Permit>, ClientError> {
+        match Permit::complete(self, status, headers, None) {
+            // Waited out in its queue: admitted again when its turn comes.
+            After::Retry(waiting) if again => waiting.admitted().await.map(Some),
+            // A refusal whose request cannot be sent again: dropping the wait gives its
+            // place back.
+            _ => Ok(None),
+        }
+    }
+}
+
+type KeyFn = dyn Fn(&Target<'_>) -> String + Send + Sync;
+
+/// An outbound pacer ([`Gate`]): every request reserves the next slot of a paceline policy
+/// for its key (its host, unless [`key`](Paced::key) says otherwise) in a store, waits
+/// until the slot (in the store's time), and is sent. With a Redis store, every process
+/// pacing the same keys holds the policy's rate together. A request that would wait longer
+/// than [`max_wait`](Paced::max_wait) fails with [`PaceError::WaitExceeded`], reserving
+/// nothing.
+#[derive(Clone)]
+pub struct Paced {
+    policy: Arc<Policy>,
+    store: SharedStore,
+    key: Arc<KeyFn>,
+    max_wait: Option<Duration>,
+}
+
+impl std::fmt::Debug for Paced {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Paced")
+            .field("policy", &self.policy.to_string())
+            .field("max_wait", &self.max_wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Paced {
+    /// Paces each host by `policy`, in `store`; the middleware of it.
+    pub fn per_host(policy: Policy, store: SharedStore) -> Gated<Paced> {
+        Gated::new(Paced {
+            policy: Arc::new(policy),
+            store,
+            key: Arc::new(|target| target.host.to_string()),
+            max_wait: None,
+        })
+    }
+}
+
+impl Gated<Paced> {
+    /// Paces by the key `key` gives each request instead of its host (e.g. the host and
+    /// the method, or a path prefix).
+    pub fn key<F>(mut self, key: F) -> Gated<Paced>
+    where
+        F: Fn(&Target<'_>) -> String + Send + Sync + 'static,
+    {
+        self.gate.key = Arc::new(key);
+        self
+    }
+
+    /// Fails requests whose slot is more than `max_wait` away, reserving nothing for them.
+    pub fn max_wait(mut self, max_wait: Duration) -> Gated<Paced> {
+        self.gate.max_wait = Some(max_wait);
+        self
+    }
+}
+
+/// Why the pacer did not send a request.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PaceError {
+    /// The request's slot is further away than its `max_wait`.
+    #[error("the pace of `{key}` would delay this request by more than its max_wait of {max_wait:?} (retry in {retry_after:?}); retry later or raise max_wait")]
+    WaitExceeded {
+        /// The request's key.
+        key: String,
+        /// The longest wait allowed.
+        max_wait: Duration,
+        /// When a retry could be paced within `max_wait`.
+        retry_after: Duration,
+    },
+    /// The store could not decide (or the policy refused the request's input).
+    #[error(transparent)]
+    Store(#[from] paceline_store::Error),
+}
+
+/// A paced request's ticket: sent once, its response the caller's.
+#[derive(Debug)]
+pub struct Slot;
+
+#[async_trait::async_trait]
+impl Ticket for Slot {
+    type Error = Infallible;
+
+    async fn complete(self, _: u16, _: &HeaderMap, _: bool) -> Result<Option<Slot>, Infallible> {
+        Ok(None)
+    }
+}
+
+#[async_trait::async_trait]
+impl Gate for Paced {
+    type Ticket = Slot;
+    type Error = PaceError;
+
+    async fn admit(&self, target: Target<'_>) -> Result<Slot, PaceError> {
+        let key = (self.key)(&target);
+        let op = self.max_wait.map_or(Op::pace(), Op::pace_within);
+        let decision = self.store.decide(&self.policy, &key, op, 1).await?;
+        if !decision.allowed {
+            return Err(PaceError::WaitExceeded {
+                key,
+                max_wait: self.max_wait.unwrap_or_default(),
+                retry_after: decision.delay,
+            });
+        }
+        if !decision.delay.is_zero() {
+            self.store.sleep(decision.delay).await;
+        }
+        Ok(Slot)
     }
 }

@@ -88,3 +88,65 @@ async fn a_wait_beyond_max_wait_is_an_error_naming_it() {
     );
     assert_eq!(mock.api.lock().unwrap().counts.requests, 1);
 }
+
+/// The outbound pacer: requests to one host reserve its policy's slots and wait for them in
+/// the store's time (a virtual clock here); hosts are paced apart; a request whose slot is
+/// further than `max_wait` fails without being sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pacer_spaces_requests_per_host_in_the_store_s_time() {
+    use paceline_client::middleware::{PaceError, Paced};
+    use paceline_store::{Clock, ManualClock, MemoryStore, SharedStore};
+    use std::sync::Arc;
+
+    let mock = MockServer::start(MockApi::new(1_000)).await;
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let store: SharedStore = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    let policy: paceline_store::Policy = "gcra:rate=10/s".parse().expect("a policy");
+    let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(Paced::per_host(policy.clone(), Arc::clone(&store)))
+        .build();
+    let base = mock.url();
+    let start = clock.now_micros();
+    for _ in 0..5 {
+        http.get(format!("{base}/gateway"))
+            .send()
+            .await
+            .expect("sent");
+    }
+    // Slots at 0, 100, 200, 300 and 400 ms: the last request went 400 ms in.
+    assert_eq!(clock.now_micros() - start, 400_000);
+    // Another host (the same server by another name) has slots of its own.
+    let port = base.rsplit(':').next().expect("a port");
+    http.get(format!("http://localhost:{port}/gateway"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        clock.now_micros() - start,
+        400_000,
+        "no wait for a new host"
+    );
+    // Within 50 ms the next slot of 127.0.0.1 (100 ms away) cannot be had: not sent.
+    let strict = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(Paced::per_host(policy, Arc::clone(&store)).max_wait(Duration::from_millis(50)))
+        .build();
+    let err = strict
+        .get(format!("{base}/gateway"))
+        .send()
+        .await
+        .expect_err("too far away");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("not the pacer's error: {err:?}");
+    };
+    match e.downcast_ref::<PaceError>() {
+        Some(PaceError::WaitExceeded {
+            key, retry_after, ..
+        }) => {
+            assert_eq!(key, "127.0.0.1");
+            assert_eq!(*retry_after, Duration::from_millis(50));
+        }
+        other => panic!("{other:?}"),
+    }
+    let sent = mock.api.lock().expect("the mock").counts.requests;
+    assert_eq!(sent, 6, "the refused request never reached the server");
+}
