@@ -3,12 +3,18 @@
 //! IP), and with paceline's layer on Redis. Every request is admitted (the quota is far
 //! above the load), so what is measured is what each layer costs an admitted request.
 //!
-//! The server runs on one thread and the load generator on another (the machine's two
-//! cores), 32 kept-alive HTTP/1.1 connections sending one request after another. Each
-//! configuration runs `ROUNDS` times, interleaved, for `SECONDS` each after a warm-up; the
-//! table gives each one's median requests per second and its ratio to no layer.
+//! The server and the load generator share one thread (a current-thread tokio runtime made
+//! afresh for each measurement): 32 kept-alive HTTP/1.1 connections over loopback, each
+//! sending one request after another. On one thread the scheduler cannot favour one
+//! configuration by where it puts two threads on the machine's two cores (which made a
+//! two-thread version of this bench rank configurations by thread placement, not cost);
+//! each request costs the client's work plus the server's, and the layer's cost shows in
+//! the difference. Each round measures every configuration once, for `SECONDS` each after
+//! a warm-up, in an order rotated from round to round; a configuration's ratio to no layer
+//! is taken within each round (the machine's speed drifts between rounds, by as much as a
+//! fifth on a shared host), and the table gives the medians over `ROUNDS` rounds.
 //!
-//! `cargo bench -p paceline-tower --bench layer` (`SECONDS=3 ROUNDS=5` by default).
+//! `cargo bench -p paceline-tower --bench layer` (`SECONDS=2 ROUNDS=15` by default).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +31,9 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
 const CONNECTIONS: usize = 32;
+
+/// Builds a configuration's app afresh for each measurement.
+type MakeApp = Box<dyn Fn() -> Router>;
 
 fn hello() -> Router {
     Router::new().route("/", get(|| async { "Hello, World!" }))
@@ -54,7 +63,7 @@ fn governor() -> Router {
     hello().layer(GovernorLayer::new(config))
 }
 
-/// Serves `app` on one thread; returns its address.
+/// Serves `app` on a thread of its own (for the refusal counts); returns its address.
 fn serve(app: Router) -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let addr = listener.local_addr().expect("its address");
@@ -76,13 +85,25 @@ fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-/// Requests per second against `addr` over `seconds`, after a warm-up of half a second.
-fn load(addr: SocketAddr, seconds: f64) -> f64 {
+/// Requests per second `app` answers over `seconds` (after a warm-up of half a second),
+/// the server and the load on one thread.
+fn measure(app: Router, seconds: f64) -> f64 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let addr = listener.local_addr().expect("its address");
+        tokio::spawn(async move {
+            let _ = axum::serve(
+                listener,
+                app.into_make_service_with_connect_info::<SocketAddr>(),
+            )
+            .await;
+        });
         let done = Arc::new(AtomicU64::new(0));
         let counting = Arc::new(AtomicBool::new(false));
         let stop = Arc::new(AtomicBool::new(false));
@@ -122,6 +143,50 @@ fn load(addr: SocketAddr, seconds: f64) -> f64 {
     })
 }
 
+/// Sends `n` requests one after another on one connection; how many were refused (429).
+fn refused_of(addr: SocketAddr, n: usize) -> usize {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async move {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut buffer = vec![0u8; 4096];
+        let mut refused = 0;
+        for _ in 0..n {
+            stream
+                .write_all(b"GET / HTTP/1.1\r\nhost: bench\r\n\r\n")
+                .await
+                .expect("send");
+            if read_response(&mut stream, &mut buffer).await == 429 {
+                refused += 1;
+            }
+        }
+        refused
+    })
+}
+
+/// The calls of paceline's Lua the Redis server at `port` has run (`FCALL` and `EVALSHA`),
+/// from `INFO commandstats`.
+fn redis_calls(port: &str) -> u64 {
+    let output = std::process::Command::new("redis-cli")
+        .args(["-p", port, "INFO", "commandstats"])
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_fcall:") || l.starts_with("cmdstat_evalsha:"))
+        .filter_map(|l| {
+            l.split(':')
+                .nth(1)?
+                .split(',')
+                .find_map(|kv| kv.strip_prefix("calls="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// Reads one response (headers, then a `content-length` body); its status.
 async fn read_response(stream: &mut tokio::net::TcpStream, buffer: &mut Vec<u8>) -> u16 {
     let mut filled = 0;
@@ -157,11 +222,11 @@ fn main() {
     let seconds: f64 = std::env::var("SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+        .unwrap_or(2.0);
     let rounds: usize = std::env::var("ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(15);
     let redis_server =
         paceline_testkit::RedisServer::start().expect("a redis-server for the bench");
     let redis_url = redis_server.url();
@@ -182,36 +247,103 @@ fn main() {
         std::mem::forget(runtime);
         Arc::new(store)
     };
-    let configs: Vec<(&str, SocketAddr)> = vec![
-        ("axum, no layer", serve(hello())),
+    let configs: Vec<(&str, MakeApp)> = vec![
+        ("axum, no layer", Box::new(hello)),
         (
             "paceline layer, memory store",
-            serve(paceline(Arc::new(MemoryStore::new()))),
+            Box::new(|| paceline(Arc::new(MemoryStore::new()))),
         ),
-        ("tower_governor (same GCRA quota)", serve(governor())),
-        ("paceline layer, Redis store", serve(paceline(redis_store))),
+        (
+            "paceline layer, memory store, no RateLimit headers",
+            Box::new(|| {
+                let layer = RateLimitLayer::builder(Arc::new(MemoryStore::new()))
+                    .limit("per-ip", policy(), Key::peer_ip())
+                    .headers(false)
+                    .build()
+                    .expect("a layer");
+                hello().layer(layer)
+            }),
+        ),
+        ("tower_governor (same GCRA quota)", Box::new(governor)),
+        (
+            "paceline layer, Redis store",
+            Box::new({
+                let store = Arc::clone(&redis_store);
+                move || paceline(Arc::clone(&store))
+            }),
+        ),
     ];
-    let mut results: Vec<Vec<f64>> = vec![Vec::new(); configs.len()];
+    let n = configs.len();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
     for round in 0..rounds {
-        for (i, (name, addr)) in configs.iter().enumerate() {
-            let rate = load(*addr, seconds);
+        let mut this_round = vec![0.0; n];
+        for k in 0..n {
+            let i = (k + round) % n;
+            let (name, app) = &configs[i];
+            let rate = measure(app(), seconds);
             eprintln!("round {round}: {name}: {rate:.0} requests/s");
-            results[i].push(rate);
+            this_round[i] = rate;
+        }
+        for i in 0..n {
+            rates[i].push(this_round[i]);
+            ratios[i].push(this_round[i] / this_round[0]);
         }
     }
-    let median = |v: &mut Vec<f64>| {
+    let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let medians: Vec<f64> = results.iter_mut().map(median).collect();
-    println!("\n| configuration | requests/s (median of {rounds} × {seconds} s) | vs no layer |");
+    let governor_ratio = median(
+        rates[3]
+            .iter()
+            .zip(&rates[1])
+            .map(|(governor, paceline)| paceline / governor)
+            .collect(),
+    );
+    println!(
+        "\n| configuration | requests/s (median of {rounds} rounds of {seconds} s) | vs no layer (median of the rounds' ratios) |"
+    );
     println!("|---|---:|---:|");
-    for ((name, _), rate) in configs.iter().zip(&medians) {
-        println!("| {name} | {rate:.0} | {:.2} |", rate / medians[0]);
+    for (i, (name, _)) in configs.iter().enumerate() {
+        println!(
+            "| {name} | {:.0} | {:.2} |",
+            median(rates[i].clone()),
+            median(ratios[i].clone())
+        );
     }
     println!(
-        "\npaceline memory / tower_governor: {:.2}",
-        medians[1] / medians[2]
+        "\npaceline memory / tower_governor (median of the rounds' ratios): {governor_ratio:.2}"
     );
+
+    // A key refused again and again: the Redis calls 1,000 retries cost, with the layer's
+    // cache of refusals (on by default on Redis) and without.
+    let port = redis_server
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+        .trim_end_matches('/')
+        .to_string();
+    println!("\n| 1,000 requests of a key refused for an hour, on Redis | refused | Redis calls |");
+    println!("|---|---:|---:|");
+    for (name, capacity) in [
+        ("cache of refusals on (default)", None),
+        ("cache off", Some(0)),
+    ] {
+        let mut builder = RateLimitLayer::builder(Arc::clone(&redis_store)).limit(
+            "per-hour",
+            "gcra:rate=1/h".parse().expect("a policy"),
+            Key::constant(format!("refused-{name}")),
+        );
+        if let Some(capacity) = capacity {
+            builder = builder.refusal_cache(capacity);
+        }
+        let addr = serve(hello().layer(builder.build().expect("a layer")));
+        let before = redis_calls(&port);
+        let refused = refused_of(addr, 1_000);
+        let calls = redis_calls(&port) - before;
+        println!("| {name} | {refused} | {calls} |");
+    }
     drop(redis_server);
 }

@@ -249,13 +249,22 @@ impl Key {
 
     /// The key of a request.
     pub fn read(&self, head: &Head<'_>) -> Result<String, MissingKey> {
+        let mut key = String::new();
+        self.read_into(head, &mut key)?;
+        Ok(key)
+    }
+
+    /// Appends the key of a request to `out` (the layer builds its store keys this way,
+    /// with no string of the key's own).
+    pub(crate) fn read_into(&self, head: &Head<'_>, out: &mut String) -> Result<(), MissingKey> {
         match &self.kind {
             Kind::Peer { trusted, via } => {
                 let ip = peer(head.extensions).ok_or_else(no_peer)?;
-                Ok(forwarded_client(ip, head.headers, trusted, *via).to_string())
+                push_ip(out, forwarded_client(ip, head.headers, trusted, *via));
             }
-            Kind::Other(extract) => extract(head),
+            Kind::Other(extract) => out.push_str(&extract(head)?),
         }
+        Ok(())
     }
 
     /// The proxies trusted by a [`peer_ip`](Key::peer_ip) key.
@@ -278,6 +287,26 @@ fn unreachable_key() -> Result<String, MissingKey> {
         request_fault: false,
         what: "a key whose header name is invalid".into(),
     })
+}
+
+/// Appends `ip` as `Display` writes it; IPv4 (the common case) without the formatting
+/// machinery.
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => {
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                out.push_str(digits.format(*octet));
+            }
+        }
+        IpAddr::V6(v6) => {
+            use std::fmt::Write as _;
+            let _ = write!(out, "{v6}");
+        }
+    }
 }
 
 fn no_peer() -> MissingKey {

@@ -299,11 +299,14 @@ where
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
         let head = Head::of(&request);
+        // Each limit's key in the store, `{KEY}:NAME`, built in one string.
         let keys: Result<Vec<String>, Problem> = shared
             .limits
             .iter()
             .map(|limit| {
-                limit.key.read(&head).map_err(|missing| {
+                let mut key = String::with_capacity(24 + limit.name.len());
+                key.push('{');
+                limit.key.read_into(&head, &mut key).map_err(|missing| {
                     let status = if missing.request_fault {
                         StatusCode::BAD_REQUEST
                     } else {
@@ -313,7 +316,10 @@ where
                         status,
                         format!("the `{}` limit has no key: {}", limit.name, missing.what),
                     )
-                })
+                })?;
+                key.push_str("}:");
+                key.push_str(&limit.name);
+                Ok(key)
             })
             .collect();
         Box::pin(async move {
@@ -336,11 +342,7 @@ impl Shared {
     where
         S: Service<http::Request<B>, Response = http::Response<R>>,
     {
-        let store_keys: Vec<String> = keys
-            .iter()
-            .zip(&shared.limits)
-            .map(|(key, limit)| format!("{{{key}}}:{}", limit.name))
-            .collect();
+        let store_keys = keys;
         // One rate limit paces by reservation; several, or a concurrency limit (whose
         // places come back when leases do), wait for the retry-after and ask again.
         let reserves =

@@ -174,6 +174,46 @@ async fn concurrent_connections_share_one_limit_on_redis() {
     assert_eq!(ok, 3);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_connections_share_one_set_of_limits_on_a_redis_cluster() {
+    // Every limit of the layer reads the same key, so the set's keys share a hash slot.
+    let clock = ManualClock::new(EPOCH_2023);
+    let store = RedisStore::builder(
+        paceline_testkit::shared_cluster().url(),
+        FailurePolicy::FailClosed,
+    )
+    .prefix(paceline_testkit::unique_name("tower"))
+    .clock(Arc::new(clock.clone()))
+    .connect()
+    .await
+    .expect("the test cluster");
+    assert!(store.is_cluster());
+    let layer = RateLimitLayer::builder(Arc::new(store))
+        .limit(
+            "per-second",
+            policy("gcra:rate=5/s,burst=5"),
+            Key::peer_ip(),
+        )
+        .limit(
+            "per-day",
+            policy("fixed_window:limit=8,window=1d"),
+            Key::peer_ip(),
+        )
+        .limit(
+            "in-flight",
+            policy("concurrency:limit=100,lease=30s"),
+            Key::peer_ip(),
+        )
+        .build()
+        .expect("a layer");
+    let addr = serve(hello(layer)).await;
+    let (ok, refused) = burst(addr, 200).await;
+    assert_eq!((ok, refused), (5, 195));
+    clock.advance(Duration::from_secs(1));
+    let (ok, _) = burst(addr, 50).await;
+    assert_eq!(ok, 3, "the day's limit counted only what was admitted");
+}
+
 /// The items of a `RateLimit` / `RateLimit-Policy` field, parsed as structured fields:
 /// each name with its integer parameters.
 fn items(headers: &http::HeaderMap, field: &str) -> Vec<(String, Vec<(String, i64)>)> {
