@@ -231,26 +231,25 @@ async fn extend(
     Authorized(live): Authorized,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
-    let result = async {
-        let token = path_parts(path, "the lease")?;
-        let (id, resolved) = find(&live, &token)?;
-        match state
-            .store
+    on_lease(&state, &live, path, |store, resolved, id| async move {
+        match store
             .extend(&resolved.policy, &resolved.store_key, id)
             .await
         {
-            Ok(Some(left)) => {
-                let body = ExtendedBody {
-                    expires_ms: ms(left),
-                    lease: &token,
-                };
-                Ok((StatusCode::OK, axum::Json(body)).into_response())
-            }
-            Ok(None) => Err(unknown_lease()),
-            Err(e) => Err(store_failure(e)),
+            Ok(Some(left)) => Ok(Some(ms(left))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e),
         }
-    };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+    })
+    .await
+    .map(|(token, expires_ms)| {
+        let body = ExtendedBody {
+            expires_ms,
+            lease: &token,
+        };
+        (StatusCode::OK, axum::Json(body)).into_response()
+    })
+    .unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn give_back(
@@ -258,20 +257,37 @@ async fn give_back(
     Authorized(live): Authorized,
     path: Result<Path<String>, PathRejection>,
 ) -> Response {
-    let result = async {
-        let token = path_parts(path, "the lease")?;
-        let (id, resolved) = find(&live, &token)?;
-        match state
-            .store
+    on_lease(&state, &live, path, |store, resolved, id| async move {
+        let released = store
             .release(&resolved.policy, &resolved.store_key, id)
-            .await
-        {
-            Ok(true) => Ok(StatusCode::NO_CONTENT.into_response()),
-            Ok(false) => Err(unknown_lease()),
-            Err(e) => Err(store_failure(e)),
-        }
-    };
-    result.await.unwrap_or_else(IntoResponse::into_response)
+            .await?;
+        Ok(released.then_some(()))
+    })
+    .await
+    .map(|_| StatusCode::NO_CONTENT.into_response())
+    .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Finds the lease a path names and runs `call` on it with the store: its token and what
+/// `call` answered, `404 unknown_lease` when it answered `None` (the lease is not live), or
+/// the error of a bad token or a failed store.
+async fn on_lease<'a, T, F, Fut>(
+    state: &'a AppState,
+    live: &'a Live,
+    path: Result<Path<String>, PathRejection>,
+    call: F,
+) -> Result<(String, T), ApiError>
+where
+    F: FnOnce(&'a paceline_store::SharedStore, Resolved<'a>, u64) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>, paceline_store::Error>>,
+{
+    let token = path_parts(path, "the lease")?;
+    let (id, resolved) = find(live, &token)?;
+    match call(&state.store, resolved, id).await {
+        Ok(Some(answer)) => Ok((token, answer)),
+        Ok(None) => Err(unknown_lease()),
+        Err(e) => Err(store_failure(e)),
+    }
 }
 
 #[cfg(test)]

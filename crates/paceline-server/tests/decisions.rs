@@ -85,39 +85,7 @@ async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Answer
     }
 }
 
-/// The items of a `RateLimit` or `RateLimit-Policy` header, read by a structured-field
-/// parser: each name with its parameters.
-fn items(headers: &reqwest::header::HeaderMap, name: &str) -> Vec<(String, BTreeMap<String, i64>)> {
-    let value = headers
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name} header"))
-        .to_str()
-        .expect("ASCII");
-    let list: sfv::List = sfv::Parser::new(value)
-        .parse()
-        .unwrap_or_else(|e| panic!("{name}: {value} is no structured-field list: {e}"));
-    list.into_iter()
-        .map(|entry| {
-            let sfv::ListEntry::Item(item) = entry else {
-                panic!("{name}: an inner list in {value}");
-            };
-            let sfv::BareItem::String(text) = &item.bare_item else {
-                panic!("{name}: the item is not a string: {value}");
-            };
-            let params = item
-                .params
-                .iter()
-                .map(|(k, v)| {
-                    let sfv::BareItem::Integer(n) = v else {
-                        panic!("{name}: {k} is not an integer in {value}");
-                    };
-                    (k.as_str().to_string(), i64::from(*n))
-                })
-                .collect();
-            (text.as_str().to_string(), params)
-        })
-        .collect()
-}
+use paceline_testkit::{param, ratelimit_items as items};
 
 async fn a_set_is_decided_as_one(store: &str, tenant: &str) {
     let (url, task, stop) = serve(store).await;
@@ -173,10 +141,17 @@ async fn a_set_is_decided_as_one(store: &str, tenant: &str) {
         names
     );
     for (i, ((_, p), (_, s))) in policy.iter().zip(&state).enumerate() {
-        assert_eq!(p["q"], limits[i]["limit"].as_i64().expect("limit"));
-        assert_eq!(s["r"], limits[i]["remaining"].as_i64().expect("remaining"));
+        assert_eq!(param(p, "q"), limits[i]["limit"].as_i64().expect("limit"));
+        assert_eq!(
+            param(s, "r"),
+            limits[i]["remaining"].as_i64().expect("remaining")
+        );
         let reset_ms = limits[i]["reset_after_ms"].as_f64().expect("reset");
-        assert_eq!(s["t"], (reset_ms / 1000.0).ceil() as i64, "limit {i}");
+        assert_eq!(
+            param(s, "t"),
+            (reset_ms / 1000.0).ceil() as i64,
+            "limit {i}"
+        );
     }
     let _ = stop.send(());
     let _ = task.await;

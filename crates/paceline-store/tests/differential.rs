@@ -444,17 +444,10 @@ fn same(a: &Result<Decision, Error>, b: &Result<Decision, Error>) -> Result<(), 
 
 /// Runs `cases` of `strategy` against the three stores.
 fn differential(strategy: impl Strategy<Value = Case>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let runtime = paceline_testkit::runtime();
     let stores = runtime.block_on(Stores::new());
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(96);
     let mut runner = TestRunner::new(Config {
-        cases,
+        cases: paceline_testkit::proptest_cases(96),
         failure_persistence: None,
         ..Config::default()
     });

@@ -11,11 +11,9 @@
 //! `PROPTEST_CASES` sets the number of cases (default 96).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
-use paceline_store::redis::RedisStore;
-use paceline_store::{Decision, Error, FailurePolicy, ManualClock, MemoryStore, Op, Policy, Store};
+use paceline_store::{Decision, Error, ManualClock, MemoryStore, Op, Policy, Store};
 use paceline_testkit::{shared_cluster, shared_server};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -57,16 +55,7 @@ impl Stores {
         let clock = ManualClock::new(EPOCH_2023);
         let connect = |url: String, scripts: bool, prefix: &'static str| {
             let clock = clock.clone();
-            async move {
-                let mut builder = RedisStore::builder(url, FailurePolicy::FailClosed)
-                    .prefix(prefix)
-                    .clock(Arc::new(clock))
-                    .response_timeout(Duration::from_secs(10));
-                if scripts {
-                    builder = builder.scripts_only();
-                }
-                builder.connect().await.expect("connect to the test Redis")
-            }
+            async move { paceline_testkit::redis_store_on(url, prefix, &clock, scripts).await }
         };
         let stores: Vec<(&'static str, Box<dyn Store>)> = vec![
             (
@@ -184,23 +173,14 @@ fn next_case_id() -> u64 {
     CASE.fetch_add(1, Ordering::Relaxed)
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
+use paceline_testkit::{proptest_cases, runtime};
 
 #[test]
 fn every_store_takes_releases_and_extends_leases_alike() {
     let runtime = runtime();
     let stores = runtime.block_on(Stores::new());
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(96);
     let mut runner = TestRunner::new(Config {
-        cases,
+        cases: proptest_cases(96),
         failure_persistence: None,
         ..Config::default()
     });

@@ -14,7 +14,6 @@
 //! `PROPTEST_CASES` sets the number of cases (default 96).
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use paceline_store::{redis::RedisStore, FailurePolicy, Request, SetDecision, MAX_LIMITS};
@@ -119,16 +118,7 @@ impl Stores {
         let clock = ManualClock::new(EPOCH_2023);
         let connect = |url: String, scripts: bool, prefix: &'static str| {
             let clock = clock.clone();
-            async move {
-                let mut builder = RedisStore::builder(url, FailurePolicy::FailClosed)
-                    .prefix(prefix)
-                    .clock(Arc::new(clock))
-                    .response_timeout(Duration::from_secs(10));
-                if scripts {
-                    builder = builder.scripts_only();
-                }
-                builder.connect().await.expect("connect to the test Redis")
-            }
+            async move { paceline_testkit::redis_store_on(url, prefix, &clock, scripts).await }
         };
         let redis = connect(shared_server().url(), false, "sets").await;
         let redis_scripts = connect(shared_server().url(), true, "sets-scripts").await;
@@ -276,23 +266,14 @@ fn same(a: &Result<SetDecision, Error>, b: &Result<SetDecision, Error>) -> Resul
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a tokio runtime")
-}
+use paceline_testkit::{proptest_cases, runtime};
 
 #[test]
 fn every_store_decides_sets_alike_and_a_refused_set_changes_nothing() {
     let runtime = runtime();
     let stores = runtime.block_on(Stores::new());
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(96);
     let mut runner = TestRunner::new(Config {
-        cases,
+        cases: proptest_cases(96),
         failure_persistence: None,
         ..Config::default()
     });

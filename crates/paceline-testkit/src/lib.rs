@@ -573,6 +573,90 @@ fn free_port() -> io::Result<u16> {
     ))
 }
 
+/// A fail-closed Redis store at `url` under `prefix`, reading time from `clock` (with a
+/// generous response timeout for a loaded test machine), as a script (`EVALSHA`) rather than
+/// a function when `scripts_only`: one of the stores differential tests compare.
+pub async fn redis_store_on(
+    url: String,
+    prefix: &str,
+    clock: &paceline_store::ManualClock,
+    scripts_only: bool,
+) -> paceline_store::redis::RedisStore {
+    let mut builder =
+        paceline_store::redis::RedisStore::builder(url, paceline_store::FailurePolicy::FailClosed)
+            .prefix(prefix)
+            .clock(std::sync::Arc::new(clock.clone()))
+            .response_timeout(std::time::Duration::from_secs(10));
+    if scripts_only {
+        builder = builder.scripts_only();
+    }
+    builder.connect().await.expect("connect to the test Redis")
+}
+
+/// A current-thread tokio runtime with I/O and time, for tests that drive async stores from
+/// a synchronous runner (proptest's).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+/// How many cases a property test runs: `PROPTEST_CASES` if set, else `default`.
+pub fn proptest_cases(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The items of a `RateLimit` or `RateLimit-Policy` field of `headers`, parsed as an RFC
+/// 8941 structured-field list: each item's name (a string) with its integer parameters,
+/// in order. Panics, naming the field, on anything else: the test then fails saying why.
+pub fn ratelimit_items(
+    headers: &paceline_client::http::HeaderMap,
+    field: &str,
+) -> Vec<(String, Vec<(String, i64)>)> {
+    let text = headers
+        .get(field)
+        .unwrap_or_else(|| panic!("no {field} header"))
+        .to_str()
+        .expect("ASCII");
+    let list: sfv::List = sfv::Parser::new(text)
+        .parse()
+        .unwrap_or_else(|e| panic!("{field}: `{text}` is no structured-field list: {e}"));
+    list.into_iter()
+        .map(|entry| {
+            let sfv::ListEntry::Item(item) = entry else {
+                panic!("{field}: an inner list in `{text}`");
+            };
+            let sfv::BareItem::String(name) = &item.bare_item else {
+                panic!("{field}: a name that is no string in `{text}`");
+            };
+            let params = item
+                .params
+                .iter()
+                .map(|(k, v)| {
+                    let sfv::BareItem::Integer(n) = v else {
+                        panic!("{field}: {k} is no integer in `{text}`");
+                    };
+                    (k.as_str().to_string(), i64::from(*n))
+                })
+                .collect();
+            (name.as_str().to_string(), params)
+        })
+        .collect()
+}
+
+/// The parameter `name` of a [`ratelimit_items`] item.
+pub fn param(params: &[(String, i64)], name: &str) -> i64 {
+    params
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| *v)
+        .unwrap_or_else(|| panic!("no `{name}` in {params:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

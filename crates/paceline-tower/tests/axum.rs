@@ -24,6 +24,16 @@ fn memory(clock: &ManualClock) -> SharedStore {
     Arc::new(MemoryStore::builder().clock(clock.clone()).build())
 }
 
+/// A Redis (or Redis Cluster) store at `url` on `clock`, under keys of its own.
+async fn redis_on(url: String, clock: &ManualClock) -> RedisStore {
+    RedisStore::builder(url, FailurePolicy::FailClosed)
+        .prefix(paceline_testkit::unique_name("tower"))
+        .clock(Arc::new(clock.clone()))
+        .connect()
+        .await
+        .expect("the test Redis")
+}
+
 fn policy(spec: &str) -> Policy {
     spec.parse().expect("a valid spec")
 }
@@ -137,15 +147,7 @@ async fn concurrent_connections_share_one_limit_in_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_connections_share_one_limit_on_redis() {
     let clock = ManualClock::new(EPOCH_2023);
-    let store = RedisStore::builder(
-        paceline_testkit::shared_server().url(),
-        FailurePolicy::FailClosed,
-    )
-    .prefix(paceline_testkit::unique_name("tower"))
-    .clock(Arc::new(clock.clone()))
-    .connect()
-    .await
-    .expect("the test Redis");
+    let store = redis_on(paceline_testkit::shared_server().url(), &clock).await;
     let layer = RateLimitLayer::builder(Arc::new(store))
         .limit(
             "per-second",
@@ -178,15 +180,7 @@ async fn concurrent_connections_share_one_limit_on_redis() {
 async fn concurrent_connections_share_one_set_of_limits_on_a_redis_cluster() {
     // Every limit of the layer reads the same key, so the set's keys share a hash slot.
     let clock = ManualClock::new(EPOCH_2023);
-    let store = RedisStore::builder(
-        paceline_testkit::shared_cluster().url(),
-        FailurePolicy::FailClosed,
-    )
-    .prefix(paceline_testkit::unique_name("tower"))
-    .clock(Arc::new(clock.clone()))
-    .connect()
-    .await
-    .expect("the test cluster");
+    let store = redis_on(paceline_testkit::shared_cluster().url(), &clock).await;
     assert!(store.is_cluster());
     let layer = RateLimitLayer::builder(Arc::new(store))
         .limit(
@@ -214,38 +208,9 @@ async fn concurrent_connections_share_one_set_of_limits_on_a_redis_cluster() {
     assert_eq!(ok, 3, "the day's limit counted only what was admitted");
 }
 
-/// The items of a `RateLimit` / `RateLimit-Policy` field, parsed as structured fields:
-/// each name with its integer parameters.
+/// The items of a `RateLimit` / `RateLimit-Policy` field.
 fn items(headers: &http::HeaderMap, field: &str) -> Vec<(String, Vec<(String, i64)>)> {
-    let text = headers
-        .get(field)
-        .unwrap_or_else(|| panic!("no {field}"))
-        .to_str()
-        .expect("ASCII");
-    let list: sfv::List = sfv::Parser::new(text)
-        .parse()
-        .unwrap_or_else(|e| panic!("{field}: `{text}` is no structured-field list: {e}"));
-    list.into_iter()
-        .map(|entry| {
-            let sfv::ListEntry::Item(item) = entry else {
-                panic!("{field}: an inner list in `{text}`");
-            };
-            let sfv::BareItem::String(name) = &item.bare_item else {
-                panic!("{field}: a name that is no string in `{text}`");
-            };
-            let params = item
-                .params
-                .iter()
-                .map(|(k, v)| {
-                    let sfv::BareItem::Integer(n) = v else {
-                        panic!("{field}: {k} is no integer in `{text}`");
-                    };
-                    (k.as_str().to_string(), i64::from(*n))
-                })
-                .collect();
-            (name.as_str().to_string(), params)
-        })
-        .collect()
+    paceline_testkit::ratelimit_items(headers, field)
 }
 
 async fn call(app: &Router, request: http::Request<Body>) -> http::Response<Body> {
