@@ -45,7 +45,7 @@
 //! use std::sync::Arc;
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let pacer = Paced::per_host("gcra:rate=10/s".parse()?, Arc::new(MemoryStore::new()));
+//! let pacer = Paced::per_host("gcra:rate=10/s".parse()?, Arc::new(MemoryStore::new()))?;
 //! let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
 //!     .with(pacer)
 //!     .build();
@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Extensions, HeaderMap};
-use paceline_store::{Op, Policy, SharedStore};
+use paceline_store::{InputError, Op, Policy, SharedStore};
 use reqwest_middleware::{Middleware, Next};
 
 use crate::client::{After, Client, Permit};
@@ -261,11 +261,13 @@ impl Ticket for Permit {
 type KeyFn = dyn Fn(&Target<'_>) -> String + Send + Sync;
 
 /// An outbound pacer ([`Gate`]): every request reserves the next slot of a paceline policy
-/// for its key (its host, unless [`key`](Paced::key) says otherwise) in a store, waits
+/// for its key (its host, unless [`key`](Gated::key) says otherwise) in a store, waits
 /// until the slot (in the store's time), and is sent. With a Redis store, every process
 /// pacing the same keys holds the policy's rate together. A request that would wait longer
-/// than [`max_wait`](Paced::max_wait) fails with [`PaceError::WaitExceeded`], reserving
-/// nothing.
+/// than [`max_wait`](Gated::max_wait) fails with [`PaceError::WaitExceeded`], reserving
+/// nothing. A request dropped while it waits (or whose sending fails) leaves its slot
+/// unused: later requests are still paced around it; without a `max_wait`, waits have no
+/// bound.
 #[derive(Clone)]
 pub struct Paced {
     policy: Arc<Policy>,
@@ -284,14 +286,25 @@ impl std::fmt::Debug for Paced {
 }
 
 impl Paced {
-    /// Paces each host by `policy`, in `store`; the middleware of it.
-    pub fn per_host(policy: Policy, store: SharedStore) -> Gated<Paced> {
-        Gated::new(Paced {
+    /// Paces each host by `policy`, in `store`; the middleware of it. Its keys in the
+    /// store are `paced:HOST` (or `paced:` and what [`key`](Gated::key) gives).
+    ///
+    /// Errors: a `concurrency` policy, which counts requests in flight and cannot reserve
+    /// a slot (naming `policy`).
+    pub fn per_host(policy: Policy, store: SharedStore) -> Result<Gated<Paced>, InputError> {
+        if let Policy::Concurrency(_) = policy {
+            return Err(InputError::new(
+                "policy",
+                "a concurrency policy cannot pace (it reserves no slot); pace with a rate \
+                 such as gcra:rate=10/s, and cap requests in flight on the server's side",
+            ));
+        }
+        Ok(Gated::new(Paced {
             policy: Arc::new(policy),
             store,
             key: Arc::new(|target| target.host.to_string()),
             max_wait: None,
-        })
+        }))
     }
 }
 
@@ -351,7 +364,7 @@ impl Gate for Paced {
     type Error = PaceError;
 
     async fn admit(&self, target: Target<'_>) -> Result<Slot, PaceError> {
-        let key = (self.key)(&target);
+        let key = format!("paced:{}", (self.key)(&target));
         let op = self.max_wait.map_or(Op::pace(), Op::pace_within);
         let decision = self.store.decide(&self.policy, &key, op, 1).await?;
         if !decision.allowed {

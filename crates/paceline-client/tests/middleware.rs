@@ -103,7 +103,7 @@ async fn the_pacer_spaces_requests_per_host_in_the_store_s_time() {
     let store: SharedStore = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
     let policy: paceline_store::Policy = "gcra:rate=10/s".parse().expect("a policy");
     let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-        .with(Paced::per_host(policy.clone(), Arc::clone(&store)))
+        .with(Paced::per_host(policy.clone(), Arc::clone(&store)).expect("a pacer"))
         .build();
     let base = mock.url();
     let start = clock.now_micros();
@@ -128,7 +128,11 @@ async fn the_pacer_spaces_requests_per_host_in_the_store_s_time() {
     );
     // Within 50 ms the next slot of 127.0.0.1 (100 ms away) cannot be had: not sent.
     let strict = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
-        .with(Paced::per_host(policy, Arc::clone(&store)).max_wait(Duration::from_millis(50)))
+        .with(
+            Paced::per_host(policy, Arc::clone(&store))
+                .expect("a pacer")
+                .max_wait(Duration::from_millis(50)),
+        )
         .build();
     let err = strict
         .get(format!("{base}/gateway"))
@@ -142,11 +146,15 @@ async fn the_pacer_spaces_requests_per_host_in_the_store_s_time() {
         Some(PaceError::WaitExceeded {
             key, retry_after, ..
         }) => {
-            assert_eq!(key, "127.0.0.1");
+            assert_eq!(key, "paced:127.0.0.1");
             assert_eq!(*retry_after, Duration::from_millis(50));
         }
         other => panic!("{other:?}"),
     }
     let sent = mock.api.lock().expect("the mock").counts.requests;
     assert_eq!(sent, 6, "the refused request never reached the server");
+    let concurrency: paceline_store::Policy =
+        "concurrency:limit=2,lease=30s".parse().expect("a policy");
+    let err = Paced::per_host(concurrency, store).expect_err("cannot pace");
+    assert_eq!(err.field(), "policy");
 }

@@ -1,7 +1,7 @@
 //! [`CachedRefusals`]: refusals remembered in this process, in front of a remote store.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -12,6 +12,13 @@ use crate::{Request, SetDecision, SharedStore, Store, StoreFuture, SystemClock};
 /// The refusals a [`CachedRefusals`] holds unless told otherwise.
 pub const DEFAULT_REFUSALS: usize = 10_000;
 
+/// The longest a [`CachedRefusals`] holds a refusal, whatever its retry-after: a reset the
+/// cache does not see is then honoured within this long.
+pub const MAX_HOLD: Duration = Duration::from_secs(60);
+
+/// Sets whose keys add up to more than this many bytes are not cached.
+const MAX_SIGNATURE: usize = 1024;
+
 /// A store that remembers refusals: a request (or set) the store refused with a
 /// retry-after `R` is refused here, without asking the store, until `R` has passed (as
 /// Limitador and rate-limiter-flexible's `inMemoryBlockOnConsumed` do). A client that
@@ -21,8 +28,13 @@ pub const DEFAULT_REFUSALS: usize = 10_000;
 ///   the retry-after the store itself gave, which more traffic can only push later. A
 ///   remembered refusal answers requests of the same keys, policies, op and costs.
 /// * **Not cached**: `concurrency` limits (a lease given back early frees a place before
-///   the retry-after) and `sliding_log` with `count_blocked` (its refusals count); a
-///   [`reset`](Store::reset) forgets the key's refusals.
+///   the retry-after), `sliding_log` with `count_blocked` (its refusals count), and sets
+///   whose keys add up to more than 1 KiB.
+/// * **Resets**: a [`reset`](Store::reset) through this cache forgets the key's refusals
+///   (and a decision in flight across it remembers nothing). A reset the cache does not see
+///   (made on the store directly, or by another process) is not known here: a refusal is
+///   held at most [`MAX_HOLD`] (a minute), so such a key is refused here at most that
+///   much longer than the store would.
 /// * **Bounded**: at most `capacity` refusals; when full, expired ones are dropped, and a
 ///   new refusal is not remembered until there is room.
 /// * A refusal from the cache has [`Decision::cached`] set; its `delay` is the time left,
@@ -57,16 +69,28 @@ pub struct CachedRefusals {
     inner: SharedStore,
     clock: Arc<dyn Clock>,
     capacity: usize,
-    /// By the keys of the request or set, joined by NUL.
-    refusals: Mutex<HashMap<String, Refusal>>,
+    /// By the keys of the request or set ([`CachedRefusals::signature`]).
+    refusals: Mutex<Held>,
+    /// How many refusals are held, read without the lock (zero: nothing to look up).
+    held: AtomicUsize,
+    /// Counts the resets through the cache: a decision that began before one does not
+    /// remember its refusal.
+    resets: AtomicU64,
     hits: AtomicU64,
+}
+
+/// The refusals, and the earliest time one of them expires (a full cache is swept only
+/// once something can go).
+#[derive(Default)]
+struct Held {
+    map: HashMap<String, Refusal>,
+    earliest: u64,
 }
 
 /// A remembered refusal.
 struct Refusal {
-    /// Each request's policy and cost, and the op.
-    parts: Vec<(Policy, u64)>,
-    op: Op,
+    /// Each request's policy, cost and op.
+    parts: Vec<(Policy, u64, Op)>,
     /// When it was refused, and until when (µs of the cache's clock).
     at: u64,
     until: u64,
@@ -93,7 +117,9 @@ impl CachedRefusals {
             inner,
             clock,
             capacity,
-            refusals: Mutex::new(HashMap::new()),
+            refusals: Mutex::new(Held::default()),
+            held: AtomicUsize::new(0),
+            resets: AtomicU64::new(0),
             hits: AtomicU64::new(0),
         }
     }
@@ -110,7 +136,7 @@ impl CachedRefusals {
 
     /// The refusals held (some may have expired).
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.held.load(Ordering::Relaxed)
     }
 
     /// True if no refusal is held.
@@ -118,19 +144,41 @@ impl CachedRefusals {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Refusal>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
         self.refusals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn signature(requests: &[Request<'_>]) -> String {
-        let mut text = String::with_capacity(requests.iter().map(|r| r.key.len() + 1).sum());
-        for (i, r) in requests.iter().enumerate() {
-            if i > 0 {
-                text.push('\0');
-            }
+    /// The keys of `requests`, each after its length (so that no two lists of keys read
+    /// alike); `None` past [`MAX_SIGNATURE`] bytes.
+    fn signature(requests: &[Request<'_>]) -> Option<String> {
+        use std::fmt::Write as _;
+        let bytes: usize = requests.iter().map(|r| r.key.len() + 8).sum();
+        if bytes > MAX_SIGNATURE {
+            return None;
+        }
+        let mut text = String::with_capacity(bytes);
+        for r in requests {
+            let _ = write!(text, "{}:", r.key.len());
             text.push_str(r.key);
         }
-        text
+        Some(text)
+    }
+
+    /// Whether `signature` (see [`CachedRefusals::signature`]) holds `key`.
+    fn holds_key(mut signature: &str, key: &str) -> bool {
+        while let Some((length, rest)) = signature.split_once(':') {
+            let Ok(length) = length.parse::<usize>() else {
+                return false;
+            };
+            let Some(k) = rest.get(..length) else {
+                return false;
+            };
+            if k == key {
+                return true;
+            }
+            signature = &rest[length..];
+        }
+        false
     }
 
     /// Whether the store's refusal of `requests` may be remembered.
@@ -144,28 +192,31 @@ impl CachedRefusals {
 
     /// The remembered refusal of `requests`, if one holds at the cache's time.
     fn lookup(&self, requests: &[Request<'_>]) -> Option<SetDecision> {
-        if self.capacity == 0 {
+        if self.capacity == 0 || requests.is_empty() || self.held.load(Ordering::Relaxed) == 0 {
             return None;
         }
+        let signature = Self::signature(requests)?;
+        let mut held = self.lock();
+        // Read under the lock: no refusal remembered before it is later than it.
         let now = self.clock.now_micros();
-        let signature = Self::signature(requests);
-        let mut refusals = self.lock();
-        let refusal = refusals.get(&signature)?;
+        let refusal = held.map.get(&signature)?;
         if refusal.until <= now {
-            refusals.remove(&signature);
+            held.map.remove(&signature);
+            self.held.store(held.map.len(), Ordering::Relaxed);
             return None;
         }
-        let same = refusal.op == requests[0].op
-            && refusal.parts.len() == requests.len()
+        let same = refusal.parts.len() == requests.len()
             && refusal
                 .parts
                 .iter()
                 .zip(requests)
-                .all(|((policy, cost), r)| *cost == r.cost && policy == r.policy);
+                .all(|((policy, cost, op), r)| {
+                    *cost == r.cost && *op == r.op && policy == r.policy
+                });
         if !same {
             return None;
         }
-        let elapsed = Duration::from_micros(now - refusal.at);
+        let elapsed = Duration::from_micros(now.saturating_sub(refusal.at));
         let left = Duration::from_micros(refusal.until - now);
         let limits: Vec<Decision> = refusal
             .decision
@@ -181,7 +232,7 @@ impl CachedRefusals {
                 d
             })
             .collect();
-        drop(refusals);
+        drop(held);
         self.hits.fetch_add(1, Ordering::Relaxed);
         let mut set = SetDecision::new(false, limits);
         set.decision.delay = left;
@@ -189,45 +240,83 @@ impl CachedRefusals {
         Some(set)
     }
 
-    /// Remembers the store's answer to `requests` if it is a refusal that may be cached;
-    /// forgets any refusal of theirs if it is an admission.
-    fn remember(&self, requests: &[Request<'_>], set: &SetDecision) {
-        if self.capacity == 0 || !Self::cacheable(requests) {
+    /// Remembers the store's answer to `requests`, asked at `asked` (the cache's time
+    /// before the call) with no reset through the cache since `generation`, if it is a
+    /// refusal that may be cached; forgets any refusal of theirs if it is an admission.
+    fn remember(&self, requests: &[Request<'_>], set: &SetDecision, asked: u64, generation: u64) {
+        if self.capacity == 0 || requests.is_empty() || !Self::cacheable(requests) {
             return;
         }
-        let signature = Self::signature(requests);
+        let Some(signature) = Self::signature(requests) else {
+            return;
+        };
         if set.allowed() {
-            if !self.is_empty() {
-                self.lock().remove(&signature);
+            if self.held.load(Ordering::Relaxed) > 0 {
+                let mut held = self.lock();
+                held.map.remove(&signature);
+                self.held.store(held.map.len(), Ordering::Relaxed);
             }
             return;
         }
-        let retry = set.decision.delay;
+        let retry = set.decision.delay.min(MAX_HOLD);
         if retry.is_zero() || set.decision.fallback.is_some() {
             return;
         }
+        // From the time the store was asked: never later than its own retry-after.
+        let until = asked.saturating_add(duration_to_micros(retry).floor() as u64);
+        let mut held = self.lock();
+        if self.resets.load(Ordering::Relaxed) != generation {
+            // A reset came through while the store decided: this refusal may predate it.
+            return;
+        }
         let now = self.clock.now_micros();
-        let until = now.saturating_add(duration_to_micros(retry).floor() as u64);
-        let mut refusals = self.lock();
-        if refusals.len() >= self.capacity && !refusals.contains_key(&signature) {
-            refusals.retain(|_, r| r.until > now);
-            if refusals.len() >= self.capacity {
+        if until <= now {
+            return;
+        }
+        if held.map.len() >= self.capacity && !held.map.contains_key(&signature) {
+            if now < held.earliest {
+                // Full of refusals none of which has expired yet.
+                return;
+            }
+            held.map.retain(|_, r| r.until > now);
+            held.earliest = held.map.values().map(|r| r.until).min().unwrap_or(u64::MAX);
+            if held.map.len() >= self.capacity {
+                self.held.store(held.map.len(), Ordering::Relaxed);
                 return;
             }
         }
-        refusals.insert(
+        held.earliest = if held.map.is_empty() {
+            until
+        } else {
+            held.earliest.min(until)
+        };
+        held.map.insert(
             signature,
             Refusal {
                 parts: requests
                     .iter()
-                    .map(|r| (r.policy.clone(), r.cost))
+                    .map(|r| (r.policy.clone(), r.cost, r.op))
                     .collect(),
-                op: requests[0].op,
-                at: now,
+                at: asked,
                 until,
                 decision: set.clone(),
             },
         );
+        self.held.store(held.map.len(), Ordering::Relaxed);
+    }
+
+    /// Forgets `key`'s refusals, and makes the decisions in flight remember none.
+    fn forget(&self, key: &str) {
+        let mut held = self.lock();
+        self.resets.fetch_add(1, Ordering::Relaxed);
+        held.map
+            .retain(|signature, _| !Self::holds_key(signature, key));
+        self.held.store(held.map.len(), Ordering::Relaxed);
+    }
+
+    /// The time and the reset generation before asking the store.
+    fn asking(&self) -> (u64, u64) {
+        (self.clock.now_micros(), self.resets.load(Ordering::Relaxed))
     }
 
     async fn decide_now(
@@ -241,22 +330,20 @@ impl CachedRefusals {
         if let Some(set) = self.lookup(&request) {
             return Ok(set.limits[0]);
         }
+        let (asked, generation) = self.asking();
         let decision = self.inner.decide(policy, key, op, cost).await?;
-        self.remember(
-            &request,
-            &SetDecision::new(decision.allowed, vec![decision]),
-        );
+        let set = SetDecision::new(decision.allowed, vec![decision]);
+        self.remember(&request, &set, asked, generation);
         Ok(decision)
     }
 
     async fn decide_all_now(&self, requests: &[Request<'_>]) -> Result<SetDecision, Error> {
-        if !requests.is_empty() {
-            if let Some(set) = self.lookup(requests) {
-                return Ok(set);
-            }
+        if let Some(set) = self.lookup(requests) {
+            return Ok(set);
         }
+        let (asked, generation) = self.asking();
         let set = self.inner.decide_all(requests).await?;
-        self.remember(requests, &set);
+        self.remember(requests, &set, asked, generation);
         Ok(set)
     }
 }
@@ -298,9 +385,14 @@ impl Store for CachedRefusals {
     }
 
     fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {
-        self.lock()
-            .retain(|signature, _| !signature.split('\0').any(|k| k == key));
-        self.inner.reset(key)
+        self.forget(key);
+        let inner = self.inner.reset(key);
+        StoreFuture::boxed(async move {
+            let reset = inner.await;
+            // Decisions that began while the reset was under way remember nothing either.
+            self.forget(key);
+            reset
+        })
     }
 
     fn ready(&self) -> StoreFuture<'_, Result<(), Error>> {
@@ -413,6 +505,47 @@ mod tests {
         block(off.decide(&p, "x", Op::Limit, 1)).unwrap();
         block(off.decide(&p, "x", Op::Limit, 1)).unwrap();
         assert!(off.is_empty());
+    }
+
+    #[test]
+    fn refusals_are_held_at_most_a_minute_and_keys_never_read_alike() {
+        let clock = ManualClock::new(0);
+        let inner: SharedStore = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+        let cached = CachedRefusals::new(inner, 10);
+        let hour: Policy = "gcra:rate=1/h".parse().unwrap();
+        block(cached.decide(&hour, "k", Op::Limit, 1)).unwrap();
+        let refused = block(cached.decide(&hour, "k", Op::Limit, 1)).unwrap();
+        assert_eq!(refused.delay, Duration::from_secs(3600));
+        assert!(
+            block(cached.decide(&hour, "k", Op::Limit, 1))
+                .unwrap()
+                .cached
+        );
+        // Past a minute the store is asked again (and refuses again).
+        clock.advance(MAX_HOLD);
+        let asked = block(cached.decide(&hour, "k", Op::Limit, 1)).unwrap();
+        assert!(!asked.cached && !asked.allowed);
+        // Two lists of keys that a separator would confuse stay apart.
+        let p: Policy = "gcra:rate=1/h".parse().unwrap();
+        let one = [
+            Request::new(&p, "a\0b", Op::Limit, 1),
+            Request::new(&p, "c", Op::Limit, 1),
+        ];
+        let two = [
+            Request::new(&p, "a", Op::Limit, 1),
+            Request::new(&p, "b\0c", Op::Limit, 1),
+        ];
+        assert_ne!(
+            CachedRefusals::signature(&one),
+            CachedRefusals::signature(&two)
+        );
+        let signature = CachedRefusals::signature(&one).unwrap();
+        assert!(CachedRefusals::holds_key(&signature, "c"));
+        assert!(CachedRefusals::holds_key(&signature, "a\0b"));
+        assert!(!CachedRefusals::holds_key(&signature, "a"));
+        // Keys too long to hold are not cached.
+        let long = "x".repeat(2000);
+        assert!(CachedRefusals::signature(&[Request::new(&p, &long, Op::Limit, 1)]).is_none());
     }
 
     #[test]

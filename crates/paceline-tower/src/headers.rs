@@ -20,7 +20,7 @@ pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/prob
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// Whole seconds, rounded up: a client that waits them is never early.
-fn seconds_up(d: Duration) -> u64 {
+pub(crate) fn seconds_up(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
 

@@ -368,12 +368,13 @@ fn forwarded(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|element| {
+        // An element without `for=` (a proxy saying only `proto=`) names nobody.
+        .filter_map(|element| {
             element.split(';').find_map(|pair| {
                 let (name, value) = pair.split_once('=')?;
                 name.trim()
                     .eq_ignore_ascii_case("for")
-                    .then(|| parse_node(value.trim().trim_matches('"')))?
+                    .then(|| parse_node(value.trim().trim_matches('"')))
             })
         })
         .collect()
@@ -386,7 +387,10 @@ fn x_forwarded_for(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .map(|entry| parse_node(entry.trim()))
+        .map(str::trim)
+        // An empty entry (a trailing comma) names nobody.
+        .filter(|entry| !entry.is_empty())
+        .map(parse_node)
         .collect()
 }
 

@@ -21,6 +21,10 @@ use tower_service::Service;
 use crate::headers::{self, Problem, PROBLEM_JSON};
 use crate::key::{Head, Key};
 
+/// In pace mode, how often a request waiting for a place in flight asks for one (a lease
+/// may come back before its expiry).
+const LEASE_POLL: Duration = Duration::from_millis(50);
+
 /// What the layer does when the store cannot decide (Redis down, under the store's
 /// `fail_closed` failure policy, or a full memory store).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -74,7 +78,8 @@ struct Shared {
 /// * **Pace mode** ([`pace`](Builder::pace)): a request the limits would refuse waits up to
 ///   `max_wait` for its turn instead. With one rate limit the wait is a reservation (first
 ///   come, first served); with several, or a concurrency limit, the request waits the
-///   longest retry-after and asks again while `max_wait` lasts.
+///   longest retry-after and asks again while `max_wait` lasts (for a place in flight,
+///   asking every 50 ms, since a lease may come back before its expiry).
 /// * **Store failures**: [`StoreFailure`].
 /// * **Refusals remembered**: on a store across the network (Redis), a key refused with a
 ///   retry-after is refused again, until then, in this process, without a Redis call
@@ -362,18 +367,31 @@ impl Shared {
             match shared.store.decide_all(&requests).await {
                 Ok(set) if set.allowed() => break set,
                 Ok(set) => {
-                    // Several limits in pace mode: wait for the longest retry-after while
-                    // the budget lasts, then ask again.
+                    // Pace mode without a reservation: wait for the longest retry-after
+                    // while the budget lasts, then ask again; a place in flight may come
+                    // back before its lease's expiry, so it is asked for every
+                    // `LEASE_POLL` meanwhile.
+                    let Some(max_wait) = shared.pace.filter(|_| !reserves) else {
+                        return Ok(shared.refusal(&set));
+                    };
+                    let budget = max_wait.saturating_sub(waited);
+                    let in_flight = set.refused().any(|i| {
+                        matches!(
+                            shared.limits.get(i).map(|l| &l.policy),
+                            Some(Policy::Concurrency(_))
+                        )
+                    });
                     let retry = set.decision.delay;
-                    match shared.pace {
-                        Some(max_wait)
-                            if !reserves && !retry.is_zero() && waited + retry <= max_wait =>
-                        {
-                            shared.store.sleep(retry).await;
-                            waited += retry;
-                        }
-                        _ => return Ok(shared.refusal(&set)),
+                    let step = if in_flight {
+                        retry.min(LEASE_POLL).min(budget)
+                    } else {
+                        retry
+                    };
+                    if step.is_zero() || step > budget {
+                        return Ok(shared.refusal(&set));
                     }
+                    shared.store.sleep(step).await;
+                    waited = waited.saturating_add(step);
                 }
                 Err(Error::Store(_)) if shared.on_failure == StoreFailure::Allow => {
                     let response = inner.call(request).await?;
@@ -437,10 +455,10 @@ impl Shared {
         if self.headers {
             self.insert_headers(response.headers_mut(), set);
         } else {
-            let seconds = delay.as_secs() + u64::from(delay.subsec_nanos() > 0);
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, seconds.max(1).into());
+            response.headers_mut().insert(
+                header::RETRY_AFTER,
+                headers::seconds_up(delay).max(1).into(),
+            );
         }
         response
     }
