@@ -593,6 +593,31 @@ pub async fn redis_store_on(
     builder.connect().await.expect("connect to the test Redis")
 }
 
+/// Raises this process's soft limit of open files to `wanted` if it is lower (as far as the
+/// hard limit allows), for tests that open many connections; answers the limit now.
+pub fn open_files_at_least(wanted: u64) -> u64 {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` and `setrlimit` read and write only the struct they are given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 1024;
+        }
+        if limit.rlim_cur < wanted {
+            let raised = libc::rlimit {
+                rlim_cur: wanted.min(limit.rlim_max),
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                limit.rlim_cur = raised.rlim_cur;
+            }
+        }
+    }
+    limit.rlim_cur
+}
+
 /// A current-thread tokio runtime with I/O and time, for tests that drive async stores from
 /// a synchronous runner (proptest's).
 pub fn runtime() -> tokio::runtime::Runtime {
