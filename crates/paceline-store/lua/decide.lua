@@ -7,19 +7,11 @@
 --
 -- A key holds the record `PL.pack` writes (see the prelude). As in the memory store, a
 -- record another algorithm wrote is idle to this one, and a record is idle once it expired.
-local now, _, slack = PL.clock(ARGV[1])
-
--- Read and check every policy and decision before touching any key, so a malformed call
--- changes nothing.
-local keys, listed, runs = PL.read_batch(KEYS, ARGV)
-if not keys then
-  return redis.error_reply(listed)
-end
--- Later decisions on a key see the earlier ones' writes.
-local records, refused = PL.read_records(keys, listed)
-if not records then
+local refused, now, slack, keys, runs, records = PL.open_batch(KEYS, ARGV)
+if refused then
   return refused
 end
+-- Later decisions on a key see the earlier ones' writes (in `records`).
 
 local out = {}
 local i = 0

@@ -7,14 +7,8 @@
 --
 -- Returns 1 (admitted and saved) or 0 (refused, nothing changed), then five values per
 -- limit as `decide.lua` returns them: allowed, delay, remaining, reset_after, lease.
-local now, _, slack = PL.clock(ARGV[1])
-
-local keys, listed, runs = PL.read_batch(KEYS, ARGV)
-if not keys then
-  return redis.error_reply(listed)
-end
-local records, refused = PL.read_records(keys, listed)
-if not records then
+local refused, now, slack, keys, runs, records = PL.open_batch(KEYS, ARGV)
+if refused then
   return refused
 end
 

@@ -351,6 +351,24 @@ function PL.read_batch(KEYS, ARGV)
   return keys, listed > 0, runs
 end
 
+-- The start of the batch entry points (`decide.lua`, `decide_all.lua`): the call's time
+-- and time-to-live slack (`PL.clock`, called first), the batch read and checked whole
+-- (`PL.read_batch`) and every key's record (`PL.read_records`), before any key is touched,
+-- so that a malformed call changes nothing. Returns nil, now, slack, keys, runs, records;
+-- or the error reply to return.
+function PL.open_batch(KEYS, ARGV)
+  local now, _, slack = PL.clock(ARGV[1])
+  local keys, listed, runs = PL.read_batch(KEYS, ARGV)
+  if not keys then
+    return redis.error_reply(listed)
+  end
+  local records, refused = PL.read_records(keys, listed)
+  if not records then
+    return refused
+  end
+  return nil, now, slack, keys, runs, records
+end
+
 -- Every key's record (false: none), read before anything is written: a key this node does
 -- not serve fails the call here, with nothing changed. One MGET when the keys were declared
 -- (they share a slot, or the server is not a cluster); one GET each when listed, since they
