@@ -34,7 +34,7 @@
 //! | limits shared through Redis / Redis Cluster | `cargo add paceline -F redis` |
 //! | a rate-limited job queue (groups, leases, retries) | `cargo add paceline -F queue` |
 //! | a client of an API whose limits come in response headers (Discord, GitHub, IETF `RateLimit`) | `cargo add paceline -F client` (`-F client,redis` to share them between processes) |
-//! | limits on the requests a server (axum, hyper, tonic) takes | `cargo add paceline -F tower` |
+//! | limits on the requests a server (axum, or any tower service of `http` requests) takes | `cargo add paceline -F tower` |
 //!
 //! ## Any store, from a URL
 //!
