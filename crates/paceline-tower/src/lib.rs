@@ -1,10 +1,9 @@
 //! # paceline-tower: protecting a service
 //!
 //! A tower [`RateLimitLayer`] for servers (axum, or any tower service of `http` requests,
-//! such as hyper's): every request is decided
-//! against a set of limits, such as per second *and* per day *and* in flight per API key,
-//! whose state lives in any paceline store, in this process or in Redis shared by every
-//! instance. Refusals are `429` with `Retry-After`, the IETF `RateLimit` / `RateLimit-Policy`
+//! such as hyper's): every request is decided against a set of limits, such as per second
+//! *and* per day *and* in flight per API key, whose state lives in any paceline store, in
+//! this process or in Redis shared by every instance. Refusals are `429` with `Retry-After`, the IETF `RateLimit` / `RateLimit-Policy`
 //! headers and an RFC 9457 problem details body.
 //!
 //! ```
