@@ -167,7 +167,7 @@ impl Resilience {
             FailurePolicy::Local => match &self.local {
                 Some(local) => local
                     .decide_sync(r.policy, r.key, r.op, r.cost)
-                    .map(|d| d.with_fallback(Fallback::Local)),
+                    .map(|d| local_lease(d.with_fallback(Fallback::Local))),
                 None => Err(error.into()),
             },
         }
@@ -192,7 +192,7 @@ impl Resilience {
                     let limits = set
                         .limits
                         .into_iter()
-                        .map(|d| d.with_fallback(Fallback::Local))
+                        .map(|d| local_lease(d.with_fallback(Fallback::Local)))
                         .collect();
                     Ok(SetDecision::new(set.decision.allowed, limits))
                 }
@@ -200,6 +200,17 @@ impl Resilience {
             },
         }
     }
+}
+
+/// Marks the lease ids of the in-process stand-in: Redis's ids stay below 2^54 (times in
+/// µs), so the bit tells a stand-in's lease from a Redis one's, and each release or
+/// extension goes to the store that holds the lease.
+pub(crate) const LOCAL_LEASE: u64 = 1 << 62;
+
+/// A stand-in's decision, its lease id marked [`LOCAL_LEASE`].
+fn local_lease(mut d: Decision) -> Decision {
+    d.lease = d.lease.map(|id| id | LOCAL_LEASE);
+    d
 }
 
 /// `fail_open`'s answer to `r`: admitted at once, as if its key were idle.

@@ -13,7 +13,7 @@ use paceline_core::{
 };
 
 use super::batch::{self, Job, Queue};
-use super::resilience::Resilience;
+use super::resilience::{Resilience, LOCAL_LEASE};
 use super::routing::{collect, Router};
 use super::transport::{Connection, Target, Transport};
 use crate::set::check_set;
@@ -328,29 +328,27 @@ impl RedisStore {
     }
 
     /// Gives back lease `lease` of `key` under `policy` (see [`Store::release`]): one call
-    /// of the Lua library. Under the `local` failure policy the in-process stand-in, which
-    /// took the leases handed out while Redis was down, gives it back too. A failed Redis
-    /// is an error (unless the stand-in held the lease).
+    /// of the Lua library; or, for a lease the `local` failure policy's in-process stand-in
+    /// took while Redis was down (its id marked), the stand-in gives it back. A failed
+    /// Redis is an error.
     pub async fn release(&self, policy: &Policy, key: &str, lease: u64) -> Result<bool, Error> {
         policy.concurrency()?;
-        let local = match self.inner.resilience.local() {
-            Some(local) => local.release_sync(policy, key, lease)?,
-            None => false,
-        };
+        if lease & LOCAL_LEASE != 0 {
+            return match self.inner.resilience.local() {
+                Some(local) => local.release_sync(policy, key, lease & !LOCAL_LEASE),
+                None => Ok(false),
+            };
+        }
         let now = self.now()?;
-        match self
+        let reply = self
             .transport()
             .call_lease(policy, key, lease, false, now)
-            .await
-        {
-            Ok(reply) => Ok(reply == 1 || local),
-            Err(_) if local => Ok(true),
-            Err(e) => Err(e.into()),
-        }
+            .await?;
+        Ok(reply == 1)
     }
 
-    /// Renews lease `lease` of `key` under `policy` (see [`Store::extend`]), in Redis and,
-    /// under the `local` failure policy, in the in-process stand-in.
+    /// Renews lease `lease` of `key` under `policy` (see [`Store::extend`]), in Redis, or in
+    /// the in-process stand-in that took it.
     pub async fn extend(
         &self,
         policy: &Policy,
@@ -358,20 +356,18 @@ impl RedisStore {
         lease: u64,
     ) -> Result<Option<Duration>, Error> {
         let duration = policy.concurrency()?.lease();
-        let local = match self.inner.resilience.local() {
-            Some(local) => local.extend_sync(policy, key, lease)?.is_some(),
-            None => false,
-        };
+        if lease & LOCAL_LEASE != 0 {
+            return match self.inner.resilience.local() {
+                Some(local) => local.extend_sync(policy, key, lease & !LOCAL_LEASE),
+                None => Ok(None),
+            };
+        }
         let now = self.now()?;
-        match self
+        let reply = self
             .transport()
             .call_lease(policy, key, lease, true, now)
-            .await
-        {
-            Ok(reply) => Ok((reply >= 0 || local).then_some(duration)),
-            Err(_) if local => Ok(Some(duration)),
-            Err(e) => Err(e.into()),
-        }
+            .await?;
+        Ok((reply >= 0).then_some(duration))
     }
 
     /// Deletes the key. A store failure is returned whatever the failure policy (with
