@@ -21,7 +21,6 @@ use paceline_store::{redis::RedisStore, FailurePolicy, Request};
 use paceline_store::{Decision, Error, ManualClock, MemoryStore, Op, Policy, Store};
 use paceline_testkit::{shared_cluster, shared_server};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 
 /// 2023-11-14 in microseconds since the Unix epoch: realistic float magnitudes.
 const EPOCH_2023: u64 = 1_700_000_000_000_000;
@@ -446,15 +445,7 @@ fn same(a: &Result<Decision, Error>, b: &Result<Decision, Error>) -> Result<(), 
 fn differential(strategy: impl Strategy<Value = Case>) {
     let runtime = paceline_testkit::runtime();
     let stores = runtime.block_on(Stores::new());
-    let mut runner = TestRunner::new(Config {
-        cases: paceline_testkit::proptest_cases(96),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&strategy, |case| runtime.block_on(stores.run(&case)));
-    if let Err(e) = result {
-        panic!("{e}");
-    }
+    paceline_testkit::check_cases(96, &strategy, |case| runtime.block_on(stores.run(&case)));
 }
 
 #[test]

@@ -16,7 +16,6 @@ use std::time::Duration;
 use paceline_store::{Decision, Error, ManualClock, MemoryStore, Op, Policy, Store};
 use paceline_testkit::{shared_cluster, shared_server};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 
 const EPOCH_2023: u64 = 1_700_000_000_000_000;
 
@@ -173,23 +172,15 @@ fn next_case_id() -> u64 {
     CASE.fetch_add(1, Ordering::Relaxed)
 }
 
-use paceline_testkit::{proptest_cases, runtime};
+use paceline_testkit::{check_cases, runtime};
 
 #[test]
 fn every_store_takes_releases_and_extends_leases_alike() {
     let runtime = runtime();
     let stores = runtime.block_on(Stores::new());
-    let mut runner = TestRunner::new(Config {
-        cases: proptest_cases(96),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    let result = runner.run(&case(), |(spec, steps)| {
+    check_cases(96, &case(), |(spec, steps)| {
         runtime.block_on(stores.run(&spec, &steps))
     });
-    if let Err(e) = result {
-        panic!("{e}");
-    }
 }
 
 #[test]

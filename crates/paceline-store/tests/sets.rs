@@ -20,7 +20,6 @@ use paceline_store::{redis::RedisStore, FailurePolicy, Request, SetDecision, MAX
 use paceline_store::{Error, ManualClock, MemoryStore, Op, Policy, Store};
 use paceline_testkit::{shared_cluster, shared_server};
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestRunner};
 
 /// 2023-11-14 in microseconds since the Unix epoch.
 const EPOCH_2023: u64 = 1_700_000_000_000_000;
@@ -266,20 +265,13 @@ fn same(a: &Result<SetDecision, Error>, b: &Result<SetDecision, Error>) -> Resul
     }
 }
 
-use paceline_testkit::{proptest_cases, runtime};
+use paceline_testkit::{check_cases, runtime};
 
 #[test]
 fn every_store_decides_sets_alike_and_a_refused_set_changes_nothing() {
     let runtime = runtime();
     let stores = runtime.block_on(Stores::new());
-    let mut runner = TestRunner::new(Config {
-        cases: proptest_cases(96),
-        failure_persistence: None,
-        ..Config::default()
-    });
-    if let Err(e) = runner.run(&case(), |case| runtime.block_on(stores.run(&case))) {
-        panic!("{e}");
-    }
+    check_cases(96, &case(), |case| runtime.block_on(stores.run(&case)));
 }
 
 #[test]

@@ -627,12 +627,26 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("a tokio runtime")
 }
 
-/// How many cases a property test runs: `PROPTEST_CASES` if set, else `default`.
-pub fn proptest_cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
+/// Runs property `test` over `strategy`'s cases (`PROPTEST_CASES` of them if set, else
+/// `default`), without persisting failures; panics with proptest's report (the minimal
+/// failing case) at the first failure.
+pub fn check_cases<S: proptest::strategy::Strategy>(
+    default: u32,
+    strategy: &S,
+    test: impl Fn(S::Value) -> Result<(), proptest::test_runner::TestCaseError>,
+) {
+    let cases = std::env::var("PROPTEST_CASES")
         .ok()
         .and_then(|n| n.parse().ok())
-        .unwrap_or(default)
+        .unwrap_or(default);
+    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    });
+    if let Err(e) = runner.run(strategy, test) {
+        panic!("{e}");
+    }
 }
 
 /// The items of a `RateLimit` or `RateLimit-Policy` field of `headers`, parsed as an RFC
