@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 use paceline_store::{open, Clock, FailurePolicy, ManualClock, Policy, StoreOptions, SystemClock};
 use std::sync::Arc;
 
+mod plot;
 mod proxy;
 mod queue_admin;
 mod serve;
@@ -108,6 +109,17 @@ enum Command {
         /// Write the decisions to FILE instead of standard output.
         #[arg(long, value_name = "FILE")]
         output: Option<PathBuf>,
+        /// Also draw what the policy did to FILE (`.svg` or `.png`): per key, each request
+        /// (admitted at once, after a delay from arrival to slot, rejected), the admitted
+        /// cost against the policy's allowance, and the delays' distribution.
+        #[arg(long, value_name = "FILE", conflicts_with = "queue")]
+        plot: Option<PathBuf>,
+        /// Run the same traffic through SPEC too (repeat for more, up to 7), and print a
+        /// table (admitted, rejected, delay p50/p99/max, longest burst) instead of the
+        /// decisions; with --plot, the policies are drawn side by side. Lines that name a
+        /// policy of their own keep it.
+        #[arg(long, value_name = "SPEC", conflicts_with = "queue")]
+        compare: Vec<String>,
         /// Where keys' state lives: `memory`, `redis://HOST:PORT[/DB]` (or `rediss://` for
         /// TLS) or `redis-cluster://HOST:PORT[,HOST:PORT...]`. Every store reads the same
         /// virtual clock and gives the same output; on Redis the run uses keys of its own
@@ -199,6 +211,8 @@ fn main() -> ExitCode {
             lease,
             input,
             output,
+            plot,
+            compare,
             store,
         } => match (policy, queue) {
             (_, Some(spec)) => {
@@ -209,7 +223,14 @@ fn main() -> ExitCode {
                 };
                 run_simulate_queue(&spec, &options, input, output, &store)
             }
-            (Some(policy), None) => run_simulate(&policy, input, output, &store),
+            (Some(policy), None) => {
+                let files = Files {
+                    input,
+                    output,
+                    plot,
+                };
+                run_simulate(&policy, &compare, &files, &store)
+            }
             (None, None) => {
                 eprintln!("error: give --policy SPEC, or --queue SPEC for a queue script");
                 ExitCode::from(2)
@@ -224,7 +245,11 @@ const EXIT_STORE_FAILED: u8 = 3;
 
 /// Runs the script on the store named by `--store`; on failure the message is printed and
 /// the exit code returned.
-async fn simulate_on(store: &str, policy: Policy, script: &str) -> Result<String, ExitCode> {
+async fn simulate_on(
+    store: &str,
+    policy: Policy,
+    script: &str,
+) -> Result<Vec<simulate::Outcome>, ExitCode> {
     let clock = ManualClock::new(0);
     // A prefix of this run's own (Redis), so runs never see each other's keys.
     let run_id = format!(
@@ -258,20 +283,43 @@ async fn simulate_on(store: &str, policy: Policy, script: &str) -> Result<String
         })
 }
 
-fn run_simulate(
-    policy: &str,
+/// The most `--compare` policies one run takes (with `--policy`, the rows a plot holds).
+const MAX_COMPARE: usize = plot::MAX_ROWS - 1;
+
+/// The files of `paceline simulate`.
+struct Files {
     input: Option<PathBuf>,
     output: Option<PathBuf>,
-    store: &str,
-) -> ExitCode {
-    let policy: Policy = match policy.parse() {
-        Ok(p) => p,
+    plot: Option<PathBuf>,
+}
+
+fn run_simulate(policy: &str, compare: &[String], files: &Files, store: &str) -> ExitCode {
+    // Each policy with its label: the spec as the user wrote it.
+    let mut policies: Vec<(String, Policy)> = Vec::with_capacity(1 + compare.len());
+    match policy.parse() {
+        Ok(p) => policies.push((policy.trim().to_string(), p)),
         Err(e) => {
             eprintln!("error: --policy: {e}");
             return ExitCode::from(2);
         }
-    };
-    let script = match read_script(input.as_ref()) {
+    }
+    if compare.len() > MAX_COMPARE {
+        eprintln!(
+            "error: --compare: {} policies given; compare at most {MAX_COMPARE} with --policy",
+            compare.len()
+        );
+        return ExitCode::from(2);
+    }
+    for spec in compare {
+        match spec.parse() {
+            Ok(p) => policies.push((spec.trim().to_string(), p)),
+            Err(e) => {
+                eprintln!("error: --compare `{spec}`: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let script = match read_script(files.input.as_ref()) {
         Ok(script) => script,
         Err(code) => return code,
     };
@@ -279,10 +327,42 @@ fn run_simulate(
         Ok(runtime) => runtime,
         Err(code) => return code,
     };
-    match runtime.block_on(simulate_on(store, policy, &script)) {
-        Ok(out) => write_output(output.as_ref(), &out),
-        Err(code) => code,
+    let mut runs = Vec::with_capacity(policies.len());
+    for (label, policy) in policies {
+        match runtime.block_on(simulate_on(store, policy, &script)) {
+            Ok(outcomes) => runs.push((label, outcomes)),
+            Err(code) => return code,
+        }
     }
+    if let Some(path) = &files.plot {
+        let drawn: Vec<plot::Run<'_>> = runs
+            .iter()
+            .map(|(label, outcomes)| plot::Run {
+                label: label.clone(),
+                outcomes,
+            })
+            .collect();
+        if let Err(e) = plot::draw(path, &drawn) {
+            eprintln!("error: --plot: {e}");
+            return ExitCode::from(1);
+        }
+    }
+    let text = if compare.is_empty() {
+        match simulate::to_json_lines(&runs[0].1) {
+            Ok(text) => text,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        let summaries: Vec<(String, plot::Summary)> = runs
+            .iter()
+            .map(|(label, outcomes)| (label.clone(), plot::summarize(outcomes)))
+            .collect();
+        plot::table(&summaries)
+    };
+    write_output(files.output.as_ref(), &text)
 }
 
 /// A single-threaded async runtime for a command; on failure the message is printed and

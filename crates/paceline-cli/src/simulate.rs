@@ -48,8 +48,9 @@ impl fmt::Display for ScriptError {
 
 impl std::error::Error for ScriptError {}
 
+/// A request's op in a script.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum SimOp {
+pub enum SimOp {
     Pace,
     Limit,
     Acquire,
@@ -58,7 +59,8 @@ enum SimOp {
 }
 
 impl SimOp {
-    fn name(self) -> &'static str {
+    /// The op's name in scripts and output.
+    pub fn name(self) -> &'static str {
         match self {
             SimOp::Pace => "pace",
             SimOp::Limit => "limit",
@@ -67,6 +69,23 @@ impl SimOp {
             SimOp::Reset => "reset",
         }
     }
+}
+
+/// What one request line of a script did: the input of the output line, the plots and
+/// `--compare`'s table.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// The script's line number (from 1).
+    pub line: usize,
+    /// The virtual time of the request, in µs since the epoch (0 = the script's start).
+    pub t_us: u64,
+    pub key: String,
+    pub op: SimOp,
+    pub cost: u64,
+    /// The policy that decided it (the line's own, or the run's default).
+    pub policy: Arc<Policy>,
+    /// `None` for `reset`.
+    pub decision: Option<Decision>,
 }
 
 /// One line of output.
@@ -157,19 +176,23 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
             message: e.to_string(),
             kind: Failure::Input,
         })?;
-    runtime.block_on(run_on(default_policy, script, store, &clock))
+    let outcomes = runtime.block_on(run_on(default_policy, script, store, &clock))?;
+    to_json_lines(&outcomes)
 }
 
 /// Runs `script` through `default_policy` on `store`, whose clock must be `clock` (starting
-/// at 0), returning the output (one JSON object per line). The keys the script touched are
-/// reset at the end, so a shared store keeps nothing of the run.
+/// at 0), returning what each request line did. The keys the script touched are reset at
+/// the end, so a shared store keeps nothing of the run.
 pub async fn run_on(
     default_policy: Policy,
     script: &str,
     store: SharedStore,
     clock: &ManualClock,
-) -> Result<String, ScriptError> {
-    let default = Limiter::with_store(default_policy, Arc::clone(&store));
+) -> Result<Vec<Outcome>, ScriptError> {
+    let default = (
+        Arc::new(default_policy.clone()),
+        Limiter::with_store(default_policy, Arc::clone(&store)),
+    );
     let mut touched = BTreeSet::new();
     let result = replay(&default, script, &store, clock, &mut touched).await;
     for key in &touched {
@@ -179,15 +202,41 @@ pub async fn run_on(
     result
 }
 
+/// The output: one JSON object per outcome, one per line.
+pub fn to_json_lines(outcomes: &[Outcome]) -> Result<String, ScriptError> {
+    let mut out = String::new();
+    for outcome in outcomes {
+        let record = Record {
+            line: outcome.line,
+            t_ms: micros_ms(outcome.t_us),
+            key: &outcome.key,
+            op: outcome.op.name(),
+            decision: outcome.decision.as_ref().map(DecisionRecord::from),
+        };
+        let json = serde_json::to_string(&record).map_err(|e| ScriptError {
+            line: outcome.line,
+            field: "output".into(),
+            message: format!("cannot encode the decision: {e}"),
+            kind: Failure::Input,
+        })?;
+        out.push_str(&json);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+/// A policy and its limiter on the run's store.
+type Limited = (Arc<Policy>, Limiter<dyn Store>);
+
 async fn replay(
-    default: &Limiter<dyn Store>,
+    default: &Limited,
     script: &str,
     store: &SharedStore,
     clock: &ManualClock,
     touched: &mut BTreeSet<String>,
-) -> Result<String, ScriptError> {
-    let mut limiters: HashMap<String, Limiter<dyn Store>> = HashMap::new();
-    let mut out = String::new();
+) -> Result<Vec<Outcome>, ScriptError> {
+    let mut limiters: HashMap<String, Limited> = HashMap::new();
+    let mut out = Vec::new();
     for (index, text) in script.lines().enumerate() {
         let number = index + 1;
         let trimmed = text.trim();
@@ -208,19 +257,20 @@ async fn replay(
             continue;
         }
         let req = parse_request(&map).map_err(|(field, message)| fail(&field, message))?;
-        let limiter = match &req.policy {
+        let (policy, limiter) = match &req.policy {
             None => default,
             Some(spec) => {
                 if !limiters.contains_key(spec) {
                     let policy: Policy = spec
                         .parse()
                         .map_err(|e: paceline_store::InputError| fail("policy", e.to_string()))?;
-                    limiters.insert(spec.clone(), Limiter::with_store(policy, Arc::clone(store)));
+                    let limiter = Limiter::with_store(policy.clone(), Arc::clone(store));
+                    limiters.insert(spec.clone(), (Arc::new(policy), limiter));
                 }
                 &limiters[spec]
             }
         };
-        let t_ms = micros_ms(clock.now_micros());
+        let t_us = clock.now_micros();
         let key = req.key.as_str();
         if !touched.contains(key) {
             touched.insert(key.to_string());
@@ -249,17 +299,15 @@ async fn replay(
                     .map_err(|message| fail("op", format!("acquire {message}")))?;
             }
         }
-        let record = Record {
+        out.push(Outcome {
             line: number,
-            t_ms,
-            key,
-            op: req.op.name(),
-            decision: decision.as_ref().map(DecisionRecord::from),
-        };
-        let json = serde_json::to_string(&record)
-            .map_err(|e| fail("output", format!("cannot encode the decision: {e}")))?;
-        out.push_str(&json);
-        out.push('\n');
+            t_us,
+            key: req.key,
+            op: req.op,
+            cost: req.cost,
+            policy: Arc::clone(policy),
+            decision,
+        });
     }
     Ok(out)
 }

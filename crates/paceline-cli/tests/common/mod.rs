@@ -1,6 +1,8 @@
-//! Helpers of the tests that run `paceline serve`: the real binary on a free port, spoken
-//! to over HTTP/1.1.
+//! Helpers of the integration tests: `paceline serve` on a free port, spoken to over
+//! HTTP/1.1, and the golden scripts ([`golden`]).
 #![allow(dead_code)]
+
+pub mod golden;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
