@@ -460,6 +460,13 @@ impl Client {
         let s = self.inner().lock();
         (s.core.waiting(), s.core.in_flight())
     }
+
+    /// What the client knows of each bucket now; `None` when the knowledge lives in Redis
+    /// (shared by every process of the identity: see [`Client::open`]).
+    pub fn buckets(&self) -> Option<Vec<crate::knowledge::BucketView>> {
+        let now = self.now_micros();
+        self.inner().lock().core.buckets(now)
+    }
 }
 
 impl Shared {

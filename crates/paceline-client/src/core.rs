@@ -86,8 +86,8 @@ use paceline_core::Policy;
 
 use crate::headers::Observation;
 use crate::knowledge::{
-    micros, own_bucket, refusal_wait, Admission, Admitted, Answered, Ask, BucketKey, Knowledge,
-    Report, Wait, MAX_ROUTES,
+    micros, own_bucket, refusal_wait, Admission, Admitted, Answered, Ask, BucketKey, BucketView,
+    Knowledge, Report, Wait, MAX_ROUTES,
 };
 use crate::route::Route;
 
@@ -434,6 +434,12 @@ impl ClientCore {
     /// Whether the knowledge lives elsewhere.
     pub fn is_shared(&self) -> bool {
         self.local.is_none()
+    }
+
+    /// What this core's knowledge holds of each bucket at `now` (µs); `None` when the
+    /// knowledge lives elsewhere (in Redis).
+    pub fn buckets(&self, now: u64) -> Option<Vec<BucketView>> {
+        self.local.as_ref().map(|k| k.buckets(now))
     }
 
     /// The queue a request for `route` waits in: its learned bucket, or its own.

@@ -912,4 +912,63 @@ impl Knowledge {
     pub fn buckets_held(&self) -> usize {
         self.buckets.len()
     }
+
+    /// What is known of each bucket at `now` (µs), for a look (a dashboard, a log): the
+    /// buckets whose limit came in headers, and those still unknown or unlimited, sorted by
+    /// bucket then major parameter.
+    pub fn buckets(&self, now: u64) -> Vec<BucketView> {
+        let mut views: Vec<BucketView> = self
+            .buckets
+            .iter()
+            .map(|((bucket, major), b)| {
+                let (limit, remaining, reset_in_us) = match b.known.at(now) {
+                    Known::Limited {
+                        limit,
+                        remaining,
+                        reset_at,
+                        ..
+                    } => (
+                        Some(limit),
+                        Some(remaining),
+                        Some(reset_at.saturating_sub(now)),
+                    ),
+                    Known::Unknown | Known::Unlimited => (None, None, None),
+                };
+                BucketView {
+                    bucket: bucket.to_string(),
+                    major: major.to_string(),
+                    known: matches!(b.known, Known::Limited { .. } | Known::Unlimited),
+                    limit,
+                    remaining,
+                    reset_in_us,
+                    paused_for_us: b.paused_until.saturating_sub(now),
+                    in_flight: b.flying.len(),
+                }
+            })
+            .collect();
+        views.sort_by(|a, b| (&a.bucket, &a.major).cmp(&(&b.bucket, &b.major)));
+        views
+    }
+}
+
+/// One bucket as [`Knowledge::buckets`] shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BucketView {
+    /// The bucket's id as the API named it (or, before it did, the route's own key).
+    pub bucket: String,
+    /// The major parameter (a Discord channel or server; empty when there is none).
+    pub major: String,
+    /// False while no response has told anything of it (one request at a time goes).
+    pub known: bool,
+    /// The requests its window allows (`None`: no limit learned).
+    pub limit: Option<u64>,
+    /// The requests that may still go in its window.
+    pub remaining: Option<u64>,
+    /// Time until its window resets, in µs.
+    pub reset_in_us: Option<u64>,
+    /// Time it stays paused by a refusal, in µs (0: not paused).
+    pub paused_for_us: u64,
+    /// Its requests in flight.
+    pub in_flight: usize,
 }

@@ -56,7 +56,7 @@ pub use crate::core::{
     Asks, ClientConfig, ClientCore, ClientError, Completion, Event, Poll, RequestId,
     SHARED_REPOLL_US,
 };
-pub use crate::knowledge::MAX_ROUTES;
+pub use crate::knowledge::{BucketView, MAX_ROUTES};
 pub use crate::route::Route;
 /// The `http` crate whose `HeaderMap` the client reads, re-exported so callers use the same
 /// version.

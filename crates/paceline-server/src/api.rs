@@ -45,6 +45,13 @@ pub(crate) struct Configured {
     metrics: PolicyMetrics,
 }
 
+impl Configured {
+    /// The policy.
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
 /// What a reload can change: the policies and the access rules.
 pub(crate) struct Live {
     pub(crate) policies: BTreeMap<String, Configured>,
@@ -142,6 +149,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .merge(v1)
         .merge(crate::queues::routes())
         .merge(crate::leases::routes())
+        .merge(crate::dashboard::routes())
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -374,14 +382,17 @@ pub(crate) struct Ask<'a> {
 }
 
 impl Ask<'_> {
+    /// The key as the request gave it.
+    fn key(&self) -> &str {
+        self.store_key
+            .get(self.namespace_len + 1..)
+            .unwrap_or_default()
+    }
+
     /// The token of lease `id` this request's decision took (see [`crate::leases`]).
     fn lease_token(&self, id: u64) -> String {
         let namespace = self.store_key.get(..self.namespace_len).unwrap_or_default();
-        let key = self
-            .store_key
-            .get(self.namespace_len + 1..)
-            .unwrap_or_default();
-        crate::leases::token(namespace, key, id)
+        crate::leases::token(namespace, self.key(), id)
     }
 }
 
@@ -762,6 +773,7 @@ pub(crate) fn store_failure(e: Error) -> ApiError {
 pub(crate) fn settle(
     state: &AppState,
     metrics: &PolicyMetrics,
+    key: &str,
     outcome: Result<Decision, Error>,
 ) -> Result<Decision, ApiError> {
     match outcome {
@@ -769,7 +781,7 @@ pub(crate) fn settle(
             if decision.fallback.is_some() {
                 state.metrics.store_errors.inc();
             }
-            metrics.decided(&decision);
+            metrics.decided(&decision, key);
             Ok(decision)
         }
         // Bad input (a cost the policy can never admit) is the request's fault, not a
@@ -830,7 +842,7 @@ async fn decision(
         .decide(&ask.policy, &ask.store_key, ask.op, ask.cost)
         .await;
     state.metrics.observe_store(started.elapsed());
-    match settle(&state, ask.metrics, outcome) {
+    match settle(&state, ask.metrics, ask.key(), outcome) {
         Ok(d) => {
             // Serialising a struct of numbers and strings into a Vec cannot fail.
             let mut body = DecisionBody::new(ask.name, &d, None);
@@ -876,7 +888,7 @@ async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
         // A limit that would have admitted a refused set did not admit anything.
         let mut counted = *d;
         counted.allowed &= decided.allowed();
-        part.metrics.decided(&counted);
+        part.metrics.decided(&counted, &part.key);
     }
     let combined = &decided.decision;
     let body = SetBody {
@@ -963,7 +975,7 @@ async fn batch(
             let outcome = outcomes.next().unwrap_or_else(|| {
                 Err(paceline_store::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
             });
-            settle(&state, ask.metrics, outcome)
+            settle(&state, ask.metrics, ask.key(), outcome)
                 .map(|d| (ask.name, d, d.lease.map(|id| ask.lease_token(id))))
         })
         .collect();

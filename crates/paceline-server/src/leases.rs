@@ -200,7 +200,7 @@ async fn take_lease(state: &AppState, live: &Live, body: Body) -> Result<Respons
         .store
         .decide(&resolved.policy, &resolved.store_key, Op::Limit, cost)
         .await;
-    let d = settle(state, resolved.metrics, outcome)?;
+    let d = settle(state, resolved.metrics, key, outcome)?;
     let namespace = &resolved.store_key[..resolved.store_key.len() - key.len() - 1];
     let mut response = if d.allowed {
         let body = LeaseBody {

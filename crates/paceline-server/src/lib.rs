@@ -16,6 +16,7 @@
 //! | `POST /v1/reload` | re-read the config file (also on SIGHUP) |
 //! | `/v1/queues/{queue}/...` | the job queues of the config file: enqueue, lease, ack, fail, extend, stats, dead jobs |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness, store reachability, Prometheus |
+//! | `GET /dashboard`, `GET /v1/dashboard` | a live dashboard in the browser, and the JSON it polls |
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,11 +33,13 @@
 mod api;
 pub mod config;
 mod conn;
+mod dashboard;
 mod leases;
 mod metrics;
 pub mod proxy;
 pub mod queues;
 mod request;
+mod top_keys;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,5 +1,5 @@
 //! Prometheus metrics: decisions by policy and outcome, the delays handed out, the store's
-//! latency and errors.
+//! latency and errors; and what the dashboard reads of them.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,6 +14,8 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::Registry;
 
 use paceline_store::Decision;
+
+use crate::top_keys::RefusedKeys;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DecisionLabels {
@@ -65,6 +67,8 @@ struct HistogramCells {
     counts: Box<[AtomicU64]>,
     /// The sum of the values, as `f64` bits.
     sum: AtomicU64,
+    /// The largest value, as `f64` bits (for values >= 0 the bits order as the values do).
+    max: AtomicU64,
 }
 
 impl Histogram {
@@ -76,6 +80,7 @@ impl Histogram {
             bounds,
             counts,
             sum: AtomicU64::new(0f64.to_bits()),
+            max: AtomicU64::new(0f64.to_bits()),
         }))
     }
 
@@ -91,6 +96,9 @@ impl Histogram {
         cells.counts[bucket].fetch_add(1, Ordering::Relaxed);
         // Adding zero leaves the sum (+0.0 at the start, never -0.0) as it is: most admitted
         // decisions have no delay, and skip the update of a cell every thread shares.
+        if value > 0.0 {
+            cells.max.fetch_max(value.to_bits(), Ordering::Relaxed);
+        }
         if !value.is_nan() && value != 0.0 {
             // The closure always answers, so the update cannot fail.
             let _ = cells
@@ -125,10 +133,84 @@ impl EncodeMetric for Histogram {
     }
 }
 
+/// What a [`Histogram`] holds at one moment.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Snapshot {
+    /// Upper bounds, ascending, the last one infinite.
+    pub(crate) bounds: Vec<f64>,
+    /// Observations per bucket (not cumulative).
+    pub(crate) counts: Vec<u64>,
+    /// The largest value observed (0 without any above 0).
+    pub(crate) max: f64,
+}
+
+impl Histogram {
+    /// The buckets and the largest value, read one by one.
+    pub(crate) fn snapshot(&self) -> Snapshot {
+        let cells = &*self.0;
+        Snapshot {
+            bounds: cells.bounds.to_vec(),
+            counts: cells
+                .counts
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            max: f64::from_bits(cells.max.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+impl Snapshot {
+    /// The `q` quantile (0 to 1), as Prometheus's `histogram_quantile` estimates it: linearly
+    /// inside the bucket that holds it, from the previous bound (0 below the first), and
+    /// never above the largest value observed (so a wide bucket cannot report more than was
+    /// ever seen). `None` without observations.
+    pub(crate) fn quantile(&self, q: f64) -> Option<f64> {
+        let total: u64 = self.counts.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let mut below = 0u64;
+        let mut estimate = self.max;
+        for (i, (&bound, &count)) in self.bounds.iter().zip(&self.counts).enumerate() {
+            if count > 0 && (below + count) as f64 >= rank {
+                let lower = if i == 0 { 0.0 } else { self.bounds[i - 1] };
+                estimate = if bound.is_infinite() {
+                    self.max.max(lower)
+                } else {
+                    let within = ((rank - below as f64) / count as f64).clamp(0.0, 1.0);
+                    lower + (bound - lower) * within
+                };
+                break;
+            }
+            below += count;
+        }
+        Some(estimate.min(self.max))
+    }
+}
+
+/// One policy's counts as the dashboard shows them.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PolicyCounts {
+    pub(crate) allowed: u64,
+    pub(crate) rejected: u64,
+    pub(crate) fail_open: u64,
+    pub(crate) local: u64,
+    pub(crate) error: u64,
+    /// The delays, in seconds.
+    pub(crate) delay: Snapshot,
+}
+
 /// One policy's series, looked up once per policy and configuration, so that counting a
 /// decision is an atomic add rather than a hash of its labels under the family's lock.
 /// The handles share their values with the family's: `/metrics` shows every count.
+#[derive(Clone)]
 pub(crate) struct PolicyMetrics {
+    /// The policy's name in responses and metrics.
+    name: Arc<str>,
+    /// The keys refused most, shared by every policy.
+    refused: Arc<RefusedKeys>,
     allowed: Counter<u64, AtomicU64>,
     rejected: Counter<u64, AtomicU64>,
     fail_open: Counter<u64, AtomicU64>,
@@ -138,8 +220,9 @@ pub(crate) struct PolicyMetrics {
 }
 
 impl PolicyMetrics {
-    /// Counts a decision by its outcome and, if it admits, records its delay.
-    pub(crate) fn decided(&self, decision: &Decision) {
+    /// Counts a decision for `key` (as the request gave it) by its outcome: if it admits,
+    /// records its delay; if it refuses, counts the key in the sketch of keys refused most.
+    pub(crate) fn decided(&self, decision: &Decision, key: &str) {
         let counter = match (decision.fallback, decision.allowed) {
             (Some(paceline_store::Fallback::Local), _) => &self.local,
             // `fail_open`, the only other fallback.
@@ -150,6 +233,20 @@ impl PolicyMetrics {
         counter.inc();
         if decision.allowed {
             self.delay.observe(decision.delay.as_secs_f64());
+        } else {
+            self.refused.refused(&self.name, key);
+        }
+    }
+
+    /// The counts so far.
+    pub(crate) fn counts(&self) -> PolicyCounts {
+        PolicyCounts {
+            allowed: self.allowed.get(),
+            rejected: self.rejected.get(),
+            fail_open: self.fail_open.get(),
+            local: self.local.get(),
+            error: self.error.get(),
+            delay: self.delay.snapshot(),
         }
     }
 
@@ -181,6 +278,14 @@ pub(crate) struct Metrics {
     waiting_workers: Family<QueueLabel, Gauge<i64, AtomicI64>>,
     /// One scrape at a time brings the queues' counters up to their totals.
     queue_sync: std::sync::Mutex<()>,
+    /// The keys refused most (the dashboard's; not in `/metrics`, whose series would grow
+    /// with the keys).
+    pub(crate) refused: Arc<RefusedKeys>,
+    /// Every policy's handles by name, for the dashboard (a policy dropped by a reload
+    /// stays, as its series do in `/metrics`).
+    by_policy: std::sync::Mutex<std::collections::BTreeMap<String, PolicyMetrics>>,
+    /// When the service started.
+    pub(crate) started: std::time::Instant,
 }
 
 fn lag_histogram() -> Histogram {
@@ -264,7 +369,20 @@ impl Metrics {
             queue_jobs,
             start_lag,
             queue_sync: std::sync::Mutex::new(()),
+            refused: Arc::new(RefusedKeys::new()),
+            by_policy: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+            started: std::time::Instant::now(),
         }
+    }
+
+    /// Every policy's name and counts so far, by name.
+    pub(crate) fn policy_counts(&self) -> Vec<(String, PolicyCounts)> {
+        self.by_policy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(name, m)| (name.clone(), m.counts()))
+            .collect()
     }
 
     /// The series of the policy called `name` in responses (`inline` for inline specs).
@@ -278,7 +396,9 @@ impl Metrics {
                 })
                 .clone()
         };
-        PolicyMetrics {
+        let handles = PolicyMetrics {
+            name: Arc::from(name),
+            refused: Arc::clone(&self.refused),
             allowed: counter("allowed"),
             rejected: counter("rejected"),
             fail_open: counter(paceline_store::Fallback::FailOpen.name()),
@@ -290,7 +410,12 @@ impl Metrics {
                     policy: name.to_string(),
                 })
                 .clone(),
-        }
+        };
+        self.by_policy
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.to_string(), handles.clone());
+        handles
     }
 
     pub(crate) fn observe_store(&self, took: Duration) {
@@ -402,6 +527,38 @@ mod tests {
         let text = render(|r| r.register("h", "help", ours.clone()));
         assert!(text.contains("h_bucket{le=\"+Inf\"} 11"), "{text}");
         assert!(text.contains("h_sum 1000001008.9026"), "{text}");
+    }
+
+    #[test]
+    fn quantiles_interpolate_inside_a_bucket_and_stay_below_the_largest_value() {
+        let h = Histogram::new([0.0, 1.0, 10.0, 100.0]);
+        assert_eq!(h.snapshot().quantile(0.5), None);
+        for _ in 0..50 {
+            h.observe(0.0);
+        }
+        for v in [2.0, 4.0, 6.0, 8.0] {
+            for _ in 0..10 {
+                h.observe(v);
+            }
+        }
+        for _ in 0..10 {
+            h.observe(12.0);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.max, 12.0);
+        // Half of 100 observations are 0.
+        assert_eq!(s.quantile(0.5), Some(0.0));
+        // Rank 70 of 100: 20 into the (1, 10] bucket of 40, halfway: 5.5.
+        assert_eq!(s.quantile(0.7), Some(5.5));
+        // Rank 99: 9 of 10 into (10, 100], which would say 91: capped at the 12 seen.
+        assert_eq!(s.quantile(0.99), Some(12.0));
+        h.observe(1e6);
+        let s = h.snapshot();
+        assert_eq!(
+            s.quantile(1.0),
+            Some(1e6),
+            "the +Inf bucket answers the largest value"
+        );
     }
 
     #[test]

@@ -13,8 +13,9 @@
 //! when the request's body is at most [`RETRY_BODY_MAX`] (kept in memory for that); a
 //! larger body is streamed once, and its refusal goes back to the client.
 //!
-//! `/healthz` and `/metrics` are served on a separate admin address, so they never collide
-//! with upstream paths.
+//! `/healthz`, `/metrics` and the dashboard (`/dashboard`, and its data `/v1/dashboard`:
+//! requests by outcome, the upstream's 429s by scope, the buckets learned) are served on a
+//! separate admin address, so they never collide with upstream paths.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -199,6 +200,12 @@ struct ProxyState {
     upstream_timeout: Duration,
     /// Where the limits' knowledge lives when proxies share it.
     redis: Option<RedisStore>,
+    /// The store as the dashboard shows it (without credentials).
+    store: String,
+    started: Instant,
+    /// Keys the dashboard's names of identities (a token is never shown, nor a plain hash
+    /// of it that could be checked against a guess).
+    identity_names: std::hash::RandomState,
 }
 
 impl ProxyState {
@@ -308,6 +315,9 @@ impl Proxy {
                 metrics: ProxyMetrics::new(),
                 upstream_timeout: settings.upstream_timeout,
                 redis,
+                store: paceline_store::without_credentials(&settings.store),
+                started: Instant::now(),
+                identity_names: std::hash::RandomState::new(),
             }),
             connections: settings.connections,
         })
@@ -339,6 +349,8 @@ impl Proxy {
             let router = Router::new()
                 .route("/healthz", get(|| async { "ok\n" }))
                 .route("/metrics", get(metrics))
+                .route("/dashboard", get(crate::dashboard::page))
+                .route("/v1/dashboard", get(dashboard))
                 .with_state(Arc::clone(&self.state));
             let mut stopped = stopped.clone();
             tokio::spawn(crate::conn::serve(
@@ -391,6 +403,115 @@ async fn metrics(State(state): State<Arc<ProxyState>>) -> Response {
         text,
     )
         .into_response()
+}
+
+/// The most buckets `/v1/dashboard` lists.
+const DASHBOARD_BUCKETS: usize = 20;
+
+/// `GET /v1/dashboard` of the admin address: the proxy's outcomes, the upstream's 429s and
+/// what it knows of the buckets, for the dashboard page ([`crate::dashboard`]).
+async fn dashboard(State(state): State<Arc<ProxyState>>) -> Response {
+    use std::hash::BuildHasher;
+    let m = &state.metrics;
+    let requests: serde_json::Map<String, serde_json::Value> = [
+        "forwarded",
+        "wait_exceeded",
+        "invalid_budget",
+        "upstream_error",
+        "bad_request",
+        "too_many_identities",
+    ]
+    .into_iter()
+    .map(|outcome| {
+        let count = m.requests.get_or_create(&Outcome { outcome }).get();
+        (outcome.to_string(), count.into())
+    })
+    .collect();
+    let refused: serde_json::Map<String, serde_json::Value> = ["bucket", "shared", "global"]
+        .into_iter()
+        .map(|scope| {
+            let count = m.upstream_429.get_or_create(&Refused { scope }).get();
+            (scope.to_string(), count.into())
+        })
+        .collect();
+    let clients: Vec<(String, Client)> = {
+        let clients = state.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        clients
+            .iter()
+            .map(|(token, (c, _))| {
+                let name = format!("{:06x}", state.identity_names.hash_one(token) >> 40);
+                (name, c.clone())
+            })
+            .collect()
+    };
+    let (mut waiting, mut in_flight) = (0, 0);
+    let mut buckets = Vec::new();
+    let mut shared = false;
+    for (identity, client) in &clients {
+        let (w, f) = client.counts();
+        waiting += w;
+        in_flight += f;
+        match client.buckets() {
+            Some(views) => buckets.extend(views.into_iter().map(|b| (identity.clone(), b))),
+            None => shared = true,
+        }
+    }
+    let buckets_total = buckets.len();
+    // The tightest first: paused, then the fewest requests left, then unknown ones.
+    buckets.sort_by_key(|(identity, b)| {
+        (
+            std::cmp::Reverse(b.paused_for_us),
+            b.remaining.unwrap_or(u64::MAX),
+            identity.clone(),
+            b.bucket.clone(),
+        )
+    });
+    let us_ms = |us: u64| us as f64 / 1e3;
+    let listed: Vec<serde_json::Value> = buckets
+        .iter()
+        .take(DASHBOARD_BUCKETS)
+        .map(|(identity, b)| {
+            serde_json::json!({
+                "identity": identity,
+                "bucket": b.bucket,
+                "major": b.major,
+                "known": b.known,
+                "limit": b.limit,
+                "remaining": b.remaining,
+                "reset_in_ms": b.reset_in_us.map(us_ms),
+                "paused_for_ms": us_ms(b.paused_for_us),
+                "in_flight": b.in_flight,
+            })
+        })
+        .collect();
+    let body = serde_json::json!({
+        "service": {
+            "uptime_s": state.started.elapsed().as_secs_f64(),
+            "store": state.store,
+            "ready": true,
+            "store_message": null,
+            "store_errors": 0,
+            "store_latency_ms": {"count": 0, "p50": null, "p99": null},
+        },
+        "policies": [],
+        "refused_keys": [],
+        "queues": [],
+        "proxy": {
+            "upstream": paceline_store::without_credentials(state.upstream.as_str()),
+            "identities": clients.len(),
+            "waiting": waiting,
+            "in_flight": in_flight,
+            "requests": requests,
+            "upstream_429": refused,
+            "retries": m.retries.get(),
+            "invalid_responses": m.invalid.get(),
+            "waited_ms": m.wait_micros.get() as f64 / 1e3,
+            "buckets_total": buckets_total,
+            "buckets_in_redis": shared,
+            "buckets": listed,
+        },
+    });
+    ([(header::CACHE_CONTROL, "no-store")], axum::Json(body)).into_response()
 }
 
 /// Headers that belong to one connection, not to the message (RFC 9110 § 7.6.1), and

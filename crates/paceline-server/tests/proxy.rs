@@ -385,3 +385,60 @@ async fn a_secondary_limit_said_only_in_the_body_pauses_the_token() {
     assert_eq!(mock.api.lock().unwrap().counts.requests, 1);
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_dashboard_shows_outcomes_429s_and_the_buckets_learned() {
+    let (api, routes) = shared_buckets();
+    let mock = MockServer::start(api).await;
+    let p = proxy(&mock.url(), "discord", None).await;
+    let statuses = send_through(&[&p], &routes, 4, 5).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    let client = http();
+    let page = client
+        .get(format!("{}/dashboard", p.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(page.text().await.unwrap().contains("id=\"proxy-section\""));
+    let text = client
+        .get(format!("{}/v1/dashboard", p.admin))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !text.contains("shared-token"),
+        "a token is never shown: {text}"
+    );
+    let data: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let proxy = &data["proxy"];
+    assert_eq!(proxy["requests"]["forwarded"], 20, "{proxy}");
+    assert_eq!(proxy["requests"]["wait_exceeded"], 0);
+    assert_eq!(proxy["identities"], 1);
+    assert_eq!(proxy["upstream_429"]["bucket"], 0);
+    let buckets = proxy["buckets"].as_array().unwrap();
+    // The 4 bucket ids (2 per channel) were learned from the mock's headers, limit 5 each.
+    let learned: Vec<&serde_json::Value> = buckets
+        .iter()
+        .filter(|b| {
+            b["bucket"]
+                .as_str()
+                .is_some_and(|id| id.starts_with("bucket-"))
+        })
+        .collect();
+    assert_eq!(learned.len(), 4, "{buckets:?}");
+    for b in &learned {
+        assert_eq!(b["limit"], 5, "{b}");
+        assert_eq!(b["known"], true);
+        let identity = b["identity"].as_str().unwrap();
+        assert!(
+            identity.len() == 6 && identity.bytes().all(|c| c.is_ascii_hexdigit()),
+            "{identity}"
+        );
+    }
+    assert_eq!(proxy["buckets_in_redis"], false);
+    p.stop().await;
+}

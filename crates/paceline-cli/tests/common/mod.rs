@@ -42,15 +42,21 @@ pub fn start(args: &[&str]) -> Service {
         .spawn()
         .expect("the paceline binary starts");
     let service = Service { child, port };
+    wait_for_port(port);
+    service
+}
+
+/// Waits until something listens on `port` of 127.0.0.1 (a process starting up): at most
+/// 20 s.
+pub fn wait_for_port(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(20);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(
             Instant::now() < deadline,
-            "paceline serve did not start listening"
+            "nothing started listening on port {port}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    service
 }
 
 pub struct Reply {
