@@ -319,6 +319,11 @@ fn run_simulate(policy: &str, compare: &[String], files: &Files, store: &str) ->
             }
         }
     }
+    // A plot the run could not write is refused before the run.
+    if let Some(Err(e)) = files.plot.as_deref().map(plot::format_of) {
+        eprintln!("error: --plot: {e}");
+        return ExitCode::from(1);
+    }
     let script = match read_script(files.input.as_ref()) {
         Ok(script) => script,
         Err(code) => return code,

@@ -169,25 +169,38 @@ struct Row {
     marks: Vec<Mark>,
 }
 
-/// Draws `runs` into `path` (`.svg` or `.png`); the error names what went wrong.
-pub fn draw(path: &Path, runs: &[Run<'_>]) -> Result<(), String> {
-    let rows = rows(runs);
+/// The picture format `path` names: `svg` or `png` (its extension, in any case).
+pub fn format_of(path: &Path) -> Result<&'static str, String> {
     let extension = path
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_ascii_lowercase);
+    match extension.as_deref() {
+        Some("svg") => Ok("svg"),
+        Some("png") => Ok("png"),
+        _ => Err(format!(
+            "`{}` is neither .svg nor .png; name the file FILE.svg or FILE.png",
+            path.display()
+        )),
+    }
+}
+
+/// Draws `runs` into `path` (`.svg` or `.png`); the error names what went wrong.
+pub fn draw(path: &Path, runs: &[Run<'_>]) -> Result<(), String> {
+    let format = format_of(path)?;
+    let rows = rows(runs);
     let height = HEADER + ROW_HEIGHT * rows.len().max(1) as u32;
     let header = header(runs, &rows);
     // Both backends measure text with the font (the SVG names it, and leaves the drawing
     // to the viewer's `sans-serif`).
     register_font();
-    match extension.as_deref() {
-        Some("svg") => {
+    match format {
+        "svg" => {
             let root = SVGBackend::new(path, (WIDTH, height)).into_drawing_area();
             paint(&root, &header, &rows).map_err(|e| e.to_string())?;
             root.present().map_err(|e| e.to_string())
         }
-        Some("png") => {
+        _ => {
             let mut pixels = vec![0u8; (WIDTH * height * 3) as usize];
             {
                 let root =
@@ -197,10 +210,6 @@ pub fn draw(path: &Path, runs: &[Run<'_>]) -> Result<(), String> {
             }
             write_png(path, WIDTH, height, &pixels)
         }
-        _ => Err(format!(
-            "`{}` is neither .svg nor .png; name the file FILE.svg or FILE.png",
-            path.display()
-        )),
     }
 }
 
@@ -211,9 +220,9 @@ fn rows(runs: &[Run<'_>]) -> Vec<Row> {
     for run in runs {
         for (key, policy, marks) in by_key(run.outcomes).into_iter().take(keys_per_run) {
             let title = if runs.len() > 1 {
-                format!("{}  key {key}", run.label)
+                format!("{}  key {}", printable(&run.label), printable(&key))
             } else {
-                format!("key {key}  ({policy})")
+                format!("key {}  ({policy})", printable(&key))
             };
             rows.push(Row {
                 title,
@@ -224,6 +233,14 @@ fn rows(runs: &[Run<'_>]) -> Vec<Row> {
     }
     rows.truncate(MAX_ROWS);
     rows
+}
+
+/// `text` with its control characters replaced by U+FFFD: a key may hold any character,
+/// and XML (the SVG) allows none of them.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect()
 }
 
 /// The plot's title line: what is drawn, and what is left out.
@@ -410,10 +427,21 @@ fn requests_dense<DB: DrawingBackend>(
     x: Range<f64>,
 ) -> Drawn<DB> {
     let time_label = decimals(x.end - x.start);
-    let width = (x.end - x.start) / SLICES as f64;
+    // Slices over the arrivals' own span (the axis is padded, and shared by every row).
+    let first = row
+        .marks
+        .iter()
+        .map(|m| secs(m.t_us))
+        .fold(f64::INFINITY, f64::min);
+    let last = row
+        .marks
+        .iter()
+        .map(|m| secs(m.t_us))
+        .fold(f64::NEG_INFINITY, f64::max);
+    let width = ((last - first) / SLICES as f64).max(1e-6);
     let mut counts = vec![[0u64; 3]; SLICES];
     for m in &row.marks {
-        let slice = (((secs(m.t_us) - x.start) / width) as usize).min(SLICES - 1);
+        let slice = (((secs(m.t_us) - first) / width) as usize).min(SLICES - 1);
         let kind = match m.kind {
             Kind::AtOnce => 0,
             Kind::Delayed => 1,
@@ -437,7 +465,8 @@ fn requests_dense<DB: DrawingBackend>(
         .margin(8)
         .x_label_area_size(28)
         .y_label_area_size(48)
-        .build_cartesian_2d(x.clone(), 0.0..top * 1.08)?;
+        // Room above the bars for the legend.
+        .build_cartesian_2d(x.clone(), 0.0..top * 1.5)?;
     chart
         .configure_mesh()
         .x_desc("time (s)")
@@ -457,7 +486,7 @@ fn requests_dense<DB: DrawingBackend>(
             .draw_series(counts.iter().enumerate().filter(|(_, c)| c[kind] > 0).map(
                 |(slice, c)| {
                     let below: u64 = c[..kind].iter().sum();
-                    let left = x.start + slice as f64 * width;
+                    let left = first + slice as f64 * width;
                     Rectangle::new(
                         [
                             (left, below as f64),
@@ -470,7 +499,7 @@ fn requests_dense<DB: DrawingBackend>(
             .label(label)
             .legend(move |(x, y)| Rectangle::new([(x, y - 4), (x + 10, y + 4)], color.filled()));
     }
-    legend(&mut chart)
+    legend_at(&mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// The admitted-cost chart of a row: admitted (at the slot), requested, and the allowance.
@@ -506,14 +535,17 @@ fn cost<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, row: &Row, x: Range<f
     let arrivals: Vec<(u64, u64)> = marks.iter().map(|m| (m.t_us, m.cost)).collect();
     chart
         .draw_series(LineSeries::new(
-            steps(&arrivals, x.end),
+            steps(&arrivals, Some(x.end)),
             REQUESTED.stroke_width(1),
         ))?
         .label("requested")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 12, y)], REQUESTED.stroke_width(2)));
     if let Some(slots) = allowance {
         let ones: Vec<(u64, u64)> = slots.iter().map(|&t| (t, 1)).collect();
-        let mut line = steps(&ones, x.end);
+        // Drawn to the axis's end only if no slot was left out (capped at
+        // MAX_ALLOWANCE, the line ends at its last slot rather than go flat).
+        let capped = ones.len() as u64 >= MAX_ALLOWANCE;
+        let mut line = steps(&ones, (!capped).then_some(x.end));
         line.retain(|&(_, y)| y <= top);
         // Wide and light, under the admitted line: where a client took every slot, the two
         // coincide and both stay visible.
@@ -529,7 +561,7 @@ fn cost<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, row: &Row, x: Range<f
     }
     chart
         .draw_series(LineSeries::new(
-            steps(&admitted, x.end),
+            steps(&admitted, Some(x.end)),
             AT_ONCE.stroke_width(2),
         ))?
         .label("admitted (when it acts)")
@@ -537,9 +569,9 @@ fn cost<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, row: &Row, x: Range<f
     legend(&mut chart)
 }
 
-/// A cumulative step line through `(time µs, amount)` points sorted by time, from 0 to
-/// `end` seconds.
-fn steps(points: &[(u64, u64)], end: f64) -> Vec<(f64, f64)> {
+/// A cumulative step line through `(time µs, amount)` points sorted by time, from 0, and
+/// held level to `end` seconds if given.
+fn steps(points: &[(u64, u64)], end: Option<f64>) -> Vec<(f64, f64)> {
     let mut line = Vec::with_capacity(points.len() * 2 + 2);
     let mut total = 0.0;
     for &(t, amount) in points {
@@ -552,7 +584,7 @@ fn steps(points: &[(u64, u64)], end: f64) -> Vec<(f64, f64)> {
         total += amount as f64;
         line.push((at, total));
     }
-    if let Some(&(_, y)) = line.last() {
+    if let (Some(end), Some(&(_, y))) = (end, line.last()) {
         line.push((end, y));
     }
     thin(line)
@@ -631,9 +663,17 @@ type Chart<'a, DB> = ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoor
 /// Draws a chart's legend in its lower right corner, which every chart here leaves empty
 /// (requests arrive in order and cumulative lines rise: their marks are above and left).
 fn legend<'a, DB: DrawingBackend + 'a>(chart: &mut Chart<'a, DB>) -> Drawn<DB> {
+    legend_at(chart, SeriesLabelPosition::LowerRight)
+}
+
+/// Draws a chart's legend at `position`.
+fn legend_at<'a, DB: DrawingBackend + 'a>(
+    chart: &mut Chart<'a, DB>,
+    position: SeriesLabelPosition,
+) -> Drawn<DB> {
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(position)
         .label_font(("sans-serif", 11))
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK.mix(0.3))
@@ -682,10 +722,13 @@ pub struct Summary {
     pub delay_p50_us: u64,
     pub delay_p99_us: u64,
     pub delay_max_us: u64,
-    /// The most requests of one key admitted at once in a row (no delayed or rejected one
-    /// between them).
+    /// The most requests of one key that act (admitted, at their slot) within any span of
+    /// [`BURST_SPAN_US`]: what the policy lets reach the service at once.
     pub longest_burst: u64,
 }
+
+/// The span of a burst in [`Summary::longest_burst`]: 100 ms.
+pub const BURST_SPAN_US: u64 = 100_000;
 
 /// The numbers of `--compare` for `outcomes`.
 pub fn summarize(outcomes: &[Outcome]) -> Summary {
@@ -693,14 +736,24 @@ pub fn summarize(outcomes: &[Outcome]) -> Summary {
     let mut rejected = 0;
     let mut longest_burst = 0;
     for (_, _, marks) in by_key(outcomes) {
-        let mut run = 0;
+        let mut acting: Vec<u64> = Vec::with_capacity(marks.len());
         for m in &marks {
             match m.kind {
                 Kind::Rejected => rejected += 1,
-                _ => delays.push(m.delay_us),
+                _ => {
+                    delays.push(m.delay_us);
+                    acting.push(m.acts_at());
+                }
             }
-            run = if m.kind == Kind::AtOnce { run + 1 } else { 0 };
-            longest_burst = longest_burst.max(run);
+        }
+        acting.sort_unstable();
+        // The widest window [acting[first], acting[first] + span) over the sorted times.
+        let mut first = 0;
+        for (last, &t) in acting.iter().enumerate() {
+            while t - acting[first] >= BURST_SPAN_US {
+                first += 1;
+            }
+            longest_burst = longest_burst.max((last - first + 1) as u64);
         }
     }
     delays.sort_unstable();
@@ -808,6 +861,35 @@ mod tests {
     }
 
     #[test]
+    fn a_burst_is_what_acts_within_100_ms() {
+        let summary = |spec: &str, script: &str| {
+            let clock = paceline_store::ManualClock::new(0);
+            let store = std::sync::Arc::new(
+                paceline_store::MemoryStore::builder()
+                    .clock(clock.clone())
+                    .build(),
+            );
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime");
+            let outcomes = runtime
+                .block_on(crate::simulate::run_on(policy(spec), script, store, &clock))
+                .expect("a valid script");
+            summarize(&outcomes)
+        };
+        // A steady client, one request a second, all admitted at once: no burst.
+        let steady = "{\"op\": \"limit\"}\n{\"sleep_ms\": 1000}\n".repeat(10);
+        assert_eq!(summary("gcra:rate=1/s", &steady).longest_burst, 1);
+        // Six at once: a bucket of 5 lets 5 through together.
+        let flood = "{\"op\": \"limit\"}\n".repeat(6);
+        assert_eq!(summary("gcra:rate=1/s,burst=5", &flood).longest_burst, 5);
+        // Paced into one window: a fixed window's backlog acts together at its start.
+        let backlog = "{\"op\": \"pace\"}\n".repeat(25);
+        let s = summary("fixed_window:limit=10,window=1s", &backlog);
+        assert_eq!((s.admitted, s.longest_burst), (25, 10));
+    }
+
+    #[test]
     fn percentiles_are_nearest_rank() {
         assert_eq!(rank(&[], 0.5), 0);
         assert_eq!(rank(&[7], 0.99), 7);
@@ -852,6 +934,7 @@ mod tests {
         // a: 2 at once, 2 rejected; b: 2 at once, then one after 1 s. Peek and reset: none.
         assert_eq!((s.admitted, s.rejected), (5, 2));
         assert_eq!((s.delay_p50_us, s.delay_max_us), (0, 1_000_000));
+        // At most 2 of one key act within 100 ms (b's third acts 1 s later).
         assert_eq!(s.longest_burst, 2);
         let table = table(&[("gcra:rate=1/s,burst=2".into(), s)]);
         assert_eq!(table.lines().count(), 2);

@@ -4,36 +4,22 @@
 //! sent, a key that looks like HTML stays text, and a screenshot is kept under the target
 //! directory's `tmp/dashboard.png` (`CARGO_TARGET_TMPDIR`).
 //!
-//! Chromium runs on virtual time (`--virtual-time-budget`): the page's one-second polls go
-//! by without the test waiting for them.
+//! The visits that only look run Chromium on virtual time (`--virtual-time-budget`), so
+//! the page's one-second polls go by without the test waiting for them; the page watched
+//! live (traffic sent while it is open) is driven over the DevTools protocol
+//! ([`common::cdp`]), and the test waits for what it must see, never for a time.
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::time::Duration;
 
+use common::cdp::{self, Browser};
 use common::{http, start, write};
 
 const TOKEN: &str = "dashboard-test-token-7f3a";
 const HOSTILE_KEY: &str = "<img src=x onerror=\"document.body.dataset.pwned=1\">";
-
-fn chromium() -> PathBuf {
-    if let Some(path) = std::env::var_os("PACELINE_CHROMIUM") {
-        return PathBuf::from(path);
-    }
-    for name in ["chromium", "chromium-browser"] {
-        let found = Command::new(name).arg("--version").output();
-        if found.is_ok_and(|o| o.status.success()) {
-            return PathBuf::from(name);
-        }
-    }
-    panic!(
-        "the dashboard test needs a headless browser: install Debian's chromium \
-         (`apt-get install -y chromium`; scripts/test does) or set PACELINE_CHROMIUM"
-    );
-}
 
 /// What the browser saw: the page's DOM after its polls, and its console.
 struct Visit {
@@ -44,7 +30,7 @@ struct Visit {
 /// Opens `url` in headless chromium for a few seconds of virtual time; with `screenshot`,
 /// saves one there.
 fn visit(url: &str, profile: &Path, screenshot: Option<&Path>) -> Visit {
-    let mut command = Command::new(chromium());
+    let mut command = Command::new(cdp::chromium());
     command.args([
         "--headless",
         "--no-sandbox",
@@ -95,69 +81,6 @@ fn attribute(dom: &str, id: &str, attribute: &str) -> String {
         + needle.len();
     let len = tag[at..].find('"').expect("the value ends");
     tag[at..at + len].to_string()
-}
-
-/// Decisions sent in the background while the browser looks: several tenants of `api`
-/// (most refused) and servers of `roles`, until dropped; `sent` counts them.
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    sent: Arc<AtomicU64>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Traffic {
-    fn start(port: u16) -> Traffic {
-        let stop = Arc::new(AtomicBool::new(false));
-        let sent = Arc::new(AtomicU64::new(0));
-        let thread = {
-            let (stop, sent) = (Arc::clone(&stop), Arc::clone(&sent));
-            std::thread::spawn(move || {
-                let mut i = 0u64;
-                // Bounded: stops when told, or after 200,000 decisions.
-                while !stop.load(Ordering::Relaxed) && i < 200_000 {
-                    let (policy, key) = match i % 4 {
-                        0 | 1 => ("api", format!("tenant-{}", i % 5)),
-                        2 => ("roles", format!("server-{}", i % 3)),
-                        _ => ("api", format!("tenant-{}", i % 11)),
-                    };
-                    decide(port, policy, &key);
-                    sent.fetch_add(1, Ordering::Relaxed);
-                    i += 1;
-                }
-            })
-        };
-        Traffic {
-            stop,
-            sent,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Traffic {
-    /// True once the sending thread has ended (told to stop, done, or failed).
-    fn finished(&self) -> bool {
-        self.thread.as_ref().is_none_or(|t| t.is_finished())
-    }
-}
-
-impl Drop for Traffic {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-/// The text of the element with `id` (no child elements).
-fn attribute_text(dom: &str, id: &str) -> String {
-    let start = dom
-        .find(&format!("id=\"{id}\""))
-        .unwrap_or_else(|| panic!("no element #{id} in the page"));
-    let open_end = start + dom[start..].find('>').expect("the tag ends") + 1;
-    let close = open_end + dom[open_end..].find('<').expect("the element ends");
-    dom[open_end..close].to_string()
 }
 
 fn decide(port: u16, policy: &str, key: &str) -> u16 {
@@ -226,7 +149,7 @@ fn the_dashboard_shows_live_numbers_in_a_real_browser() {
     assert!(before.dom.contains("no key has been refused"));
 
     // Traffic: 3 + 2 admitted, the rest refused; one key looks like HTML.
-    let mut sent = 0;
+    let mut sent = 0u64;
     let mut refused = 0;
     for (policy, key, times) in [
         ("api", "tenant-a", 7),
@@ -272,40 +195,52 @@ fn the_dashboard_shows_live_numbers_in_a_real_browser() {
     );
     assert!(!after.dom.contains("data-pwned"), "the key ran as markup");
     assert!(!after.dom.contains("<img"), "no image was made of a key");
-    // The queue and its group.
-    assert!(after.dom.contains("guild:42"), "the queue's group is shown");
-    assert!(after.dom.contains("jobs: "), "the queue is shown");
 
-    // Live: with traffic flowing while the page is open, its total grows from poll to poll
-    // and the rates are numbers.
-    let traffic = Traffic::start(port);
-    while traffic.sent.load(Ordering::Relaxed) < 50 && !traffic.finished() {
-        std::thread::yield_now();
+    // Live, in one page left open: the numbers move with the traffic sent meanwhile.
+    let mut browser = Browser::open(&with_token);
+    let updates = "Number(document.body.dataset.updates)";
+    browser.wait_for(&format!("{updates} >= 1"), Duration::from_secs(20));
+    let total = "Number(document.getElementById('total-decisions').dataset.value)";
+    let shown = browser.eval(total).as_u64().expect("a total");
+    assert_eq!(shown, sent, "the page starts from the traffic so far");
+    let more = 9;
+    for i in 0..more {
+        decide(port, "api", &format!("tenant-live-{}", i % 2));
     }
-    assert!(
-        traffic.sent.load(Ordering::Relaxed) >= 50,
-        "the traffic stopped"
+    browser.wait_for(
+        &format!("{total} === {}", sent + more),
+        Duration::from_secs(20),
     );
-    let live = visit(&with_token, &dir.path().join("profile-3"), None);
-    assert!(live.console.is_empty(), "console: {:?}", live.console);
-    let first: u64 = attribute(&live.dom, "total-decisions", "data-first")
-        .parse()
-        .expect("a number");
-    let last: u64 = attribute(&live.dom, "total-decisions", "data-value")
-        .parse()
-        .expect("a number");
-    assert!(
-        last > first,
-        "the total did not change while the page was open ({first} then {last})"
+    // The polls since give rates (numbers, not "–") and draw the chart.
+    let seen = browser.eval(updates).as_u64().expect("a count");
+    browser.wait_for(
+        &format!("{updates} >= {}", seen + 1),
+        Duration::from_secs(20),
     );
-    let rate = attribute_text(&live.dom, "rate-allowed");
-    assert!(rate.parse::<f64>().is_ok(), "admitted per second: {rate}");
+    let rate = browser.eval("document.getElementById('rate-allowed').textContent");
+    assert!(
+        rate.as_str().is_some_and(|r| r.parse::<f64>().is_ok()),
+        "admitted per second: {rate}"
+    );
+    // The queue, and its group once listed (groups are listed at most every 5 s).
+    browser.wait_for(
+        "document.getElementById('queues').textContent.includes('guild:42')",
+        Duration::from_secs(20),
+    );
+    let queues = browser.eval("document.getElementById('queues').textContent");
+    assert!(
+        queues
+            .as_str()
+            .is_some_and(|q| q.contains("jobs: 1 waiting")),
+        "{queues}"
+    );
+    assert_eq!(browser.eval("document.body.dataset.errors"), "0");
+    assert!(browser.console.is_empty(), "console: {:?}", browser.console);
 
-    // A screenshot, kept for a look, with the traffic still flowing.
+    // A screenshot, kept for a look.
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
-    let _ = std::fs::remove_file(&shot);
-    visit(&with_token, &dir.path().join("profile-4"), Some(&shot));
-    drop(traffic);
+    browser.screenshot(&shot);
+    drop(browser);
     let file = std::fs::File::open(&shot).expect("chromium saved the screenshot");
     let reader = png::Decoder::new(std::io::BufReader::new(file))
         .read_info()

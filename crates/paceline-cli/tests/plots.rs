@@ -448,3 +448,29 @@ fn plot_and_compare_refuse_what_they_cannot_do() {
         .expect("runs");
     assert_eq!(out.status.code(), Some(2), "a queue script is not plotted");
 }
+
+#[test]
+fn a_key_with_control_characters_still_makes_valid_svg() {
+    let dir = artifacts();
+    let input = dir.join("control.jsonl");
+    std::fs::write(
+        &input,
+        "{\"key\": \"a\\u0001b\\u001b[31m\", \"op\": \"limit\"}\n",
+    )
+    .expect("writable");
+    let svg_path = dir.join("control.svg");
+    let output = plot(
+        &["--policy".to_string(), "gcra:rate=1/s".to_string()],
+        &input,
+        &svg_path,
+    );
+    assert!(output.contains("\"allowed\":true"), "{output}");
+    let svg = read_svg(&svg_path);
+    assert!(
+        svg.texts
+            .iter()
+            .any(|t| t.starts_with("key a\u{fffd}b\u{fffd}[31m ")),
+        "{:?}",
+        svg.texts
+    );
+}

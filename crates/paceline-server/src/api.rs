@@ -126,6 +126,8 @@ pub(crate) struct AppState {
     /// Becomes true when the service starts shutting down: lease calls waiting for a job
     /// answer with what they have instead of holding the shutdown.
     pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    /// The dashboard's listing of each queue's groups.
+    pub(crate) groups: crate::dashboard::GroupsCache,
     /// The settings the service started with (flags and file); a reload lays the file's
     /// policies and access rules over them. The lock also makes reloads one at a time.
     pub(crate) base: Mutex<Settings>,

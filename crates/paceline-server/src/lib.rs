@@ -163,6 +163,7 @@ impl Server {
             body_read_timeout: settings.connections.body_read_timeout,
             queues,
             stopping: tokio::sync::watch::Sender::new(false),
+            groups: dashboard::GroupsCache::default(),
             base: Mutex::new(settings),
         });
         Ok(Server {

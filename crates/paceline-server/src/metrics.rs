@@ -96,7 +96,8 @@ impl Histogram {
         cells.counts[bucket].fetch_add(1, Ordering::Relaxed);
         // Adding zero leaves the sum (+0.0 at the start, never -0.0) as it is: most admitted
         // decisions have no delay, and skip the update of a cell every thread shares.
-        if value > 0.0 {
+        // A read first: the shared cell is written only by a new maximum, which is rare.
+        if value > 0.0 && value.to_bits() > cells.max.load(Ordering::Relaxed) {
             cells.max.fetch_max(value.to_bits(), Ordering::Relaxed);
         }
         if !value.is_nan() && value != 0.0 {
@@ -196,7 +197,10 @@ pub(crate) struct PolicyCounts {
     pub(crate) allowed: u64,
     pub(crate) rejected: u64,
     pub(crate) fail_open: u64,
+    /// Every decision of the in-process stand-in (`local`), admitted or not...
     pub(crate) local: u64,
+    /// ...and those of them that refused.
+    pub(crate) local_rejected: u64,
     pub(crate) error: u64,
     /// The delays, in seconds.
     pub(crate) delay: Snapshot,
@@ -215,6 +219,8 @@ pub(crate) struct PolicyMetrics {
     rejected: Counter<u64, AtomicU64>,
     fail_open: Counter<u64, AtomicU64>,
     local: Counter<u64, AtomicU64>,
+    /// The `local` decisions that refused (the dashboard's; `/metrics` has `local` only).
+    local_rejected: Arc<AtomicU64>,
     error: Counter<u64, AtomicU64>,
     delay: Histogram,
 }
@@ -231,6 +237,9 @@ impl PolicyMetrics {
             (None, false) => &self.rejected,
         };
         counter.inc();
+        if decision.fallback == Some(paceline_store::Fallback::Local) && !decision.allowed {
+            self.local_rejected.fetch_add(1, Ordering::Relaxed);
+        }
         if decision.allowed {
             self.delay.observe(decision.delay.as_secs_f64());
         } else {
@@ -245,6 +254,7 @@ impl PolicyMetrics {
             rejected: self.rejected.get(),
             fail_open: self.fail_open.get(),
             local: self.local.get(),
+            local_rejected: self.local_rejected.load(Ordering::Relaxed),
             error: self.error.get(),
             delay: self.delay.snapshot(),
         }
@@ -403,6 +413,12 @@ impl Metrics {
             rejected: counter("rejected"),
             fail_open: counter(paceline_store::Fallback::FailOpen.name()),
             local: counter(paceline_store::Fallback::Local.name()),
+            local_rejected: self
+                .by_policy
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(name)
+                .map_or_else(Arc::default, |m| Arc::clone(&m.local_rejected)),
             error: counter("error"),
             delay: self
                 .delay

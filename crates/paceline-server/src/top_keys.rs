@@ -8,10 +8,12 @@
 //! So memory is bounded whatever the traffic (at most `SHARDS × PER_SHARD` keys of at most
 //! [`crate::MAX_KEY`] bytes), a counter never under-counts its key, over-counts it by at most
 //! its `overcount`, and every key refused more than `n / PER_SHARD` times out of its
-//! shard's `n` refusals has a counter.
+//! shard's `n` refusals has a counter. A refusal whose shard is busy is not counted (the
+//! sketch samples under contention rather than make a refusal wait).
 
 use std::hash::BuildHasher;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError, TryLockError};
 
 /// Shards, each behind its own lock, so that threads refusing different keys rarely wait.
 pub(crate) const SHARDS: usize = 8;
@@ -34,6 +36,10 @@ pub(crate) struct Counted {
 pub(crate) struct RefusedKeys {
     shards: Box<[Mutex<Vec<Counted>>]>,
     hasher: std::hash::RandomState,
+    /// Refusals not counted because their shard was busy: a refusal never waits for the
+    /// sketch (a flood of one key, refused on every thread, would queue on its shard), so
+    /// under contention the sketch samples.
+    skipped: AtomicU64,
 }
 
 impl RefusedKeys {
@@ -43,15 +49,26 @@ impl RefusedKeys {
                 .map(|_| Mutex::new(Vec::with_capacity(PER_SHARD)))
                 .collect(),
             hasher: std::hash::RandomState::new(),
+            skipped: AtomicU64::new(0),
         }
+    }
+
+    /// Refusals left out because their shard was busy.
+    pub(crate) fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
     }
 
     /// Counts one refusal of `key` under `policy`.
     pub(crate) fn refused(&self, policy: &str, key: &str) {
         let shard = (self.hasher.hash_one((policy, key)) % SHARDS as u64) as usize;
-        let mut counters = self.shards[shard]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut counters = match self.shards[shard].try_lock() {
+            Ok(counters) => counters,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                self.skipped.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
         if let Some(c) = counters
             .iter_mut()
             .find(|c| c.key == key && c.policy == policy)
@@ -69,17 +86,21 @@ impl RefusedKeys {
             return;
         }
         if let Some(smallest) = counters.iter_mut().min_by_key(|c| c.refusals) {
+            // The evicted counter's strings are reused: no allocation once they are long
+            // enough.
             let floor = smallest.refusals;
-            *smallest = Counted {
-                policy: policy.to_string(),
-                key: key.to_string(),
-                refusals: floor + 1,
-                overcount: floor,
-            };
+            smallest.policy.clear();
+            smallest.policy.push_str(policy);
+            smallest.key.clear();
+            smallest.key.push_str(key);
+            smallest.refusals = floor + 1;
+            smallest.overcount = floor;
         }
     }
 
-    /// The `n` keys with the most refusals counted, most first (ties: by policy, then key).
+    /// The `n` keys with the most refusals certainly theirs (`refusals - overcount`: a scan
+    /// of distinct keys, each inheriting an evicted count, does not crowd out the keys
+    /// really refused), most first; ties by the count, then policy, then key.
     pub(crate) fn top(&self, n: usize) -> Vec<Counted> {
         let mut all: Vec<Counted> = self
             .shards
@@ -88,7 +109,9 @@ impl RefusedKeys {
             .collect();
         all.sort_by(|a, b| {
             b.refusals
-                .cmp(&a.refusals)
+                .saturating_sub(b.overcount)
+                .cmp(&a.refusals.saturating_sub(a.overcount))
+                .then_with(|| b.refusals.cmp(&a.refusals))
                 .then_with(|| a.policy.cmp(&b.policy))
                 .then_with(|| a.key.cmp(&b.key))
         });
@@ -152,5 +175,7 @@ mod tests {
         }
         let top = sketch.top(2);
         assert_eq!(top[0].key, "heavy-1");
+        assert_eq!(top[1].key, "heavy-2", "the scan's one-off keys rank below");
+        assert_eq!(sketch.skipped(), 0, "one thread never finds its shard busy");
     }
 }

@@ -1,7 +1,8 @@
 //! Helpers of the integration tests: `paceline serve` on a free port, spoken to over
-//! HTTP/1.1, and the golden scripts ([`golden`]).
+//! HTTP/1.1, the golden scripts ([`golden`]) and a headless browser ([`cdp`]).
 #![allow(dead_code)]
 
+pub mod cdp;
 pub mod golden;
 
 use std::io::{Read, Write};
