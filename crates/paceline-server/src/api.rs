@@ -597,8 +597,8 @@ struct Part<'a> {
 }
 
 /// Validates a request with `limits`: 1 to [`MAX_LIMITS`] limits, each with a policy and a
-/// key, no `policy` or `key` beside them; the op defaults to `limit` (a set of several
-/// takes `limit` or `peek`).
+/// key, no `policy` or `key` beside them; the op defaults to `limit` (a `pace` set books
+/// the earliest time every limit admits: see `paceline_store::set`).
 fn validate_set<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<SetAsk<'a>, ApiError> {
     let RawAsk {
         policy,

@@ -7,7 +7,7 @@
 //! | endpoint | what |
 //! |---|---|
 //! | `POST /v1/decisions` | one decision: `{"policy", "key", "op", "cost", "max_wait_ms"}` |
-//! | `POST /v1/decisions` with `limits` | a set of limits decided as one: `{"limits": [{"policy", "key"}, ...], "op", "cost"}` |
+//! | `POST /v1/decisions` with `limits` | a set of limits decided as one (`limit`, `peek`, or `pace` at the time every limit admits): `{"limits": [{"policy", "key"}, ...], "op", "cost", "max_wait_ms"}` |
 //! | `POST /v1/decisions/batch` | up to 1,000 single decisions, answered in order |
 //! | `POST /v1/leases` | take a lease of a `concurrency` policy: `{"policy", "key", "cost"}` → `201 {"lease", "expires_ms"}` or `429` |
 //! | `POST /v1/leases/{lease}/extend`, `DELETE /v1/leases/{lease}` | renew (`200`) or give back (`204`) a lease; `404` for one unknown or reclaimed |

@@ -169,6 +169,50 @@ async fn a_set_is_decided_as_one_on_redis() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_paced_to_the_time_every_limit_admits() {
+    let (url, task, stop) = serve("memory").await;
+    let limits = json!([
+        {"policy": "burst", "key": "p"},
+        {"policy": "per-day", "key": "p"},
+    ]);
+    // Two at once (the burst), then the third waits for the burst's next cell: 30 min
+    // from the first (the service's clock is the real one: less the time since, at most a
+    // minute here).
+    for expected_ms in [0.0, 0.0, 1_800_000.0] {
+        let a = post(&url, json!({"limits": limits, "op": "pace"})).await;
+        assert_eq!(a.status, 200, "{}", a.body);
+        let delay = a.body["delay_ms"].as_f64().expect("a delay");
+        assert!(
+            delay <= expected_ms && delay >= (expected_ms - 60_000.0).max(0.0),
+            "{}",
+            a.body
+        );
+        for limit in a.body["limits"].as_array().expect("the limits") {
+            assert_eq!(limit["allowed"], true);
+            assert_eq!(limit["delay_ms"], a.body["delay_ms"], "{}", a.body);
+        }
+    }
+    // Within a second: refused, nothing booked. The day's three are booked: the next
+    // day's window sets the slot, so the day refuses (the burst alone would book in 1 h).
+    let a = post(
+        &url,
+        json!({"limits": limits, "op": "pace", "max_wait_ms": 1000}),
+    )
+    .await;
+    assert_eq!(a.status, 429, "{}", a.body);
+    assert_eq!(a.body["limits"][0]["allowed"], true, "{}", a.body);
+    assert_eq!(a.body["limits"][1]["allowed"], false, "{}", a.body);
+    assert_eq!(a.body["limits"][1]["remaining"], 0, "{}", a.body);
+    assert_eq!(
+        a.body["delay_ms"], a.body["limits"][1]["delay_ms"],
+        "{}",
+        a.body
+    );
+    let _ = stop.send(());
+    let _ = task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_sets_are_400s_naming_the_field() {
     let (url, task, stop) = serve("memory").await;
     let limit = |policy: &str, key: &str| json!({"policy": policy, "key": key});
@@ -214,7 +258,7 @@ async fn bad_sets_are_400s_naming_the_field() {
             "limits[1]",
         ),
         (
-            json!({"limits": [limit("per-day", "a"), limit("burst", "a")], "op": "pace"}),
+            json!({"limits": [limit("per-day", "a"), limit("pacer:rate=1/s", "b")], "op": "pace"}),
             400,
             "op",
         ),

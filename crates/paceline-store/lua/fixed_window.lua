@@ -126,11 +126,13 @@ local function outlook(ws, limit, w, now)
   return remaining, reset_after
 end
 
-PL.alg.fixed_window = function(p, s, now, op, cost, max_wait)
+-- `from` (a `pace` booked no earlier than it, Rust's `pace_from`; nil: now).
+PL.alg.fixed_window = function(p, s, now, op, cost, max_wait, _, from)
   local limit, w = p[1], p[2]
+  from = from or now
   local current = floor(now / w)
   local ws = PL.windows.load(s, w, current)
-  local slot = earliest_with_room(ws, current, cost, limit)
-  local delay = max(slot * w - now, 0)
+  local slot = earliest_with_room(ws, max(floor(from / w), current), cost, limit)
+  local delay = max(max(slot * w, from) - now, 0)
   return PL.windows.settle(ws, limit, w, now, op, cost, max_wait, slot == current, delay, slot, outlook)
 end

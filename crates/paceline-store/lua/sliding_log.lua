@@ -97,7 +97,8 @@ local function sl_state(times, costs, n, newest, limit)
   return s
 end
 
-PL.alg.sliding_log = function(p, s, now, op, cost, max_wait)
+-- `from` (a `pace` booked no earlier than it, Rust's `pace_from`; nil: now).
+PL.alg.sliding_log = function(p, s, now, op, cost, max_wait, _, from)
   local limit, window, min_interval, count_blocked = p[1], p[2], p[3], p[4] == 1
   local times, costs, n, newest = sl_at(s, now, window)
 
@@ -121,6 +122,9 @@ PL.alg.sliding_log = function(p, s, now, op, cost, max_wait)
   end
 
   local t = sl_earliest(limit, window, min_interval, times, costs, n, newest, now, cost)
+  if from and from > t then
+    t = from
+  end
   local delay = t - now
   if op == 'peek' then
     return decide(delay == 0, delay)

@@ -71,7 +71,7 @@ pub use paceline_core::{
     policy, spec, Clock, Decision, Error, Fallback, InputError, ManualClock, Op, Policy, Rate,
     Sleep, State, StoreError, StoreErrorKind, ALGORITHMS,
 };
-pub use set::{Limits, SetDecision, MAX_LIMITS};
+pub use set::{Limits, SetDecision, MAX_LIMITS, MAX_PACE_ROUNDS};
 
 /// Any store, shared: what [`open`] returns and what front ends hold.
 pub type SharedStore = Arc<dyn Store>;

@@ -16,7 +16,7 @@ use paceline_core::policy::{gcra, Gcra};
 use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::set::check_set;
+use crate::set::{check_set, meeting, refused_pace};
 use crate::{Request, SetDecision, Store, StoreFuture, SyncStore, SystemClock};
 
 /// A sweep pass over every shard begins at most this often (microseconds of the store's
@@ -705,8 +705,22 @@ impl MemoryStore {
         op: Op,
         cost: u64,
     ) -> Result<Decision, Error> {
+        self.insert_with(inner, hash, key, now, |state| {
+            policy.apply_validated(state, now, op, cost)
+        })
+    }
+
+    /// Runs `decide` on a new key's state (`None`), and inserts the key if it wrote one.
+    fn insert_with(
+        &self,
+        inner: &mut ShardInner,
+        hash: u64,
+        key: &str,
+        now: u64,
+        decide: impl FnOnce(&mut Option<State>) -> Decision,
+    ) -> Result<Decision, Error> {
         let mut state = None;
-        let decision = policy.apply_validated(&mut state, now, op, cost);
+        let decision = decide(&mut state);
         if let Some(state) = state {
             if inner.table.len() == inner.table.capacity() {
                 // No room left: this insert grows or rehashes the table, moving entries.
@@ -787,6 +801,56 @@ impl MemoryStore {
                     .collect::<Vec<Decision>>()
             };
         let op = requests[0].op;
+        if let Op::Pace { max_wait } = op {
+            // The states as read, then the time every limit admits, on copies.
+            let states: Vec<Option<State>> = requests
+                .iter()
+                .zip(&places)
+                .map(|(r, &(hash, shard))| {
+                    let inner = &mut guards[held(shard)];
+                    match inner.table.find_mut(hash, |e| e.key.is(r.key)) {
+                        Some(entry) => entry.slot.live_state(now),
+                        None => {
+                            missing += 1;
+                            None
+                        }
+                    }
+                })
+                .collect();
+            let meeting = meeting(requests, &states, now)?;
+            if let Some(max) = max_wait {
+                let max_us = paceline_core::duration_to_micros(max);
+                if (meeting.slot - now) as f64 > max_us {
+                    return Ok(refused_pace(meeting, now, max_us));
+                }
+            }
+            self.make_room(&mut guards, missing, now)?;
+            // Admitted: every limit books the slot on its key itself.
+            let slot = meeting.slot;
+            let mut booked = Vec::with_capacity(requests.len());
+            let mut failed = None;
+            for (r, &(hash, shard)) in requests.iter().zip(&places) {
+                let inner = &mut guards[held(shard)];
+                let mut book = |state: &mut Option<State>| {
+                    r.policy
+                        .pace_from(state, now, r.cost, slot)
+                        .unwrap_or_else(|e| {
+                            // Not reached: `meeting` booked the same on a copy.
+                            failed = Some(e);
+                            Decision::from_micros(false, 0.0, 0, 0.0, 0)
+                        })
+                };
+                let decision = match inner.table.find_mut(hash, |e| e.key.is(r.key)) {
+                    Some(entry) => update_slot(r.policy, &mut entry.slot, now, &mut book),
+                    None => self.insert_with(inner, hash, r.key, now, &mut book)?,
+                };
+                booked.push(decision);
+            }
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            return Ok(SetDecision::new(true, booked));
+        }
         let decisions = trial(op, &mut guards, &mut missing);
         let admitted = decisions.iter().all(|d| d.allowed);
         if op == Op::Peek {
@@ -797,16 +861,7 @@ impl MemoryStore {
             let peeks = trial(Op::Peek, &mut guards, &mut 0);
             return Ok(SetDecision::new(false, peeks));
         }
-        if let Some(max) = self.max_keys {
-            if missing > 0 && self.len() + missing > max {
-                for inner in guards.iter_mut() {
-                    self.sweep(inner, now);
-                }
-                if self.len() + missing > max {
-                    return Err(self.capacity_error());
-                }
-            }
-        }
+        self.make_room(&mut guards, missing, now)?;
         // Admitted: the same requests on the keys themselves.
         let mut applied = Vec::with_capacity(requests.len());
         for (r, &(hash, shard)) in requests.iter().zip(&places) {
@@ -818,6 +873,27 @@ impl MemoryStore {
             applied.push(decision);
         }
         Ok(SetDecision::new(true, applied))
+    }
+
+    /// Checks that `missing` new keys fit under the key cap, sweeping the locked shards
+    /// first if they would not: a capacity error if they still do not.
+    fn make_room(
+        &self,
+        guards: &mut [ShardedLockWriteGuard<'_, ShardInner>],
+        missing: usize,
+        now: u64,
+    ) -> Result<(), Error> {
+        if let Some(max) = self.max_keys {
+            if missing > 0 && self.len() + missing > max {
+                for inner in guards.iter_mut() {
+                    self.sweep(inner, now);
+                }
+                if self.len() + missing > max {
+                    return Err(self.capacity_error());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Releases (`extend`: false) or extends lease `id` of `key` under `policy` (see
@@ -924,16 +1000,29 @@ fn apply_shared(policy: &Policy, slot: &Slot, now: u64, op: Op, cost: u64) -> Op
 /// Applies a request to an existing key's slot under the exclusive lock, changing the slot's
 /// kind where the new state calls for it.
 fn apply_to_slot(policy: &Policy, slot: &mut Slot, now: u64, op: Op, cost: u64) -> Decision {
+    if let (Slot::Gcra(tat), Policy::Gcra(gcra)) = (&*slot, policy) {
+        return gcra_cas(gcra, tat, now, op, cost);
+    }
+    update_slot(policy, slot, now, |state| {
+        policy.apply_validated(state, now, op, cost)
+    })
+}
+
+/// Runs `decide` (a transition of `policy`) on an existing key's live state under the
+/// exclusive lock, changing the slot's kind where the new state calls for it.
+fn update_slot(
+    policy: &Policy,
+    slot: &mut Slot,
+    now: u64,
+    decide: impl FnOnce(&mut Option<State>) -> Decision,
+) -> Decision {
     match slot {
         Slot::Gcra(tat) => {
-            if let Policy::Gcra(gcra) = policy {
-                return gcra_cas(gcra, tat, now, op, cost);
-            }
-            // Another algorithm on a gcra key: decide on a copy, replace only on a write
-            // (which leaves the policy's own state where the gcra state was).
+            // Decide on a copy, replace only on a write of the policy's own state (which
+            // leaves it where the gcra state was).
             let tat = f64::from_bits(*tat.get_mut());
             let mut state = (tat > now as f64).then_some(State::Gcra(gcra::State { tat }));
-            let decision = policy.apply_validated(&mut state, now, op, cost);
+            let decision = decide(&mut state);
             if state.as_ref().is_some_and(|s| policy.owns(s)) {
                 *slot = Slot::new(state, expiry(now, decision.reset_after));
             }
@@ -941,7 +1030,7 @@ fn apply_to_slot(policy: &Policy, slot: &mut Slot, now: u64, op: Op, cost: u64) 
         }
         Slot::Other(other) => {
             let other = other_mut(other);
-            let decision = apply_to_other(policy, other, now, op, cost);
+            let decision = update_other(policy, other, now, decide);
             if matches!(other.state, Some(State::Gcra(_))) {
                 let (state, expires_at) = (other.state.take(), other.expires_at);
                 *slot = Slot::new(state, expires_at);
@@ -954,11 +1043,25 @@ fn apply_to_slot(policy: &Policy, slot: &mut Slot, now: u64, op: Op, cost: u64) 
 /// Applies a request to a non-`gcra` slot's state, treating an idle state as none.
 #[inline]
 fn apply_to_other(policy: &Policy, other: &mut OtherSlot, now: u64, op: Op, cost: u64) -> Decision {
+    update_other(policy, other, now, |state| {
+        policy.apply_validated(state, now, op, cost)
+    })
+}
+
+/// Runs `decide` (a transition of `policy`) on a non-`gcra` slot's state, treating an idle
+/// state as none.
+#[inline]
+fn update_other(
+    policy: &Policy,
+    other: &mut OtherSlot,
+    now: u64,
+    decide: impl FnOnce(&mut Option<State>) -> Decision,
+) -> Decision {
     if other.expires_at <= now {
         other.state = None;
     }
     let foreign = other.state.as_ref().is_some_and(|s| !policy.owns(s));
-    let decision = policy.apply_validated(&mut other.state, now, op, cost);
+    let decision = decide(&mut other.state);
     match &other.state {
         // A state of another algorithm that this request did not replace keeps its expiry.
         Some(s) if foreign && !policy.owns(s) => {}

@@ -17,8 +17,16 @@
 //! A set of one limit is decided exactly as that limit alone ([`Store::decide`](crate::Store::decide)):
 //! a `sliding_log` with `count_blocked` records a request it refuses, as it would alone.
 //!
-//! A set takes `limit` or `peek`; `pace` (a reservation at the earliest time every limit
-//! admits) is taken by a set of one limit only, and is an input error naming `op` for more.
+//! A set takes `limit`, `peek` or `pace`. A `pace` set books **the earliest time at which
+//! every limit admits**: each limit's earliest slot from `now`, then each one's earliest from
+//! the latest of those, and so on until they meet (at most [`MAX_PACE_ROUNDS`] rounds; in
+//! practice one or two). Every limit counts the request at that slot, and every limit's
+//! decision has the set's delay. With `max_wait`, a slot further away refuses the set and
+//! changes nothing: each limit answers its own `pace` from now, and the limits that set the
+//! slot refuse with the set's retry-after (`delay - max_wait`). Booking at a slot later than
+//! its own earliest is open to `gcra`, the window algorithms and Guava's; a `pace` set
+//! holding `pacer`, `exec_evenly` or `concurrency` is an input error naming `op`
+//! ([`Policy::pace_from`]).
 //!
 //! ```
 //! use paceline_store::{Limits, MemoryStore, Policy};
@@ -114,6 +122,30 @@ impl Limits {
         store.decide_all(&self.requests(Op::Peek, cost)).await
     }
 
+    /// Books `cost` on every limit at the earliest time every one admits (see the
+    /// [module](self)); with `max_wait`, refuses (changing nothing) a slot further away.
+    /// The decision's `delay` is the wait before acting.
+    pub async fn pace<S: Store + ?Sized>(
+        &self,
+        store: &S,
+        cost: u64,
+        max_wait: Option<Duration>,
+    ) -> Result<SetDecision, Error> {
+        store
+            .decide_all(&self.requests(Op::Pace { max_wait }, cost))
+            .await
+    }
+
+    /// [`pace`](Limits::pace), synchronously.
+    pub fn pace_sync<S: SyncStore + ?Sized>(
+        &self,
+        store: &S,
+        cost: u64,
+        max_wait: Option<Duration>,
+    ) -> Result<SetDecision, Error> {
+        store.decide_all_sync(&self.requests(Op::Pace { max_wait }, cost))
+    }
+
     /// [`limit`](Limits::limit), synchronously.
     pub fn limit_sync<S: SyncStore + ?Sized>(
         &self,
@@ -203,8 +235,8 @@ impl SetDecision {
     }
 }
 
-/// Checks a set before any store touches it: one to [`MAX_LIMITS`] requests, one op for all
-/// (`pace` only alone), each key once, each cost valid for its policy.
+/// Checks a set before any store touches it: one to [`MAX_LIMITS`] requests, one op for all,
+/// each key once, each cost valid for its policy.
 pub(crate) fn check_set(requests: &[Request<'_>]) -> Result<(), InputError> {
     let Some(first) = requests.first() else {
         return Err(InputError::new(
@@ -244,15 +276,111 @@ pub(crate) fn check_set(requests: &[Request<'_>]) -> Result<(), InputError> {
             ));
         }
         r.policy.check_cost(r.op, r.cost)?;
-    }
-    if requests.len() > 1 && matches!(first.op, Op::Pace { .. }) {
-        return Err(InputError::new(
-            "op",
-            "a set of several limits takes `limit` or `peek`; `pace` is taken by one limit \
-             at a time",
-        ));
+        if requests.len() > 1 && matches!(r.op, Op::Pace { .. }) {
+            // A policy that cannot book ahead says so on an idle key as on any.
+            r.policy.pace_from(&mut None, 0, r.cost, 0)?;
+        }
     }
     Ok(())
+}
+
+/// The most rounds of [`meeting`]: each moves the set's slot to a later limit's own; sets
+/// whose limits' free slots alternate past this many are an input error.
+pub const MAX_PACE_ROUNDS: usize = 64;
+
+/// Where the limits of a `pace` set meet ([`meeting`]).
+#[derive(Debug)]
+pub(crate) struct Meeting {
+    /// The set's slot: the earliest time (µs) from `now` at which every limit admits.
+    pub(crate) slot: u64,
+    /// Each limit's own `pace` from `now` (the first round), on its state as read.
+    pub(crate) alone: Vec<Decision>,
+    /// The limits whose own slot, in the last round that moved it, was the set's: those
+    /// that refuse a set whose slot is beyond its `max_wait`.
+    pub(crate) binding: Vec<bool>,
+}
+
+/// A delay as the slot it ends on, in whole µs from `now`, rounded up (as the Redis twin
+/// does from the same nanoseconds).
+fn slot_after(now: u64, delay: Duration) -> u64 {
+    let us = delay.as_nanos().div_ceil(1_000);
+    now.saturating_add(u64::try_from(us).unwrap_or(u64::MAX))
+}
+
+/// The earliest time, from `now`, at which every limit of a `pace` set admits, on copies of
+/// the keys' states as read (`states[i]` is `requests[i]`'s): each limit's earliest slot at
+/// or after a time ([`Policy::pace_from`], from `now` first), then the latest of them, until
+/// every limit's is the same. Errors: a policy that cannot book ahead (naming `op`), or
+/// slots that do not meet within [`MAX_PACE_ROUNDS`].
+pub(crate) fn meeting(
+    requests: &[Request<'_>],
+    states: &[Option<paceline_core::State>],
+    now: u64,
+) -> Result<Meeting, InputError> {
+    let mut slot = now;
+    let mut alone = Vec::new();
+    let mut binding = vec![false; requests.len()];
+    for round in 0..MAX_PACE_ROUNDS {
+        let mut slots = Vec::with_capacity(requests.len());
+        for (r, state) in requests.iter().zip(states) {
+            let mut copy = state.clone();
+            let d = r.policy.pace_from(&mut copy, now, r.cost, slot)?;
+            slots.push(slot_after(now, d.delay));
+            if round == 0 {
+                alone.push(d);
+            }
+        }
+        let next = slots.iter().copied().max().unwrap_or(slot);
+        if next == slot {
+            return Ok(Meeting {
+                slot,
+                alone,
+                binding,
+            });
+        }
+        binding = slots.iter().map(|&s| s == next).collect();
+        slot = next;
+    }
+    Err(unmet())
+}
+
+/// The error of a `pace` set whose limits' slots did not meet within [`MAX_PACE_ROUNDS`]
+/// (on every store).
+pub(crate) fn unmet() -> InputError {
+    InputError::new(
+        "op",
+        format!(
+            "the limits' free slots did not meet within {MAX_PACE_ROUNDS} rounds; pace \
+             them one at a time, or decide the set with `limit`"
+        ),
+    )
+}
+
+/// The decision of a `pace` set that `meeting` refuses for its `max_wait` (`max_us`, the
+/// set's slot `meeting.slot - now` away being more): each limit's own `pace` from `now`,
+/// except that the limits that set the slot refuse, with the set's retry-after.
+pub(crate) fn refused_pace(meeting: Meeting, now: u64, max_us: f64) -> SetDecision {
+    let retry = paceline_core::Decision::from_micros(
+        false,
+        ((meeting.slot - now) as f64 - max_us).max(0.0),
+        0,
+        0.0,
+        0,
+    )
+    .delay;
+    let limits = meeting
+        .alone
+        .into_iter()
+        .zip(meeting.binding)
+        .map(|(mut d, binding)| {
+            if binding {
+                d.allowed = false;
+                d.delay = retry;
+            }
+            d
+        })
+        .collect();
+    SetDecision::new(false, limits)
 }
 
 #[cfg(test)]
@@ -315,10 +443,22 @@ mod tests {
         assert_eq!(err(&mixed).field(), "op");
         let paced = [
             Request::new(&p, "a", Op::pace(), 1),
-            Request::new(&p, "b", Op::pace(), 1),
+            Request::new(&fw, "b", Op::pace(), 1),
         ];
-        assert_eq!(err(&paced).field(), "op");
-        assert!(check_set(&paced[..1]).is_ok(), "one limit may pace");
+        assert!(
+            check_set(&paced).is_ok(),
+            "a set of limits that book ahead paces"
+        );
+        let pacer: Policy = "pacer:rate=1/s".parse().unwrap();
+        let unbookable = [
+            Request::new(&p, "a", Op::pace(), 1),
+            Request::new(&pacer, "b", Op::pace(), 1),
+        ];
+        assert_eq!(err(&unbookable).field(), "op");
+        assert!(
+            check_set(&unbookable[1..]).is_ok(),
+            "alone, any limit may pace"
+        );
         let costly = [
             Request::new(&p, "a", Op::Limit, 1),
             Request::new(&fw, "b", Op::Limit, 3),

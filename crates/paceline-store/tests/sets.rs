@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use paceline_store::{redis::RedisStore, FailurePolicy, Request, SetDecision, MAX_LIMITS};
-use paceline_store::{Error, ManualClock, MemoryStore, Op, Policy, Store};
+use paceline_store::{Error, ManualClock, MemoryStore, Op, Policy, Store, SyncStore};
 use paceline_testkit::{shared_cluster, shared_server};
 use proptest::prelude::*;
 
@@ -336,9 +336,11 @@ fn redis_checks_sets_as_memory_does() {
             Request::new(&p, "k", Op::Limit, 1),
             Request::new(&p, "k", Op::Limit, 1),
         ];
+        // A pace set holding a policy that cannot book ahead.
+        let pacer: Policy = "pacer:rate=10/s".parse().expect("a policy");
         let paced = [
             Request::new(&p, "a", Op::pace(), 1),
-            Request::new(&p, "b", Op::pace(), 1),
+            Request::new(&pacer, "b", Op::pace(), 1),
         ];
         let costly = [Request::new(&p, "a", Op::Limit, 3)];
         let cases: [(&[Request], &str); 5] = [
@@ -357,4 +359,229 @@ fn redis_checks_sets_as_memory_does() {
             }
         }
     });
+}
+
+/// One policy of each algorithm that books slots ahead (a `pace` set's), with small limits
+/// so that the sets' slots fall in later windows and apart.
+fn bookable_spec() -> impl Strategy<Value = String> {
+    prop_oneof![
+        (1..=20u64, 1..=3u64).prop_map(|(r, b)| format!("gcra:rate={r}/s,burst={b}")),
+        (2..=5u64, 100..=2000u64).prop_map(|(l, w)| format!("fixed_window:limit={l},window={w}ms")),
+        (2..=5u64, 100..=2000u64, 0..=300u64)
+            .prop_map(|(l, w, m)| format!("sliding_log:limit={l},window={w}ms,min_interval={m}ms")),
+        (2..=5u64, 100..=2000u64)
+            .prop_map(|(l, w)| format!("sliding_window:limit={l},window={w}ms")),
+        (1..=20u64).prop_map(|r| format!("smooth_bursty:rate={r}/s")),
+        (1..=20u64, 100..=2000u64)
+            .prop_map(|(r, w)| format!("smooth_warming_up:rate={r}/s,warmup={w}ms")),
+    ]
+}
+
+#[derive(Clone, Debug)]
+enum PaceStep {
+    Sleep(u64),
+    /// A set of distinct key numbers: paced (with a max wait in ms, if any), or limited.
+    Set {
+        keys: Vec<usize>,
+        pace: Option<Option<u64>>,
+        cost: u64,
+    },
+}
+
+fn pace_case() -> impl Strategy<Value = (Vec<String>, Vec<PaceStep>)> {
+    prop::collection::vec(bookable_spec(), 2..=4).prop_flat_map(|specs| {
+        let n = specs.len();
+        let set = (
+            prop::sample::subsequence((0..n).collect::<Vec<_>>(), 2..=n.min(3)),
+            prop_oneof![
+                4 => Just(Some(None)),
+                3 => (0..=1500u64).prop_map(|w| Some(Some(w))),
+                2 => Just(None),
+            ],
+            prop_oneof![4 => Just(1u64), 1 => Just(2u64)],
+        )
+            .prop_flat_map(|(keys, pace, cost)| {
+                Just(keys)
+                    .prop_shuffle()
+                    .prop_map(move |keys| PaceStep::Set { keys, pace, cost })
+            });
+        let step = prop_oneof![
+            1 => Just(PaceStep::Sleep(0)),
+            3 => (0..=400_000u64).prop_map(PaceStep::Sleep),
+            10 => set,
+        ];
+        (Just(specs), prop::collection::vec(step, 1..40))
+    })
+}
+
+impl Stores {
+    /// A case of `pace` (and `limit`) sets: every store decides alike; an admitted pace set
+    /// gives every limit the set's delay, at least each limit's own; a refused one changes
+    /// no key.
+    async fn run_paced(&self, specs: &[String], steps: &[PaceStep]) -> Result<(), TestCaseError> {
+        let id = next_case_id();
+        self.clock.set_micros(EPOCH_2023 + id * 3_600_000_000);
+        let policies: Vec<Policy> = specs
+            .iter()
+            .map(|s| s.parse().expect("generated specs are valid"))
+            .collect();
+        let keys: Vec<String> = (0..policies.len())
+            .map(|k| format!("{{paced{id}}}:k{k}"))
+            .collect();
+        let stores: [(&str, &dyn Store); 4] = [
+            ("memory", &self.memory),
+            ("redis", &self.redis),
+            ("redis (as a script)", &self.redis_scripts),
+            ("cluster", &self.cluster),
+        ];
+        let peeks = |store: &'static str| {
+            let (policies, keys) = (&policies, &keys);
+            let store = stores.iter().find(|(n, _)| *n == store).map(|(_, s)| *s);
+            async move {
+                let mut all = Vec::new();
+                if let Some(store) = store {
+                    for (policy, key) in policies.iter().zip(keys) {
+                        all.push(store.decide(policy, key, Op::Peek, 1).await.ok());
+                    }
+                }
+                all
+            }
+        };
+        for (index, step) in steps.iter().enumerate() {
+            let (set, pace, cost) = match step {
+                PaceStep::Sleep(us) => {
+                    self.clock.advance(Duration::from_micros(*us));
+                    continue;
+                }
+                PaceStep::Set { keys, pace, cost } => (keys, *pace, *cost),
+            };
+            let op = match pace {
+                Some(max_wait) => Op::Pace {
+                    max_wait: max_wait.map(Duration::from_millis),
+                },
+                None => Op::Limit,
+            };
+            let requests: Vec<Request> = set
+                .iter()
+                .map(|&k| Request::new(&policies[k], &keys[k], op, cost))
+                .collect();
+            let what = || {
+                let parts: Vec<String> = set
+                    .iter()
+                    .map(|&k| format!("{} on k{k}", policies[k]))
+                    .collect();
+                format!("step {index}: {op:?} cost {cost} of [{}]", parts.join(", "))
+            };
+            // Each limit's own pace from now, as read (the set must wait at least as long).
+            let mut own = Vec::new();
+            if pace.is_some() {
+                for r in &requests {
+                    // (A cost a policy can never admit at once is no peek: left out.)
+                    let peek = self.memory.decide(r.policy, r.key, Op::Peek, r.cost).await;
+                    own.extend(peek.ok());
+                }
+            }
+            let before = peeks("memory").await;
+            let expected = self.memory.decide_all(&requests).await;
+            for (name, store) in &stores[1..] {
+                let got = store.decide_all(&requests).await;
+                if let Err(why) = same(&expected, &got) {
+                    return Err(TestCaseError::fail(format!(
+                        "{}: {name} differs from memory: {why}\n memory: {expected:?}\n {name}: {got:?}",
+                        what()
+                    )));
+                }
+            }
+            if let (Some(_), Ok(set)) = (pace, &expected) {
+                if set.allowed() {
+                    for d in &set.limits {
+                        prop_assert!(d.allowed, "{}", what());
+                        prop_assert_eq!(d.delay, set.decision.delay, "{}", what());
+                    }
+                    // A limit that refuses now makes the set wait (a peek's retry-after is
+                    // its earliest admission; the set's slot is no earlier).
+                    for d in &own {
+                        if !d.allowed {
+                            prop_assert!(
+                                set.decision.delay >= d.delay,
+                                "{}: the set acts before a limit admits ({:?} < {:?})",
+                                what(),
+                                set.decision.delay,
+                                d.delay
+                            );
+                        }
+                    }
+                } else {
+                    prop_assert!(set.refused().count() > 0, "{}: refused by none", what());
+                    prop_assert_eq!(
+                        peeks("memory").await,
+                        before,
+                        "{}: a refused pace set changed a key",
+                        what()
+                    );
+                }
+            }
+            // Every key, on every store, answers a peek alike.
+            let on_memory = peeks("memory").await;
+            for (name, _) in &stores[1..] {
+                prop_assert_eq!(
+                    &peeks(name).await,
+                    &on_memory,
+                    "{}: the keys on {} are not where memory's are",
+                    what(),
+                    name
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn every_store_paces_sets_alike_at_the_time_every_limit_admits() {
+    let runtime = runtime();
+    let stores = runtime.block_on(Stores::new());
+    check_cases(64, &pace_case(), |(specs, steps)| {
+        runtime.block_on(stores.run_paced(&specs, &steps))
+    });
+}
+
+#[test]
+fn a_paced_set_books_the_latest_limits_slot_on_every_limit() {
+    let clock = ManualClock::new(10_000_000); // 10 s: a window of 10 s starts
+    let memory = MemoryStore::builder().clock(clock.clone()).build();
+    let second: Policy = "gcra:rate=2/s,burst=1".parse().expect("a policy");
+    let window: Policy = "fixed_window:limit=2,window=10s".parse().expect("a policy");
+    let set = paceline_store::Limits::new()
+        .with(second.clone(), "t:second")
+        .with(window.clone(), "t:window");
+    let delays: Vec<u64> = (0..5)
+        .map(|_| {
+            let d = set.pace_sync(&memory, 1, None).expect("a pace set");
+            assert!(d.allowed());
+            assert!(d.limits.iter().all(|l| l.delay == d.decision.delay));
+            d.decision.delay.as_millis() as u64
+        })
+        .collect();
+    // Two per 10 s window, and 500 ms apart: 0, 0.5 s, then the next window's start (20 s
+    // from the epoch, 10 s away), 10.5 s, then 20 s.
+    assert_eq!(delays, [0, 500, 10_000, 10_500, 20_000]);
+    // A wait beyond max_wait refuses the set, and changes no key.
+    let before = (
+        memory.decide_sync(&second, "t:second", Op::Peek, 1),
+        memory.decide_sync(&window, "t:window", Op::Peek, 1),
+    );
+    let refused = set
+        .pace_sync(&memory, 1, Some(Duration::from_secs(15)))
+        .expect("a pace set");
+    assert!(!refused.allowed());
+    // The window has room from 30 s on, but the per-second limit's next slot is 30.5 s
+    // (20.5 s away): it sets the slot, 5.5 s beyond the max wait.
+    assert_eq!(refused.refused().collect::<Vec<_>>(), [0]);
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(5_500)));
+    let after = (
+        memory.decide_sync(&second, "t:second", Op::Peek, 1),
+        memory.decide_sync(&window, "t:window", Op::Peek, 1),
+    );
+    assert_eq!(format!("{before:?}"), format!("{after:?}"));
 }

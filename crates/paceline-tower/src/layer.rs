@@ -51,6 +51,10 @@ struct Shared {
     cache: Option<Arc<CachedRefusals>>,
     limits: Vec<Limit>,
     pace: Option<Duration>,
+    /// In pace mode, whether the limits book a slot in the store (a set every limit of
+    /// which can book ahead, or one limit other than `concurrency`); otherwise a request
+    /// waits for the retry-after and asks again.
+    reserves: bool,
     on_failure: StoreFailure,
     headers: bool,
 }
@@ -76,10 +80,12 @@ struct Shared {
 ///   back with its empty body. A refusal's `Retry-After` is when the soonest lease would
 ///   expire if none came back earlier.
 /// * **Pace mode** ([`pace`](Builder::pace)): a request the limits would refuse waits up to
-///   `max_wait` for its turn instead. With one rate limit the wait is a reservation (first
-///   come, first served); with several, or a concurrency limit, the request waits the
-///   longest retry-after and asks again while `max_wait` lasts (for a place in flight,
-///   asking every 50 ms, since a lease may come back before its expiry).
+///   `max_wait` for its turn instead. The wait is a reservation (first come, first served)
+///   at the earliest time every limit admits, booked on every limit at once; with a
+///   `concurrency` limit, or a `pacer` or `exec_evenly` among several (which cannot book
+///   ahead), the request waits the longest retry-after and asks again while `max_wait`
+///   lasts (for a place in flight, asking every 50 ms, since a lease may come back before
+///   its expiry).
 /// * **Store failures**: [`StoreFailure`].
 /// * **Refusals remembered**: on a store across the network (Redis), a key refused with a
 ///   retry-after is refused again, until then, in this process, without a Redis call
@@ -233,12 +239,20 @@ impl Builder {
             Some(cache) => Arc::clone(cache) as SharedStore,
             None => self.store,
         };
+        // A concurrency limit's places come back when leases do: never booked ahead.
+        let reserves = match self.limits.as_slice() {
+            [one] => !matches!(one.policy, Policy::Concurrency(_)),
+            several => several
+                .iter()
+                .all(|l| l.policy.pace_from(&mut None, 0, 1, 0).is_ok()),
+        };
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 store,
                 cache,
                 limits: self.limits,
                 pace: self.pace,
+                reserves,
                 on_failure: self.on_failure,
                 headers: self.headers,
             }),
@@ -348,10 +362,7 @@ impl Shared {
         S: Service<http::Request<B>, Response = http::Response<R>>,
     {
         let store_keys = keys;
-        // One rate limit paces by reservation; several, or a concurrency limit (whose
-        // places come back when leases do), wait for the retry-after and ask again.
-        let reserves =
-            shared.limits.len() == 1 && !matches!(shared.limits[0].policy, Policy::Concurrency(_));
+        let reserves = shared.reserves;
         let op = match shared.pace {
             Some(max_wait) if reserves => Op::pace_within(max_wait),
             _ => Op::Limit,

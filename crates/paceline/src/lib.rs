@@ -67,6 +67,9 @@
 //! let decision = tenant.limit_sync(&store, 1)?;
 //! assert!(decision.allowed());
 //! assert_eq!(decision.limits[1].remaining, 9_999);
+//! // Paced, a set books the earliest time at which every limit admits, on every limit.
+//! let paced = tenant.pace_sync(&store, 1, None)?;
+//! assert!(paced.allowed() && paced.limits.iter().all(|l| l.delay == paced.decision.delay));
 //! # Ok::<(), paceline::Error>(())
 //! ```
 //!

@@ -285,14 +285,39 @@ impl Algorithm for FixedWindow {
     }
 
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
+        self.decide(state, now, op, cost, now)
+    }
+
+    /// The earliest window from the one holding `from` with room, from `from` on.
+    fn pace_from(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        cost: u64,
+        from: u64,
+    ) -> Option<Decision> {
+        Some(self.decide(state, now, Op::pace(), cost, from))
+    }
+}
+
+impl FixedWindow {
+    /// [`Algorithm::apply`], with the slot no earlier than `from` (`>= now`).
+    fn decide(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        op: Op,
+        cost: u64,
+        from: u64,
+    ) -> Decision {
         let w = self.window_us;
         let current = now / w;
         // The stored counts under this policy's window, from the current window onwards.
         let windows = state
             .as_ref()
             .map_or_else(Vec::new, |s| rebucket(s.window_us, &s.windows, w, current));
-        let slot = earliest_with_room(&windows, current, cost, self.limit);
-        let delay = slot.saturating_mul(w).saturating_sub(now) as f64;
+        let slot = earliest_with_room(&windows, (from / w).max(current), cost, self.limit);
+        let delay = slot.saturating_mul(w).max(from).saturating_sub(now) as f64;
         let (decision, admitted) = settle(
             windows,
             op,

@@ -23,6 +23,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -71,6 +72,39 @@ pub(crate) trait Algorithm: Sized {
     /// Applies one validated request. Must leave `state` unchanged when the decision has no
     /// side effects. `now` is microseconds since the Unix epoch.
     fn apply(&self, state: &mut Option<Self::State>, now: u64, op: Op, cost: u64) -> Decision;
+
+    /// A `pace` (without `max_wait`) at `now` that books the earliest slot at or after
+    /// `from` (`>= now`): the decision as [`Policy::pace_from`] documents it, or `None` if
+    /// the algorithm cannot book a slot later than its own earliest.
+    fn pace_from(
+        &self,
+        state: &mut Option<Self::State>,
+        now: u64,
+        cost: u64,
+        from: u64,
+    ) -> Option<Decision> {
+        let _ = (state, now, cost, from);
+        None
+    }
+}
+
+/// [`Algorithm::pace_from`] for an algorithm whose state means the same whenever it is
+/// read: a `pace` at `from` itself (as if the request arrived then), its delay and
+/// `reset_after` counted from `now`. Sound for the algorithms whose state is a schedule
+/// (`gcra`'s TAT, Guava's next free ticket): booking at `from` leaves every request before
+/// `from` waiting behind it, and forgets nothing a request before `from` needs.
+pub(crate) fn pace_as_of<A: Algorithm>(
+    policy: &A,
+    state: &mut Option<A::State>,
+    now: u64,
+    cost: u64,
+    from: u64,
+) -> Decision {
+    let later = Duration::from_micros(from.saturating_sub(now));
+    let mut decision = policy.apply(state, from.max(now), Op::pace(), cost);
+    decision.delay = decision.delay.saturating_add(later);
+    decision.reset_after = decision.reset_after.saturating_add(later);
+    decision
 }
 
 macro_rules! policies {
@@ -215,6 +249,64 @@ macro_rules! policies {
             }
         }
 
+        impl Policy {
+            /// Books a `pace` of `cost` at `now` into the earliest slot **at or after
+            /// `from`** (a time in µs, `>= now`; an earlier one counts as `now`), as a set of
+            /// limits paced together needs: the time each limit would admit, then the latest
+            /// of them, until every limit admits at the same time. The decision is admitted,
+            /// its `delay` counted from `now` (the slot is `now + delay`), as are
+            /// `reset_after` and `remaining`'s view of the key.
+            ///
+            /// Algorithms that can book a slot later than their own earliest: `gcra`,
+            /// `fixed_window`, `sliding_window`, `sliding_log`, `smooth_bursty`,
+            /// `smooth_warming_up`. The others are an input error naming `op`: `pacer` and
+            /// `exec_evenly` compute their delays from the moment of the request, and
+            /// `concurrency` holds leases, which cannot be taken ahead.
+            ///
+            /// ```
+            /// use paceline_core::Policy;
+            /// let p: Policy = "fixed_window:limit=2,window=10s".parse()?;
+            /// let mut s = None;
+            /// // At 3 s, with a slot needed no earlier than 12 s: window [10 s, 20 s) opens at 10 s,
+            /// // so the slot is 12 s itself, 9 s from now.
+            /// let d = p.pace_from(&mut s, 3_000_000, 1, 12_000_000)?;
+            /// assert_eq!((d.allowed, d.delay.as_secs()), (true, 9));
+            /// # Ok::<(), paceline_core::InputError>(())
+            /// ```
+            pub fn pace_from(
+                &self,
+                state: &mut Option<State>,
+                now: u64,
+                cost: u64,
+                from: u64,
+            ) -> Result<Decision, InputError> {
+                self.check_cost(Op::pace(), cost)?;
+                check_now(now)?;
+                check_now(from)?;
+                let from = from.max(now);
+                let decided = match self {
+                    $(
+                        Policy::$variant(p) => typed(state, State::$variant, |s| match s {
+                            State::$variant(own) => Ok(own),
+                            #[allow(unreachable_patterns)]
+                            other => Err(other),
+                        }, |own| p.pace_from(own, now, cost, from)),
+                    )*
+                };
+                decided.ok_or_else(|| {
+                    InputError::new(
+                        "op",
+                        format!(
+                            "`{}` cannot book a slot ahead of its own earliest, so a set of \
+                             several limits holding it cannot be paced; decide the set with \
+                             `limit`, or pace that limit alone",
+                            self.algorithm()
+                        ),
+                    )
+                })
+            }
+        }
+
         /// The names of the eight algorithms, as written in specs.
         pub const ALGORITHMS: &[&str] = &[$( $variant::NAME, )*];
     };
@@ -239,6 +331,7 @@ pub const MAX_NOW_US: u64 = 1 << 53;
 /// Parameter aliases accepted by every algorithm.
 const ALIASES: &[(&str, &str)] = &[("qps", "rate")];
 
+/// Runs `f` on the key's state as algorithm `A`'s own (see [`typed`]).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 fn apply_typed<A: Algorithm>(
@@ -250,6 +343,19 @@ fn apply_typed<A: Algorithm>(
     wrap: fn(A::State) -> State,
     unwrap: fn(State) -> Result<A::State, State>,
 ) -> Decision {
+    typed(slot, wrap, unwrap, |own| policy.apply(own, now, op, cost))
+}
+
+/// Runs `f` on the key's state as an algorithm's own: `None` if the key is idle or holds
+/// another algorithm's state. A foreign state stays in place unless `f` writes a state of
+/// its own; `None` after `f` means it dropped the state.
+#[inline]
+fn typed<S, R>(
+    slot: &mut Option<State>,
+    wrap: fn(S) -> State,
+    unwrap: fn(State) -> Result<S, State>,
+    f: impl FnOnce(&mut Option<S>) -> R,
+) -> R {
     // Take the key's state out if it belongs to this algorithm; a foreign state stays in
     // place unless this request writes a state of its own.
     let mut typed = match slot.take() {
@@ -262,12 +368,12 @@ fn apply_typed<A: Algorithm>(
         },
         None => None,
     };
-    let decision = policy.apply(&mut typed, now, op, cost);
+    let result = f(&mut typed);
     // `None` after an own state means the algorithm dropped it: the slot is already empty.
     if let Some(s) = typed {
         *slot = Some(wrap(s));
     }
-    decision
+    result
 }
 
 /// Checks that `now` (microseconds since the Unix epoch) is within the supported range: at
@@ -696,5 +802,72 @@ mod tests {
         assert_eq!(state, before);
         assert!(gcra.apply(&mut state, 0, Op::Limit, 1).unwrap().allowed);
         assert!(matches!(state, Some(State::Gcra(_))));
+    }
+
+    /// The policies whose slots can be booked ahead, with small limits so that traffic
+    /// fills them.
+    const BOOKABLE: &[&str] = &[
+        "gcra:rate=5/s,burst=3",
+        "fixed_window:limit=3,window=1s",
+        "sliding_window:limit=3,window=1s",
+        "sliding_log:limit=3,window=1s,min_interval=50ms",
+        "smooth_bursty:rate=5/s,max_burst_seconds=1",
+        "smooth_warming_up:rate=5/s,warmup=2s",
+    ];
+
+    proptest::proptest! {
+        /// From any state: booking from `now` is exactly a `pace`; booking from later
+        /// books a slot at or after it where the policy (as the key was) admits, and
+        /// none earlier from `from` on.
+        #[test]
+        fn pace_from_books_the_earliest_admitting_slot_from_its_time(
+            which in 0..BOOKABLE.len(),
+            steps in proptest::collection::vec((0u64..400_000, 1u64..=3, proptest::bool::ANY), 0..40),
+            ahead in 0u64..5_000_000,
+            cost in 1u64..=3,
+        ) {
+            let p: Policy = BOOKABLE[which].parse().unwrap();
+            let mut state = None;
+            let mut now = 1_000_000_000;
+            for (step, c, pace) in steps {
+                now += step;
+                let op = if pace { Op::pace() } else { Op::Limit };
+                p.apply(&mut state, now, op, c).unwrap();
+            }
+            let mut paced = state.clone();
+            let mut booked = state.clone();
+            proptest::prop_assert_eq!(
+                p.pace_from(&mut booked, now, cost, now).unwrap(),
+                p.apply(&mut paced, now, Op::pace(), cost).unwrap()
+            );
+            proptest::prop_assert_eq!(&booked, &paced);
+            let from = now + ahead;
+            let mut booked = state.clone();
+            let d = p.pace_from(&mut booked, now, cost, from).unwrap();
+            proptest::prop_assert!(d.allowed);
+            let slot = now + crate::round_to_micros(d.delay);
+            proptest::prop_assert!(slot >= from, "slot {} before {}", slot, from);
+            let admits = |t: u64| p.apply(&mut state.clone(), t, Op::Peek, cost).unwrap().allowed;
+            proptest::prop_assert!(admits(slot), "{} does not admit at its slot", BOOKABLE[which]);
+            if slot > from {
+                proptest::prop_assert!(!admits(slot - 1), "{} admits before its slot", BOOKABLE[which]);
+            }
+        }
+    }
+
+    #[test]
+    fn pace_from_is_an_input_error_for_what_cannot_book_ahead() {
+        for spec in [
+            "pacer:rate=5/s",
+            "exec_evenly:points=5,duration=1s",
+            "concurrency:limit=2,lease=1s",
+        ] {
+            let p: Policy = spec.parse().unwrap();
+            let mut state = None;
+            let e = p.pace_from(&mut state, 0, 1, 1_000).unwrap_err();
+            assert_eq!(e.field(), "op", "{spec}");
+            assert!(e.message().contains(p.algorithm()), "{e}");
+            assert_eq!(state, None);
+        }
     }
 }

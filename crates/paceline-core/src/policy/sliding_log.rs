@@ -324,8 +324,35 @@ impl Algorithm for SlidingLog {
     }
 
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
+        self.decide(state, now, op, cost, now)
+    }
+
+    /// Blocked at `t` only if blocked at every earlier time (the count only falls as `t`
+    /// grows): the earliest unblocked time from `from` is `max(from, earliest)`, logged
+    /// there (never before the newest entry).
+    fn pace_from(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        cost: u64,
+        from: u64,
+    ) -> Option<Decision> {
+        Some(self.decide(state, now, Op::pace(), cost, from))
+    }
+}
+
+impl SlidingLog {
+    /// [`Algorithm::apply`], with the slot no earlier than `from` (`>= now`).
+    fn decide(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        op: Op,
+        cost: u64,
+        from: u64,
+    ) -> Decision {
         let log = Log::at(state.as_ref(), now, self.window_us);
-        let t = self.earliest(&log, now, cost);
+        let t = self.earliest(&log, now, cost).max(from);
         let delay = t - now;
         let save = |state: &mut Option<State>, log: Log, allowed: bool, delay: f64| {
             let decision = self.decision(&log, now, allowed, delay);

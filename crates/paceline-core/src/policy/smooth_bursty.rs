@@ -175,6 +175,17 @@ impl Algorithm for SmoothBursty {
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
         self.config().apply(state, now, op, cost)
     }
+
+    /// Its state is a schedule: booking at `from` is a `pace` at `from`.
+    fn pace_from(
+        &self,
+        state: &mut Option<State>,
+        now: u64,
+        cost: u64,
+        from: u64,
+    ) -> Option<Decision> {
+        Some(super::pace_as_of(self, state, now, cost, from))
+    }
 }
 
 #[cfg(test)]

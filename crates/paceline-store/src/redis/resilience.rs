@@ -90,14 +90,18 @@ impl Resilience {
     /// each limit's decision, or the failure policy's answer for the whole set.
     pub(crate) fn settle_all(
         &self,
-        outcome: Result<(bool, Vec<Decision>), StoreError>,
+        outcome: Result<Option<(bool, Vec<Decision>)>, StoreError>,
         requests: &[Request<'_>],
         group: usize,
     ) -> Result<SetDecision, Error> {
         match outcome {
-            Ok((admitted, limits)) => {
+            Ok(Some((admitted, limits))) => {
                 self.answered();
                 Ok(SetDecision::new(admitted, limits))
+            }
+            Ok(None) => {
+                self.answered();
+                Err(crate::set::unmet().into())
             }
             Err(e) => {
                 self.mark_down(group, &e);

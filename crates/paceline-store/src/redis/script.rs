@@ -206,11 +206,12 @@ pub(crate) fn parse_reply(
 }
 
 /// Turns the set script's reply (`lua/decide_all.lua`) into whether the set was admitted
-/// and one decision per entry of `limits`.
+/// and one decision per entry of `limits`; `None` for a `pace` set whose limits' slots did
+/// not meet (the script's `{ -1 }`).
 pub(crate) fn parse_all_reply(
     reply: Value,
     limits: impl ExactSizeIterator<Item = u64>,
-) -> Result<(bool, Vec<Decision>), StoreError> {
+) -> Result<Option<(bool, Vec<Decision>)>, StoreError> {
     let Value::Array(mut values) = reply else {
         return Err(protocol(format!("expected an array, got {reply:?}")));
     };
@@ -220,10 +221,11 @@ pub(crate) fn parse_all_reply(
     let admitted = match values.remove(0) {
         Value::Int(1) => true,
         Value::Int(0) => false,
+        Value::Int(-1) if values.is_empty() => return Ok(None),
         other => return Err(protocol(format!("the set's admission flag is {other:?}"))),
     };
     let decisions = parse_reply(Value::Array(values), limits)?;
-    Ok((admitted, decisions))
+    Ok(Some((admitted, decisions)))
 }
 
 /// A time the script returned in nanoseconds: an integer, or a float in a string when it is
@@ -483,6 +485,29 @@ mod tests {
             .unwrap_err()
             .message()
             .contains("reset_after"));
+    }
+
+    #[test]
+    fn a_set_reply_says_admitted_refused_or_that_the_slots_did_not_meet() {
+        let limits = || [1u64, 1].into_iter();
+        let limit = |allowed: i64| {
+            [allowed, 0, 0, 0, -1]
+                .into_iter()
+                .map(Value::Int)
+                .collect::<Vec<_>>()
+        };
+        let refused = Value::Array([vec![Value::Int(0)], limit(1), limit(0)].concat());
+        let (admitted, decisions) = parse_all_reply(refused, limits()).unwrap().unwrap();
+        assert!(!admitted);
+        assert_eq!((decisions[0].allowed, decisions[1].allowed), (true, false));
+        // A pace set whose slots did not meet: `{ -1 }`, and nothing more.
+        let unmet = Value::Array(vec![Value::Int(-1)]);
+        assert_eq!(parse_all_reply(unmet, limits()).unwrap(), None);
+        let bad = Value::Array([vec![Value::Int(-1)], limit(1)].concat());
+        assert_eq!(
+            parse_all_reply(bad, limits()).unwrap_err().kind(),
+            StoreErrorKind::Protocol
+        );
     }
 
     #[test]

@@ -536,12 +536,13 @@ impl Transport {
     }
 
     /// One call deciding `batch` as a set (`lua/decide_all.lua`): whether it was admitted,
-    /// and each limit's decision. The keys share a slot (checked by the caller).
+    /// and each limit's decision (`None`: a `pace` set whose slots did not meet). The keys
+    /// share a slot (checked by the caller).
     pub(crate) async fn call_all(
         &self,
         batch: &[&Request<'_>],
         now: Option<u64>,
-    ) -> Result<(bool, Vec<Decision>), StoreError> {
+    ) -> Result<Option<(bool, Vec<Decision>)>, StoreError> {
         let (policies, numbers) = numbered(batch);
         let mut call = if self.functions {
             let mut call = redis::cmd("FCALL");
