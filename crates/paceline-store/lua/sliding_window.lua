@@ -104,17 +104,14 @@ local function outlook(ws, limit, w, now)
   return remaining, reset_after
 end
 
--- `from` (a `pace` booked no earlier than it, Rust's `pace_from`; nil: now).
-PL.alg.sliding_window = function(p, s, now, op, cost, max_wait, _, from)
+PL.alg.sliding_window = function(p, s, now, op, cost, max_wait)
   local limit, w = p[1], p[2]
-  from = from or now
   local ws = PL.windows.load(s, w, max(floor(now / w) - 1, 0))
-  local prev, cur, left = parts(ws, w, from)
-  local from_fits = fits(share(prev, left, w), cur, cost, limit)
-  local now_fits = from == now and from_fits
-  local slot = from
-  if not from_fits then
-    slot = slot_of(ws, w, limit, from, cost)
+  local prev, cur, left = parts(ws, w, now)
+  local now_fits = fits(share(prev, left, w), cur, cost, limit)
+  local slot = now
+  if not now_fits then
+    slot = slot_of(ws, w, limit, now, cost)
   end
   local delay = slot - now
   return PL.windows.settle(ws, limit, w, now, op, cost, max_wait, now_fits, delay, floor(slot / w), outlook)

@@ -41,46 +41,36 @@ pub(crate) fn seconds_up(d: Duration) -> u64 {
 /// # Ok::<(), paceline_core::InputError>(())
 /// ```
 pub fn insert(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &Decision) {
-    let (mut policy, mut state) = (
-        String::with_capacity(limits.len() * 32),
-        String::with_capacity(limits.len() * 40),
-    );
+    let quotas: Vec<(&str, u64)> = limits.iter().map(|(name, d)| (*name, d.limit)).collect();
+    if let Some(policy) = policy_field(&quotas) {
+        headers.insert(RATELIMIT_POLICY, policy);
+    }
+    insert_state(headers, limits, combined);
+}
+
+/// The `RateLimit-Policy` field of limits `(name, quota)`, which depends on the limits
+/// alone: a layer writes it once and sends a copy with every answer.
+pub fn policy_field(limits: &[(&str, u64)]) -> Option<HeaderValue> {
+    let mut policy = String::with_capacity(limits.len() * 32);
     let mut digits = itoa::Buffer::new();
-    let mut item = |text: &mut String, name: &str, pairs: &[(&str, u64)]| {
-        if !text.is_empty() {
-            text.push_str(", ");
-        }
-        text.push('"');
-        // A structured-field string holds printable ASCII, with `"` and `\` escaped;
-        // anything else is written `?`.
-        for c in name.chars() {
-            match c {
-                '"' | '\\' => {
-                    text.push('\\');
-                    text.push(c);
-                }
-                ' '..='~' => text.push(c),
-                _ => text.push('?'),
-            }
-        }
-        text.push('"');
-        for (key, number) in pairs {
-            text.push(';');
-            text.push_str(key);
-            text.push('=');
-            text.push_str(digits.format((*number).min(SF_INTEGER_MAX)));
-        }
-    };
+    for (name, quota) in limits {
+        item(&mut policy, &mut digits, name, &[("q", *quota)]);
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(policy)).ok()
+}
+
+/// [`insert`] without `RateLimit-Policy`: `RateLimit`, and `Retry-After` when `combined`
+/// refused.
+pub fn insert_state(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &Decision) {
+    let mut state = String::with_capacity(limits.len() * 40);
+    let mut digits = itoa::Buffer::new();
     for (name, d) in limits {
-        item(&mut policy, name, &[("q", d.limit)]);
         item(
             &mut state,
+            &mut digits,
             name,
             &[("r", d.remaining), ("t", seconds_up(d.reset_after))],
         );
-    }
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(policy)) {
-        headers.insert(RATELIMIT_POLICY, v);
     }
     if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(state)) {
         headers.insert(RATELIMIT, v);
@@ -90,6 +80,34 @@ pub fn insert(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &
             RETRY_AFTER,
             HeaderValue::from(seconds_up(combined.delay).max(1)),
         );
+    }
+}
+
+/// Appends one list member to a structured field: the name as a string, then its
+/// parameters.
+fn item(text: &mut String, digits: &mut itoa::Buffer, name: &str, pairs: &[(&str, u64)]) {
+    if !text.is_empty() {
+        text.push_str(", ");
+    }
+    text.push('"');
+    // A structured-field string holds printable ASCII, with `"` and `\` escaped;
+    // anything else is written `?`.
+    for c in name.chars() {
+        match c {
+            '"' | '\\' => {
+                text.push('\\');
+                text.push(c);
+            }
+            ' '..='~' => text.push(c),
+            _ => text.push('?'),
+        }
+    }
+    text.push('"');
+    for (key, number) in pairs {
+        text.push(';');
+        text.push_str(key);
+        text.push('=');
+        text.push_str(digits.format((*number).min(SF_INTEGER_MAX)));
     }
 }
 

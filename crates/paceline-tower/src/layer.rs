@@ -57,6 +57,8 @@ struct Shared {
     reserves: bool,
     on_failure: StoreFailure,
     headers: bool,
+    /// `RateLimit-Policy`, the same for every answer.
+    policy_header: Option<http::HeaderValue>,
 }
 
 /// A tower [`Layer`] that decides every request against a set of limits, on any store,
@@ -82,8 +84,8 @@ struct Shared {
 /// * **Pace mode** ([`pace`](Builder::pace)): a request the limits would refuse waits up to
 ///   `max_wait` for its turn instead. The wait is a reservation (first come, first served)
 ///   at the earliest time every limit admits, booked on every limit at once; with a
-///   `concurrency` limit, or a `pacer` or `exec_evenly` among several (which cannot book
-///   ahead), the request waits the longest retry-after and asks again while `max_wait`
+///   `concurrency` limit, or a `pacer`, `exec_evenly` or `sliding_window` among several
+///   (which cannot book ahead), the request waits the longest retry-after and asks again while `max_wait`
 ///   lasts (for a place in flight, asking every 50 ms, since a lease may come back before
 ///   its expiry).
 /// * **Store failures**: [`StoreFailure`].
@@ -246,10 +248,17 @@ impl Builder {
                 .iter()
                 .all(|l| l.policy.pace_from(&mut None, 0, 1, 0).is_ok()),
         };
+        let quotas: Vec<(&str, u64)> = self
+            .limits
+            .iter()
+            .map(|l| (l.name.as_str(), l.policy.limit()))
+            .collect();
+        let policy_header = headers::policy_field(&quotas);
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 store,
                 cache,
+                policy_header,
                 limits: self.limits,
                 pace: self.pace,
                 reserves,
@@ -369,13 +378,26 @@ impl Shared {
         };
         let mut waited = Duration::ZERO;
         let set = loop {
-            let requests: Vec<Request> = shared
-                .limits
-                .iter()
-                .zip(&store_keys)
-                .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
-                .collect();
-            match shared.store.decide_all(&requests).await {
+            let decided = match (shared.limits.as_slice(), store_keys.as_slice()) {
+                // One limit (the common case): no vector of requests.
+                ([limit], [key]) => {
+                    let request = Request::new(&limit.policy, key, op, 1);
+                    shared
+                        .store
+                        .decide_all(std::slice::from_ref(&request))
+                        .await
+                }
+                _ => {
+                    let requests: Vec<Request> = shared
+                        .limits
+                        .iter()
+                        .zip(&store_keys)
+                        .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
+                        .collect();
+                    shared.store.decide_all(&requests).await
+                }
+            };
+            match decided {
                 Ok(set) if set.allowed() => break set,
                 Ok(set) => {
                     // Pace mode without a reservation: wait for the longest retry-after
@@ -452,7 +474,16 @@ impl Shared {
     }
 
     fn insert_headers(&self, headers: &mut http::HeaderMap, set: &SetDecision) {
-        headers::insert(headers, &self.named(set), &set.decision);
+        // `RateLimit-Policy` depends on the limits alone: written once, copied.
+        if let Some(policy) = &self.policy_header {
+            headers.insert(headers::RATELIMIT_POLICY, policy.clone());
+        }
+        match (self.limits.as_slice(), set.limits.as_slice()) {
+            ([limit], [d]) => {
+                headers::insert_state(headers, &[(limit.name.as_str(), d)], &set.decision);
+            }
+            _ => headers::insert_state(headers, &self.named(set), &set.decision),
+        }
     }
 
     /// The `429` of a refused set.

@@ -258,43 +258,16 @@ impl Algorithm for SlidingWindow {
     }
 
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
-        self.decide(state, now, op, cost, now)
-    }
-
-    /// The first microsecond from `from` on at which the request is admitted, counted in
-    /// its window.
-    fn pace_from(
-        &self,
-        state: &mut Option<State>,
-        now: u64,
-        cost: u64,
-        from: u64,
-    ) -> Option<Decision> {
-        Some(self.decide(state, now, Op::pace(), cost, from))
-    }
-}
-
-impl SlidingWindow {
-    /// [`Algorithm::apply`], with the slot no earlier than `from` (`>= now`).
-    fn decide(
-        &self,
-        state: &mut Option<State>,
-        now: u64,
-        op: Op,
-        cost: u64,
-        from: u64,
-    ) -> Decision {
         let w = self.window_us;
         // The stored counts under this policy's window, from the previous window onwards.
         let windows = state.as_ref().map_or_else(Vec::new, |s| {
             rebucket(s.window_us, &s.windows, w, (now / w).saturating_sub(1))
         });
-        let from_fits = self.admits(&windows, from, cost);
-        let now_fits = from == now && from_fits;
-        let slot = if from_fits {
-            from
+        let now_fits = self.admits(&windows, now, cost);
+        let slot = if now_fits {
+            now
         } else {
-            self.slot(&windows, from, cost)
+            self.slot(&windows, now, cost)
         };
         let delay = (slot - now) as f64;
         let (decision, admitted) = settle(
