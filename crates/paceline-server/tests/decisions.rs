@@ -193,15 +193,22 @@ async fn a_set_is_paced_to_the_time_every_limit_admits() {
         }
     }
     // Within a second: refused, nothing booked. The day's three are booked: the next
-    // day's window sets the slot, so the day refuses (the burst alone would book in 1 h).
+    // day's window sets the slot, with the set's retry-after; the burst refuses as it
+    // would alone (its next cell is an hour away).
     let a = post(
         &url,
         json!({"limits": limits, "op": "pace", "max_wait_ms": 1000}),
     )
     .await;
     assert_eq!(a.status, 429, "{}", a.body);
-    assert_eq!(a.body["limits"][0]["allowed"], true, "{}", a.body);
+    assert_eq!(a.body["limits"][0]["allowed"], false, "{}", a.body);
     assert_eq!(a.body["limits"][1]["allowed"], false, "{}", a.body);
+    let burst_retry = a.body["limits"][0]["delay_ms"].as_f64().expect("a delay");
+    assert!(
+        burst_retry < 3_600_000.0 && burst_retry > 3_500_000.0,
+        "{}",
+        a.body
+    );
     assert_eq!(a.body["limits"][1]["remaining"], 0, "{}", a.body);
     assert_eq!(
         a.body["delay_ms"], a.body["limits"][1]["delay_ms"],

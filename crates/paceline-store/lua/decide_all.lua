@@ -7,7 +7,7 @@
 --
 -- A `pace` set of several limits books the earliest time at which every limit admits: each
 -- limit's earliest slot at or after a time, from now, then from the latest of those, until
--- they meet (64 rounds at most: else the reply is { -1 }).
+-- they meet (64 rounds at most, and 2^53 ns from now: else the reply is { -1 }).
 --
 -- Returns 1 (admitted and saved) or 0 (refused, nothing changed), then five values per
 -- limit as `decide.lua` returns them: allowed, delay, remaining, reset_after, lease.
@@ -56,33 +56,64 @@ if #keys > 1 and runs[1].op == 'pace' then
   -- and the others, which take the slot's earliest time as an argument. (Rust refuses a
   -- set holding any other before it calls.)
   local as_of = { gcra = true, smooth_bursty = true, smooth_warming_up = true }
-  -- Rust's `Policy::pace_from`: the time the values are counted from, then the values.
+  -- Rust's `Policy::pace_from`: the time the values are counted from, then the values
+  -- (`remaining` the key's at now: a peek of cost 1 on the new state, for those decided as
+  -- of the slot).
   local function pace_from(run, state, from)
     local policy = run.policy
     if as_of[policy.alg] then
-      return from, policy.f(policy.p, state, from, 'pace', run.cost, nil, nil)
+      local allowed, delay, _, reset_after, new_state, idle_at =
+        policy.f(policy.p, state, from, 'pace', run.cost, nil, nil)
+      local _, _, remaining = policy.f(policy.p, new_state, now, 'peek', 1, nil, nil)
+      return from, allowed, delay, remaining, reset_after, new_state, idle_at
     end
     return now, policy.f(policy.p, state, now, 'pace', run.cost, nil, nil, from)
   end
-  -- A time counted from `base` in nanoseconds counted from now (Rust adds the whole µs
-  -- between to the rounded nanoseconds).
-  local function from_now(base, us)
-    return PL.nanos(us) + (base - now) * 1000
+  -- The decimal digits of `a + b`, two whole numbers written in digits.
+  local function add_digits(a, b)
+    local sum, carry = {}, 0
+    local i, j = #a, #b
+    while i > 0 or j > 0 or carry > 0 do
+      local d = carry
+      if i > 0 then
+        d = d + string.byte(a, i) - 48
+        i = i - 1
+      end
+      if j > 0 then
+        d = d + string.byte(b, j) - 48
+        j = j - 1
+      end
+      carry = d >= 10 and 1 or 0
+      sum[#sum + 1] = string.char(48 + d % 10)
+    end
+    return string.reverse(table.concat(sum))
   end
-  local slot, alone, binding = now, nil, {}
+  -- A time counted from `base` in nanoseconds counted from now, exactly as Rust adds the
+  -- whole nanoseconds between (an integer) to the rounded nanoseconds (a double's value):
+  -- a sum past 2^53 is written in digits.
+  local function from_now(base, us)
+    local ns = PL.nanos(us)
+    if base == now or type(ns) ~= 'number' then
+      return ns
+    end
+    local between = (base - now) * 1000
+    local total = ns + between
+    if total < 9007199254740992 then
+      return total
+    end
+    -- The µs between are a whole number below 2^53: in digits, times 1000 exactly.
+    return add_digits(string.format('%.0f', ns), string.format('%.0f', base - now) .. '000')
+  end
+  local slot, binding = now, {}
   local met = false
-  for round = 1, 64 do
-    local slots, decided = {}, {}
+  for _ = 1, 64 do
+    local slots = {}
     local i = 0
     every(function(run, key)
       i = i + 1
-      local base, _, delay, remaining, reset_after = pace_from(run, live(key, run.policy.alg), slot)
+      local base, _, delay = pace_from(run, live(key, run.policy.alg), slot)
       slots[i] = PL.expiry(base, delay)
-      decided[i] = { base, delay, remaining, reset_after }
     end)
-    if round == 1 then
-      alone = decided
-    end
     local next = slot
     for k = 1, #slots do
       if slots[k] > next then
@@ -91,6 +122,11 @@ if #keys > 1 and runs[1].op == 'pace' then
     end
     if next == slot then
       met = true
+      break
+    end
+    if next - now > 9007199254740 or next > 9007199254740992 then
+      -- More than 2^53 ns away, or past the last time the engine takes (2^53 µs): no
+      -- slot, as in Rust (`MAX_PACE_SET_DELAY_US`).
       break
     end
     binding = {}
@@ -104,18 +140,21 @@ if #keys > 1 and runs[1].op == 'pace' then
   end
   local max_wait = runs[1].max_wait
   if max_wait and slot - now > max_wait then
-    -- Refused, nothing written: each limit's own pace from now; those that set the slot
-    -- refuse with the set's retry-after.
+    -- Refused, nothing written: each limit answers as it would alone (its own pace with
+    -- max_wait); those that set the slot refuse with the set's retry-after.
     out[1] = 0
     local retry = PL.retry_after_max_wait(slot - now, max_wait)
-    for k = 1, #alone do
-      local base, delay, remaining, reset_after = alone[k][1], alone[k][2], alone[k][3], alone[k][4]
-      out[#out + 1] = binding[k] and 0 or 1
-      out[#out + 1] = binding[k] and PL.nanos(retry) or from_now(base, delay)
-      out[#out + 1] = remaining
-      out[#out + 1] = from_now(base, reset_after)
-      out[#out + 1] = -1
-    end
+    local k = 0
+    every(function(run, key)
+      k = k + 1
+      local policy = run.policy
+      local allowed, delay, remaining, reset_after = policy.f(policy.p, live(key, policy.alg), now,
+        'pace', run.cost, run.max_wait, run.max_wait_us)
+      if binding[k] then
+        allowed, delay = false, retry
+      end
+      reply(allowed, delay, remaining, reset_after)
+    end)
     return out
   end
   out[1] = 1

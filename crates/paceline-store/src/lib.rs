@@ -49,7 +49,7 @@ mod memory;
 mod open;
 #[cfg(feature = "redis")]
 pub mod redis;
-mod set;
+pub mod set;
 
 /// Installs rustls's `ring` crypto provider as the process's default, unless one is
 /// installed already (which is as good): rustls needs one per process. Every TLS client of
@@ -71,7 +71,7 @@ pub use paceline_core::{
     policy, spec, Clock, Decision, Error, Fallback, InputError, ManualClock, Op, Policy, Rate,
     Sleep, State, StoreError, StoreErrorKind, ALGORITHMS,
 };
-pub use set::{Limits, SetDecision, MAX_LIMITS, MAX_PACE_ROUNDS};
+pub use set::{Limits, SetDecision, MAX_LIMITS, MAX_PACE_ROUNDS, MAX_PACE_SET_DELAY_US};
 
 /// Any store, shared: what [`open`] returns and what front ends hold.
 pub type SharedStore = Arc<dyn Store>;
@@ -148,8 +148,9 @@ pub trait Store: Send + Sync + 'static {
     /// Decides a set of limits as one ([`Limits`]): admitted only if every request admits,
     /// and then each counts it; refused otherwise, changing no key, with each limit's
     /// answer as of now. A set of one is decided as [`decide`](Store::decide) decides it.
-    /// The requests share one op (`limit` or `peek`; `pace` only for a
-    /// set of one), name each key once, and number at most [`MAX_LIMITS`]; a Redis Cluster
+    /// The requests share one op (`limit`, `peek`, or `pace`: the earliest time at which
+    /// every limit admits, see [`set`](crate::set)), name each key once, and number at most
+    /// [`MAX_LIMITS`]; a Redis Cluster
     /// needs their keys in one hash slot. Anything else is an [`Error::Input`] naming the
     /// field.
     fn decide_all<'a>(

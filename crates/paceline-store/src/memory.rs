@@ -821,7 +821,13 @@ impl MemoryStore {
             if let Some(max) = max_wait {
                 let max_us = paceline_core::duration_to_micros(max);
                 if (meeting.slot - now) as f64 > max_us {
-                    return Ok(refused_pace(meeting, now, max_us));
+                    // Refused, nothing written: each limit's own answer alone.
+                    let own = requests
+                        .iter()
+                        .zip(states)
+                        .map(|(r, mut state)| r.policy.apply_validated(&mut state, now, op, r.cost))
+                        .collect();
+                    return Ok(refused_pace(meeting, own, now, max_us));
                 }
             }
             self.make_room(&mut guards, missing, now)?;

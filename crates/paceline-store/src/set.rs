@@ -19,14 +19,16 @@
 //!
 //! A set takes `limit`, `peek` or `pace`. A `pace` set books **the earliest time at which
 //! every limit admits**: each limit's earliest slot from `now`, then each one's earliest from
-//! the latest of those, and so on until they meet (at most [`MAX_PACE_ROUNDS`] rounds; in
-//! practice one or two). Every limit counts the request at that slot, and every limit's
+//! the latest of those, and so on until they meet (at most [`MAX_PACE_ROUNDS`] rounds, in
+//! practice one or two, and at most [`MAX_PACE_SET_DELAY_US`], about 104 days, away: else an
+//! input error naming `op`). Every limit counts the request at that slot, and every limit's
 //! decision has the set's delay. With `max_wait`, a slot further away refuses the set and
-//! changes nothing: each limit answers its own `pace` from now, and the limits that set the
-//! slot refuse with the set's retry-after (`delay - max_wait`). Booking at a slot later than
-//! its own earliest is open to `gcra`, the window algorithms and Guava's; a `pace` set
-//! holding `pacer`, `exec_evenly` or `concurrency` is an input error naming `op`
-//! ([`Policy::pace_from`]).
+//! changes nothing: each limit answers as it would alone (its own `pace` with that
+//! `max_wait`, from now), except that the limits that set the slot refuse with the set's
+//! retry-after (`delay - max_wait`), the combined `delay`. Booking at a slot later than
+//! its own earliest is open to `gcra`, `fixed_window`, `sliding_log` and Guava's; a `pace`
+//! set holding `pacer`, `exec_evenly`, `sliding_window` or `concurrency` is an input error
+//! naming `op` ([`Policy::pace_from`]).
 //!
 //! ```
 //! use paceline_store::{Limits, MemoryStore, Policy};
@@ -169,9 +171,9 @@ impl Limits {
 ///
 /// * Admitted: every limit counted the request; `limits` holds each limit's decision after
 ///   it.
-/// * Refused: no limit changed; `limits` holds what each limit answers now (as a `peek`):
-///   `allowed` is false for the limits that refused, and their `delay` is their
-///   retry-after.
+/// * Refused: no limit changed; `limits` holds what each limit answers now (as a `peek`;
+///   for a `pace` set, as its own `pace` alone, see the [module](self)): `allowed` is false
+///   for the limits that refused, and their `delay` is their retry-after.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SetDecision {
@@ -293,15 +295,18 @@ pub const MAX_PACE_ROUNDS: usize = 64;
 pub(crate) struct Meeting {
     /// The set's slot: the earliest time (µs) from `now` at which every limit admits.
     pub(crate) slot: u64,
-    /// Each limit's own `pace` from `now` (the first round), on its state as read.
-    pub(crate) alone: Vec<Decision>,
     /// The limits whose own slot, in the last round that moved it, was the set's: those
     /// that refuse a set whose slot is beyond its `max_wait`.
     pub(crate) binding: Vec<bool>,
 }
 
-/// A delay as the slot it ends on, in whole µs from `now`, rounded up (as the Redis twin
-/// does from the same nanoseconds).
+/// The furthest a `pace` set's slot may be, in µs from now: 2^53 ns (about 104 days), so
+/// that every time of the set is a whole number of nanoseconds a double holds exactly, in
+/// Rust as in the Redis twin.
+pub const MAX_PACE_SET_DELAY_US: u64 = (1 << 53) / 1_000;
+
+/// A delay as the slot it ends on, in whole µs from `now`, rounded up (below
+/// [`MAX_PACE_SET_DELAY_US`], as the Redis twin's floating point gives it).
 fn slot_after(now: u64, delay: Duration) -> u64 {
     let us = delay.as_nanos().div_ceil(1_000);
     now.saturating_add(u64::try_from(us).unwrap_or(u64::MAX))
@@ -318,25 +323,21 @@ pub(crate) fn meeting(
     now: u64,
 ) -> Result<Meeting, InputError> {
     let mut slot = now;
-    let mut alone = Vec::new();
     let mut binding = vec![false; requests.len()];
-    for round in 0..MAX_PACE_ROUNDS {
+    for _ in 0..MAX_PACE_ROUNDS {
         let mut slots = Vec::with_capacity(requests.len());
         for (r, state) in requests.iter().zip(states) {
             let mut copy = state.clone();
             let d = r.policy.pace_from(&mut copy, now, r.cost, slot)?;
             slots.push(slot_after(now, d.delay));
-            if round == 0 {
-                alone.push(d);
-            }
         }
         let next = slots.iter().copied().max().unwrap_or(slot);
         if next == slot {
-            return Ok(Meeting {
-                slot,
-                alone,
-                binding,
-            });
+            return Ok(Meeting { slot, binding });
+        }
+        if next - now > MAX_PACE_SET_DELAY_US || next > paceline_core::policy::MAX_NOW_US {
+            // Too far, or past the last time the engine takes: no slot (as in the twin).
+            break;
         }
         binding = slots.iter().map(|&s| s == next).collect();
         slot = next;
@@ -345,21 +346,27 @@ pub(crate) fn meeting(
 }
 
 /// The error of a `pace` set whose limits' slots did not meet within [`MAX_PACE_ROUNDS`]
-/// (on every store).
+/// and [`MAX_PACE_SET_DELAY_US`] (on every store).
 pub(crate) fn unmet() -> InputError {
     InputError::new(
         "op",
         format!(
-            "the limits' free slots did not meet within {MAX_PACE_ROUNDS} rounds; pace \
-             them one at a time, or decide the set with `limit`"
+            "the limits' free slots do not meet within {MAX_PACE_ROUNDS} rounds and 104 \
+             days; pace them one at a time, or decide the set with `limit`"
         ),
     )
 }
 
-/// The decision of a `pace` set that `meeting` refuses for its `max_wait` (`max_us`, the
-/// set's slot `meeting.slot - now` away being more): each limit's own `pace` from `now`,
-/// except that the limits that set the slot refuse, with the set's retry-after.
-pub(crate) fn refused_pace(meeting: Meeting, now: u64, max_us: f64) -> SetDecision {
+/// The decision of a `pace` set refused for its `max_wait` (`max_us`, the set's slot
+/// `meeting.slot - now` away being more): `own` holds each limit's own `pace` with that
+/// `max_wait` from `now` (what it alone would answer, nothing booked); the limits that set
+/// the slot refuse, with the set's retry-after.
+pub(crate) fn refused_pace(
+    meeting: Meeting,
+    own: Vec<Decision>,
+    now: u64,
+    max_us: f64,
+) -> SetDecision {
     let retry = paceline_core::Decision::from_micros(
         false,
         ((meeting.slot - now) as f64 - max_us).max(0.0),
@@ -368,8 +375,7 @@ pub(crate) fn refused_pace(meeting: Meeting, now: u64, max_us: f64) -> SetDecisi
         0,
     )
     .delay;
-    let limits = meeting
-        .alone
+    let limits = own
         .into_iter()
         .zip(meeting.binding)
         .map(|(mut d, binding)| {

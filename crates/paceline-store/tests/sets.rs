@@ -369,17 +369,21 @@ fn bookable_spec() -> impl Strategy<Value = String> {
         (2..=5u64, 100..=2000u64).prop_map(|(l, w)| format!("fixed_window:limit={l},window={w}ms")),
         (2..=5u64, 100..=2000u64, 0..=300u64)
             .prop_map(|(l, w, m)| format!("sliding_log:limit={l},window={w}ms,min_interval={m}ms")),
-        (2..=5u64, 100..=2000u64)
-            .prop_map(|(l, w)| format!("sliding_window:limit={l},window={w}ms")),
         (1..=20u64).prop_map(|r| format!("smooth_bursty:rate={r}/s")),
         (1..=20u64, 100..=2000u64)
             .prop_map(|(r, w)| format!("smooth_warming_up:rate={r}/s,warmup={w}ms")),
+        // A year's window: slots months away (times past 2^53 ns).
+        (1..=2u64).prop_map(|l| format!("fixed_window:limit={l},window=365d")),
+        (1..=3u64).prop_map(|b| format!("gcra:rate=3/s,burst={b}")),
     ]
 }
 
 #[derive(Clone, Debug)]
 enum PaceStep {
     Sleep(u64),
+    /// A `limit` on key `k` by a policy of another algorithm than its own: the key's
+    /// state is foreign to its own policy until it writes its own.
+    Foreign(usize),
     /// A set of distinct key numbers: paced (with a max wait in ms, if any), or limited.
     Set {
         keys: Vec<usize>,
@@ -408,6 +412,7 @@ fn pace_case() -> impl Strategy<Value = (Vec<String>, Vec<PaceStep>)> {
         let step = prop_oneof![
             1 => Just(PaceStep::Sleep(0)),
             3 => (0..=400_000u64).prop_map(PaceStep::Sleep),
+            1 => (0..n).prop_map(PaceStep::Foreign),
             10 => set,
         ];
         (Just(specs), prop::collection::vec(step, 1..40))
@@ -453,6 +458,18 @@ impl Stores {
                     self.clock.advance(Duration::from_micros(*us));
                     continue;
                 }
+                PaceStep::Foreign(k) => {
+                    let other: Policy = if policies[*k].algorithm() == "sliding_log" {
+                        "gcra:rate=2/s,burst=2".parse().expect("a policy")
+                    } else {
+                        "sliding_log:limit=2,window=1s".parse().expect("a policy")
+                    };
+                    for (_, store) in &stores {
+                        // Refused or admitted alike on every store (checked by the peeks).
+                        let _ = store.decide(&other, &keys[*k], Op::Limit, 1).await;
+                    }
+                    continue;
+                }
                 PaceStep::Set { keys, pace, cost } => (keys, *pace, *cost),
             };
             let op = match pace {
@@ -494,9 +511,12 @@ impl Stores {
             }
             if let (Some(_), Ok(set)) = (pace, &expected) {
                 if set.allowed() {
+                    // Every limit acts at the set's slot (the same microsecond: past 2^53
+                    // ns, some delays are a double's nanoseconds, others exact).
+                    let us = paceline_core::round_to_micros;
                     for d in &set.limits {
                         prop_assert!(d.allowed, "{}", what());
-                        prop_assert_eq!(d.delay, set.decision.delay, "{}", what());
+                        prop_assert_eq!(us(d.delay), us(set.decision.delay), "{}", what());
                     }
                     // A limit that refuses now makes the set wait (a peek's retry-after is
                     // its earliest admission; the set's slot is no earlier).
@@ -576,8 +596,11 @@ fn a_paced_set_books_the_latest_limits_slot_on_every_limit() {
         .expect("a pace set");
     assert!(!refused.allowed());
     // The window has room from 30 s on, but the per-second limit's next slot is 30.5 s
-    // (20.5 s away): it sets the slot, 5.5 s beyond the max wait.
-    assert_eq!(refused.refused().collect::<Vec<_>>(), [0]);
+    // (20.5 s away): it sets the slot, 5.5 s beyond the max wait. The window, alone, would
+    // refuse too (its 30 s are 5 s beyond).
+    assert_eq!(refused.refused().collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(refused.limits[0].delay, Duration::from_millis(5_500));
+    assert_eq!(refused.limits[1].delay, Duration::from_secs(5));
     assert_eq!(refused.retry_after(), Some(Duration::from_millis(5_500)));
     let after = (
         memory.decide_sync(&second, "t:second", Op::Peek, 1),

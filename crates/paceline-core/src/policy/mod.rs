@@ -93,17 +93,24 @@ pub(crate) trait Algorithm: Sized {
 /// `reset_after` counted from `now`. Sound for the algorithms whose state is a schedule
 /// (`gcra`'s TAT, Guava's next free ticket): booking at `from` leaves every request before
 /// `from` waiting behind it, and forgets nothing a request before `from` needs.
+///
+/// `remaining` is the key's at `now` after the booking (a `peek` of cost 1 then), as every
+/// other decision's is.
 pub(crate) fn pace_as_of<A: Algorithm>(
     policy: &A,
     state: &mut Option<A::State>,
     now: u64,
     cost: u64,
     from: u64,
-) -> Decision {
+) -> Decision
+where
+    A::State: Clone,
+{
     let later = Duration::from_micros(from.saturating_sub(now));
     let mut decision = policy.apply(state, from.max(now), Op::pace(), cost);
     decision.delay = decision.delay.saturating_add(later);
     decision.reset_after = decision.reset_after.saturating_add(later);
+    decision.remaining = policy.apply(&mut state.clone(), now, Op::Peek, 1).remaining;
     decision
 }
 
@@ -254,14 +261,16 @@ macro_rules! policies {
             /// `from`** (a time in µs, `>= now`; an earlier one counts as `now`), as a set of
             /// limits paced together needs: the time each limit would admit, then the latest
             /// of them, until every limit admits at the same time. The decision is admitted,
-            /// its `delay` counted from `now` (the slot is `now + delay`), as are
-            /// `reset_after` and `remaining`'s view of the key.
+            /// its `delay` counted from `now` (the slot is `now + delay`), as is
+            /// `reset_after`; `remaining` is the key's at `now`, after the booking.
             ///
             /// Algorithms that can book a slot later than their own earliest: `gcra`,
-            /// `fixed_window`, `sliding_window`, `sliding_log`, `smooth_bursty`,
-            /// `smooth_warming_up`. The others are an input error naming `op`: `pacer` and
-            /// `exec_evenly` compute their delays from the moment of the request, and
-            /// `concurrency` holds leases, which cannot be taken ahead.
+            /// `fixed_window`, `sliding_log`, `smooth_bursty`, `smooth_warming_up`. The
+            /// others are an input error naming `op`: `pacer` and `exec_evenly` compute
+            /// their delays from the moment of the request, `sliding_window` weighs only the
+            /// previous window into the current one (so requests admitted before a booking
+            /// in a later window could overrun it), and `concurrency` holds leases, which
+            /// cannot be taken ahead.
             ///
             /// ```
             /// use paceline_core::Policy;
@@ -809,7 +818,6 @@ mod tests {
     const BOOKABLE: &[&str] = &[
         "gcra:rate=5/s,burst=3",
         "fixed_window:limit=3,window=1s",
-        "sliding_window:limit=3,window=1s",
         "sliding_log:limit=3,window=1s,min_interval=50ms",
         "smooth_bursty:rate=5/s,max_burst_seconds=1",
         "smooth_warming_up:rate=5/s,warmup=2s",
@@ -860,6 +868,7 @@ mod tests {
         for spec in [
             "pacer:rate=5/s",
             "exec_evenly:points=5,duration=1s",
+            "sliding_window:limit=5,window=1s",
             "concurrency:limit=2,lease=1s",
         ] {
             let p: Policy = spec.parse().unwrap();

@@ -241,10 +241,12 @@ fn nanos(value: &Value, field: &str) -> Result<Duration, StoreError> {
             .map(Duration::from_nanos)
             .map_err(|_| bad()),
         Value::BulkString(bytes) => {
-            let x: f64 = std::str::from_utf8(bytes)
-                .ok()
-                .and_then(|t| t.parse().ok())
-                .ok_or_else(bad)?;
+            let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+            // Whole digits: exact (a set's times past 2^53 ns come so).
+            if let Ok(n) = text.parse::<u64>() {
+                return Ok(Duration::from_nanos(n));
+            }
+            let x: f64 = text.parse().map_err(|_| bad())?;
             if x >= u64::MAX as f64 {
                 Ok(Duration::MAX)
             } else if x >= 0.0 {
