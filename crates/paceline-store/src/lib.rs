@@ -205,6 +205,12 @@ pub trait Store: Send + Sync + 'static {
     fn is_remote(&self) -> bool {
         false
     }
+
+    /// The store as a [`SyncStore`], if it answers without waiting on I/O (the in-memory
+    /// store): front ends may then decide in place, without a future.
+    fn as_sync(&self) -> Option<&dyn SyncStore> {
+        None
+    }
 }
 
 /// A store that answers without waiting on I/O (the in-memory store), so decisions can be

@@ -1150,6 +1150,10 @@ impl Store for MemoryStore {
         self.clock().sleep(duration)
     }
 
+    fn as_sync(&self) -> Option<&dyn SyncStore> {
+        Some(self)
+    }
+
     fn time_source(&self) -> Option<Arc<dyn Clock>> {
         Some(match &self.clock {
             StoreClock::System(clock) => Arc::new(clock.clone()),

@@ -301,9 +301,87 @@ impl<S> std::fmt::Debug for RateLimit<S> {
     }
 }
 
-/// The future of a [`RateLimit`] call.
-pub type ResponseFuture<R, E> =
-    Pin<Box<dyn Future<Output = Result<http::Response<LimitedBody<R>>, E>> + Send>>;
+/// What a [`RateLimit`] call answers.
+type Answer<R, E> = Result<http::Response<LimitedBody<R>>, E>;
+
+pin_project! {
+    /// The future of a [`RateLimit`] call: `F` is the inner service's.
+    ///
+    /// On a store that answers in place (the memory store) the limits are decided in
+    /// `call` itself: an admitted request's future is the inner service's, with the headers
+    /// added to its answer, and a refusal is ready at once. A store across the network, or
+    /// a wait in pace mode, decides in a boxed future of its own.
+    pub struct ResponseFuture<F, R, E> {
+        #[pin]
+        state: Pending<F, R, E>,
+    }
+}
+
+pin_project! {
+    #[project = PendingProj]
+    enum Pending<F, R, E> {
+        // Admitted: the inner service's answer, then the headers and the leases.
+        Admitted {
+            #[pin]
+            inner: F,
+            shared: Arc<Shared>,
+            set: Option<SetDecision>,
+            guard: Option<LeaseGuard>,
+        },
+        // An answer of the layer's own (a refusal, a problem), ready.
+        Ready { response: Option<http::Response<LimitedBody<R>>> },
+        // Decided later.
+        Later { future: Pin<Box<dyn Future<Output = Answer<R, E>> + Send>> },
+    }
+}
+
+impl<F, R, E> ResponseFuture<F, R, E> {
+    fn ready(response: http::Response<LimitedBody<R>>) -> ResponseFuture<F, R, E> {
+        ResponseFuture {
+            state: Pending::Ready {
+                response: Some(response),
+            },
+        }
+    }
+}
+
+impl<F, R, E> Future for ResponseFuture<F, R, E>
+where
+    F: Future<Output = Result<http::Response<R>, E>>,
+{
+    type Output = Answer<R, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            PendingProj::Admitted {
+                inner,
+                shared,
+                set,
+                guard,
+            } => {
+                let mut response = match inner.poll(cx) {
+                    Poll::Ready(Ok(response)) => response,
+                    // The guard goes with the future, giving the leases back.
+                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Pending => return Poll::Pending,
+                };
+                if let Some(set) = set.take() {
+                    if shared.headers {
+                        shared.insert_headers(response.headers_mut(), &set);
+                    }
+                }
+                let guard = guard.take();
+                Poll::Ready(Ok(response.map(|body| LimitedBody::inner(body, guard))))
+            }
+            // Polled again after its answer: nothing more comes.
+            PendingProj::Ready { response } => match response.take() {
+                Some(response) => Poll::Ready(Ok(response)),
+                None => Poll::Pending,
+            },
+            PendingProj::Later { future } => future.as_mut().poll(cx),
+        }
+    }
+}
 
 impl<S, B, R> Service<http::Request<B>> for RateLimit<S>
 where
@@ -315,7 +393,7 @@ where
 {
     type Response = http::Response<LimitedBody<R>>;
     type Error = S::Error;
-    type Future = ResponseFuture<R, S::Error>;
+    type Future = ResponseFuture<S::Future, R, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -350,44 +428,126 @@ where
                 Ok(key)
             })
             .collect();
-        Box::pin(async move {
-            let keys = match keys {
-                Ok(keys) => keys,
-                Err(problem) => return Ok(answer(&problem)),
-            };
-            Shared::run(shared, inner, request, keys).await
-        })
+        let keys = match keys {
+            Ok(keys) => keys,
+            Err(problem) => return ResponseFuture::ready(answer(&problem)),
+        };
+        let mut inner = inner;
+        // A store that answers in place decides here: no future of the layer's own.
+        let mut first = None;
+        if let Some(store) = shared.store.as_sync() {
+            let outcome = shared.with_requests(&keys, shared.op(), |requests| {
+                store.decide_all_sync(requests)
+            });
+            match &outcome {
+                Ok(set) if set.allowed() && set.decision.delay.is_zero() => {
+                    let guard = shared.guard(set, keys);
+                    let future = inner.call(request);
+                    return ResponseFuture {
+                        state: Pending::Admitted {
+                            inner: future,
+                            set: outcome.ok(),
+                            shared,
+                            guard,
+                        },
+                    };
+                }
+                Ok(set) if !set.allowed() && shared.pace.is_none() => {
+                    return ResponseFuture::ready(shared.refusal(set));
+                }
+                // A wait, a wait-and-ask in pace mode, or a failed store: decided below,
+                // from this outcome.
+                _ => first = Some(outcome),
+            }
+        }
+        ResponseFuture {
+            state: Pending::Later {
+                future: Box::pin(
+                    async move { Shared::run(shared, inner, request, keys, first).await },
+                ),
+            },
+        }
     }
 }
 
 impl Shared {
+    /// The op every request asks its limits: a reservation in pace mode if they book
+    /// ahead, else `limit`.
+    fn op(&self) -> Op {
+        match self.pace {
+            Some(max_wait) if self.reserves => Op::pace_within(max_wait),
+            _ => Op::Limit,
+        }
+    }
+
+    /// Runs `f` on the requests of `op` for each limit's key (one limit: no vector).
+    fn with_requests<T>(&self, keys: &[String], op: Op, f: impl FnOnce(&[Request<'_>]) -> T) -> T {
+        match (self.limits.as_slice(), keys) {
+            ([limit], [key]) => f(std::slice::from_ref(&Request::new(
+                &limit.policy,
+                key,
+                op,
+                1,
+            ))),
+            _ => {
+                let requests: Vec<Request> = self
+                    .limits
+                    .iter()
+                    .zip(keys)
+                    .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
+                    .collect();
+                f(&requests)
+            }
+        }
+    }
+
+    /// The leases an admitted `set` took, held until dropped (none: `None`).
+    fn guard(self: &Arc<Self>, set: &SetDecision, keys: Vec<String>) -> Option<LeaseGuard> {
+        let leases: Vec<(usize, String, u64)> = set
+            .limits
+            .iter()
+            .zip(keys)
+            .enumerate()
+            .filter_map(|(i, (d, key))| d.lease.map(|id| (i, key, id)))
+            .collect();
+        (!leases.is_empty()).then(|| LeaseGuard {
+            shared: Arc::clone(self),
+            leases,
+        })
+    }
+
+    /// Decides (after `first`, the outcome of a decision made already, if any), waits as
+    /// pace mode says, then calls the inner service.
     async fn run<S, B, R>(
         shared: Arc<Shared>,
         mut inner: S,
         request: http::Request<B>,
         keys: Vec<String>,
+        mut first: Option<Result<SetDecision, Error>>,
     ) -> Result<http::Response<LimitedBody<R>>, S::Error>
     where
         S: Service<http::Request<B>, Response = http::Response<R>>,
     {
         let store_keys = keys;
         let reserves = shared.reserves;
-        let op = match shared.pace {
-            Some(max_wait) if reserves => Op::pace_within(max_wait),
-            _ => Op::Limit,
-        };
+        let op = shared.op();
         let mut waited = Duration::ZERO;
         let set = loop {
-            let decided = match (shared.limits.as_slice(), store_keys.as_slice()) {
+            let decided = match (
+                first.take(),
+                shared.limits.as_slice(),
+                store_keys.as_slice(),
+            ) {
+                (Some(outcome), _, _) => outcome,
                 // One limit (the common case): no vector of requests.
-                ([limit], [key]) => {
+                (None, [limit], [key]) => {
                     let request = Request::new(&limit.policy, key, op, 1);
                     shared
                         .store
                         .decide_all(std::slice::from_ref(&request))
                         .await
                 }
-                _ => {
+                (None, _, _) => {
                     let requests: Vec<Request> = shared
                         .limits
                         .iter()
@@ -441,19 +601,9 @@ impl Shared {
                 }
             }
         };
-        let leases: Vec<(usize, String, u64)> = set
-            .limits
-            .iter()
-            .zip(store_keys)
-            .enumerate()
-            .filter_map(|(i, (d, key))| d.lease.map(|id| (i, key, id)))
-            .collect();
         // Held from here: a request dropped while it waits for its slot gives its leases
         // back too.
-        let guard = (!leases.is_empty()).then(|| LeaseGuard {
-            shared: Arc::clone(&shared),
-            leases,
-        });
+        let guard = shared.guard(&set, store_keys);
         if !set.decision.delay.is_zero() {
             shared.store.sleep(set.decision.delay).await;
         }
