@@ -863,19 +863,7 @@ mod tests {
     #[test]
     fn a_burst_is_what_acts_within_100_ms() {
         let summary = |spec: &str, script: &str| {
-            let clock = paceline_store::ManualClock::new(0);
-            let store = std::sync::Arc::new(
-                paceline_store::MemoryStore::builder()
-                    .clock(clock.clone())
-                    .build(),
-            );
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .build()
-                .expect("a runtime");
-            let outcomes = runtime
-                .block_on(crate::simulate::run_on(policy(spec), script, store, &clock))
-                .expect("a valid script");
-            summarize(&outcomes)
+            summarize(&crate::simulate::outcomes(policy(spec), script).expect("a valid script"))
         };
         // A steady client, one request a second, all admitted at once: no burst.
         let steady = "{\"op\": \"limit\"}\n{\"sleep_ms\": 1000}\n".repeat(10);
@@ -913,22 +901,7 @@ mod tests {
         let script = "{\"key\": \"a\", \"op\": \"limit\"}\n".repeat(4)
             + &"{\"key\": \"b\", \"op\": \"pace\"}\n".repeat(3)
             + "{\"key\": \"a\", \"op\": \"peek\"}\n{\"key\": \"a\", \"op\": \"reset\"}\n";
-        let clock = paceline_store::ManualClock::new(0);
-        let store = std::sync::Arc::new(
-            paceline_store::MemoryStore::builder()
-                .clock(clock.clone())
-                .build(),
-        );
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("a runtime");
-        let outcomes = runtime
-            .block_on(crate::simulate::run_on(
-                policy("gcra:rate=1/s,burst=2"),
-                &script,
-                store,
-                &clock,
-            ))
+        let outcomes = crate::simulate::outcomes(policy("gcra:rate=1/s,burst=2"), &script)
             .expect("a valid script");
         let s = summarize(&outcomes);
         // a: 2 at once, 2 rejected; b: 2 at once, then one after 1 s. Peek and reset: none.

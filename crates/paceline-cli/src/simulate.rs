@@ -162,6 +162,13 @@ struct Request {
 /// (one JSON object per line).
 #[cfg(test)]
 pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> {
+    to_json_lines(&outcomes(default_policy, script)?)
+}
+
+/// Runs `script` through `default_policy` on a fresh in-memory store, returning what each
+/// request line did.
+#[cfg(test)]
+pub fn outcomes(default_policy: Policy, script: &str) -> Result<Vec<Outcome>, ScriptError> {
     let clock = ManualClock::new(0);
     let store = Arc::new(
         paceline_store::MemoryStore::builder()
@@ -176,8 +183,7 @@ pub fn run(default_policy: Policy, script: &str) -> Result<String, ScriptError> 
             message: e.to_string(),
             kind: Failure::Input,
         })?;
-    let outcomes = runtime.block_on(run_on(default_policy, script, store, &clock))?;
-    to_json_lines(&outcomes)
+    runtime.block_on(run_on(default_policy, script, store, &clock))
 }
 
 /// Runs `script` through `default_policy` on `store`, whose clock must be `clock` (starting

@@ -134,6 +134,16 @@ impl Stores {
         }
     }
 
+    /// Every store under test, named, memory first.
+    fn all(&self) -> [(&'static str, &dyn Store); 4] {
+        [
+            ("memory", &self.memory),
+            ("redis", &self.redis),
+            ("redis (as a script)", &self.redis_scripts),
+            ("cluster", &self.cluster),
+        ]
+    }
+
     async fn run(&self, case: &Case) -> Result<(), TestCaseError> {
         let id = next_case_id();
         self.clock.set_micros(EPOCH_2023 + id * 3_600_000_000);
@@ -146,12 +156,7 @@ impl Stores {
         let keys: Vec<String> = (0..policies.len())
             .map(|k| format!("{{case{id}}}:k{k}"))
             .collect();
-        let stores: [(&str, &dyn Store); 4] = [
-            ("memory", &self.memory),
-            ("redis", &self.redis),
-            ("redis (as a script)", &self.redis_scripts),
-            ("cluster", &self.cluster),
-        ];
+        let stores = self.all();
         for (index, step) in case.steps.iter().enumerate() {
             let (set, peek, cost) = match step {
                 Step::Sleep(us) => {
@@ -433,12 +438,7 @@ impl Stores {
         let keys: Vec<String> = (0..policies.len())
             .map(|k| format!("{{paced{id}}}:k{k}"))
             .collect();
-        let stores: [(&str, &dyn Store); 4] = [
-            ("memory", &self.memory),
-            ("redis", &self.redis),
-            ("redis (as a script)", &self.redis_scripts),
-            ("cluster", &self.cluster),
-        ];
+        let stores = self.all();
         let peeks = |store: &'static str| {
             let (policies, keys) = (&policies, &keys);
             let store = stores.iter().find(|(n, _)| *n == store).map(|(_, s)| *s);
