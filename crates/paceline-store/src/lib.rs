@@ -116,8 +116,9 @@ impl<'a> Request<'a> {
 /// be dropped). Every request is validated by the store that decides it, once
 /// ([`Policy::check_cost`]): an invalid cost is that request's [`Error::Input`].
 ///
-/// The trait is object safe: front ends hold a [`SharedStore`] (`Arc<dyn Store>`) and never
-/// ask which kind of store it is. Its futures are [`StoreFuture`]s, which cost no
+/// The trait is object safe: front ends hold a [`SharedStore`] (`Arc<dyn Store>`) and ask
+/// only what it can do ([`is_remote`](Store::is_remote), [`as_sync`](Store::as_sync)), never
+/// which kind of store it is. Its futures are [`StoreFuture`]s, which cost no
 /// allocation when the answer is ready at once (the memory store).
 pub trait Store: Send + Sync + 'static {
     /// Applies `op` with `cost` to `key` under `policy`.
@@ -207,7 +208,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// The store as a [`SyncStore`], if it answers without waiting on I/O (the in-memory
-    /// store): front ends may then decide in place, without a future.
+    /// store): front ends may then decide in place, without a future. Its decisions must be
+    /// exactly this store's own; a wrapper that adds behaviour (such as a cache) answers
+    /// `None`.
     fn as_sync(&self) -> Option<&dyn SyncStore> {
         None
     }

@@ -305,12 +305,18 @@ impl<S> std::fmt::Debug for RateLimit<S> {
 type Answer<R, E> = Result<http::Response<LimitedBody<R>>, E>;
 
 pin_project! {
-    /// The future of a [`RateLimit`] call: `F` is the inner service's.
+    /// The future of a [`RateLimit`] call: `F` is the inner service's (this future is
+    /// `Unpin` when `F` is).
     ///
-    /// On a store that answers in place (the memory store) the limits are decided in
-    /// `call` itself: an admitted request's future is the inner service's, with the headers
-    /// added to its answer, and a refusal is ready at once. A store across the network, or
-    /// a wait in pace mode, decides in a boxed future of its own.
+    /// On a store that answers in place (the memory store, [`Store::as_sync`]) the limits
+    /// are decided in `call` itself, as tower services may: the request counts from `call`,
+    /// even if its future is dropped unpolled. An admitted request's future is then the
+    /// inner service's, with the headers added to its answer, and a refusal is ready at
+    /// once. A store across the network (or one behind a cache of refusals), an admission
+    /// with a delay, a refusal in pace mode and a failed store are answered by a boxed
+    /// future of the layer's.
+    ///
+    /// [`Store::as_sync`]: paceline_store::Store::as_sync
     pub struct ResponseFuture<F, R, E> {
         #[pin]
         state: Pending<F, R, E>,
@@ -361,8 +367,12 @@ where
             } => {
                 let mut response = match inner.poll(cx) {
                     Poll::Ready(Ok(response)) => response,
-                    // The guard goes with the future, giving the leases back.
-                    Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                    Poll::Ready(Err(e)) => {
+                        // The leases go back now, not when the future is dropped.
+                        drop(guard.take());
+                        set.take();
+                        return Poll::Ready(Err(e));
+                    }
                     Poll::Pending => return Poll::Pending,
                 };
                 if let Some(set) = set.take() {
@@ -455,9 +465,15 @@ where
                 Ok(set) if !set.allowed() && shared.pace.is_none() => {
                     return ResponseFuture::ready(shared.refusal(set));
                 }
-                // A wait, a wait-and-ask in pace mode, or a failed store: decided below,
-                // from this outcome.
-                _ => first = Some(outcome),
+                // Admitted after a wait: its leases held from now (a future dropped before
+                // its first poll gives them back).
+                Ok(set) if set.allowed() => {
+                    let guard = shared.guard(set, keys.clone());
+                    first = Some((outcome, guard));
+                }
+                // A refusal in pace mode (beyond `max_wait`, or to wait and ask again), or a
+                // failed store: answered below, from this outcome.
+                _ => first = Some((outcome, None)),
             }
         }
         ResponseFuture {
@@ -523,7 +539,7 @@ impl Shared {
         mut inner: S,
         request: http::Request<B>,
         keys: Vec<String>,
-        mut first: Option<Result<SetDecision, Error>>,
+        mut first: Option<(Result<SetDecision, Error>, Option<LeaseGuard>)>,
     ) -> Result<http::Response<LimitedBody<R>>, S::Error>
     where
         S: Service<http::Request<B>, Response = http::Response<R>>,
@@ -532,13 +548,17 @@ impl Shared {
         let reserves = shared.reserves;
         let op = shared.op();
         let mut waited = Duration::ZERO;
+        let mut held = None;
         let set = loop {
             let decided = match (
                 first.take(),
                 shared.limits.as_slice(),
                 store_keys.as_slice(),
             ) {
-                (Some(outcome), _, _) => outcome,
+                (Some((outcome, guard)), _, _) => {
+                    held = guard;
+                    outcome
+                }
                 // One limit (the common case): no vector of requests.
                 (None, [limit], [key]) => {
                     let request = Request::new(&limit.policy, key, op, 1);
@@ -601,9 +621,12 @@ impl Shared {
                 }
             }
         };
-        // Held from here: a request dropped while it waits for its slot gives its leases
-        // back too.
-        let guard = shared.guard(&set, store_keys);
+        // Held from here (or from `call`): a request dropped while it waits for its slot
+        // gives its leases back too.
+        let guard = match held {
+            Some(guard) => Some(guard),
+            None => shared.guard(&set, store_keys),
+        };
         if !set.decision.delay.is_zero() {
             shared.store.sleep(set.decision.delay).await;
         }

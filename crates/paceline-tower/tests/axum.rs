@@ -479,3 +479,45 @@ fn layers_are_checked_when_built() {
     assert_eq!(err(bad_header), "key");
     assert!(named("per-second.v2_x").build().is_ok());
 }
+
+#[tokio::test]
+async fn a_request_dropped_before_its_first_poll_gives_its_lease_back() {
+    use tower::{Layer, Service};
+    let clock = ManualClock::new(EPOCH_2023);
+    // `exec_evenly` admits the second request after a delay: its future waits, holding the
+    // place in flight it was given in `call`.
+    let layer = RateLimitLayer::builder(memory(&clock))
+        .limit(
+            "evenly",
+            policy("exec_evenly:points=10,duration=1s"),
+            Key::constant("all"),
+        )
+        .limit(
+            "in-flight",
+            policy("concurrency:limit=1,lease=1h"),
+            Key::constant("all"),
+        )
+        .build()
+        .expect("a layer");
+    // The layer's own service (axum's router would call it only when polled).
+    let mut service = layer.layer(tower::service_fn(|_: http::Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+    }));
+    ServiceExt::<http::Request<Body>>::ready(&mut service)
+        .await
+        .expect("ready");
+    let first = service.call(request(None)).await.expect("an answer");
+    assert_eq!(first.status(), 200);
+    drop(first); // its body, and its place, go back
+    ServiceExt::<http::Request<Body>>::ready(&mut service)
+        .await
+        .expect("ready");
+    // Decided in `call` (admitted after a delay), dropped unpolled.
+    drop(service.call(request(None)));
+    // Had the dropped request kept its place, this one would be refused (one in flight).
+    ServiceExt::<http::Request<Body>>::ready(&mut service)
+        .await
+        .expect("ready");
+    let third = service.call(request(None)).await.expect("an answer");
+    assert_eq!(third.status(), 200);
+}
