@@ -188,9 +188,9 @@ pub fn format_of(path: &Path) -> Result<&'static str, String> {
 /// Draws `runs` into `path` (`.svg` or `.png`); the error names what went wrong.
 pub fn draw(path: &Path, runs: &[Run<'_>]) -> Result<(), String> {
     let format = format_of(path)?;
-    let rows = rows(runs);
+    let (rows, keys) = rows(runs);
     let height = HEADER + ROW_HEIGHT * rows.len().max(1) as u32;
-    let header = header(runs, &rows);
+    let header = header(runs, &rows, keys);
     // Both backends measure text with the font (the SVG names it, and leaves the drawing
     // to the viewer's `sans-serif`).
     register_font();
@@ -213,12 +213,16 @@ pub fn draw(path: &Path, runs: &[Run<'_>]) -> Result<(), String> {
     }
 }
 
-/// The rows to draw: each run's busiest keys, at most [`MAX_ROWS`] in all.
-fn rows(runs: &[Run<'_>]) -> Vec<Row> {
+/// The rows to draw: each run's busiest keys, at most [`MAX_ROWS`] in all; and how many
+/// keys (of every run) there are.
+fn rows(runs: &[Run<'_>]) -> (Vec<Row>, usize) {
     let keys_per_run = (MAX_ROWS / runs.len().max(1)).clamp(1, MAX_KEYS);
     let mut rows = Vec::new();
+    let mut keys = 0;
     for run in runs {
-        for (key, policy, marks) in by_key(run.outcomes).into_iter().take(keys_per_run) {
+        let of_run = by_key(run.outcomes);
+        keys += of_run.len();
+        for (key, policy, marks) in of_run.into_iter().take(keys_per_run) {
             let title = if runs.len() > 1 {
                 format!("{}  key {}", printable(&run.label), printable(&key))
             } else {
@@ -232,7 +236,7 @@ fn rows(runs: &[Run<'_>]) -> Vec<Row> {
         }
     }
     rows.truncate(MAX_ROWS);
-    rows
+    (rows, keys)
 }
 
 /// `text` with its control characters replaced by U+FFFD: a key may hold any character,
@@ -244,8 +248,7 @@ fn printable(text: &str) -> String {
 }
 
 /// The plot's title line: what is drawn, and what is left out.
-fn header(runs: &[Run<'_>], rows: &[Row]) -> String {
-    let keys: usize = runs.iter().map(|r| by_key(r.outcomes).len()).sum();
+fn header(runs: &[Run<'_>], rows: &[Row], keys: usize) -> String {
     let requests: usize = runs.iter().map(|r| r.outcomes.len()).sum();
     let mut text = if runs.len() > 1 {
         format!(

@@ -174,23 +174,9 @@ impl Stores {
                 .iter()
                 .map(|&k| Request::new(&policies[k], &keys[k], op, cost))
                 .collect();
-            let what = || {
-                let parts: Vec<String> = set
-                    .iter()
-                    .map(|&k| format!("{} on k{k}", policies[k]))
-                    .collect();
-                format!("step {index}: {op:?} cost {cost} of [{}]", parts.join(", "))
-            };
+            let what = || describe(index, op, cost, set, &policies);
             let expected = self.memory.decide_all(&requests).await;
-            for (name, store) in &stores[1..] {
-                let got = store.decide_all(&requests).await;
-                if let Err(why) = same(&expected, &got) {
-                    return Err(TestCaseError::fail(format!(
-                        "{}: {name} differs from memory: {why}\n memory: {expected:?}\n {name}: {got:?}",
-                        what()
-                    )));
-                }
-            }
+            alike(&stores, &requests, &expected, what).await?;
             // The model: each limit alone, applied only if every one admits.
             let mut alone = Vec::new();
             for r in &requests {
@@ -258,6 +244,35 @@ impl Stores {
 fn next_case_id() -> u64 {
     static CASE: AtomicU64 = AtomicU64::new(0);
     CASE.fetch_add(1, Ordering::Relaxed)
+}
+
+/// A step's set, for failure messages.
+fn describe(index: usize, op: Op, cost: u64, set: &[usize], policies: &[Policy]) -> String {
+    let parts: Vec<String> = set
+        .iter()
+        .map(|&k| format!("{} on k{k}", policies[k]))
+        .collect();
+    format!("step {index}: {op:?} cost {cost} of [{}]", parts.join(", "))
+}
+
+/// Decides `requests` on every store but the first (memory, whose decision is `expected`)
+/// and fails unless each decides as memory did.
+async fn alike(
+    stores: &[(&str, &dyn Store)],
+    requests: &[Request<'_>],
+    expected: &Result<SetDecision, Error>,
+    what: impl Fn() -> String,
+) -> Result<(), TestCaseError> {
+    for (name, store) in &stores[1..] {
+        let got = store.decide_all(requests).await;
+        if let Err(why) = same(expected, &got) {
+            return Err(TestCaseError::fail(format!(
+                "{}: {name} differs from memory: {why}\n memory: {expected:?}\n {name}: {got:?}",
+                what()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Identical set decisions, or errors naming the same field.
@@ -482,13 +497,7 @@ impl Stores {
                 .iter()
                 .map(|&k| Request::new(&policies[k], &keys[k], op, cost))
                 .collect();
-            let what = || {
-                let parts: Vec<String> = set
-                    .iter()
-                    .map(|&k| format!("{} on k{k}", policies[k]))
-                    .collect();
-                format!("step {index}: {op:?} cost {cost} of [{}]", parts.join(", "))
-            };
+            let what = || describe(index, op, cost, set, &policies);
             // Each limit's own pace from now, as read (the set must wait at least as long).
             let mut own = Vec::new();
             if pace.is_some() {
@@ -500,15 +509,7 @@ impl Stores {
             }
             let before = peeks("memory").await;
             let expected = self.memory.decide_all(&requests).await;
-            for (name, store) in &stores[1..] {
-                let got = store.decide_all(&requests).await;
-                if let Err(why) = same(&expected, &got) {
-                    return Err(TestCaseError::fail(format!(
-                        "{}: {name} differs from memory: {why}\n memory: {expected:?}\n {name}: {got:?}",
-                        what()
-                    )));
-                }
-            }
+            alike(&stores, &requests, &expected, what).await?;
             if let (Some(_), Ok(set)) = (pace, &expected) {
                 if set.allowed() {
                     // Every limit acts at the set's slot (the same microsecond: past 2^53

@@ -103,6 +103,8 @@ impl Gcra {
 impl Algorithm for Gcra {
     type State = State;
     const NAME: &'static str = "gcra";
+    // Its state is a schedule: booking at a later slot is a `pace` as of that slot.
+    const BOOKS_AS_OF: bool = true;
     const PARAMS: &'static [&'static str] = &["rate", "burst"];
 
     fn from_params(params: &mut Params) -> Result<Self, InputError> {
@@ -147,17 +149,6 @@ impl Algorithm for Gcra {
             *state = Some(State { tat });
         }
         decision
-    }
-
-    /// Its state is a schedule: booking at `from` is a `pace` at `from`.
-    fn pace_from(
-        &self,
-        state: &mut Option<State>,
-        now: u64,
-        cost: u64,
-        from: u64,
-    ) -> Option<Decision> {
-        Some(super::pace_as_of(self, state, now, cost, from))
     }
 }
 

@@ -56,7 +56,7 @@ pub use smooth_warming_up::SmoothWarmingUp;
 /// What every algorithm module provides. Internal: users see [`Policy`].
 pub(crate) trait Algorithm: Sized {
     /// One key's stored state.
-    type State;
+    type State: Clone;
     /// The name used in specs (`gcra`, `fixed_window`, ...).
     const NAME: &'static str;
     /// Parameter names, canonical first; aliases are handled by [`Params`].
@@ -73,9 +73,14 @@ pub(crate) trait Algorithm: Sized {
     /// side effects. `now` is microseconds since the Unix epoch.
     fn apply(&self, state: &mut Option<Self::State>, now: u64, op: Op, cost: u64) -> Decision;
 
+    /// True for an algorithm whose state is a schedule (`gcra`'s TAT, Guava's next free
+    /// ticket): it books a later slot by deciding as of that slot ([`pace_as_of`]).
+    const BOOKS_AS_OF: bool = false;
+
     /// A `pace` (without `max_wait`) at `now` that books the earliest slot at or after
     /// `from` (`>= now`): the decision as [`Policy::pace_from`] documents it, or `None` if
-    /// the algorithm cannot book a slot later than its own earliest.
+    /// the algorithm cannot book a slot later than its own earliest. By default, booked as
+    /// of `from` if [`BOOKS_AS_OF`](Algorithm::BOOKS_AS_OF), else `None`.
     fn pace_from(
         &self,
         state: &mut Option<Self::State>,
@@ -83,8 +88,7 @@ pub(crate) trait Algorithm: Sized {
         cost: u64,
         from: u64,
     ) -> Option<Decision> {
-        let _ = (state, now, cost, from);
-        None
+        Self::BOOKS_AS_OF.then(|| pace_as_of(self, state, now, cost, from))
     }
 }
 
@@ -102,10 +106,7 @@ pub(crate) fn pace_as_of<A: Algorithm>(
     now: u64,
     cost: u64,
     from: u64,
-) -> Decision
-where
-    A::State: Clone,
-{
+) -> Decision {
     let later = Duration::from_micros(from.saturating_sub(now));
     let mut decision = policy.apply(state, from.max(now), Op::pace(), cost);
     decision.delay = decision.delay.saturating_add(later);

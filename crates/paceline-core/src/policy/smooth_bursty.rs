@@ -146,6 +146,8 @@ fn check_max_burst_seconds(v: f64) -> Option<&'static str> {
 impl Algorithm for SmoothBursty {
     type State = State;
     const NAME: &'static str = "smooth_bursty";
+    // Its state is a schedule: booking at a later slot is a `pace` as of that slot.
+    const BOOKS_AS_OF: bool = true;
     const PARAMS: &'static [&'static str] = &["rate", "max_burst_seconds"];
 
     fn from_params(params: &mut Params) -> Result<Self, InputError> {
@@ -174,17 +176,6 @@ impl Algorithm for SmoothBursty {
 
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
         self.config().apply(state, now, op, cost)
-    }
-
-    /// Its state is a schedule: booking at `from` is a `pace` at `from`.
-    fn pace_from(
-        &self,
-        state: &mut Option<State>,
-        now: u64,
-        cost: u64,
-        from: u64,
-    ) -> Option<Decision> {
-        Some(super::pace_as_of(self, state, now, cost, from))
     }
 }
 

@@ -175,6 +175,8 @@ fn check_cold_factor(v: f64) -> Option<&'static str> {
 impl Algorithm for SmoothWarmingUp {
     type State = State;
     const NAME: &'static str = "smooth_warming_up";
+    // Its state is a schedule: booking at a later slot is a `pace` as of that slot.
+    const BOOKS_AS_OF: bool = true;
     const PARAMS: &'static [&'static str] = &["rate", "warmup", "cold_factor"];
 
     fn from_params(params: &mut Params) -> Result<Self, InputError> {
@@ -205,17 +207,6 @@ impl Algorithm for SmoothWarmingUp {
 
     fn apply(&self, state: &mut Option<State>, now: u64, op: Op, cost: u64) -> Decision {
         self.config().apply(state, now, op, cost)
-    }
-
-    /// Its state is a schedule: booking at `from` is a `pace` at `from`.
-    fn pace_from(
-        &self,
-        state: &mut Option<State>,
-        now: u64,
-        cost: u64,
-        from: u64,
-    ) -> Option<Decision> {
-        Some(super::pace_as_of(self, state, now, cost, from))
     }
 }
 
