@@ -4,7 +4,8 @@
 //! `benches/layer.rs` (over HTTP), this separates the layer's own work from the noise of
 //! sockets: the layer's cost is a configuration's time minus no layer's.
 //!
-//! `cargo bench -p paceline-tower --bench layer_cost`
+//! `cargo bench -p paceline-tower --bench layer_cost [-- WORDS]`: with words, only the
+//! configurations whose names hold one of them (and no layer, the baseline).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -47,6 +48,10 @@ fn paceline(key: Key, headers: bool) -> Router {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     let (requests, runs) = if full { (REQUESTS, RUNS) } else { (1_000, 1) };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -76,6 +81,14 @@ fn main() {
             hello().layer(GovernorLayer::new(governor)),
         ),
     ];
+    let configs: Vec<(&str, Router)> = configs
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (name, _))| {
+            *i == 0 || words.is_empty() || words.iter().any(|w| name.contains(w.as_str()))
+        })
+        .map(|(_, config)| config)
+        .collect();
     let peer: SocketAddr = "192.0.2.7:5555".parse().expect("an address");
     let mut best = vec![f64::MAX; configs.len()];
     for _ in 0..runs {

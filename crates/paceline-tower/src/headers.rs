@@ -51,28 +51,37 @@ pub fn insert(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &
 /// The `RateLimit-Policy` field of limits `(name, quota)`, which depends on the limits
 /// alone: a layer writes it once and sends a copy with every answer.
 pub fn policy_field(limits: &[(&str, u64)]) -> Option<HeaderValue> {
-    let mut policy = String::with_capacity(limits.len() * 32);
-    let mut digits = itoa::Buffer::new();
-    for (name, quota) in limits {
-        item(&mut policy, &mut digits, name, &[("q", *quota)]);
-    }
-    HeaderValue::from_maybe_shared(Bytes::from(policy)).ok()
+    let names: Vec<String> = limits.iter().map(|(name, _)| sf_string(name)).collect();
+    field(
+        names
+            .iter()
+            .zip(limits)
+            .map(|(name, (_, quota))| (name.as_str(), [("q", *quota)])),
+    )
 }
 
 /// [`insert`] without `RateLimit-Policy`: `RateLimit`, and `Retry-After` when `combined`
 /// refused.
 pub fn insert_state(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &Decision) {
-    let mut state = String::with_capacity(limits.len() * 40);
-    let mut digits = itoa::Buffer::new();
-    for (name, d) in limits {
-        item(
-            &mut state,
-            &mut digits,
-            name,
-            &[("r", d.remaining), ("t", seconds_up(d.reset_after))],
-        );
-    }
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(state)) {
+    let names: Vec<String> = limits.iter().map(|(name, _)| sf_string(name)).collect();
+    let decisions = limits.iter().map(|(_, d)| *d);
+    insert_state_of(
+        headers,
+        names.iter().map(String::as_str).zip(decisions),
+        combined,
+    );
+}
+
+/// [`insert_state`] of the limits an iterator yields, each name already a structured-field
+/// string ([`sf_string`]: the layer writes its names once).
+pub(crate) fn insert_state_of<'a>(
+    headers: &mut HeaderMap,
+    limits: impl Iterator<Item = (&'a str, &'a Decision)> + Clone,
+    combined: &Decision,
+) {
+    let members =
+        limits.map(|(name, d)| (name, [("r", d.remaining), ("t", seconds_up(d.reset_after))]));
+    if let Some(v) = field(members) {
         headers.insert(RATELIMIT, v);
     }
     if !combined.allowed {
@@ -83,15 +92,42 @@ pub fn insert_state(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combi
     }
 }
 
-/// Appends one list member to a structured field: the name as a string, then its
-/// parameters.
-fn item(text: &mut String, digits: &mut itoa::Buffer, name: &str, pairs: &[(&str, u64)]) {
-    if !text.is_empty() {
-        text.push_str(", ");
+/// A structured field listing `members`: each a name (a structured-field string,
+/// [`sf_string`]) and its parameters (numbers capped at the 15 digits a structured field
+/// holds). Measured first, then written into one allocation of the exact size, which the
+/// value keeps.
+fn field<'a, const N: usize>(
+    members: impl Iterator<Item = (&'a str, [(&'static str, u64); N])> + Clone,
+) -> Option<HeaderValue> {
+    let mut digits = itoa::Buffer::new();
+    let mut len = 0;
+    for (i, (name, pairs)) in members.clone().enumerate() {
+        len += usize::from(i > 0) * 2 + name.len();
+        for (key, number) in pairs {
+            len += key.len() + 2 + digits.format(number.min(SF_INTEGER_MAX)).len();
+        }
     }
+    let mut text = Vec::with_capacity(len);
+    for (i, (name, pairs)) in members.enumerate() {
+        if i > 0 {
+            text.extend_from_slice(b", ");
+        }
+        text.extend_from_slice(name.as_bytes());
+        for (key, number) in pairs {
+            text.push(b';');
+            text.extend_from_slice(key.as_bytes());
+            text.push(b'=');
+            text.extend_from_slice(digits.format(number.min(SF_INTEGER_MAX)).as_bytes());
+        }
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
+}
+
+/// `name` as a structured-field string: quoted, printable ASCII, with `"` and `\`
+/// escaped; anything else is written `?`.
+pub(crate) fn sf_string(name: &str) -> String {
+    let mut text = String::with_capacity(name.len() + 2);
     text.push('"');
-    // A structured-field string holds printable ASCII, with `"` and `\` escaped;
-    // anything else is written `?`.
     for c in name.chars() {
         match c {
             '"' | '\\' => {
@@ -103,12 +139,7 @@ fn item(text: &mut String, digits: &mut itoa::Buffer, name: &str, pairs: &[(&str
         }
     }
     text.push('"');
-    for (key, number) in pairs {
-        text.push(';');
-        text.push_str(key);
-        text.push('=');
-        text.push_str(digits.format((*number).min(SF_INTEGER_MAX)));
-    }
+    text
 }
 
 /// An RFC 9457 problem details object (`application/problem+json`), with paceline's

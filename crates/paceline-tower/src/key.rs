@@ -45,7 +45,74 @@ pub struct MissingKey {
     pub what: String,
 }
 
-type Extract = dyn Fn(&Head<'_>) -> Result<String, MissingKey> + Send + Sync;
+/// Appends a request's key to the layer's store key under construction.
+type Extract = dyn Fn(&Head<'_>, &mut KeyText) -> Result<(), MissingKey> + Send + Sync;
+
+/// A store key under construction: on the stack while it fits in [`KeyText::INLINE`]
+/// bytes (an IP address and a limit's name do), so that most requests' keys cost no
+/// allocation; in a `String` beyond.
+#[derive(Clone)]
+pub(crate) struct KeyText {
+    len: usize,
+    inline: [u8; KeyText::INLINE],
+    spilled: Option<String>,
+}
+
+impl KeyText {
+    /// The bytes a key holds on the stack.
+    pub(crate) const INLINE: usize = 64;
+
+    pub(crate) fn new() -> KeyText {
+        KeyText {
+            len: 0,
+            inline: [0; KeyText::INLINE],
+            spilled: None,
+        }
+    }
+
+    pub(crate) fn push_str(&mut self, text: &str) {
+        if let Some(spilled) = &mut self.spilled {
+            spilled.push_str(text);
+            return;
+        }
+        let end = self.len + text.len();
+        match self.inline.get_mut(self.len..end) {
+            Some(room) => {
+                room.copy_from_slice(text.as_bytes());
+                self.len = end;
+            }
+            None => {
+                let mut spilled = String::with_capacity(end * 2);
+                spilled.push_str(self.as_str());
+                spilled.push_str(text);
+                self.spilled = Some(spilled);
+            }
+        }
+    }
+
+    pub(crate) fn as_str(&self) -> &str {
+        match &self.spilled {
+            Some(spilled) => spilled,
+            // Whole strings were copied in, so the bytes are UTF-8 (never the empty
+            // fallback).
+            None => std::str::from_utf8(&self.inline[..self.len]).unwrap_or_default(),
+        }
+    }
+
+    pub(crate) fn into_string(self) -> String {
+        match self.spilled {
+            Some(spilled) => spilled,
+            None => self.as_str().to_string(),
+        }
+    }
+}
+
+impl fmt::Write for KeyText {
+    fn write_str(&mut self, text: &str) -> fmt::Result {
+        self.push_str(text);
+        Ok(())
+    }
+}
 
 /// Which header trusted proxies name the client in (see [`Key::trust_proxies`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -180,23 +247,25 @@ impl Key {
         let name = name.as_ref().to_ascii_lowercase();
         let describe: Arc<str> = format!("the `{name}` header").into();
         let Ok(header) = HeaderName::from_bytes(name.as_bytes()) else {
-            let mut key = Key::other(describe, Arc::new(|_| unreachable_key()));
+            let mut key = Key::other(describe, Arc::new(|_, _| unreachable_key()));
             key.invalid = Some(format!("`{name}` is not a header name").into());
             return key;
         };
         let what = Arc::clone(&describe);
         Key::other(
             describe,
-            Arc::new(move |head| {
-                head.headers
+            Arc::new(move |head, out| {
+                let value = head
+                    .headers
                     .get(&header)
                     .and_then(|v| v.to_str().ok())
                     .filter(|v| !v.is_empty())
-                    .map(str::to_string)
                     .ok_or_else(|| MissingKey {
                         request_fault: true,
                         what: format!("{what}, which this endpoint's limits count requests by"),
-                    })
+                    })?;
+                out.push_str(value);
+                Ok(())
             }),
         )
     }
@@ -212,14 +281,13 @@ impl Key {
         let what = Arc::clone(&describe);
         Key::other(
             describe,
-            Arc::new(move |head| {
-                head.extensions
-                    .get::<T>()
-                    .map(&key)
-                    .ok_or_else(|| MissingKey {
-                        request_fault: true,
-                        what: format!("{what} (the authenticated caller)"),
-                    })
+            Arc::new(move |head, out| {
+                let value = head.extensions.get::<T>().ok_or_else(|| MissingKey {
+                    request_fault: true,
+                    what: format!("{what} (the authenticated caller)"),
+                })?;
+                out.push_str(&key(value));
+                Ok(())
             }),
         )
     }
@@ -227,7 +295,13 @@ impl Key {
     /// The same key for every request: one limit for the whole service.
     pub fn constant(key: impl Into<String>) -> Key {
         let key: String = key.into();
-        Key::other(format!("`{key}`"), Arc::new(move |_| Ok(key.clone())))
+        Key::other(
+            format!("`{key}`"),
+            Arc::new(move |_, out| {
+                out.push_str(&key);
+                Ok(())
+            }),
+        )
     }
 
     /// A key of the caller's own: `key` reads it from the request's head, `None` meaning
@@ -238,31 +312,33 @@ impl Key {
     {
         Key::other(
             "a key function",
-            Arc::new(move |head| {
-                key(head).ok_or_else(|| MissingKey {
+            Arc::new(move |head, out| {
+                let value = key(head).ok_or_else(|| MissingKey {
                     request_fault: true,
                     what: "the key this endpoint's limits count requests by".into(),
-                })
+                })?;
+                out.push_str(&value);
+                Ok(())
             }),
         )
     }
 
     /// The key of a request.
     pub fn read(&self, head: &Head<'_>) -> Result<String, MissingKey> {
-        let mut key = String::new();
+        let mut key = KeyText::new();
         self.read_into(head, &mut key)?;
-        Ok(key)
+        Ok(key.into_string())
     }
 
     /// Appends the key of a request to `out` (the layer builds its store keys this way,
     /// with no string of the key's own).
-    pub(crate) fn read_into(&self, head: &Head<'_>, out: &mut String) -> Result<(), MissingKey> {
+    pub(crate) fn read_into(&self, head: &Head<'_>, out: &mut KeyText) -> Result<(), MissingKey> {
         match &self.kind {
             Kind::Peer { trusted, via } => {
                 let ip = peer(head.extensions).ok_or_else(no_peer)?;
                 push_ip(out, forwarded_client(ip, head.headers, trusted, *via));
             }
-            Kind::Other(extract) => out.push_str(&extract(head)?),
+            Kind::Other(extract) => extract(head, out)?,
         }
         Ok(())
     }
@@ -282,7 +358,7 @@ impl Key {
 }
 
 /// The answer of a key that can never be read (the layer refuses to build with it).
-fn unreachable_key() -> Result<String, MissingKey> {
+fn unreachable_key() -> Result<(), MissingKey> {
     Err(MissingKey {
         request_fault: false,
         what: "a key whose header name is invalid".into(),
@@ -291,16 +367,29 @@ fn unreachable_key() -> Result<String, MissingKey> {
 
 /// Appends `ip` as `Display` writes it; IPv4 (the common case) without the formatting
 /// machinery.
-fn push_ip(out: &mut String, ip: IpAddr) {
+fn push_ip(out: &mut KeyText, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
-            let mut digits = itoa::Buffer::new();
-            for (i, octet) in v4.octets().iter().enumerate() {
+            // At most `255.255.255.255`, written digit by digit.
+            let mut text = [0u8; 15];
+            let mut len = 0;
+            for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
-                    out.push('.');
+                    text[len] = b'.';
+                    len += 1;
                 }
-                out.push_str(digits.format(*octet));
+                if octet >= 100 {
+                    text[len] = b'0' + octet / 100;
+                    len += 1;
+                }
+                if octet >= 10 {
+                    text[len] = b'0' + octet / 10 % 10;
+                    len += 1;
+                }
+                text[len] = b'0' + octet % 10;
+                len += 1;
             }
+            out.push_str(std::str::from_utf8(&text[..len]).unwrap_or_default());
         }
         IpAddr::V6(v6) => {
             use std::fmt::Write as _;
@@ -426,6 +515,36 @@ mod tests {
         let mut e = Extensions::new();
         e.insert(addr.parse::<SocketAddr>().unwrap());
         e
+    }
+
+    #[test]
+    fn a_key_on_the_stack_reads_as_the_same_text_as_a_string_and_spills_past_its_room() {
+        // Every IPv4 digit count, and IPv6, written as `Display` writes them.
+        for ip in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "10.0.100.9",
+            "192.0.2.7",
+            "1.22.133.4",
+            "2001:db8::1",
+            "::ffff:1.2.3.4",
+        ] {
+            let ip: IpAddr = ip.parse().unwrap();
+            let mut key = KeyText::new();
+            push_ip(&mut key, ip);
+            assert_eq!(key.as_str(), ip.to_string());
+        }
+        // Pieces that cross the inline room, a multi-byte character among them: the same
+        // text as one `String` built the same way.
+        let mut key = KeyText::new();
+        let mut expected = String::new();
+        for piece in ["{", "é", &"k".repeat(KeyText::INLINE - 3), "ü", "}:name"] {
+            key.push_str(piece);
+            expected.push_str(piece);
+            assert_eq!(key.as_str(), expected);
+        }
+        assert!(expected.len() > KeyText::INLINE);
+        assert_eq!(key.clone().into_string(), expected);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 use crate::headers::{self, Problem, PROBLEM_JSON};
-use crate::key::{Head, Key};
+use crate::key::{Head, Key, KeyText};
 
 /// In pace mode, how often a request waiting for a place in flight asks for one (a lease
 /// may come back before its expiry).
@@ -40,6 +40,8 @@ pub enum StoreFailure {
 /// One limit of a layer: its name (in the headers and problem details), policy and key.
 struct Limit {
     name: String,
+    /// The name as a structured-field string, as the `RateLimit` header writes it.
+    quoted: String,
     policy: Policy,
     key: Key,
 }
@@ -154,8 +156,10 @@ impl Builder {
     /// Adds a limit: `policy` applied to each request's `key`. `name` (1 to 64 of
     /// `A-Z a-z 0-9 - _ .`) names it in the headers and problem details, and in the store.
     pub fn limit(mut self, name: impl Into<String>, policy: Policy, key: Key) -> Builder {
+        let name = name.into();
         self.limits.push(Limit {
-            name: name.into(),
+            quoted: headers::sf_string(&name),
+            name,
             policy,
             key,
         });
@@ -331,7 +335,7 @@ pin_project! {
             #[pin]
             inner: F,
             shared: Arc<Shared>,
-            set: Option<SetDecision>,
+            decided: Option<Decided>,
             guard: Option<LeaseGuard>,
         },
         // An answer of the layer's own (a refusal, a problem), ready.
@@ -362,7 +366,7 @@ where
             PendingProj::Admitted {
                 inner,
                 shared,
-                set,
+                decided,
                 guard,
             } => {
                 let mut response = match inner.poll(cx) {
@@ -370,14 +374,18 @@ where
                     Poll::Ready(Err(e)) => {
                         // The leases go back now, not when the future is dropped.
                         drop(guard.take());
-                        set.take();
+                        decided.take();
                         return Poll::Ready(Err(e));
                     }
                     Poll::Pending => return Poll::Pending,
                 };
-                if let Some(set) = set.take() {
+                if let Some(decided) = decided.take() {
                     if shared.headers {
-                        shared.insert_headers(response.headers_mut(), &set);
+                        shared.insert_headers(
+                            response.headers_mut(),
+                            decided.limits(),
+                            decided.combined(),
+                        );
                     }
                 }
                 let guard = guard.take();
@@ -414,31 +422,7 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
-        let head = Head::of(&request);
-        // Each limit's key in the store, `{KEY}:NAME`, built in one string.
-        let keys: Result<Vec<String>, Problem> = shared
-            .limits
-            .iter()
-            .map(|limit| {
-                let mut key = String::with_capacity(24 + limit.name.len());
-                key.push('{');
-                limit.key.read_into(&head, &mut key).map_err(|missing| {
-                    let status = if missing.request_fault {
-                        StatusCode::BAD_REQUEST
-                    } else {
-                        StatusCode::INTERNAL_SERVER_ERROR
-                    };
-                    Problem::new(
-                        status,
-                        format!("the `{}` limit has no key: {}", limit.name, missing.what),
-                    )
-                })?;
-                key.push_str("}:");
-                key.push_str(&limit.name);
-                Ok(key)
-            })
-            .collect();
-        let keys = match keys {
+        let keys = match shared.store_keys(&Head::of(&request)) {
             Ok(keys) => keys,
             Err(problem) => return ResponseFuture::ready(answer(&problem)),
         };
@@ -446,34 +430,41 @@ where
         // A store that answers in place decides here: no future of the layer's own.
         let mut first = None;
         if let Some(store) = shared.store.as_sync() {
-            let outcome = shared.with_requests(&keys, shared.op(), |requests| {
-                store.decide_all_sync(requests)
-            });
-            match &outcome {
-                Ok(set) if set.allowed() && set.decision.delay.is_zero() => {
-                    let guard = shared.guard(set, keys);
+            let op = shared.op();
+            let outcome = match (shared.limits.as_slice(), &keys) {
+                // One limit (the common case): its decision alone, no set to build.
+                ([limit], StoreKeys::One(key)) => store
+                    .decide_sync(&limit.policy, key.as_str(), op, 1)
+                    .map(Decided::One),
+                _ => shared
+                    .with_requests(&keys, op, |requests| store.decide_all_sync(requests))
+                    .map(Decided::Set),
+            };
+            match outcome {
+                Ok(decided) if decided.allowed() && decided.combined().delay.is_zero() => {
+                    let guard = shared.guard(decided.limits(), keys);
                     let future = inner.call(request);
                     return ResponseFuture {
                         state: Pending::Admitted {
                             inner: future,
-                            set: outcome.ok(),
+                            decided: Some(decided),
                             shared,
                             guard,
                         },
                     };
                 }
-                Ok(set) if !set.allowed() && shared.pace.is_none() => {
-                    return ResponseFuture::ready(shared.refusal(set));
+                Ok(decided) if !decided.allowed() && shared.pace.is_none() => {
+                    return ResponseFuture::ready(shared.refusal(&decided.into_set()));
                 }
                 // Admitted after a wait: its leases held from now (a future dropped before
                 // its first poll gives them back).
-                Ok(set) if set.allowed() => {
-                    let guard = shared.guard(set, keys.clone());
-                    first = Some((outcome, guard));
+                Ok(decided) if decided.allowed() => {
+                    let guard = shared.guard(decided.limits(), keys.clone());
+                    first = Some((Ok(decided.into_set()), guard));
                 }
                 // A refusal in pace mode (beyond `max_wait`, or to wait and ask again), or a
                 // failed store: answered below, from this outcome.
-                _ => first = Some((outcome, None)),
+                outcome => first = Some((outcome.map(Decided::into_set), None)),
             }
         }
         ResponseFuture {
@@ -486,7 +477,107 @@ where
     }
 }
 
+/// Each limit's key in the store, `{KEY}:NAME`: for one limit, one key on the stack (no
+/// allocation while it is short, no vector).
+#[derive(Clone)]
+enum StoreKeys {
+    One(KeyText),
+    Many(Vec<String>),
+}
+
+impl StoreKeys {
+    fn len(&self) -> usize {
+        match self {
+            StoreKeys::One(_) => 1,
+            StoreKeys::Many(keys) => keys.len(),
+        }
+    }
+
+    fn get(&self, i: usize) -> Option<&str> {
+        match self {
+            StoreKeys::One(key) => (i == 0).then(|| key.as_str()),
+            StoreKeys::Many(keys) => keys.get(i).map(String::as_str),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &str> {
+        (0..self.len()).filter_map(|i| self.get(i))
+    }
+
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            StoreKeys::One(key) => vec![key.into_string()],
+            StoreKeys::Many(keys) => keys,
+        }
+    }
+}
+
+/// An admission decided in `call`: one limit's decision (the combined decision is that
+/// limit's own), or a set's.
+enum Decided {
+    One(Decision),
+    Set(SetDecision),
+}
+
+impl Decided {
+    fn allowed(&self) -> bool {
+        self.combined().allowed
+    }
+
+    fn combined(&self) -> &Decision {
+        match self {
+            Decided::One(d) => d,
+            Decided::Set(set) => &set.decision,
+        }
+    }
+
+    fn limits(&self) -> &[Decision] {
+        match self {
+            Decided::One(d) => std::slice::from_ref(d),
+            Decided::Set(set) => &set.limits,
+        }
+    }
+
+    fn into_set(self) -> SetDecision {
+        match self {
+            Decided::One(d) => SetDecision::new(d.allowed, vec![d]),
+            Decided::Set(set) => set,
+        }
+    }
+}
+
 impl Shared {
+    /// Each limit's key in the store for a request, `{KEY}:NAME` (the key a hash tag);
+    /// the problem to answer when a key cannot be read.
+    fn store_keys(&self, head: &Head<'_>) -> Result<StoreKeys, Problem> {
+        let key = |limit: &Limit| {
+            let mut key = KeyText::new();
+            key.push_str("{");
+            limit.key.read_into(head, &mut key).map_err(|missing| {
+                let status = if missing.request_fault {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    StatusCode::INTERNAL_SERVER_ERROR
+                };
+                Problem::new(
+                    status,
+                    format!("the `{}` limit has no key: {}", limit.name, missing.what),
+                )
+            })?;
+            key.push_str("}:");
+            key.push_str(&limit.name);
+            Ok(key)
+        };
+        match self.limits.as_slice() {
+            [one] => key(one).map(StoreKeys::One),
+            several => several
+                .iter()
+                .map(|limit| key(limit).map(KeyText::into_string))
+                .collect::<Result<_, _>>()
+                .map(StoreKeys::Many),
+        }
+    }
+
     /// The op every request asks its limits: a reservation in pace mode if they book
     /// ahead, else `limit`.
     fn op(&self) -> Op {
@@ -496,37 +587,30 @@ impl Shared {
         }
     }
 
-    /// Runs `f` on the requests of `op` for each limit's key (one limit: no vector).
-    fn with_requests<T>(&self, keys: &[String], op: Op, f: impl FnOnce(&[Request<'_>]) -> T) -> T {
-        match (self.limits.as_slice(), keys) {
-            ([limit], [key]) => f(std::slice::from_ref(&Request::new(
-                &limit.policy,
-                key,
-                op,
-                1,
-            ))),
-            _ => {
-                let requests: Vec<Request> = self
-                    .limits
-                    .iter()
-                    .zip(keys)
-                    .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
-                    .collect();
-                f(&requests)
-            }
-        }
-    }
-
-    /// The leases an admitted `set` took, held until dropped (none: `None`).
-    fn guard(self: &Arc<Self>, set: &SetDecision, keys: Vec<String>) -> Option<LeaseGuard> {
-        let leases: Vec<(usize, String, u64)> = set
+    /// Runs `f` on the requests of `op` for each limit's key.
+    fn with_requests<T>(&self, keys: &StoreKeys, op: Op, f: impl FnOnce(&[Request<'_>]) -> T) -> T {
+        let requests: Vec<Request> = self
             .limits
             .iter()
-            .zip(keys)
+            .zip(keys.iter())
+            .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
+            .collect();
+        f(&requests)
+    }
+
+    /// The leases an admission took (`limits`: each limit's decision), held until dropped
+    /// (none: `None`).
+    fn guard(self: &Arc<Self>, limits: &[Decision], keys: StoreKeys) -> Option<LeaseGuard> {
+        if limits.iter().all(|d| d.lease.is_none()) {
+            return None;
+        }
+        let leases: Vec<(usize, String, u64)> = limits
+            .iter()
+            .zip(keys.into_vec())
             .enumerate()
             .filter_map(|(i, (d, key))| d.lease.map(|id| (i, key, id)))
             .collect();
-        (!leases.is_empty()).then(|| LeaseGuard {
+        Some(LeaseGuard {
             shared: Arc::clone(self),
             leases,
         })
@@ -538,7 +622,7 @@ impl Shared {
         shared: Arc<Shared>,
         mut inner: S,
         request: http::Request<B>,
-        keys: Vec<String>,
+        keys: StoreKeys,
         mut first: Option<(Result<SetDecision, Error>, Option<LeaseGuard>)>,
     ) -> Result<http::Response<LimitedBody<R>>, S::Error>
     where
@@ -550,18 +634,14 @@ impl Shared {
         let mut waited = Duration::ZERO;
         let mut held = None;
         let set = loop {
-            let decided = match (
-                first.take(),
-                shared.limits.as_slice(),
-                store_keys.as_slice(),
-            ) {
+            let decided = match (first.take(), shared.limits.as_slice(), &store_keys) {
                 (Some((outcome, guard)), _, _) => {
                     held = guard;
                     outcome
                 }
                 // One limit (the common case): no vector of requests.
-                (None, [limit], [key]) => {
-                    let request = Request::new(&limit.policy, key, op, 1);
+                (None, [limit], StoreKeys::One(key)) => {
+                    let request = Request::new(&limit.policy, key.as_str(), op, 1);
                     shared
                         .store
                         .decide_all(std::slice::from_ref(&request))
@@ -571,7 +651,7 @@ impl Shared {
                     let requests: Vec<Request> = shared
                         .limits
                         .iter()
-                        .zip(&store_keys)
+                        .zip(store_keys.iter())
                         .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
                         .collect();
                     shared.store.decide_all(&requests).await
@@ -625,7 +705,7 @@ impl Shared {
         // gives its leases back too.
         let guard = match held {
             Some(guard) => Some(guard),
-            None => shared.guard(&set, store_keys),
+            None => shared.guard(&set.limits, store_keys),
         };
         if !set.decision.delay.is_zero() {
             shared.store.sleep(set.decision.delay).await;
@@ -633,30 +713,24 @@ impl Shared {
         // On an error the guard is dropped here, giving the leases back.
         let mut response = inner.call(request).await?;
         if shared.headers {
-            shared.insert_headers(response.headers_mut(), &set);
+            shared.insert_headers(response.headers_mut(), &set.limits, &set.decision);
         }
         Ok(response.map(|body| LimitedBody::inner(body, guard)))
     }
 
-    fn named<'a>(&'a self, set: &'a SetDecision) -> Vec<(&'a str, &'a Decision)> {
-        self.limits
-            .iter()
-            .map(|l| l.name.as_str())
-            .zip(&set.limits)
-            .collect()
-    }
-
-    fn insert_headers(&self, headers: &mut http::HeaderMap, set: &SetDecision) {
-        // `RateLimit-Policy` depends on the limits alone: written once, copied.
+    /// Adds `RateLimit-Policy` (the same for every answer, written once and copied) and
+    /// `RateLimit` of `limits`, each limit's decision, and `combined`.
+    fn insert_headers(
+        &self,
+        headers: &mut http::HeaderMap,
+        limits: &[Decision],
+        combined: &Decision,
+    ) {
         if let Some(policy) = &self.policy_header {
             headers.insert(headers::RATELIMIT_POLICY, policy.clone());
         }
-        match (self.limits.as_slice(), set.limits.as_slice()) {
-            ([limit], [d]) => {
-                headers::insert_state(headers, &[(limit.name.as_str(), d)], &set.decision);
-            }
-            _ => headers::insert_state(headers, &self.named(set), &set.decision),
-        }
+        let names = self.limits.iter().map(|l| l.quoted.as_str());
+        headers::insert_state_of(headers, names.zip(limits), combined);
     }
 
     /// The `429` of a refused set.
@@ -668,7 +742,7 @@ impl Shared {
         let delay = set.retry_after().unwrap_or_default();
         let mut response = answer(&Problem::too_many_requests(violated, delay));
         if self.headers {
-            self.insert_headers(response.headers_mut(), set);
+            self.insert_headers(response.headers_mut(), &set.limits, &set.decision);
         } else {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
