@@ -63,6 +63,18 @@ fn governor() -> Router {
     hello().layer(GovernorLayer::new(config))
 }
 
+/// tower_governor sending its state on every answer (`x-ratelimit-limit`,
+/// `x-ratelimit-remaining`), as paceline's layer sends `RateLimit` by default.
+fn governor_with_headers() -> Router {
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000)
+        .use_headers()
+        .finish()
+        .expect("a governor config");
+    hello().layer(GovernorLayer::new(config))
+}
+
 /// Serves `app` on a thread of its own (for the refusal counts); returns its address.
 fn serve(app: Router) -> SocketAddr {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
@@ -269,6 +281,10 @@ fn main() {
         ),
         ("tower_governor (same GCRA quota)", Box::new(governor)),
         (
+            "tower_governor, with its x-ratelimit headers",
+            Box::new(governor_with_headers),
+        ),
+        (
             "paceline layer, Redis store",
             Box::new({
                 let store = Arc::clone(&redis_store);
@@ -297,13 +313,18 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let governor_ratio = median(
-        rates[3]
-            .iter()
-            .zip(&rates[1])
-            .map(|(governor, paceline)| paceline / governor)
-            .collect(),
-    );
+    // paceline beside tower_governor, like for like: within each round, both with their
+    // headers, and both without.
+    let versus = |paceline: usize, governor: usize| {
+        median(
+            rates[governor]
+                .iter()
+                .zip(&rates[paceline])
+                .map(|(governor, paceline)| paceline / governor)
+                .collect(),
+        )
+    };
+    let (with_headers, without) = (versus(1, 4), versus(2, 3));
     println!(
         "\n| configuration | requests/s (median of {rounds} rounds of {seconds} s) | vs no layer (median of the rounds' ratios) |"
     );
@@ -316,7 +337,10 @@ fn main() {
         );
     }
     println!(
-        "\npaceline memory / tower_governor (median of the rounds' ratios): {governor_ratio:.2}"
+        "\npaceline memory / tower_governor (median of the rounds' ratios): with headers \
+         {with_headers:.2}, without {without:.2}; paceline with its headers / tower_governor \
+         without: {:.2}",
+        versus(1, 3)
     );
 
     // A key refused again and again: the Redis calls 1,000 retries cost, with the layer's

@@ -5,7 +5,8 @@
 //! sockets: the layer's cost is a configuration's time minus no layer's.
 //!
 //! `cargo bench -p paceline-tower --bench layer_cost [-- WORDS]`: with words, only the
-//! configurations whose names hold one of them (and no layer, the baseline).
+//! configurations whose names hold one of them (and no layer, the baseline); `REQUESTS=n`:
+//! one run of `n` requests each (to count instructions under a profiler).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,6 +54,11 @@ fn main() {
         .filter(|a| !a.starts_with("--"))
         .collect();
     let (requests, runs) = if full { (REQUESTS, RUNS) } else { (1_000, 1) };
+    // `REQUESTS=n` for one run of n requests per configuration (for a profiler).
+    let (requests, runs) = match std::env::var("REQUESTS").ok().and_then(|n| n.parse().ok()) {
+        Some(n) => (n, 1),
+        None => (requests, runs),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

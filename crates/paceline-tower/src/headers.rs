@@ -79,9 +79,7 @@ pub(crate) fn insert_state_of<'a>(
     limits: impl Iterator<Item = (&'a str, &'a Decision)> + Clone,
     combined: &Decision,
 ) {
-    let members =
-        limits.map(|(name, d)| (name, [("r", d.remaining), ("t", seconds_up(d.reset_after))]));
-    if let Some(v) = field(members) {
+    if let Some(v) = state_field_of(limits) {
         headers.insert(RATELIMIT, v);
     }
     if !combined.allowed {
@@ -90,6 +88,14 @@ pub(crate) fn insert_state_of<'a>(
             HeaderValue::from(seconds_up(combined.delay).max(1)),
         );
     }
+}
+
+/// The `RateLimit` field of the limits an iterator yields, each name already a
+/// structured-field string.
+pub(crate) fn state_field_of<'a>(
+    limits: impl Iterator<Item = (&'a str, &'a Decision)> + Clone,
+) -> Option<HeaderValue> {
+    field(limits.map(|(name, d)| (name, [("r", d.remaining), ("t", seconds_up(d.reset_after))])))
 }
 
 /// A structured field listing `members`: each a name (a structured-field string,

@@ -1,5 +1,6 @@
 //! Whose request is it? [`Key`]s read the key a limit counts a request under.
 
+use arrayvec::ArrayString;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -52,10 +53,9 @@ type Extract = dyn Fn(&Head<'_>, &mut KeyText) -> Result<(), MissingKey> + Send 
 /// bytes (an IP address and a limit's name do), so that most requests' keys cost no
 /// allocation; in a `String` beyond.
 #[derive(Clone)]
-pub(crate) struct KeyText {
-    len: usize,
-    inline: [u8; KeyText::INLINE],
-    spilled: Option<String>,
+pub(crate) enum KeyText {
+    Inline(ArrayString<{ KeyText::INLINE }>),
+    Spilled(String),
 }
 
 impl KeyText {
@@ -63,46 +63,34 @@ impl KeyText {
     pub(crate) const INLINE: usize = 64;
 
     pub(crate) fn new() -> KeyText {
-        KeyText {
-            len: 0,
-            inline: [0; KeyText::INLINE],
-            spilled: None,
-        }
+        KeyText::Inline(ArrayString::new())
     }
 
     pub(crate) fn push_str(&mut self, text: &str) {
-        if let Some(spilled) = &mut self.spilled {
-            spilled.push_str(text);
-            return;
-        }
-        let end = self.len + text.len();
-        match self.inline.get_mut(self.len..end) {
-            Some(room) => {
-                room.copy_from_slice(text.as_bytes());
-                self.len = end;
+        match self {
+            KeyText::Inline(inline) => {
+                if inline.try_push_str(text).is_err() {
+                    let mut spilled = String::with_capacity((inline.len() + text.len()) * 2);
+                    spilled.push_str(inline);
+                    spilled.push_str(text);
+                    *self = KeyText::Spilled(spilled);
+                }
             }
-            None => {
-                let mut spilled = String::with_capacity(end * 2);
-                spilled.push_str(self.as_str());
-                spilled.push_str(text);
-                self.spilled = Some(spilled);
-            }
+            KeyText::Spilled(spilled) => spilled.push_str(text),
         }
     }
 
     pub(crate) fn as_str(&self) -> &str {
-        match &self.spilled {
-            Some(spilled) => spilled,
-            // Whole strings were copied in, so the bytes are UTF-8 (never the empty
-            // fallback).
-            None => std::str::from_utf8(&self.inline[..self.len]).unwrap_or_default(),
+        match self {
+            KeyText::Inline(inline) => inline,
+            KeyText::Spilled(spilled) => spilled,
         }
     }
 
     pub(crate) fn into_string(self) -> String {
-        match self.spilled {
-            Some(spilled) => spilled,
-            None => self.as_str().to_string(),
+        match self {
+            KeyText::Inline(inline) => inline.to_string(),
+            KeyText::Spilled(spilled) => spilled,
         }
     }
 }

@@ -334,8 +334,8 @@ pin_project! {
         Admitted {
             #[pin]
             inner: F,
-            shared: Arc<Shared>,
-            decided: Option<Decided>,
+            // `RateLimit-Policy` and `RateLimit`, unless the layer sends no headers.
+            fields: Option<(http::HeaderValue, http::HeaderValue)>,
             guard: Option<LeaseGuard>,
         },
         // An answer of the layer's own (a refusal, a problem), ready.
@@ -365,8 +365,7 @@ where
         match self.project().state.project() {
             PendingProj::Admitted {
                 inner,
-                shared,
-                decided,
+                fields,
                 guard,
             } => {
                 let mut response = match inner.poll(cx) {
@@ -374,19 +373,14 @@ where
                     Poll::Ready(Err(e)) => {
                         // The leases go back now, not when the future is dropped.
                         drop(guard.take());
-                        decided.take();
                         return Poll::Ready(Err(e));
                     }
                     Poll::Pending => return Poll::Pending,
                 };
-                if let Some(decided) = decided.take() {
-                    if shared.headers {
-                        shared.insert_headers(
-                            response.headers_mut(),
-                            decided.limits(),
-                            decided.combined(),
-                        );
-                    }
+                if let Some((policy, state)) = fields.take() {
+                    let map = response.headers_mut();
+                    map.insert(headers::RATELIMIT_POLICY, policy);
+                    map.insert(headers::RATELIMIT, state);
                 }
                 let guard = guard.take();
                 Poll::Ready(Ok(response.map(|body| LimitedBody::inner(body, guard))))
@@ -418,15 +412,11 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        // The service that was polled ready goes with this call; a fresh clone stays.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
+        let shared = &self.shared;
         let keys = match shared.store_keys(&Head::of(&request)) {
             Ok(keys) => keys,
             Err(problem) => return ResponseFuture::ready(answer(&problem)),
         };
-        let mut inner = inner;
         // A store that answers in place decides here: no future of the layer's own.
         let mut first = None;
         if let Some(store) = shared.store.as_sync() {
@@ -443,12 +433,14 @@ where
             match outcome {
                 Ok(decided) if decided.allowed() && decided.combined().delay.is_zero() => {
                     let guard = shared.guard(decided.limits(), keys);
-                    let future = inner.call(request);
+                    let fields = shared
+                        .headers
+                        .then(|| shared.admitted_fields(decided.limits()))
+                        .flatten();
                     return ResponseFuture {
                         state: Pending::Admitted {
-                            inner: future,
-                            decided: Some(decided),
-                            shared,
+                            inner: self.inner.call(request),
+                            fields,
                             guard,
                         },
                     };
@@ -467,6 +459,10 @@ where
                 outcome => first = Some((outcome.map(Decided::into_set), None)),
             }
         }
+        // The service that was polled ready goes with this call; a fresh clone stays.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(shared);
         ResponseFuture {
             state: Pending::Later {
                 future: Box::pin(
@@ -716,6 +712,16 @@ impl Shared {
             shared.insert_headers(response.headers_mut(), &set.limits, &set.decision);
         }
         Ok(response.map(|body| LimitedBody::inner(body, guard)))
+    }
+
+    /// An admission's `RateLimit-Policy` and `RateLimit` (`limits`: each limit's decision).
+    fn admitted_fields(
+        &self,
+        limits: &[Decision],
+    ) -> Option<(http::HeaderValue, http::HeaderValue)> {
+        let names = self.limits.iter().map(|l| l.quoted.as_str());
+        let state = headers::state_field_of(names.zip(limits))?;
+        Some((self.policy_header.clone()?, state))
     }
 
     /// Adds `RateLimit-Policy` (the same for every answer, written once and copied) and
