@@ -46,12 +46,17 @@ fn policy() -> Policy {
         .expect("a policy")
 }
 
-fn paceline(store: SharedStore) -> Router {
-    let layer = RateLimitLayer::builder(store)
+/// paceline's layer as an axum app takes it ([`RateLimitLayer::for_axum`]).
+fn paceline(store: SharedStore, headers: bool) -> Router {
+    hello().layer(layer(store, headers).for_axum())
+}
+
+fn layer(store: SharedStore, headers: bool) -> RateLimitLayer {
+    RateLimitLayer::builder(store)
         .limit("per-ip", policy(), Key::peer_ip())
+        .headers(headers)
         .build()
-        .expect("a layer");
-    hello().layer(layer)
+        .expect("a layer")
 }
 
 fn governor() -> Router {
@@ -266,18 +271,11 @@ fn main() {
         ("axum, no layer", Box::new(hello)),
         (
             "paceline layer, memory store",
-            Box::new(|| paceline(Arc::new(MemoryStore::new()))),
+            Box::new(|| paceline(Arc::new(MemoryStore::new()), true)),
         ),
         (
             "paceline layer, memory store, no RateLimit headers",
-            Box::new(|| {
-                let layer = RateLimitLayer::builder(Arc::new(MemoryStore::new()))
-                    .limit("per-ip", policy(), Key::peer_ip())
-                    .headers(false)
-                    .build()
-                    .expect("a layer");
-                hello().layer(layer)
-            }),
+            Box::new(|| paceline(Arc::new(MemoryStore::new()), false)),
         ),
         ("tower_governor (same GCRA quota)", Box::new(governor)),
         (
@@ -288,8 +286,12 @@ fn main() {
             "paceline layer, Redis store",
             Box::new({
                 let store = Arc::clone(&redis_store);
-                move || paceline(Arc::clone(&store))
+                move || paceline(Arc::clone(&store), true)
             }),
+        ),
+        (
+            "paceline layer, memory store, any service's body (no for_axum)",
+            Box::new(|| hello().layer(layer(Arc::new(MemoryStore::new()), true))),
         ),
     ];
     let n = configs.len();

@@ -38,13 +38,18 @@ fn policy() -> Policy {
         .expect("a policy")
 }
 
-fn paceline(key: Key, headers: bool) -> Router {
+/// paceline's layer, as an axum app takes it ([`RateLimitLayer::for_axum`]) or not.
+fn paceline(key: Key, headers: bool, for_axum: bool) -> Router {
     let layer = RateLimitLayer::builder(Arc::new(MemoryStore::new()))
         .limit("per-ip", policy(), key)
         .headers(headers)
         .build()
         .expect("a layer");
-    hello().layer(layer)
+    if for_axum {
+        hello().layer(layer.for_axum())
+    } else {
+        hello().layer(layer)
+    }
 }
 
 fn main() {
@@ -68,23 +73,37 @@ fn main() {
         .burst_size(1_000_000)
         .finish()
         .expect("a governor config");
+    let governor_with_headers = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(1_000_000)
+        .use_headers()
+        .finish()
+        .expect("a governor config");
     let configs: Vec<(&str, Router)> = vec![
         ("axum, no layer", hello()),
         (
             "paceline layer, memory store, by peer IP",
-            paceline(Key::peer_ip(), true),
+            paceline(Key::peer_ip(), true, true),
         ),
         (
             "paceline layer, no RateLimit headers",
-            paceline(Key::peer_ip(), false),
+            paceline(Key::peer_ip(), false, true),
         ),
         (
             "paceline layer, no headers, one constant key",
-            paceline(Key::constant("k"), false),
+            paceline(Key::constant("k"), false, true),
+        ),
+        (
+            "paceline layer, any service's body (no for_axum)",
+            paceline(Key::peer_ip(), true, false),
         ),
         (
             "tower_governor (same GCRA quota), by peer IP",
             hello().layer(GovernorLayer::new(governor)),
+        ),
+        (
+            "tower_governor, with its x-ratelimit headers",
+            hello().layer(GovernorLayer::new(governor_with_headers)),
         ),
     ];
     let configs: Vec<(&str, Router)> = configs

@@ -1,6 +1,5 @@
 //! Whose request is it? [`Key`]s read the key a limit counts a request under.
 
-use arrayvec::ArrayString;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -51,11 +50,13 @@ type Extract = dyn Fn(&Head<'_>, &mut KeyText) -> Result<(), MissingKey> + Send 
 
 /// A store key under construction: on the stack while it fits in [`KeyText::INLINE`]
 /// bytes (an IP address and a limit's name do), so that most requests' keys cost no
-/// allocation; in a `String` beyond.
+/// allocation; in a `String` beyond. Only whole strings and ASCII go in, so its bytes are
+/// always UTF-8.
 #[derive(Clone)]
-pub(crate) enum KeyText {
-    Inline(ArrayString<{ KeyText::INLINE }>),
-    Spilled(String),
+pub(crate) struct KeyText {
+    len: usize,
+    inline: [u8; KeyText::INLINE],
+    spilled: Option<String>,
 }
 
 impl KeyText {
@@ -63,34 +64,60 @@ impl KeyText {
     pub(crate) const INLINE: usize = 64;
 
     pub(crate) fn new() -> KeyText {
-        KeyText::Inline(ArrayString::new())
-    }
-
-    pub(crate) fn push_str(&mut self, text: &str) {
-        match self {
-            KeyText::Inline(inline) => {
-                if inline.try_push_str(text).is_err() {
-                    let mut spilled = String::with_capacity((inline.len() + text.len()) * 2);
-                    spilled.push_str(inline);
-                    spilled.push_str(text);
-                    *self = KeyText::Spilled(spilled);
-                }
-            }
-            KeyText::Spilled(spilled) => spilled.push_str(text),
+        KeyText {
+            len: 0,
+            inline: [0; KeyText::INLINE],
+            spilled: None,
         }
     }
 
+    pub(crate) fn push_str(&mut self, text: &str) {
+        if !self.push_inline(text.as_bytes()) {
+            self.spill().push_str(text);
+        }
+    }
+
+    /// Appends ASCII bytes (digits, dots); anything else is not appended.
+    fn push_ascii(&mut self, ascii: &[u8]) {
+        if ascii.is_ascii() && !self.push_inline(ascii) {
+            self.spill().extend(ascii.iter().map(|&b| char::from(b)));
+        }
+    }
+
+    /// Appends `bytes` on the stack if they fit there and nothing has spilled.
+    fn push_inline(&mut self, bytes: &[u8]) -> bool {
+        if self.spilled.is_some() {
+            return false;
+        }
+        let end = self.len + bytes.len();
+        match self.inline.get_mut(self.len..end) {
+            Some(room) => {
+                room.copy_from_slice(bytes);
+                self.len = end;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The key in a `String` from now on.
+    fn spill(&mut self) -> &mut String {
+        let inline = self.as_str().to_string();
+        self.spilled.get_or_insert(inline)
+    }
+
     pub(crate) fn as_str(&self) -> &str {
-        match self {
-            KeyText::Inline(inline) => inline,
-            KeyText::Spilled(spilled) => spilled,
+        match &self.spilled {
+            Some(spilled) => spilled,
+            // UTF-8 by construction (never the empty fallback).
+            None => std::str::from_utf8(&self.inline[..self.len]).unwrap_or_default(),
         }
     }
 
     pub(crate) fn into_string(self) -> String {
-        match self {
-            KeyText::Inline(inline) => inline.to_string(),
-            KeyText::Spilled(spilled) => spilled,
+        match self.spilled {
+            Some(spilled) => spilled,
+            None => self.as_str().to_string(),
         }
     }
 }
@@ -377,7 +404,7 @@ fn push_ip(out: &mut KeyText, ip: IpAddr) {
                 text[len] = b'0' + octet % 10;
                 len += 1;
             }
-            out.push_str(std::str::from_utf8(&text[..len]).unwrap_or_default());
+            out.push_ascii(&text[..len]);
         }
         IpAddr::V6(v6) => {
             use std::fmt::Write as _;
@@ -533,6 +560,15 @@ mod tests {
         }
         assert!(expected.len() > KeyText::INLINE);
         assert_eq!(key.clone().into_string(), expected);
+        // Digits that no longer fit spill too, in order.
+        let mut key = KeyText::new();
+        key.push_str(&"k".repeat(KeyText::INLINE - 4));
+        push_ip(&mut key, "192.0.2.7".parse().unwrap());
+        key.push_str("}:n");
+        assert_eq!(
+            key.as_str(),
+            format!("{}192.0.2.7}}:n", "k".repeat(KeyText::INLINE - 4))
+        );
     }
 
     #[test]

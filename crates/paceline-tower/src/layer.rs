@@ -2,6 +2,7 @@
 //! service.
 
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -110,12 +111,15 @@ struct Shared {
 /// # let _ = layer;
 /// # Ok::<(), paceline_core::InputError>(())
 /// ```
+///
+/// On axum, [`for_axum`](RateLimitLayer::for_axum) makes the answers' body axum's own.
 #[derive(Clone)]
-pub struct RateLimitLayer {
+pub struct RateLimitLayer<M = Limited> {
     shared: Arc<Shared>,
+    bodies: PhantomData<fn() -> M>,
 }
 
-impl std::fmt::Debug for RateLimitLayer {
+impl<M> std::fmt::Debug for RateLimitLayer<M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.shared.limits.iter().map(|l| l.name.as_str()).collect();
         f.debug_struct("RateLimitLayer")
@@ -259,6 +263,7 @@ impl Builder {
             .collect();
         let policy_header = headers::policy_field(&quotas);
         Ok(RateLimitLayer {
+            bodies: PhantomData,
             shared: Arc::new(Shared {
                 store,
                 cache,
@@ -273,7 +278,7 @@ impl Builder {
     }
 }
 
-impl RateLimitLayer {
+impl<M> RateLimitLayer<M> {
     /// How many requests the cache of refusals answered without asking the store (`None`
     /// when the layer has no cache; see [`Builder::refusal_cache`]).
     pub fn refusals_from_cache(&self) -> Option<u64> {
@@ -281,25 +286,108 @@ impl RateLimitLayer {
     }
 }
 
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
+#[cfg(feature = "axum")]
+impl RateLimitLayer {
+    /// The same layer for axum: its answers' body is `axum::body::Body` itself
+    /// ([`AxumBody`]). An admitted request's body then passes through as the inner service
+    /// made it, where a [`LimitedBody`] around it would be boxed once more by axum; only a
+    /// body holding a place in flight (a `concurrency` limit's lease) is wrapped. It fits
+    /// any axum `Router` or `MethodRouter`, whose services answer with that body.
+    ///
+    /// ```
+    /// use axum::{routing::get, Router};
+    /// use paceline_store::MemoryStore;
+    /// use paceline_tower::{Key, RateLimitLayer};
+    /// use std::sync::Arc;
+    /// let layer = RateLimitLayer::builder(Arc::new(MemoryStore::new()))
+    ///     .limit("per-second", "gcra:rate=10/s,burst=20".parse()?, Key::peer_ip())
+    ///     .build()?
+    ///     .for_axum();
+    /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// # let _ = app;
+    /// # Ok::<(), paceline_core::InputError>(())
+    /// ```
+    pub fn for_axum(self) -> RateLimitLayer<AxumBody> {
+        RateLimitLayer {
+            shared: self.shared,
+            bodies: PhantomData,
+        }
+    }
+}
 
-    fn layer(&self, inner: S) -> RateLimit<S> {
+impl<S, M> Layer<S> for RateLimitLayer<M> {
+    type Service = RateLimit<S, M>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, M> {
         RateLimit {
             inner,
             shared: Arc::clone(&self.shared),
+            bodies: PhantomData,
+        }
+    }
+}
+
+/// How a layer's answers carry their bodies: [`Limited`] (the default, for any service) or
+/// [`AxumBody`] (for axum, [`RateLimitLayer::for_axum`]).
+pub trait Bodies<R>: sealed::Sealed {
+    /// The body of the layer's answers.
+    type Body;
+
+    /// An answer's body, from the layer's [`LimitedBody`].
+    fn body(body: LimitedBody<R>) -> Self::Body;
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Answers whose body is a [`LimitedBody`]: the inner service's body (holding the
+/// request's places in flight until it ends), or the layer's own answer. Fits any service.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Limited;
+
+impl sealed::Sealed for Limited {}
+
+impl<R> Bodies<R> for Limited {
+    type Body = LimitedBody<R>;
+
+    fn body(body: LimitedBody<R>) -> LimitedBody<R> {
+        body
+    }
+}
+
+/// Answers in axum's own body type, `axum::body::Body` ([`RateLimitLayer::for_axum`]): the
+/// inner service's body as it is, unless it holds a place in flight (then wrapped in a
+/// [`LimitedBody`], boxed), or the layer's own answer.
+#[cfg(feature = "axum")]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AxumBody;
+
+#[cfg(feature = "axum")]
+impl sealed::Sealed for AxumBody {}
+
+#[cfg(feature = "axum")]
+impl Bodies<axum::body::Body> for AxumBody {
+    type Body = axum::body::Body;
+
+    fn body(body: LimitedBody<axum::body::Body>) -> axum::body::Body {
+        match body.kind {
+            Kind::Inner { body, guard: None } => body,
+            Kind::Answer { bytes } => axum::body::Body::from(bytes.unwrap_or_default()),
+            held => axum::body::Body::new(LimitedBody { kind: held }),
         }
     }
 }
 
 /// The service a [`RateLimitLayer`] makes: decides, then calls the inner service.
 #[derive(Clone)]
-pub struct RateLimit<S> {
+pub struct RateLimit<S, M = Limited> {
     inner: S,
     shared: Arc<Shared>,
+    bodies: PhantomData<fn() -> M>,
 }
 
-impl<S> std::fmt::Debug for RateLimit<S> {
+impl<S, M> std::fmt::Debug for RateLimit<S, M> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("RateLimit")
     }
@@ -321,9 +409,10 @@ pin_project! {
     /// future of the layer's.
     ///
     /// [`Store::as_sync`]: paceline_store::Store::as_sync
-    pub struct ResponseFuture<F, R, E> {
+    pub struct ResponseFuture<F, R, E, M = Limited> {
         #[pin]
         state: Pending<F, R, E>,
+        bodies: PhantomData<fn() -> M>,
     }
 }
 
@@ -345,24 +434,30 @@ pin_project! {
     }
 }
 
-impl<F, R, E> ResponseFuture<F, R, E> {
-    fn ready(response: http::Response<LimitedBody<R>>) -> ResponseFuture<F, R, E> {
+impl<F, R, E, M> ResponseFuture<F, R, E, M> {
+    fn new(state: Pending<F, R, E>) -> ResponseFuture<F, R, E, M> {
         ResponseFuture {
-            state: Pending::Ready {
-                response: Some(response),
-            },
+            state,
+            bodies: PhantomData,
         }
+    }
+
+    fn ready(response: http::Response<LimitedBody<R>>) -> ResponseFuture<F, R, E, M> {
+        ResponseFuture::new(Pending::Ready {
+            response: Some(response),
+        })
     }
 }
 
-impl<F, R, E> Future for ResponseFuture<F, R, E>
+impl<F, R, E, M> Future for ResponseFuture<F, R, E, M>
 where
     F: Future<Output = Result<http::Response<R>, E>>,
+    M: Bodies<R>,
 {
-    type Output = Answer<R, E>;
+    type Output = Result<http::Response<M::Body>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
+        let answer = match self.project().state.project() {
             PendingProj::Admitted {
                 inner,
                 fields,
@@ -383,29 +478,34 @@ where
                     map.insert(headers::RATELIMIT, state);
                 }
                 let guard = guard.take();
-                Poll::Ready(Ok(response.map(|body| LimitedBody::inner(body, guard))))
+                Ok(response.map(|body| LimitedBody::inner(body, guard)))
             }
             // Polled again after its answer: nothing more comes.
             PendingProj::Ready { response } => match response.take() {
-                Some(response) => Poll::Ready(Ok(response)),
-                None => Poll::Pending,
+                Some(response) => Ok(response),
+                None => return Poll::Pending,
             },
-            PendingProj::Later { future } => future.as_mut().poll(cx),
-        }
+            PendingProj::Later { future } => match future.as_mut().poll(cx) {
+                Poll::Ready(answer) => answer,
+                Poll::Pending => return Poll::Pending,
+            },
+        };
+        Poll::Ready(answer.map(|response| response.map(M::body)))
     }
 }
 
-impl<S, B, R> Service<http::Request<B>> for RateLimit<S>
+impl<S, B, R, M> Service<http::Request<B>> for RateLimit<S, M>
 where
+    M: Bodies<R>,
     S: Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     B: Send + 'static,
     R: Send + 'static,
 {
-    type Response = http::Response<LimitedBody<R>>;
+    type Response = http::Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, R, S::Error>;
+    type Future = ResponseFuture<S::Future, R, S::Error, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -437,13 +537,11 @@ where
                         .headers
                         .then(|| shared.admitted_fields(decided.limits()))
                         .flatten();
-                    return ResponseFuture {
-                        state: Pending::Admitted {
-                            inner: self.inner.call(request),
-                            fields,
-                            guard,
-                        },
-                    };
+                    return ResponseFuture::new(Pending::Admitted {
+                        inner: self.inner.call(request),
+                        fields,
+                        guard,
+                    });
                 }
                 Ok(decided) if !decided.allowed() && shared.pace.is_none() => {
                     return ResponseFuture::ready(shared.refusal(&decided.into_set()));
@@ -463,13 +561,9 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(shared);
-        ResponseFuture {
-            state: Pending::Later {
-                future: Box::pin(
-                    async move { Shared::run(shared, inner, request, keys, first).await },
-                ),
-            },
-        }
+        ResponseFuture::new(Pending::Later {
+            future: Box::pin(async move { Shared::run(shared, inner, request, keys, first).await }),
+        })
     }
 }
 

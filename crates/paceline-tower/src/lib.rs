@@ -40,5 +40,9 @@ mod key;
 mod layer;
 
 pub use key::{Forwarded, Head, Key, MissingKey};
-pub use layer::{Builder, LimitedBody, RateLimit, RateLimitLayer, ResponseFuture, StoreFailure};
+#[cfg(feature = "axum")]
+pub use layer::AxumBody;
+pub use layer::{
+    Bodies, Builder, Limited, LimitedBody, RateLimit, RateLimitLayer, ResponseFuture, StoreFailure,
+};
 pub use paceline_core::InputError;

@@ -108,6 +108,24 @@ fn hello(layer: RateLimitLayer) -> Router {
         .layer(layer)
 }
 
+/// How a test's layer makes its answers' bodies: wrapped for any service, or axum's own
+/// ([`RateLimitLayer::for_axum`]); the layer answers the same either way.
+#[derive(Clone, Copy, Debug)]
+enum Bodies {
+    Limited,
+    Axum,
+}
+
+const BOTH: [Bodies; 2] = [Bodies::Limited, Bodies::Axum];
+
+/// `router` behind `layer`, its answers' bodies made as `bodies` says.
+fn behind(router: Router, layer: RateLimitLayer, bodies: Bodies) -> Router {
+    match bodies {
+        Bodies::Limited => router.layer(layer),
+        Bodies::Axum => router.layer(layer.for_axum()),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_connections_share_one_limit_in_memory() {
     // axum clones the service for every connection; tower's own RateLimit, whose state is
@@ -220,6 +238,12 @@ fn request(api_key: Option<&str>) -> http::Request<Body> {
 
 #[tokio::test]
 async fn headers_parse_back_into_the_decisions_and_refusals_are_problem_details() {
+    for bodies in BOTH {
+        headers_and_refusals(bodies).await;
+    }
+}
+
+async fn headers_and_refusals(bodies: Bodies) {
     let clock = ManualClock::new(EPOCH_2023);
     let second = policy("gcra:rate=2/s,burst=2");
     let day = policy("fixed_window:limit=100,window=1d");
@@ -228,13 +252,17 @@ async fn headers_parse_back_into_the_decisions_and_refusals_are_problem_details(
         .limit("per-day", day.clone(), Key::header("x-api-key"))
         .build()
         .expect("a layer");
-    let app = hello(layer);
+    let app = behind(
+        Router::new().route("/", get(|| async { "hello" })),
+        layer,
+        bodies,
+    );
     // The same traffic replayed on the policies alone gives what the headers must say.
     let (mut s2, mut sd) = (None, None);
     let now = clock.now_micros();
     for _ in 0..2 {
         let response = call(&app, request(Some("k1"))).await;
-        assert_eq!(response.status(), 200);
+        assert_eq!(response.status(), 200, "{bodies:?}");
         let d2 = second.apply(&mut s2, now, Op::Limit, 1).expect("replay");
         let dd = day.apply(&mut sd, now, Op::Limit, 1).expect("replay");
         let up = |d: Duration| (d.as_secs() + u64::from(d.subsec_nanos() > 0)) as i64;
@@ -295,8 +323,12 @@ async fn headers_parse_back_into_the_decisions_and_refusals_are_problem_details(
         .is_some_and(|d| d.contains("`per-second`")));
     assert_eq!(problem["violated"], serde_json::json!(["per-second"]));
     assert_eq!(problem["retry_after_ms"], 500.0);
-    // Another key is counted apart; a request without the key is the request's fault.
-    assert_eq!(call(&app, request(Some("k2"))).await.status(), 200);
+    // Another key is counted apart, and an admitted body arrives whole; a request without
+    // the key is the request's fault.
+    let other = call(&app, request(Some("k2"))).await;
+    assert_eq!(other.status(), 200);
+    let hello = other.into_body().collect().await.expect("a body");
+    assert_eq!(hello.to_bytes(), "hello", "{bodies:?}");
     let keyless = call(&app, request(None)).await;
     assert_eq!(keyless.status(), 400);
     assert_eq!(
@@ -308,6 +340,7 @@ async fn headers_parse_back_into_the_decisions_and_refusals_are_problem_details(
 /// An app whose handler tells when it runs and answers only when told to.
 fn held_app(
     layer: RateLimitLayer,
+    bodies: Bodies,
 ) -> (
     Router,
     tokio::sync::mpsc::UnboundedReceiver<()>,
@@ -316,7 +349,7 @@ fn held_app(
     let (entered, started) = tokio::sync::mpsc::unbounded_channel();
     let release = Arc::new(tokio::sync::Notify::new());
     let go = Arc::clone(&release);
-    let app = Router::new()
+    let router = Router::new()
         .route(
             "/",
             get(move || {
@@ -328,13 +361,18 @@ fn held_app(
                 }
             }),
         )
-        .route("/quick", get(|| async { "quick" }))
-        .layer(layer);
-    (app, started, release)
+        .route("/quick", get(|| async { "quick" }));
+    (behind(router, layer, bodies), started, release)
 }
 
 #[tokio::test]
 async fn a_request_in_flight_holds_its_lease_until_its_body_ends_or_it_is_dropped() {
+    for bodies in BOTH {
+        lease_held_until_the_body_ends(bodies).await;
+    }
+}
+
+async fn lease_held_until_the_body_ends(bodies: Bodies) {
     let clock = ManualClock::new(EPOCH_2023);
     let layer = RateLimitLayer::builder(memory(&clock))
         .limit(
@@ -344,7 +382,7 @@ async fn a_request_in_flight_holds_its_lease_until_its_body_ends_or_it_is_droppe
         )
         .build()
         .expect("a layer");
-    let (app, mut started, release) = held_app(layer);
+    let (app, mut started, release) = held_app(layer, bodies);
     let quick = || {
         http::Request::get("/quick")
             .body(Body::empty())
