@@ -457,7 +457,9 @@ where
     type Output = Result<http::Response<M::Body>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let answer = match self.project().state.project() {
+        // Each answer's body made once, as `M` says.
+        let limited = |response: http::Response<LimitedBody<R>>| response.map(M::body);
+        match self.project().state.project() {
             PendingProj::Admitted {
                 inner,
                 fields,
@@ -478,19 +480,17 @@ where
                     map.insert(headers::RATELIMIT, state);
                 }
                 let guard = guard.take();
-                Ok(response.map(|body| LimitedBody::inner(body, guard)))
+                Poll::Ready(Ok(
+                    response.map(|body| M::body(LimitedBody::inner(body, guard)))
+                ))
             }
             // Polled again after its answer: nothing more comes.
             PendingProj::Ready { response } => match response.take() {
-                Some(response) => Ok(response),
-                None => return Poll::Pending,
+                Some(response) => Poll::Ready(Ok(limited(response))),
+                None => Poll::Pending,
             },
-            PendingProj::Later { future } => match future.as_mut().poll(cx) {
-                Poll::Ready(answer) => answer,
-                Poll::Pending => return Poll::Pending,
-            },
-        };
-        Poll::Ready(answer.map(|response| response.map(M::body)))
+            PendingProj::Later { future } => future.as_mut().poll(cx).map_ok(limited),
+        }
     }
 }
 
