@@ -9,18 +9,14 @@
 //! configuration by where it puts two threads on the machine's two cores (which made a
 //! two-thread version of this bench rank configurations by thread placement, not cost);
 //! each request costs the client's work plus the server's, and the layer's cost shows in
-//! the difference. Each configuration's state is made afresh on that runtime (a Redis store
-//! connects there, so its connection and batching tasks share the thread, as in a server
-//! that connects at start). Each round measures every configuration once, for `SECONDS` each after
+//! the difference. Each round measures every configuration once, for `SECONDS` each after
 //! a warm-up, in an order rotated from round to round; a configuration's ratio to no layer
 //! is taken within each round (the machine's speed drifts between rounds, by as much as a
 //! fifth on a shared host), and the table gives the medians over `ROUNDS` rounds.
 //!
 //! `cargo bench -p paceline-tower --bench layer` (`SECONDS=2 ROUNDS=15` by default).
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,14 +32,8 @@ use tower_governor::GovernorLayer;
 
 const CONNECTIONS: usize = 32;
 
-/// Builds a configuration's app afresh for each measurement, on the measurement's runtime
-/// (where a Redis store's connection tasks then run, as in a server that connects at start).
-type MakeApp = Box<dyn Fn() -> Pin<Box<dyn Future<Output = Router>>>>;
-
-/// A configuration whose app needs no runtime to be built.
-fn ready(make: fn() -> Router) -> MakeApp {
-    Box::new(move || Box::pin(std::future::ready(make())))
-}
+/// Builds a configuration's app afresh for each measurement.
+type MakeApp = Box<dyn Fn() -> Router>;
 
 fn hello() -> Router {
     Router::new().route("/", get(|| async { "Hello, World!" }))
@@ -115,13 +105,12 @@ fn serve(app: Router) -> SocketAddr {
 /// Requests per second `app` answers over `seconds` (after a warm-up of a quarter of that, at
 /// most half a second),
 /// the server and the load on one thread.
-fn measure(make: &MakeApp, seconds: f64) -> f64 {
+fn measure(app: Router, seconds: f64) -> f64 {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("a runtime");
     runtime.block_on(async move {
-        let app = make().await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a free port");
@@ -268,7 +257,7 @@ fn main() {
             .build()
             .expect("a runtime");
         let store = runtime.block_on(async {
-            RedisStore::builder(redis_url.clone(), FailurePolicy::FailClosed)
+            RedisStore::builder(redis_url, FailurePolicy::FailClosed)
                 .auto_batch(Duration::ZERO)
                 .connect()
                 .await
@@ -279,37 +268,30 @@ fn main() {
         Arc::new(store)
     };
     let configs: Vec<(&str, MakeApp)> = vec![
-        ("axum, no layer", ready(hello)),
+        ("axum, no layer", Box::new(hello)),
         (
             "paceline layer, memory store",
-            ready(|| paceline(Arc::new(MemoryStore::new()), true)),
+            Box::new(|| paceline(Arc::new(MemoryStore::new()), true)),
         ),
         (
             "paceline layer, memory store, no RateLimit headers",
-            ready(|| paceline(Arc::new(MemoryStore::new()), false)),
+            Box::new(|| paceline(Arc::new(MemoryStore::new()), false)),
         ),
-        ("tower_governor (same GCRA quota)", ready(governor)),
+        ("tower_governor (same GCRA quota)", Box::new(governor)),
         (
             "tower_governor, with its x-ratelimit headers",
-            ready(governor_with_headers),
+            Box::new(governor_with_headers),
         ),
         (
             "paceline layer, Redis store",
-            Box::new(move || {
-                let url = redis_url.clone();
-                Box::pin(async move {
-                    let store = RedisStore::builder(url, FailurePolicy::FailClosed)
-                        .auto_batch(Duration::ZERO)
-                        .connect()
-                        .await
-                        .expect("the bench's Redis");
-                    paceline(Arc::new(store), true)
-                })
+            Box::new({
+                let store = Arc::clone(&redis_store);
+                move || paceline(Arc::clone(&store), true)
             }),
         ),
         (
             "paceline layer, memory store, any service's body (no for_axum)",
-            ready(|| hello().layer(layer(Arc::new(MemoryStore::new()), true))),
+            Box::new(|| hello().layer(layer(Arc::new(MemoryStore::new()), true))),
         ),
     ];
     let n = configs.len();
@@ -320,7 +302,7 @@ fn main() {
         for k in 0..n {
             let i = (k + round) % n;
             let (name, app) = &configs[i];
-            let rate = measure(app, seconds);
+            let rate = measure(app(), seconds);
             eprintln!("round {round}: {name}: {rate:.0} requests/s");
             this_round[i] = rate;
         }
