@@ -41,8 +41,8 @@ pub(crate) fn seconds_up(d: Duration) -> u64 {
 /// # Ok::<(), paceline_core::InputError>(())
 /// ```
 pub fn insert(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &Decision) {
-    let quotas: Vec<(&str, u64)> = limits.iter().map(|(name, d)| (*name, d.limit)).collect();
-    if let Some(policy) = policy_field(&quotas) {
+    let quotas = limits.iter().map(|(name, d)| (*name, [("q", d.limit)]));
+    if let Some(policy) = field(quotas, Names::Plain) {
         headers.insert(RATELIMIT_POLICY, policy);
     }
     insert_state(headers, limits, combined);
@@ -51,35 +51,34 @@ pub fn insert(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &
 /// The `RateLimit-Policy` field of limits `(name, quota)`, which depends on the limits
 /// alone: a layer writes it once and sends a copy with every answer.
 pub fn policy_field(limits: &[(&str, u64)]) -> Option<HeaderValue> {
-    let names: Vec<String> = limits.iter().map(|(name, _)| sf_string(name)).collect();
     field(
-        names
-            .iter()
-            .zip(limits)
-            .map(|(name, (_, quota))| (name.as_str(), [("q", *quota)])),
+        limits.iter().map(|(name, quota)| (*name, [("q", *quota)])),
+        Names::Plain,
     )
 }
 
 /// [`insert`] without `RateLimit-Policy`: `RateLimit`, and `Retry-After` when `combined`
 /// refused.
 pub fn insert_state(headers: &mut HeaderMap, limits: &[(&str, &Decision)], combined: &Decision) {
-    let names: Vec<String> = limits.iter().map(|(name, _)| sf_string(name)).collect();
-    let decisions = limits.iter().map(|(_, d)| *d);
-    insert_state_of(
-        headers,
-        names.iter().map(String::as_str).zip(decisions),
-        combined,
-    );
+    insert_state_of(headers, limits.iter().copied(), Names::Plain, combined);
 }
 
-/// [`insert_state`] of the limits an iterator yields, each name already a structured-field
-/// string ([`sf_string`]: the layer writes its names once).
+/// How a field's names come: as they are, or already structured-field strings
+/// ([`sf_string`]: the layer quotes its names once, when built).
+#[derive(Clone, Copy)]
+pub(crate) enum Names {
+    Plain,
+    Quoted,
+}
+
+/// [`insert_state`] of the limits an iterator yields, their names as `names` says.
 pub(crate) fn insert_state_of<'a>(
     headers: &mut HeaderMap,
     limits: impl Iterator<Item = (&'a str, &'a Decision)> + Clone,
+    names: Names,
     combined: &Decision,
 ) {
-    if let Some(v) = state_field_of(limits) {
+    if let Some(v) = state_field(limits, names) {
         headers.insert(RATELIMIT, v);
     }
     if !combined.allowed {
@@ -90,25 +89,32 @@ pub(crate) fn insert_state_of<'a>(
     }
 }
 
-/// The `RateLimit` field of the limits an iterator yields, each name already a
-/// structured-field string.
-pub(crate) fn state_field_of<'a>(
+/// The `RateLimit` field of the limits an iterator yields, their names as `names` says.
+pub(crate) fn state_field<'a>(
     limits: impl Iterator<Item = (&'a str, &'a Decision)> + Clone,
+    names: Names,
 ) -> Option<HeaderValue> {
-    field(limits.map(|(name, d)| (name, [("r", d.remaining), ("t", seconds_up(d.reset_after))])))
+    let members =
+        limits.map(|(name, d)| (name, [("r", d.remaining), ("t", seconds_up(d.reset_after))]));
+    field(members, names)
 }
 
-/// A structured field listing `members`: each a name (a structured-field string,
-/// [`sf_string`]) and its parameters (numbers capped at the 15 digits a structured field
-/// holds). Measured first, then written into one allocation of the exact size, which the
-/// value keeps.
+/// A structured field listing `members`: each a name (written as a structured-field string
+/// unless `names` says it is one) and its parameters (numbers capped at the 15 digits a
+/// structured field holds). Measured first, then written into one allocation of the exact
+/// size, which the value keeps.
 fn field<'a, const N: usize>(
     members: impl Iterator<Item = (&'a str, [(&'static str, u64); N])> + Clone,
+    names: Names,
 ) -> Option<HeaderValue> {
     let mut digits = itoa::Buffer::new();
     let mut len = 0;
     for (i, (name, pairs)) in members.clone().enumerate() {
-        len += usize::from(i > 0) * 2 + name.len();
+        len += usize::from(i > 0) * 2;
+        len += match names {
+            Names::Plain => sf_len(name),
+            Names::Quoted => name.len(),
+        };
         for (key, number) in pairs {
             len += key.len() + 2 + digits.format(number.min(SF_INTEGER_MAX)).len();
         }
@@ -118,7 +124,10 @@ fn field<'a, const N: usize>(
         if i > 0 {
             text.extend_from_slice(b", ");
         }
-        text.extend_from_slice(name.as_bytes());
+        match names {
+            Names::Plain => push_sf_string(&mut text, name),
+            Names::Quoted => text.extend_from_slice(name.as_bytes()),
+        }
         for (key, number) in pairs {
             text.push(b';');
             text.extend_from_slice(key.as_bytes());
@@ -126,26 +135,43 @@ fn field<'a, const N: usize>(
             text.extend_from_slice(digits.format(number.min(SF_INTEGER_MAX)).as_bytes());
         }
     }
+    debug_assert_eq!(
+        text.len(),
+        len,
+        "a field is written as long as it was measured"
+    );
     HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
 }
 
 /// `name` as a structured-field string: quoted, printable ASCII, with `"` and `\`
 /// escaped; anything else is written `?`.
 pub(crate) fn sf_string(name: &str) -> String {
-    let mut text = String::with_capacity(name.len() + 2);
-    text.push('"');
+    let mut text = Vec::with_capacity(sf_len(name));
+    push_sf_string(&mut text, name);
+    // Printable ASCII only, so never the empty fallback.
+    String::from_utf8(text).unwrap_or_default()
+}
+
+/// The length of `name` as a structured-field string.
+fn sf_len(name: &str) -> usize {
+    let escapes = name.bytes().filter(|b| matches!(b, b'"' | b'\\')).count();
+    2 + name.chars().count() + escapes
+}
+
+/// Appends `name` as a structured-field string ([`sf_string`]).
+fn push_sf_string(text: &mut Vec<u8>, name: &str) {
+    text.push(b'"');
     for c in name.chars() {
         match c {
             '"' | '\\' => {
-                text.push('\\');
-                text.push(c);
+                text.push(b'\\');
+                text.push(c as u8);
             }
-            ' '..='~' => text.push(c),
-            _ => text.push('?'),
+            ' '..='~' => text.push(c as u8),
+            _ => text.push(b'?'),
         }
     }
-    text.push('"');
-    text
+    text.push(b'"');
 }
 
 /// An RFC 9457 problem details object (`application/problem+json`), with paceline's

@@ -49,8 +49,8 @@ pub struct MissingKey {
 type Extract = dyn Fn(&Head<'_>, &mut KeyText) -> Result<(), MissingKey> + Send + Sync;
 
 /// A store key under construction: on the stack while it fits in [`KeyText::INLINE`]
-/// bytes (an IP address and a limit's name do), so that most requests' keys cost no
-/// allocation; in a `String` beyond. Only whole strings and ASCII go in, so its bytes are
+/// bytes (`{192.0.2.7}:per-second` does: an IPv4 address and a name of up to 46 bytes), so
+/// that most requests' keys cost no allocation; in a `String` beyond. Only whole strings and ASCII go in, so its bytes are
 /// always UTF-8.
 #[derive(Clone)]
 pub(crate) struct KeyText {
@@ -100,10 +100,15 @@ impl KeyText {
         }
     }
 
-    /// The key in a `String` from now on.
+    /// The key in a `String` from now on (the stack's bytes copied once, at the first
+    /// spill).
     fn spill(&mut self) -> &mut String {
-        let inline = self.as_str().to_string();
-        self.spilled.get_or_insert(inline)
+        let inline = &self.inline[..self.len];
+        self.spilled.get_or_insert_with(|| {
+            let mut spilled = String::with_capacity(2 * KeyText::INLINE);
+            spilled.push_str(std::str::from_utf8(inline).unwrap_or_default());
+            spilled
+        })
     }
 
     pub(crate) fn as_str(&self) -> &str {

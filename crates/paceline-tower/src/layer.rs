@@ -19,7 +19,7 @@ use pin_project_lite::pin_project;
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::headers::{self, Problem, PROBLEM_JSON};
+use crate::headers::{self, Names, Problem, PROBLEM_JSON};
 use crate::key::{Head, Key, KeyText};
 
 /// In pace mode, how often a request waiting for a place in flight asks for one (a lease
@@ -112,7 +112,8 @@ struct Shared {
 /// # Ok::<(), paceline_core::InputError>(())
 /// ```
 ///
-/// On axum, [`for_axum`](RateLimitLayer::for_axum) makes the answers' body axum's own.
+/// On axum, `for_axum()` (feature `axum`, on by default) makes the answers' body axum's
+/// own.
 #[derive(Clone)]
 pub struct RateLimitLayer<M = Limited> {
     shared: Arc<Shared>,
@@ -328,7 +329,8 @@ impl<S, M> Layer<S> for RateLimitLayer<M> {
 }
 
 /// How a layer's answers carry their bodies: [`Limited`] (the default, for any service) or
-/// [`AxumBody`] (for axum, [`RateLimitLayer::for_axum`]).
+/// `AxumBody` (for axum: `RateLimitLayer::for_axum`, feature `axum`). The trait is sealed:
+/// those two are its only implementations.
 pub trait Bodies<R>: sealed::Sealed {
     /// The body of the layer's answers.
     type Body;
@@ -424,7 +426,7 @@ pin_project! {
             #[pin]
             inner: F,
             // `RateLimit-Policy` and `RateLimit`, unless the layer sends no headers.
-            fields: Option<(http::HeaderValue, http::HeaderValue)>,
+            fields: (Option<http::HeaderValue>, Option<http::HeaderValue>),
             guard: Option<LeaseGuard>,
         },
         // An answer of the layer's own (a refusal, a problem), ready.
@@ -474,10 +476,13 @@ where
                     }
                     Poll::Pending => return Poll::Pending,
                 };
-                if let Some((policy, state)) = fields.take() {
-                    let map = response.headers_mut();
-                    map.insert(headers::RATELIMIT_POLICY, policy);
-                    map.insert(headers::RATELIMIT, state);
+                if let Some(policy) = fields.0.take() {
+                    response
+                        .headers_mut()
+                        .insert(headers::RATELIMIT_POLICY, policy);
+                }
+                if let Some(state) = fields.1.take() {
+                    response.headers_mut().insert(headers::RATELIMIT, state);
                 }
                 let guard = guard.take();
                 Poll::Ready(Ok(
@@ -533,10 +538,7 @@ where
             match outcome {
                 Ok(decided) if decided.allowed() && decided.combined().delay.is_zero() => {
                     let guard = shared.guard(decided.limits(), keys);
-                    let fields = shared
-                        .headers
-                        .then(|| shared.admitted_fields(decided.limits()))
-                        .flatten();
+                    let fields = shared.admitted_fields(decided.limits());
                     return ResponseFuture::new(Pending::Admitted {
                         inner: self.inner.call(request),
                         fields,
@@ -808,14 +810,18 @@ impl Shared {
         Ok(response.map(|body| LimitedBody::inner(body, guard)))
     }
 
-    /// An admission's `RateLimit-Policy` and `RateLimit` (`limits`: each limit's decision).
+    /// An admission's `RateLimit-Policy` and `RateLimit` (`limits`: each limit's decision),
+    /// none if the layer sends no headers.
     fn admitted_fields(
         &self,
         limits: &[Decision],
-    ) -> Option<(http::HeaderValue, http::HeaderValue)> {
+    ) -> (Option<http::HeaderValue>, Option<http::HeaderValue>) {
+        if !self.headers {
+            return (None, None);
+        }
         let names = self.limits.iter().map(|l| l.quoted.as_str());
-        let state = headers::state_field_of(names.zip(limits))?;
-        Some((self.policy_header.clone()?, state))
+        let state = headers::state_field(names.zip(limits), Names::Quoted);
+        (self.policy_header.clone(), state)
     }
 
     /// Adds `RateLimit-Policy` (the same for every answer, written once and copied) and
@@ -830,7 +836,7 @@ impl Shared {
             headers.insert(headers::RATELIMIT_POLICY, policy.clone());
         }
         let names = self.limits.iter().map(|l| l.quoted.as_str());
-        headers::insert_state_of(headers, names.zip(limits), combined);
+        headers::insert_state_of(headers, names.zip(limits), Names::Quoted, combined);
     }
 
     /// The `429` of a refused set.

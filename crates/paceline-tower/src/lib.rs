@@ -28,7 +28,7 @@
 //!
 //! | module | what |
 //! |---|---|
-//! | [`RateLimitLayer`], [`Builder`] | the layer and its options: limits, pace mode, store failures, headers |
+//! | [`RateLimitLayer`], [`Builder`] | the layer and its options: limits, pace mode, store failures, headers; `for_axum()` for answers in axum's own body type |
 //! | [`Key`] | whose request it is: peer IP (behind trusted proxies), a header, an extension, a closure |
 //! | [`headers`] | the `RateLimit` fields and problem details, as `paceline serve` writes them too |
 

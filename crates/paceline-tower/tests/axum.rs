@@ -466,29 +466,117 @@ async fn pace_mode_waits_for_a_place_in_flight_too() {
 
 #[tokio::test]
 async fn a_failed_store_is_a_503_or_lets_requests_through() {
+    for bodies in BOTH {
+        failed_store(bodies).await;
+    }
+}
+
+async fn failed_store(bodies: Bodies) {
     // A memory store that holds no key fails every new key.
     let full: SharedStore = Arc::new(MemoryStore::builder().max_keys(0).build());
-    let layer = |failure: StoreFailure| {
-        RateLimitLayer::builder(Arc::clone(&full))
-            .limit("a", policy("gcra:rate=1/s"), Key::constant("k"))
+    let app = |key: Key, failure: StoreFailure| {
+        let layer = RateLimitLayer::builder(Arc::clone(&full))
+            .limit("a", policy("gcra:rate=1/s"), key)
             .on_store_failure(failure)
             .build()
-            .expect("a layer")
+            .expect("a layer");
+        behind(
+            Router::new().route("/", get(|| async { "hello" })),
+            layer,
+            bodies,
+        )
     };
-    let refused = call(&hello(layer(StoreFailure::Refuse)), request(None)).await;
-    assert_eq!(refused.status(), 503);
+    let refused = call(
+        &app(Key::constant("k"), StoreFailure::Refuse),
+        request(None),
+    )
+    .await;
+    assert_eq!(refused.status(), 503, "{bodies:?}");
     assert_eq!(
         refused.headers()["content-type"],
         "application/problem+json"
     );
-    let open = call(&hello(layer(StoreFailure::Allow)), request(None)).await;
+    let body = refused.into_body().collect().await.expect("a body");
+    let problem: Value = serde_json::from_slice(&body.to_bytes()).expect("JSON");
+    assert_eq!(problem["status"], 503);
+    let open = call(&app(Key::constant("k"), StoreFailure::Allow), request(None)).await;
     assert_eq!(open.status(), 200);
+    let body = open.into_body().collect().await.expect("a body");
+    assert_eq!(body.to_bytes(), "hello", "{bodies:?}");
     // Without a peer address to read, the service is set up wrong: 500.
-    let by_ip = RateLimitLayer::builder(Arc::clone(&full))
-        .limit("a", policy("gcra:rate=1/s"), Key::peer_ip())
+    let by_ip = app(Key::peer_ip(), StoreFailure::Refuse);
+    assert_eq!(call(&by_ip, request(None)).await.status(), 500);
+}
+
+#[tokio::test]
+async fn one_limit_decided_in_call_sends_its_headers_and_refuses_with_problem_details() {
+    for bodies in BOTH {
+        let clock = ManualClock::new(EPOCH_2023);
+        let second = policy("gcra:rate=2/s,burst=2");
+        let layer = RateLimitLayer::builder(memory(&clock))
+            .limit("per-second", second.clone(), Key::header("x-api-key"))
+            .build()
+            .expect("a layer");
+        let app = behind(
+            Router::new().route("/", get(|| async { "hello" })),
+            layer,
+            bodies,
+        );
+        let mut state = None;
+        let now = clock.now_micros();
+        for _ in 0..2 {
+            let response = call(&app, request(Some("k1"))).await;
+            assert_eq!(response.status(), 200, "{bodies:?}");
+            let d = second.apply(&mut state, now, Op::Limit, 1).expect("replay");
+            let up = |d: Duration| (d.as_secs() + u64::from(d.subsec_nanos() > 0)) as i64;
+            assert_eq!(
+                items(response.headers(), "ratelimit-policy"),
+                [("per-second".to_string(), vec![("q".to_string(), 2)])]
+            );
+            assert_eq!(
+                items(response.headers(), "ratelimit"),
+                [(
+                    "per-second".to_string(),
+                    vec![
+                        ("r".to_string(), d.remaining as i64),
+                        ("t".to_string(), up(d.reset_after))
+                    ]
+                )]
+            );
+            let body = response.into_body().collect().await.expect("a body");
+            assert_eq!(body.to_bytes(), "hello", "{bodies:?}");
+        }
+        let refused = call(&app, request(Some("k1"))).await;
+        assert_eq!(refused.status(), 429, "{bodies:?}");
+        assert_eq!(refused.headers()["retry-after"], "1");
+        assert_eq!(
+            items(refused.headers(), "ratelimit")[0].1[0],
+            ("r".to_string(), 0)
+        );
+        let body = refused.into_body().collect().await.expect("a body");
+        let problem: Value = serde_json::from_slice(&body.to_bytes()).expect("JSON");
+        assert_eq!(problem["violated"], serde_json::json!(["per-second"]));
+    }
+}
+
+#[test]
+fn for_axum_answers_in_axums_own_body_type() {
+    // Checked by the compiler: the service's answers are `Response<axum::body::Body>`
+    // itself, not a wrapper around it.
+    fn answers_axum_bodies<S>(_: &S)
+    where
+        S: tower::Service<http::Request<Body>, Response = http::Response<Body>>,
+    {
+    }
+    let layer = RateLimitLayer::builder(Arc::new(MemoryStore::new()))
+        .limit("a", policy("gcra:rate=1/s"), Key::constant("k"))
         .build()
-        .expect("a layer");
-    assert_eq!(call(&hello(by_ip), request(None)).await.status(), 500);
+        .expect("a layer")
+        .for_axum();
+    let inner = tower::service_fn(|_: http::Request<Body>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Body::from("hello")))
+    });
+    answers_axum_bodies(&tower::Layer::layer(&layer, inner));
 }
 
 #[test]
