@@ -531,8 +531,8 @@ where
                 ([limit], StoreKeys::One(key)) => store
                     .decide_sync(&limit.policy, key.as_str(), op, 1)
                     .map(Decided::One),
-                _ => shared
-                    .with_requests(&keys, op, |requests| store.decide_all_sync(requests))
+                _ => store
+                    .decide_all_sync(&shared.requests(&keys, op))
                     .map(Decided::Set),
             };
             match outcome {
@@ -679,15 +679,13 @@ impl Shared {
         }
     }
 
-    /// Runs `f` on the requests of `op` for each limit's key.
-    fn with_requests<T>(&self, keys: &StoreKeys, op: Op, f: impl FnOnce(&[Request<'_>]) -> T) -> T {
-        let requests: Vec<Request> = self
-            .limits
+    /// The requests of `op` for each limit's key.
+    fn requests<'a>(&'a self, keys: &'a StoreKeys, op: Op) -> Vec<Request<'a>> {
+        self.limits
             .iter()
             .zip(keys.iter())
             .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
-            .collect();
-        f(&requests)
+            .collect()
     }
 
     /// The leases an admission took (`limits`: each limit's decision), held until dropped
@@ -740,12 +738,7 @@ impl Shared {
                         .await
                 }
                 (None, _, _) => {
-                    let requests: Vec<Request> = shared
-                        .limits
-                        .iter()
-                        .zip(store_keys.iter())
-                        .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
-                        .collect();
+                    let requests = shared.requests(&store_keys, op);
                     shared.store.decide_all(&requests).await
                 }
             };

@@ -103,9 +103,21 @@ async fn burst(addr: SocketAddr, n: usize) -> (usize, usize) {
 }
 
 fn hello(layer: RateLimitLayer) -> Router {
-    Router::new()
-        .route("/", get(|| async { "hello" }))
-        .layer(layer)
+    hello_as(layer, Bodies::Limited)
+}
+
+/// The hello app behind `layer`, its answers' bodies made as `bodies` says.
+fn hello_as(layer: RateLimitLayer, bodies: Bodies) -> Router {
+    behind(
+        Router::new().route("/", get(|| async { "hello" })),
+        layer,
+        bodies,
+    )
+}
+
+/// Whole seconds, rounded up, as the `RateLimit` field's `t` gives them.
+fn seconds_up(d: Duration) -> i64 {
+    (d.as_secs() + u64::from(d.subsec_nanos() > 0)) as i64
 }
 
 /// How a test's layer makes its answers' bodies: wrapped for any service, or axum's own
@@ -252,11 +264,7 @@ async fn headers_and_refusals(bodies: Bodies) {
         .limit("per-day", day.clone(), Key::header("x-api-key"))
         .build()
         .expect("a layer");
-    let app = behind(
-        Router::new().route("/", get(|| async { "hello" })),
-        layer,
-        bodies,
-    );
+    let app = hello_as(layer, bodies);
     // The same traffic replayed on the policies alone gives what the headers must say.
     let (mut s2, mut sd) = (None, None);
     let now = clock.now_micros();
@@ -265,7 +273,6 @@ async fn headers_and_refusals(bodies: Bodies) {
         assert_eq!(response.status(), 200, "{bodies:?}");
         let d2 = second.apply(&mut s2, now, Op::Limit, 1).expect("replay");
         let dd = day.apply(&mut sd, now, Op::Limit, 1).expect("replay");
-        let up = |d: Duration| (d.as_secs() + u64::from(d.subsec_nanos() > 0)) as i64;
         assert_eq!(
             items(response.headers(), "ratelimit-policy"),
             [
@@ -280,14 +287,14 @@ async fn headers_and_refusals(bodies: Bodies) {
                     "per-second".to_string(),
                     vec![
                         ("r".to_string(), d2.remaining as i64),
-                        ("t".to_string(), up(d2.reset_after))
+                        ("t".to_string(), seconds_up(d2.reset_after))
                     ]
                 ),
                 (
                     "per-day".to_string(),
                     vec![
                         ("r".to_string(), dd.remaining as i64),
-                        ("t".to_string(), up(dd.reset_after))
+                        ("t".to_string(), seconds_up(dd.reset_after))
                     ]
                 ),
             ]
@@ -480,11 +487,7 @@ async fn failed_store(bodies: Bodies) {
             .on_store_failure(failure)
             .build()
             .expect("a layer");
-        behind(
-            Router::new().route("/", get(|| async { "hello" })),
-            layer,
-            bodies,
-        )
+        hello_as(layer, bodies)
     };
     let refused = call(
         &app(Key::constant("k"), StoreFailure::Refuse),
@@ -517,18 +520,13 @@ async fn one_limit_decided_in_call_sends_its_headers_and_refuses_with_problem_de
             .limit("per-second", second.clone(), Key::header("x-api-key"))
             .build()
             .expect("a layer");
-        let app = behind(
-            Router::new().route("/", get(|| async { "hello" })),
-            layer,
-            bodies,
-        );
+        let app = hello_as(layer, bodies);
         let mut state = None;
         let now = clock.now_micros();
         for _ in 0..2 {
             let response = call(&app, request(Some("k1"))).await;
             assert_eq!(response.status(), 200, "{bodies:?}");
             let d = second.apply(&mut state, now, Op::Limit, 1).expect("replay");
-            let up = |d: Duration| (d.as_secs() + u64::from(d.subsec_nanos() > 0)) as i64;
             assert_eq!(
                 items(response.headers(), "ratelimit-policy"),
                 [("per-second".to_string(), vec![("q".to_string(), 2)])]
@@ -539,7 +537,7 @@ async fn one_limit_decided_in_call_sends_its_headers_and_refuses_with_problem_de
                     "per-second".to_string(),
                     vec![
                         ("r".to_string(), d.remaining as i64),
-                        ("t".to_string(), up(d.reset_after))
+                        ("t".to_string(), seconds_up(d.reset_after))
                     ]
                 )]
             );
