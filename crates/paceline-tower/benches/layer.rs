@@ -14,7 +14,8 @@
 //! is taken within each round (the machine's speed drifts between rounds, by as much as a
 //! fifth on a shared host), and the table gives the medians over `ROUNDS` rounds.
 //!
-//! `cargo bench -p paceline-tower --bench layer` (`SECONDS=2 ROUNDS=15` by default).
+//! `cargo bench -p paceline-tower --bench layer [-- WORDS]` (`SECONDS=2 ROUNDS=15` by
+//! default; with words, only the configurations whose names hold one of them, beside no layer).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -294,6 +295,20 @@ fn main() {
             Box::new(|| hello().layer(layer(Arc::new(MemoryStore::new()), true))),
         ),
     ];
+    // Words after `--` pick the configurations whose names hold one of them (no layer, the
+    // baseline, always runs).
+    let words: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let configs: Vec<(&str, MakeApp)> = configs
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (name, _))| {
+            *i == 0 || words.is_empty() || words.iter().any(|w| name.contains(w.as_str()))
+        })
+        .map(|(_, config)| config)
+        .collect();
     let n = configs.len();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
@@ -317,16 +332,17 @@ fn main() {
     };
     // paceline beside tower_governor, like for like: within each round, both with their
     // headers, and both without.
-    let versus = |paceline: usize, governor: usize| {
-        median(
+    let index = |name: &str| configs.iter().position(|(n, _)| *n == name);
+    let versus = |paceline: &str, governor: &str| {
+        let (paceline, governor) = (index(paceline)?, index(governor)?);
+        Some(median(
             rates[governor]
                 .iter()
                 .zip(&rates[paceline])
                 .map(|(governor, paceline)| paceline / governor)
                 .collect(),
-        )
+        ))
     };
-    let (with_headers, without) = (versus(1, 4), versus(2, 3));
     println!(
         "\n| configuration | requests/s (median of {rounds} rounds of {seconds} s) | vs no layer (median of the rounds' ratios) |"
     );
@@ -338,12 +354,27 @@ fn main() {
             median(ratios[i].clone())
         );
     }
-    println!(
-        "\npaceline memory / tower_governor (median of the rounds' ratios): with headers \
-         {with_headers:.2}, without {without:.2}; paceline with its headers / tower_governor \
-         without: {:.2}",
-        versus(1, 3)
+    let (memory, bare) = (
+        "paceline layer, memory store",
+        "paceline layer, memory store, no RateLimit headers",
     );
+    let (governor, governor_headers) = (
+        "tower_governor (same GCRA quota)",
+        "tower_governor, with its x-ratelimit headers",
+    );
+    for (what, paceline, governor) in [
+        ("with headers", memory, governor_headers),
+        ("without headers", bare, governor),
+        (
+            "paceline with its headers / tower_governor without",
+            memory,
+            governor,
+        ),
+    ] {
+        if let Some(ratio) = versus(paceline, governor) {
+            println!("paceline memory / tower_governor (median of the rounds' ratios), {what}: {ratio:.2}");
+        }
+    }
 
     // A key refused again and again: the Redis calls 1,000 retries cost, with the layer's
     // cache of refusals (on by default on Redis) and without.
