@@ -102,6 +102,10 @@ fn main() {
             hello().layer(GovernorLayer::new(governor)),
         ),
         (
+            "an identity layer (axum's own cost of any layer)",
+            hello().layer(tower::layer::layer_fn(|service| service)),
+        ),
+        (
             "tower_governor, with its x-ratelimit headers",
             hello().layer(GovernorLayer::new(governor_with_headers)),
         ),
