@@ -537,7 +537,7 @@ where
             };
             match outcome {
                 Ok(decided) if decided.allowed() && decided.combined().delay.is_zero() => {
-                    let guard = shared.guard(decided.limits(), keys);
+                    let guard = shared.guard(decided.limits(), &keys);
                     let fields = shared.admitted_fields(decided.limits());
                     return ResponseFuture::new(Pending::Admitted {
                         inner: self.inner.call(request),
@@ -551,7 +551,7 @@ where
                 // Admitted after a wait: its leases held from now (a future dropped before
                 // its first poll gives them back).
                 Ok(decided) if decided.allowed() => {
-                    let guard = shared.guard(decided.limits(), keys.clone());
+                    let guard = shared.guard(decided.limits(), &keys);
                     first = Some((Ok(decided.into_set()), guard));
                 }
                 // A refusal in pace mode (beyond `max_wait`, or to wait and ask again), or a
@@ -571,7 +571,6 @@ where
 
 /// Each limit's key in the store, `{KEY}:NAME`: for one limit, one key on the stack (no
 /// allocation while it is short, no vector).
-#[derive(Clone)]
 enum StoreKeys {
     One(KeyText),
     Many(Vec<String>),
@@ -594,13 +593,6 @@ impl StoreKeys {
 
     fn iter(&self) -> impl Iterator<Item = &str> {
         (0..self.len()).filter_map(|i| self.get(i))
-    }
-
-    fn into_vec(self) -> Vec<String> {
-        match self {
-            StoreKeys::One(key) => vec![key.into_string()],
-            StoreKeys::Many(keys) => keys,
-        }
     }
 }
 
@@ -690,15 +682,15 @@ impl Shared {
 
     /// The leases an admission took (`limits`: each limit's decision), held until dropped
     /// (none: `None`).
-    fn guard(self: &Arc<Self>, limits: &[Decision], keys: StoreKeys) -> Option<LeaseGuard> {
+    fn guard(self: &Arc<Self>, limits: &[Decision], keys: &StoreKeys) -> Option<LeaseGuard> {
         if limits.iter().all(|d| d.lease.is_none()) {
             return None;
         }
         let leases: Vec<(usize, String, u64)> = limits
             .iter()
-            .zip(keys.into_vec())
+            .zip(keys.iter())
             .enumerate()
-            .filter_map(|(i, (d, key))| d.lease.map(|id| (i, key, id)))
+            .filter_map(|(i, (d, key))| d.lease.map(|id| (i, key.to_string(), id)))
             .collect();
         Some(LeaseGuard {
             shared: Arc::clone(self),
@@ -790,7 +782,7 @@ impl Shared {
         // gives its leases back too.
         let guard = match held {
             Some(guard) => Some(guard),
-            None => shared.guard(&set.limits, store_keys),
+            None => shared.guard(&set.limits, &store_keys),
         };
         if !set.decision.delay.is_zero() {
             shared.store.sleep(set.decision.delay).await;
