@@ -1,7 +1,9 @@
-//! An axum hello-world under load, side by side in one run: without a layer, with
-//! paceline's layer on the memory store, with tower_governor (the same GCRA quota, by peer
-//! IP), and with paceline's layer on Redis. Every request is admitted (the quota is far
-//! above the load), so what is measured is what each layer costs an admitted request.
+//! An axum hello-world under load, side by side in one run: without a layer; with
+//! paceline's layer on the memory store (as an axum app takes it, `for_axum()`), with its
+//! `RateLimit` headers and without, and as any service takes it; with tower_governor (the
+//! same GCRA quota, by peer IP), with its `x-ratelimit` headers and without; and with
+//! paceline's layer on Redis. Every request is admitted (the quota is far above the load),
+//! so what is measured is what each layer costs an admitted request.
 //!
 //! The server and the load generator share one thread (a current-thread tokio runtime made
 //! afresh for each measurement): 32 kept-alive HTTP/1.1 connections over loopback, each
@@ -12,7 +14,9 @@
 //! the difference. Each round measures every configuration once, for `SECONDS` each after
 //! a warm-up, in an order rotated from round to round; a configuration's ratio to no layer
 //! is taken within each round (the machine's speed drifts between rounds, by as much as a
-//! fifth on a shared host), and the table gives the medians over `ROUNDS` rounds.
+//! fifth on a shared host), and the table gives the medians over `ROUNDS` rounds. paceline
+//! beside tower_governor is also taken within each round: the median, mean, quartiles and
+//! rounds won of the ratio, with headers on both and off on both, and each with its default.
 //!
 //! `cargo bench -p paceline-tower --bench layer [-- WORDS]` (`SECONDS=2 ROUNDS=15` by
 //! default; with words, only the configurations whose names hold one of them, beside no layer).
@@ -32,6 +36,12 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::GovernorLayer;
 
 const CONNECTIONS: usize = 32;
+
+/// The configurations compared beside each other, by name.
+const PACELINE: &str = "paceline layer, memory store";
+const PACELINE_BARE: &str = "paceline layer, memory store, no RateLimit headers";
+const GOVERNOR: &str = "tower_governor (same GCRA quota)";
+const GOVERNOR_HEADERS: &str = "tower_governor, with its x-ratelimit headers";
 
 /// Builds a configuration's app afresh for each measurement.
 type MakeApp = Box<dyn Fn() -> Router>;
@@ -271,18 +281,15 @@ fn main() {
     let configs: Vec<(&str, MakeApp)> = vec![
         ("axum, no layer", Box::new(hello)),
         (
-            "paceline layer, memory store",
+            PACELINE,
             Box::new(|| paceline(Arc::new(MemoryStore::new()), true)),
         ),
         (
-            "paceline layer, memory store, no RateLimit headers",
+            PACELINE_BARE,
             Box::new(|| paceline(Arc::new(MemoryStore::new()), false)),
         ),
-        ("tower_governor (same GCRA quota)", Box::new(governor)),
-        (
-            "tower_governor, with its x-ratelimit headers",
-            Box::new(governor_with_headers),
-        ),
+        (GOVERNOR, Box::new(governor)),
+        (GOVERNOR_HEADERS, Box::new(governor_with_headers)),
         (
             "paceline layer, Redis store",
             Box::new({
@@ -309,6 +316,11 @@ fn main() {
         })
         .map(|(_, config)| config)
         .collect();
+    for word in &words {
+        if !configs.iter().any(|(name, _)| name.contains(word.as_str())) {
+            eprintln!("`{word}` is in no configuration's name (case matters): it picks none");
+        }
+    }
     let n = configs.len();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); n];
@@ -330,19 +342,6 @@ fn main() {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    // paceline beside tower_governor, like for like: within each round, both with their
-    // headers, and both without.
-    let index = |name: &str| configs.iter().position(|(n, _)| *n == name);
-    let versus = |paceline: &str, governor: &str| {
-        let (paceline, governor) = (index(paceline)?, index(governor)?);
-        Some(median(
-            rates[governor]
-                .iter()
-                .zip(&rates[paceline])
-                .map(|(governor, paceline)| paceline / governor)
-                .collect(),
-        ))
-    };
     println!(
         "\n| configuration | requests/s (median of {rounds} rounds of {seconds} s) | vs no layer (median of the rounds' ratios) |"
     );
@@ -354,26 +353,37 @@ fn main() {
             median(ratios[i].clone())
         );
     }
-    let (memory, bare) = (
-        "paceline layer, memory store",
-        "paceline layer, memory store, no RateLimit headers",
-    );
-    let (governor, governor_headers) = (
-        "tower_governor (same GCRA quota)",
-        "tower_governor, with its x-ratelimit headers",
-    );
+    // paceline beside tower_governor, the ratio taken within each round.
+    let index = |name: &str| configs.iter().position(|(n, _)| *n == name);
+    println!("\n| paceline memory / tower_governor, within each round | median | mean | quartiles | rounds won |");
+    println!("|---|---:|---:|---:|---:|");
     for (what, paceline, governor) in [
-        ("with headers", memory, governor_headers),
-        ("without headers", bare, governor),
+        ("both with their headers", PACELINE, GOVERNOR_HEADERS),
+        ("both without headers", PACELINE_BARE, GOVERNOR),
         (
-            "paceline with its headers / tower_governor without",
-            memory,
-            governor,
+            "each as it comes (paceline with, governor without)",
+            PACELINE,
+            GOVERNOR,
         ),
     ] {
-        if let Some(ratio) = versus(paceline, governor) {
-            println!("paceline memory / tower_governor (median of the rounds' ratios), {what}: {ratio:.2}");
-        }
+        let (Some(paceline), Some(governor)) = (index(paceline), index(governor)) else {
+            continue;
+        };
+        let mut within: Vec<f64> = rates[paceline]
+            .iter()
+            .zip(&rates[governor])
+            .map(|(paceline, governor)| paceline / governor)
+            .collect();
+        within.sort_by(f64::total_cmp);
+        let count = within.len();
+        let mean = within.iter().sum::<f64>() / count as f64;
+        let won = within.iter().filter(|r| **r >= 1.0).count();
+        println!(
+            "| {what} | {:.3} | {mean:.3} | {:.3}–{:.3} | {won} of {count} |",
+            median(within.clone()),
+            within[count / 4],
+            within[3 * count / 4]
+        );
     }
 
     // A key refused again and again: the Redis calls 1,000 retries cost, with the layer's

@@ -50,8 +50,8 @@ type Extract = dyn Fn(&Head<'_>, &mut KeyText) -> Result<(), MissingKey> + Send 
 
 /// A store key under construction: on the stack while it fits in [`KeyText::INLINE`]
 /// bytes (`{192.0.2.7}:per-second` does: an IPv4 address and a name of up to 46 bytes), so
-/// that most requests' keys cost no allocation; in a `String` beyond. Only whole strings and ASCII go in, so its bytes are
-/// always UTF-8.
+/// that most requests' keys cost no allocation; in a `String` beyond. Only whole strings
+/// and ASCII go in, so its bytes are always UTF-8.
 #[derive(Clone)]
 pub(crate) struct KeyText {
     len: usize,

@@ -503,12 +503,16 @@ async fn failed_store(bodies: Bodies) {
     let problem: Value = serde_json::from_slice(&body.to_bytes()).expect("JSON");
     assert_eq!(problem["status"], 503);
     let open = call(&app(Key::constant("k"), StoreFailure::Allow), request(None)).await;
-    assert_eq!(open.status(), 200);
+    assert_eq!(open.status(), 200, "{bodies:?}");
     let body = open.into_body().collect().await.expect("a body");
     assert_eq!(body.to_bytes(), "hello", "{bodies:?}");
     // Without a peer address to read, the service is set up wrong: 500.
     let by_ip = app(Key::peer_ip(), StoreFailure::Refuse);
-    assert_eq!(call(&by_ip, request(None)).await.status(), 500);
+    assert_eq!(
+        call(&by_ip, request(None)).await.status(),
+        500,
+        "{bodies:?}"
+    );
 }
 
 #[tokio::test]
