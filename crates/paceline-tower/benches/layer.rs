@@ -21,6 +21,8 @@
 //! `cargo bench -p paceline-tower --bench layer [-- WORDS]` (`SECONDS=2 ROUNDS=15` by
 //! default; with words, only the configurations whose names hold one of them, beside no layer).
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -302,25 +304,7 @@ fn main() {
             Box::new(|| hello().layer(layer(Arc::new(MemoryStore::new()), true))),
         ),
     ];
-    // Words after `--` pick the configurations whose names hold one of them (no layer, the
-    // baseline, always runs).
-    let words: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let configs: Vec<(&str, MakeApp)> = configs
-        .into_iter()
-        .enumerate()
-        .filter(|(i, (name, _))| {
-            *i == 0 || words.is_empty() || words.iter().any(|w| name.contains(w.as_str()))
-        })
-        .map(|(_, config)| config)
-        .collect();
-    for word in &words {
-        if !configs.iter().any(|(name, _)| name.contains(word.as_str())) {
-            eprintln!("`{word}` is in no configuration's name (case matters): it picks none");
-        }
-    }
+    let configs = common::picked(configs);
     let n = configs.len();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); n];

@@ -8,6 +8,8 @@
 //! configurations whose names hold one of them (and no layer, the baseline); `REQUESTS=n`:
 //! one run of `n` requests each (to count instructions under a profiler).
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -54,10 +56,6 @@ fn paceline(key: Key, headers: bool, for_axum: bool) -> Router {
 
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let words: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
     let (requests, runs) = if full { (REQUESTS, RUNS) } else { (1_000, 1) };
     // `REQUESTS=n` for one run of n requests per configuration (for a profiler).
     let (requests, runs) = match std::env::var("REQUESTS").ok().and_then(|n| n.parse().ok()) {
@@ -110,14 +108,7 @@ fn main() {
             hello().layer(GovernorLayer::new(governor_with_headers)),
         ),
     ];
-    let configs: Vec<(&str, Router)> = configs
-        .into_iter()
-        .enumerate()
-        .filter(|(i, (name, _))| {
-            *i == 0 || words.is_empty() || words.iter().any(|w| name.contains(w.as_str()))
-        })
-        .map(|(_, config)| config)
-        .collect();
+    let configs = common::picked(configs);
     let peer: SocketAddr = "192.0.2.7:5555".parse().expect("an address");
     let mut best = vec![f64::MAX; configs.len()];
     for _ in 0..runs {
