@@ -37,11 +37,7 @@ for r = 1, #runs do
     if written ~= nil then
       records[key] = written
     end
-    out[#out + 1] = allowed and 1 or 0
-    out[#out + 1] = PL.nanos(delay)
-    out[#out + 1] = remaining
-    out[#out + 1] = PL.nanos(reset_after)
-    out[#out + 1] = lease or -1
+    PL.reply(out, allowed, delay, remaining, reset_after, lease)
   end
 end
 return out

@@ -43,11 +43,7 @@ end
 
 local out = {}
 local function reply(allowed, delay, remaining, reset_after, lease)
-  out[#out + 1] = allowed and 1 or 0
-  out[#out + 1] = PL.nanos(delay)
-  out[#out + 1] = remaining
-  out[#out + 1] = PL.nanos(reset_after)
-  out[#out + 1] = lease or -1
+  PL.reply(out, allowed, delay, remaining, reset_after, lease)
 end
 
 -- A `pace` set books the earliest time at which every limit admits (Rust's `set::meeting`).

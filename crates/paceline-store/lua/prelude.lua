@@ -61,6 +61,16 @@ function PL.nanos(us)
   return string.format('%.17g', n)
 end
 
+-- Appends one decision to a reply, as the store reads it back: allowed (1 or 0), delay and
+-- reset_after in nanoseconds, remaining, and the lease (-1: none).
+function PL.reply(out, allowed, delay, remaining, reset_after, lease)
+  out[#out + 1] = allowed and 1 or 0
+  out[#out + 1] = PL.nanos(delay)
+  out[#out + 1] = remaining
+  out[#out + 1] = PL.nanos(reset_after)
+  out[#out + 1] = lease or -1
+end
+
 -- Microseconds, rounded to the nearest nanosecond then up to the next whole microsecond,
 -- as the memory store turns a `reset_after` into an expiry time.
 function PL.expiry(now, reset_after)
