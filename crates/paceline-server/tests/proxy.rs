@@ -62,6 +62,11 @@ fn http() -> reqwest::Client {
     reqwest::Client::builder().build().unwrap()
 }
 
+/// The body of a GET of `url`, as text.
+async fn get_text(client: &reqwest::Client, url: String) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_callers_through_one_proxy_get_every_answer_and_no_429() {
     // Routes learn that they share bucket ids as they go.
@@ -119,14 +124,7 @@ async fn many_callers_through_one_proxy_get_every_answer_and_no_429() {
         .await
         .unwrap();
     assert_eq!(health.status(), 200);
-    let metrics = client
-        .get(format!("{}/metrics", p.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&client, format!("{}/metrics", p.admin)).await;
     assert!(
         metrics.contains("paceline_proxy_requests_total{outcome=\"forwarded\"} 160"),
         "{metrics}"
@@ -370,14 +368,7 @@ async fn a_secondary_limit_said_only_in_the_body_pauses_the_token() {
         .unwrap();
     assert_eq!(second.status(), 429);
     assert_eq!(second.headers()["x-paceline-proxy"], "wait-exceeded");
-    let metrics = client
-        .get(format!("{}/metrics", p.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&client, format!("{}/metrics", p.admin)).await;
     assert!(
         metrics.contains("paceline_proxy_upstream_429_total{scope=\"global\"} 1"),
         "{metrics}"
@@ -401,14 +392,7 @@ async fn the_admin_dashboard_shows_outcomes_429s_and_the_buckets_learned() {
         .unwrap();
     assert_eq!(page.status(), 200);
     assert!(page.text().await.unwrap().contains("id=\"proxy-section\""));
-    let text = client
-        .get(format!("{}/v1/dashboard", p.admin))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&client, format!("{}/v1/dashboard", p.admin)).await;
     assert!(
         !text.contains("shared-token"),
         "a token is never shown: {text}"
