@@ -146,13 +146,32 @@ async fn bad_urls_and_unreachable_servers_are_clear_errors() {
         }
         other => panic!("expected a store error, got {:?}", other.err()),
     }
-    let bad_prefix = RedisStore::builder(url, FailurePolicy::FailOpen)
+    let bad_prefix = RedisStore::builder(&url, FailurePolicy::FailOpen)
         .prefix("{app}")
         .connect()
         .await
         .err()
         .expect("rejected");
     assert!(matches!(bad_prefix, Error::Input(e) if e.field() == "prefix"));
+    for (field, builder) in [
+        (
+            "response_timeout",
+            RedisStore::builder(&url, FailurePolicy::FailOpen)
+                .response_timeout(Duration::from_secs(3601)),
+        ),
+        (
+            "connect_timeout",
+            RedisStore::builder(&url, FailurePolicy::FailOpen).connect_timeout(Duration::MAX),
+        ),
+    ] {
+        match builder.connect().await {
+            Err(Error::Input(e)) => {
+                assert_eq!(e.field(), field, "{e}");
+                assert!(e.to_string().contains("at most 3600s"), "{e}");
+            }
+            other => panic!("{field}: expected an input error, got {:?}", other.err()),
+        }
+    }
 }
 
 #[tokio::test]

@@ -362,6 +362,72 @@ async fn the_response_timeout_bounds_a_whole_batch_on_a_frozen_redis() {
     );
 }
 
+/// With auto-batching, every call is answered within the queue's bound (twice the response
+/// timeout, plus the linger), whatever waits ahead of it. One batch here holds requests made
+/// at three injected times, which go to Redis as three calls, one after another. On a frozen
+/// Redis the first call times out after one response timeout and the second after two; by
+/// then the third's callers have waited their bound, so they are answered with a timeout at
+/// once, their requests never sent (a third timeout would have made them wait three).
+/// Measured on tokio's paused clock, as the test above.
+#[tokio::test(flavor = "current_thread")]
+async fn the_auto_batching_queue_answers_every_call_within_its_bound_on_a_frozen_redis() {
+    use futures_util::FutureExt;
+    use paceline_store::{ManualClock, Op, Policy};
+
+    let server = RedisServer::start().expect("redis-server");
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = RedisStore::builder(server.url(), FailurePolicy::FailClosed)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .connect_timeout(RESPONSE_TIMEOUT)
+        .failure_backoff(Duration::ZERO)
+        .clock(clock.clone())
+        .auto_batch(Duration::ZERO)
+        .connect()
+        .await
+        .expect("connect to the private Redis");
+    let policy: Policy = "gcra:rate=1/h,burst=2".parse().expect("valid spec");
+
+    server.pause();
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
+    // Each call is polled once, which reads the clock and queues its request; this task does
+    // not yield in between, so the batching task finds all three queued: one batch.
+    let mut calls = Vec::new();
+    for i in 0..3 {
+        clock.advance(Duration::from_secs(1));
+        let key = format!("k{i}");
+        let store = &store;
+        let policy = &policy;
+        let mut call = Box::pin(async move {
+            let result = store.decide(policy, &key, Op::Limit, 1).await;
+            (result, started.elapsed())
+        });
+        assert!((&mut call).now_or_never().is_none(), "Redis is frozen");
+        calls.push(call);
+    }
+    let answers = futures_util::future::join_all(calls).await;
+    tokio::time::resume();
+    server.resume();
+
+    let bound = RESPONSE_TIMEOUT * 2;
+    let mut took = Vec::new();
+    for (result, elapsed) in answers {
+        match result {
+            Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}"),
+            other => panic!("a frozen Redis must time out, got {other:?}"),
+        }
+        took.push(elapsed);
+    }
+    // tokio's timers round up to the millisecond.
+    let slack = Duration::from_millis(5);
+    assert!(
+        took[0] >= RESPONSE_TIMEOUT && took[0] <= RESPONSE_TIMEOUT + slack,
+        "{took:?}"
+    );
+    assert!(took[1] >= bound && took[1] <= bound + slack, "{took:?}");
+    assert!(took[2] >= bound && took[2] <= bound + slack, "{took:?}");
+}
+
 #[tokio::test]
 async fn leases_taken_from_the_local_stand_in_are_given_back_to_it() {
     use paceline_store::{Op, Policy};

@@ -91,13 +91,13 @@ impl Router {
     /// run them (by slot in a cluster whose node map is unknown), in order, at most
     /// [`MAX_DECISIONS_PER_CALL`] per call. Groups run concurrently; a group's calls run
     /// one after another, since they may share keys. One result per request, in order.
-    /// The response timeout bounds the whole run, however many calls it takes.
+    /// `deadline` bounds the whole run, however many calls it takes.
     pub(crate) async fn run_valid(
         &self,
         requests: &[&Request<'_>],
         now: Option<u64>,
+        deadline: Instant,
     ) -> Vec<Result<Decision, StoreError>> {
-        let deadline = self.transport.deadline();
         // In a cluster whose slot map is known, one call per node: the library may touch
         // several slots of the node it runs on. Otherwise one call per slot.
         let nodes = self.node_map();
@@ -109,7 +109,8 @@ impl Router {
             }))
             .await;
         if stale.load(Ordering::Relaxed) {
-            self.refresh_node_map().await;
+            // Within the callers' deadline too: a map still stale is read again next time.
+            let _ = tokio::time::timeout_at(deadline, self.refresh_node_map()).await;
         }
         let mut results: Vec<Option<Result<Decision, StoreError>>> = vec![None; requests.len()];
         for (i, outcome) in outcomes.into_iter().flatten() {

@@ -30,6 +30,10 @@ pub const MAX_DECISIONS_PER_CALL: usize = 512;
 /// The longest auto-batching linger allowed.
 const MAX_LINGER: Duration = Duration::from_millis(10);
 
+/// The longest connect and response timeouts allowed: beyond it a caller would rather hang
+/// than wait (and a deadline so far off no longer fits the clock's arithmetic).
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
 /// A [`Store`] in Redis or Redis Cluster: any number of processes on any number of machines
 /// share one limit, with the same decisions as the in-memory store.
 ///
@@ -249,7 +253,11 @@ impl RedisStore {
             }
         }
         let batch: Vec<&Request> = to_send.iter().map(|&i| &requests[i]).collect();
-        for (&i, outcome) in to_send.iter().zip(router.run_valid(&batch, now).await) {
+        let deadline = router.transport().deadline();
+        for (&i, outcome) in to_send
+            .iter()
+            .zip(router.run_valid(&batch, now, deadline).await)
+        {
             results[i] = Some(resilience.settle(outcome, &requests[i], groups[i]));
         }
         collect(results)
@@ -396,6 +404,7 @@ impl RedisStore {
             op: request.op,
             cost: request.cost,
             now,
+            queued: tokio::time::Instant::now(),
             reply,
         };
         if queue.send(job).is_err() {
@@ -404,24 +413,13 @@ impl RedisStore {
                 "the auto-batching task has stopped (its tokio runtime shut down)",
             ));
         }
-        // The batch call itself is bounded by the response timeout; the linger and a queue
-        // ahead of it come on top, bounded here.
-        let limit = self
-            .transport()
-            .response_timeout()
-            .saturating_mul(2)
-            .saturating_add(self.inner.linger);
-        match tokio::time::timeout(limit, answer).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Err(StoreError::new(
+        // The batching task answers within the queue's bound (see `batch`): no timer here.
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "the auto-batching task dropped the request (its tokio runtime shut down)",
-            )),
-            Err(_) => Err(StoreError::new(
-                StoreErrorKind::Timeout,
-                format!("no answer from the auto-batching queue within {limit:?}"),
-            )),
-        }
+            ))
+        })
     }
 
     /// The injected clock's time, or `None` to use the server's.
@@ -457,7 +455,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a call may wait for Redis's answer, reconnecting included (default 500 ms).
+    /// How long a call may wait for Redis's answer, reconnecting included (default 500 ms,
+    /// at most an hour).
     /// Past it, the call fails with a [`StoreErrorKind::Timeout`] handled by the failure
     /// policy. It bounds a whole [`decide_batch`](RedisStore::decide_batch), however many
     /// calls of [`MAX_DECISIONS_PER_CALL`] decisions it takes.
@@ -530,6 +529,13 @@ impl RedisStoreBuilder {
             if value.is_zero() {
                 return Err(InputError::new(field, "must be greater than zero, e.g. 500ms").into());
             }
+            if value > MAX_TIMEOUT {
+                return Err(InputError::new(
+                    field,
+                    format!("{value:?} is too long; use at most {MAX_TIMEOUT:?}, e.g. 500ms"),
+                )
+                .into());
+            }
         }
         if let Some(linger) = self.auto_batch {
             if linger > MAX_LINGER {
@@ -585,9 +591,14 @@ impl RedisStoreBuilder {
             router.failure_groups(),
         );
         let linger = self.auto_batch.unwrap_or_default();
+        // A queued call may wait for a batch ahead of it, then for its own, then the linger.
+        let bound = self
+            .response_timeout
+            .saturating_mul(2)
+            .saturating_add(linger);
         let queue = self
             .auto_batch
-            .map(|_| batch::spawn(Arc::clone(&router), linger));
+            .map(|_| batch::spawn(Arc::clone(&router), linger, bound));
         let store = RedisStore {
             queue,
             inner: Arc::new(Inner {
