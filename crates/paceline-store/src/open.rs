@@ -116,13 +116,13 @@ impl StoreOptions {
         self
     }
 
-    /// Redis: how long a call may wait for its answer (default 500 ms).
+    /// Redis: how long a call may wait for its answer (default 500 ms, at most an hour).
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = Some(timeout);
         self
     }
 
-    /// Redis: how long each connection attempt may take (default 2 s).
+    /// Redis: how long each connection attempt may take (default 2 s, at most an hour).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = Some(timeout);
         self

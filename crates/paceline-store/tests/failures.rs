@@ -362,70 +362,175 @@ async fn the_response_timeout_bounds_a_whole_batch_on_a_frozen_redis() {
     );
 }
 
+/// A store that auto-batches (no linger), on an injected clock, for the tests below.
+async fn batching_store(
+    server: &RedisServer,
+    clock: Arc<paceline_store::ManualClock>,
+) -> RedisStore {
+    RedisStore::builder(server.url(), FailurePolicy::FailClosed)
+        .response_timeout(RESPONSE_TIMEOUT)
+        .connect_timeout(RESPONSE_TIMEOUT)
+        .failure_backoff(Duration::ZERO)
+        .clock(clock)
+        .auto_batch(Duration::ZERO)
+        .connect()
+        .await
+        .expect("connect to the private Redis")
+}
+
+type Answer = (Result<paceline_store::Decision, Error>, Duration);
+
+/// A `limit` of 1 on `key`, polled once (which reads the clock and queues the request),
+/// answering its outcome and when it came, on tokio's clock, since `started`.
+fn queued_call<'a>(
+    store: &'a RedisStore,
+    policy: &'a paceline_store::Policy,
+    key: &str,
+    started: tokio::time::Instant,
+) -> std::pin::Pin<Box<dyn Future<Output = Answer> + 'a>> {
+    use futures_util::FutureExt;
+    let key = key.to_string();
+    let mut call: std::pin::Pin<Box<dyn Future<Output = Answer> + 'a>> = Box::pin(async move {
+        let result = store
+            .decide(policy, &key, paceline_store::Op::Limit, 1)
+            .await;
+        (result, started.elapsed())
+    });
+    assert!((&mut call).now_or_never().is_none(), "Redis is frozen");
+    call
+}
+
+/// Each answer a timeout; when each came.
+fn timeouts(answers: Vec<Answer>) -> Vec<Duration> {
+    answers
+        .into_iter()
+        .map(|(result, took)| {
+            match result {
+                Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}"),
+                other => panic!("a frozen Redis must time out, got {other:?}"),
+            }
+            took
+        })
+        .collect()
+}
+
+/// `took` is `expected` as tokio's timers make it (they round up to the millisecond).
+fn about(took: Duration, expected: Duration) -> bool {
+    took >= expected && took <= expected + Duration::from_millis(5)
+}
+
 /// With auto-batching, every call is answered within the queue's bound (twice the response
 /// timeout, plus the linger), whatever waits ahead of it. One batch here holds requests made
 /// at three injected times, which go to Redis as three calls, one after another. On a frozen
 /// Redis the first call times out after one response timeout and the second after two; by
 /// then the third's callers have waited their bound, so they are answered with a timeout at
-/// once, their requests never sent (a third timeout would have made them wait three).
-/// Measured on tokio's paused clock, as the test above.
+/// once, their request never sent (a third timeout would have made them wait three, and
+/// sent it). Measured on tokio's paused clock, as the test above.
 #[tokio::test(flavor = "current_thread")]
 async fn the_auto_batching_queue_answers_every_call_within_its_bound_on_a_frozen_redis() {
-    use futures_util::FutureExt;
     use paceline_store::{ManualClock, Op, Policy};
 
     let server = RedisServer::start().expect("redis-server");
     let clock = Arc::new(ManualClock::new(1_000_000));
-    let store = RedisStore::builder(server.url(), FailurePolicy::FailClosed)
-        .response_timeout(RESPONSE_TIMEOUT)
-        .connect_timeout(RESPONSE_TIMEOUT)
-        .failure_backoff(Duration::ZERO)
-        .clock(clock.clone())
-        .auto_batch(Duration::ZERO)
-        .connect()
-        .await
-        .expect("connect to the private Redis");
+    let store = batching_store(&server, clock.clone()).await;
     let policy: Policy = "gcra:rate=1/h,burst=2".parse().expect("valid spec");
 
     server.pause();
     tokio::time::pause();
     let started = tokio::time::Instant::now();
-    // Each call is polled once, which reads the clock and queues its request; this task does
-    // not yield in between, so the batching task finds all three queued: one batch.
+    // This task does not yield between the calls: the batching task finds all three queued.
     let mut calls = Vec::new();
-    for i in 0..3 {
+    for key in ["k0", "k1", "k2"] {
         clock.advance(Duration::from_secs(1));
-        let key = format!("k{i}");
-        let store = &store;
-        let policy = &policy;
-        let mut call = Box::pin(async move {
-            let result = store.decide(policy, &key, Op::Limit, 1).await;
-            (result, started.elapsed())
-        });
-        assert!((&mut call).now_or_never().is_none(), "Redis is frozen");
-        calls.push(call);
+        calls.push(queued_call(&store, &policy, key, started));
     }
-    let answers = futures_util::future::join_all(calls).await;
+    let took = timeouts(futures_util::future::join_all(calls).await);
     tokio::time::resume();
     server.resume();
 
     let bound = RESPONSE_TIMEOUT * 2;
-    let mut took = Vec::new();
-    for (result, elapsed) in answers {
-        match result {
-            Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e}"),
-            other => panic!("a frozen Redis must time out, got {other:?}"),
+    assert!(about(took[0], RESPONSE_TIMEOUT), "{took:?}");
+    assert!(about(took[1], bound), "{took:?}");
+    assert!(about(took[2], bound), "{took:?}");
+    // The first two were sent and Redis applies them once it resumes; the third never
+    // reached it: its key is untouched.
+    let peek = |key: &'static str| {
+        let (store, policy) = (&store, &policy);
+        async move {
+            for _ in 0..400 {
+                if let Ok(d) = bounded(store.decide(policy, key, Op::Peek, 1)).await {
+                    return d;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            panic!("the store did not resume after Redis did");
         }
-        took.push(elapsed);
+    };
+    let mut applied = false;
+    for _ in 0..400 {
+        if peek("k0").await.remaining == 1 {
+            applied = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    // tokio's timers round up to the millisecond.
-    let slack = Duration::from_millis(5);
     assert!(
-        took[0] >= RESPONSE_TIMEOUT && took[0] <= RESPONSE_TIMEOUT + slack,
-        "{took:?}"
+        applied,
+        "the first call, sent before Redis froze, is applied when it resumes"
     );
-    assert!(took[1] >= bound && took[1] <= bound + slack, "{took:?}");
-    assert!(took[2] >= bound && took[2] <= bound + slack, "{took:?}");
+    assert_eq!(
+        peek("k2").await.remaining,
+        2,
+        "the third call was never sent"
+    );
+}
+
+/// The queue's bound holds for a request queued behind batches in flight: each call of a
+/// batch must end by its requests' own deadline, not only by the response timeout. Every
+/// place for a batch in flight is taken at 0; request X is queued at 0 and Y at 200 ms,
+/// at another injected time, so they leave together when the places free (at one response
+/// timeout, 300 ms) and go to Redis as two calls. X's call times out at 600 ms (its bound),
+/// and Y's must end at 800 ms, its own bound, not at 900 ms, a response timeout after it
+/// was sent.
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_of_a_batch_ends_by_its_requests_deadline_on_a_frozen_redis() {
+    use paceline_store::redis::MAX_BATCHES_IN_FLIGHT;
+    use paceline_store::{ManualClock, Policy};
+
+    let server = RedisServer::start().expect("redis-server");
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let store = batching_store(&server, clock.clone()).await;
+    let policy: Policy = "gcra:rate=1/h,burst=2".parse().expect("valid spec");
+
+    server.pause();
+    tokio::time::pause();
+    let started = tokio::time::Instant::now();
+    // One request per batch in flight: each is taken by the batching task before the next
+    // is queued.
+    let mut ahead = Vec::new();
+    for i in 0..MAX_BATCHES_IN_FLIGHT {
+        ahead.push(queued_call(&store, &policy, &format!("ahead{i}"), started));
+        for _ in 0..4 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let x = queued_call(&store, &policy, "x", started);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    clock.advance(Duration::from_secs(1));
+    let y = queued_call(&store, &policy, "y", started);
+    let (ahead, x, y) = tokio::join!(futures_util::future::join_all(ahead), x, y);
+    tokio::time::resume();
+    server.resume();
+
+    for took in timeouts(ahead) {
+        assert!(about(took, RESPONSE_TIMEOUT), "a batch in flight: {took:?}");
+    }
+    let took = timeouts(vec![x, y]);
+    assert!(about(took[0], RESPONSE_TIMEOUT * 2), "x: {took:?}");
+    assert!(
+        about(took[1], Duration::from_millis(200) + RESPONSE_TIMEOUT * 2),
+        "y: {took:?}"
+    );
 }
 
 #[tokio::test]

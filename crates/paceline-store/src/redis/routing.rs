@@ -108,9 +108,14 @@ impl Router {
                 self.run_group(requests, group, indices, now, deadline, &stale)
             }))
             .await;
-        if stale.load(Ordering::Relaxed) {
-            // Within the callers' deadline too: a map still stale is read again next time.
-            let _ = tokio::time::timeout_at(deadline, self.refresh_node_map()).await;
+        if stale.load(Ordering::Relaxed)
+            && tokio::time::timeout_at(deadline, self.refresh_node_map())
+                .await
+                .is_err()
+        {
+            // Within the callers' deadline too. Cut short, the map is forgotten, as a failed
+            // refresh forgets it: calls go per slot until the next refresh.
+            *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = None;
         }
         let mut results: Vec<Option<Result<Decision, StoreError>>> = vec![None; requests.len()];
         for (i, outcome) in outcomes.into_iter().flatten() {
@@ -134,6 +139,11 @@ impl Router {
         let spread = matches!(group, Group::Node(_));
         let mut outcomes = Vec::with_capacity(indices.len());
         for chunk in indices.chunks(MAX_DECISIONS_PER_CALL) {
+            // A call whose deadline has come is answered with a timeout, never sent.
+            if Instant::now() >= deadline {
+                fan_out(&mut outcomes, chunk.iter().copied(), Err(past_deadline()));
+                continue;
+            }
             let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
             match self.transport.call(&batch, now, spread, deadline).await {
                 // The slot map was stale (a slot moved): the call failed reading its keys,
@@ -142,7 +152,11 @@ impl Router {
                     stale.store(true, Ordering::Relaxed);
                     for indices in self.groups(&batch, None).into_values() {
                         let part: Vec<&Request> = indices.iter().map(|&i| batch[i]).collect();
-                        let outcome = self.transport.call(&part, now, false, deadline).await;
+                        let outcome = if Instant::now() >= deadline {
+                            Err(past_deadline())
+                        } else {
+                            self.transport.call(&part, now, false, deadline).await
+                        };
                         fan_out(&mut outcomes, indices.iter().map(|&i| chunk[i]), outcome);
                     }
                 }
@@ -293,6 +307,16 @@ pub(crate) fn collect<E: From<StoreError>>(
 }
 
 /// Records one call's outcome for the requests it carried (`indices`, in order).
+/// The answer of a call not sent because its deadline had come.
+fn past_deadline() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Timeout,
+        "the call's deadline came before it could be sent to Redis (the store's response \
+         timeout bounds a whole call, its earlier calls and its time queued for auto-batching \
+         included)",
+    )
+}
+
 fn fan_out(
     outcomes: &mut Vec<(usize, Result<Decision, StoreError>)>,
     indices: impl Iterator<Item = usize>,

@@ -12,7 +12,7 @@ use paceline_core::{
     Clock, Decision, Error, InputError, Op, Policy, Sleep, StoreError, StoreErrorKind,
 };
 
-use super::batch::{self, Job, Queue};
+use super::batch::Queue;
 use super::resilience::{Resilience, LOCAL_LEASE};
 use super::routing::{collect, Router};
 use super::transport::{Connection, Target, Transport};
@@ -282,7 +282,7 @@ impl RedisStore {
         }
         let transport = router.transport();
         let outcome = match (&self.queue, transport.single_entry(policy)) {
-            (Some(queue), _) => self.through_queue(queue, &request, now).await,
+            (Some(queue), _) => queue.decide(&request, now).await,
             (None, Some(function)) => transport.call_single(function, &request, now).await,
             (None, None) => transport
                 .call(&[&request], now, false, transport.deadline())
@@ -390,38 +390,6 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Hands `request` to the batching task and waits for its answer.
-    async fn through_queue(
-        &self,
-        queue: &Queue,
-        request: &Request<'_>,
-        now: Option<u64>,
-    ) -> Result<Decision, StoreError> {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let job = Job {
-            policy: request.policy.clone(),
-            key: request.key.to_string(),
-            op: request.op,
-            cost: request.cost,
-            now,
-            queued: tokio::time::Instant::now(),
-            reply,
-        };
-        if queue.send(job).is_err() {
-            return Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "the auto-batching task has stopped (its tokio runtime shut down)",
-            ));
-        }
-        // The batching task answers within the queue's bound (see `batch`): no timer here.
-        answer.await.unwrap_or_else(|_| {
-            Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "the auto-batching task dropped the request (its tokio runtime shut down)",
-            ))
-        })
-    }
-
     /// The injected clock's time, or `None` to use the server's.
     fn now(&self) -> Result<Option<u64>, InputError> {
         let Some(clock) = &self.inner.clock else {
@@ -449,7 +417,7 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long each connection attempt may take (default 2 s).
+    /// How long each connection attempt may take (default 2 s, at most an hour).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self
@@ -598,7 +566,7 @@ impl RedisStoreBuilder {
             .saturating_add(linger);
         let queue = self
             .auto_batch
-            .map(|_| batch::spawn(Arc::clone(&router), linger, bound));
+            .map(|_| Queue::spawn(Arc::clone(&router), linger, bound));
         let store = RedisStore {
             queue,
             inner: Arc::new(Inner {

@@ -353,9 +353,19 @@ impl Transport {
         f: impl std::future::Future<Output = RedisResult<T>>,
         what: &str,
     ) -> Result<T, StoreError> {
+        let allowed = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout_at(deadline, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(store_error(e, what)),
+            Err(_) if allowed < self.response_timeout => Err(StoreError::new(
+                StoreErrorKind::Timeout,
+                format!(
+                    "Redis did not answer {what} within the {allowed:?} left to the call (the \
+                     store's response timeout, {:?}, bounds a whole call, its time queued for \
+                     auto-batching included)",
+                    self.response_timeout
+                ),
+            )),
             Err(_) => Err(StoreError::new(
                 StoreErrorKind::Timeout,
                 format!(
