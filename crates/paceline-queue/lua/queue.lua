@@ -66,6 +66,11 @@ local function copy(t)
   return cmsgpack.unpack(cmsgpack.pack(t))
 end
 
+-- The configurations read in earlier calls, by their record, at most 64: a queue's
+-- configuration rarely changes, and finding it costs less than unpacking it. A
+-- configuration is only ever read, never changed in place (`config` replaces it).
+local configs, configs_kept = {}, 0
+
 local function begin(KEYS, clock_arg)
   base = KEYS[1]
   local t = PL.clock(clock_arg)
@@ -82,7 +87,15 @@ local function begin(KEYS, clock_arg)
     }
   end
   raw = redis.call('GET', base .. 'config')
-  config = raw and cmsgpack.unpack(raw)
+  config = raw and configs[raw]
+  if raw and not config then
+    config = cmsgpack.unpack(raw)
+    if configs_kept == 64 then
+      configs, configs_kept = {}, 0
+    end
+    configs[raw] = config
+    configs_kept = configs_kept + 1
+  end
   return t
 end
 
