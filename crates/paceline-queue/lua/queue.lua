@@ -35,15 +35,28 @@
 local MAINTENANCE_BATCH = 1000
 local MAX_PROJECTION_STEPS = 64
 
--- A whole number below 2^53 as text. '%d' prints it exactly (as a C long) at a fraction of
--- the cost of '%.0f', which goes through the C library's floating-point printing.
+-- How whole numbers below 2^53 are printed, chosen by the first call (a library cannot
+-- call `string` while it loads). '%d' prints one exactly as a C long, at a fraction of the
+-- cost of '%.0f', which goes through the C library's floating-point printing; where a long
+-- is narrower than 64 bits (a 32-bit build of Redis), '%.0f' it is.
+local INT, PADDED
+
+local function choose_formats()
+  if string.format('%d', 2 ^ 53) == '9007199254740992' then
+    INT, PADDED = '%d', '%020d'
+  else
+    INT, PADDED = '%.0f', '%020.0f'
+  end
+end
+
+-- A whole number below 2^53 as text.
 local function int(x)
-  return string.format('%d', x)
+  return string.format(INT, x)
 end
 
 -- `int(n)` padded with zeros to 20 digits, so that text order is number order.
 local function padded(n)
-  return string.format('%020d', n)
+  return string.format(PADDED, n)
 end
 
 -- The call's state: the base key, the time, the queue's meta and config, and the objects
@@ -72,6 +85,9 @@ end
 local configs, configs_kept = {}, 0
 
 local function begin(KEYS, clock_arg)
+  if not INT then
+    choose_formats()
+  end
   base = KEYS[1]
   local t = PL.clock(clock_arg)
   groups, jobs, deleted_jobs, dropped_groups, policy_cache, read_as = {}, {}, {}, {}, {}, {}

@@ -452,8 +452,8 @@ async fn the_auto_batching_queue_answers_every_call_within_its_bound_on_a_frozen
     assert!(about(took[0], RESPONSE_TIMEOUT), "{took:?}");
     assert!(about(took[1], bound), "{took:?}");
     assert!(about(took[2], bound), "{took:?}");
-    // The first two were sent and Redis applies them once it resumes; the third never
-    // reached it: its key is untouched.
+    // The first two were sent while Redis was frozen (into its socket) and it applies them
+    // once it resumes; the third never reached it: its key is untouched.
     let peek = |key: &'static str| {
         let (store, policy) = (&store, &policy);
         async move {
