@@ -380,6 +380,44 @@ async fn batching_store(
 
 type Answer = (Result<paceline_store::Decision, Error>, Duration);
 
+/// A store that auto-batches on a Redis frozen since `started` (tokio's clock paused then),
+/// its injected clock, and the policy the calls use.
+struct Frozen {
+    server: RedisServer,
+    clock: Arc<paceline_store::ManualClock>,
+    store: RedisStore,
+    policy: paceline_store::Policy,
+    started: tokio::time::Instant,
+}
+
+impl Frozen {
+    async fn start() -> Frozen {
+        let server = RedisServer::start().expect("redis-server");
+        let clock = Arc::new(paceline_store::ManualClock::new(1_000_000));
+        let store = batching_store(&server, clock.clone()).await;
+        server.pause();
+        tokio::time::pause();
+        Frozen {
+            server,
+            clock,
+            store,
+            policy: "gcra:rate=1/h,burst=2".parse().expect("valid spec"),
+            started: tokio::time::Instant::now(),
+        }
+    }
+
+    /// `queued_call` on this store.
+    fn call(&self, key: &str) -> std::pin::Pin<Box<dyn Future<Output = Answer> + '_>> {
+        queued_call(&self.store, &self.policy, key, self.started)
+    }
+
+    /// Redis and tokio's clock run again.
+    fn thaw(&self) {
+        tokio::time::resume();
+        self.server.resume();
+    }
+}
+
 /// A `limit` of 1 on `key`, polled once (which reads the clock and queues the request),
 /// answering its outcome and when it came, on tokio's clock, since `started`.
 fn queued_call<'a>(
@@ -428,25 +466,18 @@ fn about(took: Duration, expected: Duration) -> bool {
 /// sent it). Measured on tokio's paused clock, as the test above.
 #[tokio::test(flavor = "current_thread")]
 async fn the_auto_batching_queue_answers_every_call_within_its_bound_on_a_frozen_redis() {
-    use paceline_store::{ManualClock, Op, Policy};
+    use paceline_store::Op;
 
-    let server = RedisServer::start().expect("redis-server");
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let store = batching_store(&server, clock.clone()).await;
-    let policy: Policy = "gcra:rate=1/h,burst=2".parse().expect("valid spec");
-
-    server.pause();
-    tokio::time::pause();
-    let started = tokio::time::Instant::now();
+    let frozen = Frozen::start().await;
     // This task does not yield between the calls: the batching task finds all three queued.
     let mut calls = Vec::new();
     for key in ["k0", "k1", "k2"] {
-        clock.advance(Duration::from_secs(1));
-        calls.push(queued_call(&store, &policy, key, started));
+        frozen.clock.advance(Duration::from_secs(1));
+        calls.push(frozen.call(key));
     }
     let took = timeouts(futures_util::future::join_all(calls).await);
-    tokio::time::resume();
-    server.resume();
+    frozen.thaw();
+    let (store, policy) = (&frozen.store, &frozen.policy);
 
     let bound = RESPONSE_TIMEOUT * 2;
     assert!(about(took[0], RESPONSE_TIMEOUT), "{took:?}");
@@ -454,17 +485,14 @@ async fn the_auto_batching_queue_answers_every_call_within_its_bound_on_a_frozen
     assert!(about(took[2], bound), "{took:?}");
     // The first two were sent while Redis was frozen (into its socket) and it applies them
     // once it resumes; the third never reached it: its key is untouched.
-    let peek = |key: &'static str| {
-        let (store, policy) = (&store, &policy);
-        async move {
-            for _ in 0..400 {
-                if let Ok(d) = bounded(store.decide(policy, key, Op::Peek, 1)).await {
-                    return d;
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
+    let peek = |key: &'static str| async move {
+        for _ in 0..400 {
+            if let Ok(d) = bounded(store.decide(policy, key, Op::Peek, 1)).await {
+                return d;
             }
-            panic!("the store did not resume after Redis did");
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
+        panic!("the store did not resume after Redis did");
     };
     let mut applied = false;
     for _ in 0..400 {
@@ -476,7 +504,7 @@ async fn the_auto_batching_queue_answers_every_call_within_its_bound_on_a_frozen
     }
     assert!(
         applied,
-        "the first call, sent before Redis froze, is applied when it resumes"
+        "the first call, sent while Redis was frozen, is applied when it resumes"
     );
     assert_eq!(
         peek("k2").await.remaining,
@@ -495,32 +523,23 @@ async fn the_auto_batching_queue_answers_every_call_within_its_bound_on_a_frozen
 #[tokio::test(flavor = "current_thread")]
 async fn a_call_of_a_batch_ends_by_its_requests_deadline_on_a_frozen_redis() {
     use paceline_store::redis::MAX_BATCHES_IN_FLIGHT;
-    use paceline_store::{ManualClock, Policy};
 
-    let server = RedisServer::start().expect("redis-server");
-    let clock = Arc::new(ManualClock::new(1_000_000));
-    let store = batching_store(&server, clock.clone()).await;
-    let policy: Policy = "gcra:rate=1/h,burst=2".parse().expect("valid spec");
-
-    server.pause();
-    tokio::time::pause();
-    let started = tokio::time::Instant::now();
+    let frozen = Frozen::start().await;
     // One request per batch in flight: each is taken by the batching task before the next
     // is queued.
     let mut ahead = Vec::new();
     for i in 0..MAX_BATCHES_IN_FLIGHT {
-        ahead.push(queued_call(&store, &policy, &format!("ahead{i}"), started));
+        ahead.push(frozen.call(&format!("ahead{i}")));
         for _ in 0..4 {
             tokio::task::yield_now().await;
         }
     }
-    let x = queued_call(&store, &policy, "x", started);
+    let x = frozen.call("x");
     tokio::time::sleep(Duration::from_millis(200)).await;
-    clock.advance(Duration::from_secs(1));
-    let y = queued_call(&store, &policy, "y", started);
+    frozen.clock.advance(Duration::from_secs(1));
+    let y = frozen.call("y");
     let (ahead, x, y) = tokio::join!(futures_util::future::join_all(ahead), x, y);
-    tokio::time::resume();
-    server.resume();
+    frozen.thaw();
 
     for took in timeouts(ahead) {
         assert!(about(took, RESPONSE_TIMEOUT), "a batch in flight: {took:?}");
