@@ -139,24 +139,15 @@ impl Router {
         let spread = matches!(group, Group::Node(_));
         let mut outcomes = Vec::with_capacity(indices.len());
         for chunk in indices.chunks(MAX_DECISIONS_PER_CALL) {
-            // A call whose deadline has come is answered with a timeout, never sent.
-            if Instant::now() >= deadline {
-                fan_out(&mut outcomes, chunk.iter().copied(), Err(past_deadline()));
-                continue;
-            }
             let batch: Vec<&Request> = chunk.iter().map(|&i| requests[i]).collect();
-            match self.transport.call(&batch, now, spread, deadline).await {
+            match self.call_before(&batch, now, spread, deadline).await {
                 // The slot map was stale (a slot moved): the call failed reading its keys,
                 // before any write, so it is safe to send again, per slot.
                 Err(e) if spread && is_redirect(&e) => {
                     stale.store(true, Ordering::Relaxed);
                     for indices in self.groups(&batch, None).into_values() {
                         let part: Vec<&Request> = indices.iter().map(|&i| batch[i]).collect();
-                        let outcome = if Instant::now() >= deadline {
-                            Err(past_deadline())
-                        } else {
-                            self.transport.call(&part, now, false, deadline).await
-                        };
+                        let outcome = self.call_before(&part, now, false, deadline).await;
                         fan_out(&mut outcomes, indices.iter().map(|&i| chunk[i]), outcome);
                     }
                 }
@@ -164,6 +155,21 @@ impl Router {
             }
         }
         outcomes
+    }
+
+    /// One call (see `Transport::call`), unless `deadline` has come: then a timeout, the
+    /// call never sent.
+    async fn call_before(
+        &self,
+        requests: &[&Request<'_>],
+        now: Option<u64>,
+        spread: bool,
+        deadline: Instant,
+    ) -> Result<Vec<Decision>, StoreError> {
+        if Instant::now() >= deadline {
+            return Err(past_deadline());
+        }
+        self.transport.call(requests, now, spread, deadline).await
     }
 
     /// `requests`' indices by the group that must run them, each in order: by node when
@@ -306,7 +312,6 @@ pub(crate) fn collect<E: From<StoreError>>(
         .collect()
 }
 
-/// Records one call's outcome for the requests it carried (`indices`, in order).
 /// The answer of a call not sent because its deadline had come.
 fn past_deadline() -> StoreError {
     StoreError::new(
@@ -317,6 +322,7 @@ fn past_deadline() -> StoreError {
     )
 }
 
+/// Records one call's outcome for the requests it carried (`indices`, in order).
 fn fan_out(
     outcomes: &mut Vec<(usize, Result<Decision, StoreError>)>,
     indices: impl Iterator<Item = usize>,
