@@ -383,11 +383,12 @@ type Answer = (Result<paceline_store::Decision, Error>, Duration);
 /// A store that auto-batches on a Redis frozen since `started` (tokio's clock paused then),
 /// its injected clock, and the policy the calls use.
 struct Frozen {
-    server: RedisServer,
     clock: Arc<paceline_store::ManualClock>,
     store: RedisStore,
     policy: paceline_store::Policy,
     started: tokio::time::Instant,
+    /// Last, so that it outlives the store when dropped.
+    server: RedisServer,
 }
 
 impl Frozen {
@@ -398,11 +399,11 @@ impl Frozen {
         server.pause();
         tokio::time::pause();
         Frozen {
-            server,
             clock,
             store,
             policy: "gcra:rate=1/h,burst=2".parse().expect("valid spec"),
             started: tokio::time::Instant::now(),
+            server,
         }
     }
 
