@@ -33,7 +33,7 @@ const MAX_SIGNATURE: usize = 1024;
 /// * **Resets**: a [`reset`](Store::reset) through this cache forgets the key's refusals
 ///   (and a decision in flight across it remembers nothing). A reset the cache does not see
 ///   (made on the store directly, or by another process) is not known here: a refusal is
-///   held at most [`MAX_HOLD`] (a minute), so such a key is refused here at most that
+///   held at most a minute, so such a key is refused here at most that
 ///   much longer than the store would.
 /// * **Bounded**: at most `capacity` refusals; when full, expired ones are dropped, and a
 ///   new refusal is not remembered until there is room.

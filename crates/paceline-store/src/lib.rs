@@ -150,7 +150,7 @@ pub trait Store: Send + Sync + 'static {
     /// and then each counts it; refused otherwise, changing no key, with each limit's
     /// answer as of now. A set of one is decided as [`decide`](Store::decide) decides it.
     /// The requests share one op (`limit`, `peek`, or `pace`: the earliest time at which
-    /// every limit admits, see [`set`](crate::set)), name each key once, and number at most
+    /// every limit admits, see [`set`]), name each key once, and number at most
     /// [`MAX_LIMITS`]; a Redis Cluster
     /// needs their keys in one hash slot. Anything else is an [`Error::Input`] naming the
     /// field.

@@ -1,7 +1,7 @@
 //! Sets of limits decided as one: "10 per second *and* 10,000 per day for this tenant".
 //!
 //! A set is a list of (policy, key) pairs, each with its cost, decided atomically by the
-//! store ([`Store::decide_all`](crate::Store::decide_all)):
+//! store ([`Store::decide_all`]):
 //!
 //! * admitted only if **every** limit admits, and then every limit counts the request;
 //! * refused if any limit refuses, and then **no limit changes** (not even a `sliding_log`
@@ -14,7 +14,7 @@
 //! give them a common hash tag, such as `{tenant42}:second` and `{tenant42}:day`; a set whose
 //! keys span slots is an input error naming two of them.
 //!
-//! A set of one limit is decided exactly as that limit alone ([`Store::decide`](crate::Store::decide)):
+//! A set of one limit is decided exactly as that limit alone ([`Store::decide`]):
 //! a `sliding_log` with `count_blocked` records a request it refuses, as it would alone.
 //!
 //! A set takes `limit`, `peek` or `pace`. A `pace` set books **the earliest time at which
@@ -286,7 +286,8 @@ pub(crate) fn check_set(requests: &[Request<'_>]) -> Result<(), InputError> {
     Ok(())
 }
 
-/// The most rounds of [`meeting`]: each moves the set's slot to a later limit's own; sets
+/// The most rounds of the search for a paced set's slot (the earliest time at which every
+/// limit admits): each moves the set's slot to a later limit's own; sets
 /// whose limits' free slots alternate past this many are an input error.
 pub const MAX_PACE_ROUNDS: usize = 64;
 

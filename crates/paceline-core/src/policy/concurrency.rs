@@ -1,9 +1,9 @@
 //! `concurrency`: at most `limit` requests in flight per key, each holding a lease.
 //!
 //! Where the other policies count requests over time, this one counts requests *at once*:
-//! a request takes a lease, and gives it back when it ends ([`Policy::release`]); a lease not
+//! a request takes a lease, and gives it back when it ends ([`Policy::release`](crate::Policy::release)); a lease not
 //! given back by its expiry (the holder crashed, or forgot) is reclaimed, so a limit can
-//! never leak away. A holder that needs longer renews its lease ([`Policy::extend`]).
+//! never leak away. A holder that needs longer renews its lease ([`Policy::extend`](crate::Policy::extend)).
 //!
 //! Parameters: `limit` (an integer >= 1) and `lease` (a duration > 0): how long a lease
 //! lives unless released or extended.

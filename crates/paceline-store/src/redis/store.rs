@@ -452,7 +452,9 @@ impl RedisStoreBuilder {
     /// [`decide_batch`](RedisStore::decide_batch) groups them): a decision waits at most
     /// `linger` (at most 10 ms) for others to join its batch; with zero it leaves with those
     /// already queued. Batches also form by themselves under load, while earlier ones are in
-    /// flight, so zero is the usual choice. tokio's timers count whole milliseconds, so a
+    /// flight (at most [`MAX_BATCHES_IN_FLIGHT`](crate::redis::MAX_BATCHES_IN_FLIGHT) at
+    /// once), so zero is the usual choice. A queued decision is answered within twice the
+    /// response timeout plus the linger. tokio's timers count whole milliseconds, so a
     /// linger under a millisecond may wait up to about one. Decisions are exactly
     /// those of sequential calls. Off by default: the lowest latency for a single caller is
     /// one call per decision; under many concurrent callers, batching multiplies the
