@@ -19,11 +19,19 @@ const RESPONSE_TIMEOUT: Duration = Duration::from_millis(300);
 /// Far beyond any legitimate wait: reaching it means a call hung.
 const HANG: Duration = Duration::from_secs(10);
 
-async fn store(server: &RedisServer, failure: FailurePolicy) -> RedisStore {
+/// The tests' store settings: short timeouts, no failure backoff.
+fn builder(
+    server: &RedisServer,
+    failure: FailurePolicy,
+) -> paceline_store::redis::RedisStoreBuilder {
     RedisStore::builder(server.url(), failure)
         .response_timeout(RESPONSE_TIMEOUT)
         .connect_timeout(RESPONSE_TIMEOUT)
         .failure_backoff(Duration::ZERO)
+}
+
+async fn store(server: &RedisServer, failure: FailurePolicy) -> RedisStore {
+    builder(server, failure)
         .connect()
         .await
         .expect("connect to the private Redis")
@@ -367,10 +375,7 @@ async fn batching_store(
     server: &RedisServer,
     clock: Arc<paceline_store::ManualClock>,
 ) -> RedisStore {
-    RedisStore::builder(server.url(), FailurePolicy::FailClosed)
-        .response_timeout(RESPONSE_TIMEOUT)
-        .connect_timeout(RESPONSE_TIMEOUT)
-        .failure_backoff(Duration::ZERO)
+    builder(server, FailurePolicy::FailClosed)
         .clock(clock)
         .auto_batch(Duration::ZERO)
         .connect()
