@@ -386,30 +386,20 @@ fn unreachable_key() -> Result<(), MissingKey> {
 }
 
 /// Appends `ip` as `Display` writes it; IPv4 (the common case) without the formatting
-/// machinery.
+/// machinery, each octet's digits taken from a table.
 fn push_ip(out: &mut KeyText, ip: IpAddr) {
     match ip {
         IpAddr::V4(v4) => {
-            // At most `255.255.255.255`, written digit by digit.
-            let mut text = [0u8; 15];
+            // At most `255.255.255.255`; each octet's entry is its digits then a dot, and
+            // the next octet starts right after the digits' dot (the last dot is dropped).
+            let mut text = [0u8; 16];
             let mut len = 0;
-            for (i, octet) in v4.octets().into_iter().enumerate() {
-                if i > 0 {
-                    text[len] = b'.';
-                    len += 1;
-                }
-                if octet >= 100 {
-                    text[len] = b'0' + octet / 100;
-                    len += 1;
-                }
-                if octet >= 10 {
-                    text[len] = b'0' + octet / 10 % 10;
-                    len += 1;
-                }
-                text[len] = b'0' + octet % 10;
-                len += 1;
+            for octet in v4.octets() {
+                let (digits, entry) = OCTETS[usize::from(octet)];
+                text[len..len + 4].copy_from_slice(&entry);
+                len += digits + 1;
             }
-            out.push_ascii(&text[..len]);
+            out.push_ascii(&text[..len - 1]);
         }
         IpAddr::V6(v6) => {
             use std::fmt::Write as _;
@@ -417,6 +407,24 @@ fn push_ip(out: &mut KeyText, ip: IpAddr) {
         }
     }
 }
+
+/// Each octet's decimal digits followed by a dot (padded to four bytes), and their count.
+const OCTETS: [(usize, [u8; 4]); 256] = {
+    let mut table = [(0, [0u8; 4]); 256];
+    let mut n = 0;
+    while n < 256 {
+        let (hundreds, tens, ones) = ((n / 100) as u8, (n / 10 % 10) as u8, (n % 10) as u8);
+        table[n] = if n >= 100 {
+            (3, [b'0' + hundreds, b'0' + tens, b'0' + ones, b'.'])
+        } else if n >= 10 {
+            (2, [b'0' + tens, b'0' + ones, b'.', 0])
+        } else {
+            (1, [b'0' + ones, b'.', 0, 0])
+        };
+        n += 1;
+    }
+    table
+};
 
 fn no_peer() -> MissingKey {
     MissingKey {
@@ -550,6 +558,13 @@ mod tests {
             "::ffff:1.2.3.4",
         ] {
             let ip: IpAddr = ip.parse().unwrap();
+            let mut key = KeyText::new();
+            push_ip(&mut key, ip);
+            assert_eq!(key.as_str(), ip.to_string());
+        }
+        // Every octet in every position (the table behind IPv4).
+        for n in 0..=255u8 {
+            let ip = IpAddr::from([n, 255 - n, n / 2, n.wrapping_mul(7)]);
             let mut key = KeyText::new();
             push_ip(&mut key, ip);
             assert_eq!(key.as_str(), ip.to_string());
