@@ -38,7 +38,7 @@ use crate::Request;
 
 /// Auto-batching's batches in flight at once per store (each is one script call per node it
 /// touches): while all are, new decisions queue up and leave together in the next batch.
-pub const MAX_IN_FLIGHT: usize = 4;
+pub const MAX_IN_FLIGHT: usize = 2;
 
 /// One queued request and where its answer goes.
 struct Job {
