@@ -1,8 +1,10 @@
 //! The HTTP API: routes, request validation, responses.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::{Duration, Instant};
+use std::task::Poll;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::body::Bytes;
@@ -407,7 +409,16 @@ pub(crate) async fn read_body(
     limit: usize,
 ) -> Result<Bytes, ApiError> {
     let timeout = state.body_read_timeout;
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+    let mut collect = std::pin::pin!(axum::body::to_bytes(body, limit));
+    // A small body has usually arrived with the request's head: read it without arming a
+    // timer (a clock read, and an entry in the timer wheel put in and taken out); the
+    // timeout covers only a body still on its way.
+    let first = std::future::poll_fn(|cx| Poll::Ready(collect.as_mut().poll(cx))).await;
+    let read = match first {
+        Poll::Ready(read) => Ok(read),
+        Poll::Pending => tokio::time::timeout(timeout, collect).await,
+    };
+    match read {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) => {
             if e.into_inner().is::<http_body_util::LengthLimitError>() {
@@ -838,7 +849,7 @@ async fn decision(
         Ok(ask) => ask,
         Err(e) => return e.into_response(),
     };
-    let started = Instant::now();
+    let started = quanta::Instant::now();
     let outcome = state
         .store
         .decide(&ask.policy, &ask.store_key, ask.op, ask.cost)
@@ -867,7 +878,7 @@ async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
         .iter()
         .map(|p| Request::new(&p.policy, &p.store_key, p.op, p.cost))
         .collect();
-    let started = Instant::now();
+    let started = quanta::Instant::now();
     let outcome = state.store.decide_all(&requests).await;
     state.metrics.observe_store(started.elapsed());
     let decided = match outcome {
@@ -960,7 +971,7 @@ async fn batch(
         })
         .collect();
     let valid: Vec<&Ask> = asks.iter().filter_map(|a| a.as_ref().ok()).collect();
-    let started = Instant::now();
+    let started = quanta::Instant::now();
     let requests: Vec<Request> = valid
         .iter()
         .map(|a| Request::new(&a.policy, &a.store_key, a.op, a.cost))
