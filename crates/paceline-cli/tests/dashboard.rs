@@ -106,7 +106,7 @@ fn the_dashboard_shows_live_numbers_in_a_real_browser() {
             "auth_token = \"{TOKEN}\"\n\
              [policies]\n\
              api = \"gcra:rate=1/h,burst=3\"\n\
-             roles = \"fixed_window:limit=2,window=1h\"\n\
+             roles = \"sliding_log:limit=2,window=1h\"\n\
              [queues.jobs]\n\
              group_policy = \"fixed_window:limit=1,window=1h\"\n"
         ),

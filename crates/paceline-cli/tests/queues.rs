@@ -12,7 +12,7 @@ max_attempts = 2
 retry_backoff = "1h"
 
 [queues.roles.groups."guild:slow"]
-policy = "fixed_window:limit=1,window=1h"
+policy = "sliding_log:limit=1,window=1h"
 "#;
 
 fn service() -> (tempfile::TempDir, Service) {

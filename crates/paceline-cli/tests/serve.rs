@@ -13,7 +13,7 @@ const CONFIG: &str = r#"
 allow_inline_policies = false
 
 [policies.discord-roles]
-algorithm = "fixed_window"
+algorithm = "sliding_log"
 limit = 2
 window = "10s"
 "#;
@@ -90,7 +90,7 @@ fn decisions_headers_batch_reset_policies_and_health() {
     let policies = http(s.port, "GET", "/v1/policies", &[], b"").json();
     assert_eq!(
         policies["policies"]["discord-roles"]["spec"],
-        "fixed_window:limit=2,window=10s"
+        "sliding_log:limit=2,window=10s,min_interval=0s,count_blocked=false"
     );
     assert_eq!(policies["allow_inline_policies"], false);
     assert_eq!(http(s.port, "GET", "/healthz", &[], b"").status, 200);

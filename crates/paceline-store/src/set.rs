@@ -34,7 +34,7 @@
 //! use paceline_store::{Limits, MemoryStore, Policy};
 //! let store = MemoryStore::new();
 //! let second: Policy = "gcra:rate=2/s,burst=2".parse()?;
-//! let day: Policy = "fixed_window:limit=3,window=1d".parse()?;
+//! let day: Policy = "sliding_log:limit=3,window=1d".parse()?;
 //! let tenant = Limits::new().with(second, "t42:second").with(day, "t42:day");
 //! assert!(tenant.limit_sync(&store, 1)?.allowed());
 //! assert!(tenant.limit_sync(&store, 1)?.allowed());
@@ -486,7 +486,13 @@ mod tests {
         use std::sync::Arc;
         // Three keys, sets of two in every rotation, from four threads: each admitted set
         // counts on both of its keys, a refused one on neither.
-        let store = Arc::new(MemoryStore::builder().shards(4).build());
+        // A clock that stands still: on the system clock a day's window could end mid-test.
+        let store = Arc::new(
+            MemoryStore::builder()
+                .shards(4)
+                .clock(crate::ManualClock::new(1_000_000))
+                .build(),
+        );
         let policy: Policy = "fixed_window:limit=500,window=1d".parse().unwrap();
         let keys = ["a", "b", "c"];
         let admitted: Vec<[u64; 3]> = std::thread::scope(|scope| {
