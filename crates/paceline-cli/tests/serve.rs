@@ -650,13 +650,15 @@ fn until_closed(stream: &mut TcpStream) -> Vec<u8> {
 
 #[test]
 fn unfinished_and_idle_connections_are_closed() {
+    // A second each: long enough that a loaded machine does not stall this test between
+    // its connect and its first write past a timeout.
     let s = start(&[
         "--header-read-timeout",
-        "300ms",
+        "1s",
         "--body-read-timeout",
-        "300ms",
+        "1s",
         "--idle-timeout",
-        "300ms",
+        "1s",
     ]);
     // Half the headers, then nothing: closed by the header read timeout.
     let mut half_head = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");

@@ -11,6 +11,8 @@ use paceline_testkit::RedisServer;
 async fn connect(url: &str) -> Result<RedisStore, Error> {
     RedisStore::builder(url, FailurePolicy::FailClosed)
         .connect_timeout(Duration::from_secs(2))
+        // Generous: a loaded machine must not turn a slow answer into a failed test.
+        .response_timeout(Duration::from_secs(5))
         .connect()
         .await
 }
@@ -18,7 +20,8 @@ async fn connect(url: &str) -> Result<RedisStore, Error> {
 /// One admission then one rejection on a fresh `key`: the store decides.
 async fn decides(store: RedisStore, key: &str) -> bool {
     let limiter = Limiter::with_store(
-        "gcra:rate=1/s,burst=1".parse().expect("valid spec"),
+        // An hour per call: the second is refused however long the first took.
+        "gcra:rate=1/h,burst=1".parse().expect("valid spec"),
         Arc::new(store),
     );
     let first = limiter.limit(key, 1).await.expect("a decision");
@@ -33,6 +36,7 @@ async fn tls_with_a_private_ca() {
     let ca = server.tls_ca_pem().expect("the CA");
     let store = RedisStore::builder(url.clone(), FailurePolicy::FailClosed)
         .tls_root_certificate(ca)
+        .response_timeout(Duration::from_secs(5))
         .connect()
         .await
         .expect("a TLS connection trusting the private CA");
