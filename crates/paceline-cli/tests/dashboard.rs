@@ -275,7 +275,11 @@ fn the_proxy_dashboard_shows_outcomes_and_buckets_in_a_real_browser() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("the paceline binary starts");
-    let _proxy = common::Service { child, port };
+    let _proxy = common::Service {
+        child,
+        port,
+        log: None,
+    };
     common::wait_for_port(admin);
     for i in 0..6 {
         let reply = http(

@@ -478,10 +478,7 @@ fn sigterm_lets_an_in_flight_request_finish() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     let status = s.child.wait().expect("the service exits");
     assert!(status.success(), "{status}");
-    let mut log = String::new();
-    if let Some(stderr) = s.child.stderr.as_mut() {
-        let _ = stderr.read_to_string(&mut log);
-    }
+    let log = s.log();
     assert!(log.contains("shutting down"), "{log}");
 }
 

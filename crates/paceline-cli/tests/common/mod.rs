@@ -15,6 +15,18 @@ use std::time::{Duration, Instant};
 pub struct Service {
     pub child: Child,
     pub port: u16,
+    /// The thread that reads the service's log (see [`Service::log`]), if it is read.
+    pub log: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Service {
+    /// The service's log from its start, once it has exited (it waits for the end).
+    pub fn log(&mut self) -> String {
+        self.log
+            .take()
+            .map(|reader| reader.join().expect("the log reader"))
+            .unwrap_or_default()
+    }
 }
 
 impl Drop for Service {
@@ -31,20 +43,60 @@ pub fn free_port() -> u16 {
         .expect("a free port")
 }
 
+/// `paceline serve ARGS` on a port the system picks (`--listen 127.0.0.1:0`), read from its
+/// `listening on http://...` log line: no port is chosen before the service binds it, so no
+/// other process can take it in between. Its log is drained in the background.
 pub fn start(args: &[&str]) -> Service {
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_paceline"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_paceline"))
         .arg("serve")
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--listen", "127.0.0.1:0"])
         .args(args)
         .env_remove("PACELINE_AUTH_TOKEN")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("the paceline binary starts");
-    let service = Service { child, port };
-    wait_for_port(port);
+    let stderr = child.stderr.take().expect("the service's stderr");
+    // Killed when dropped, also if the log never says where it listens.
+    let mut service = Service {
+        child,
+        port: 0,
+        log: None,
+    };
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+    let mut seen = String::new();
+    for line in lines.by_ref() {
+        let line = line.expect("the service's log");
+        seen.push_str(&line);
+        seen.push('\n');
+        if let Some(port) = listening_port(&line) {
+            service.port = port;
+            break;
+        }
+    }
+    assert!(
+        service.port != 0,
+        "the service exited before listening: {seen}"
+    );
+    // The rest of the log is read as it comes (a full pipe would stall the service).
+    service.log = Some(std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+        seen
+    }));
     service
+}
+
+/// The port of a `listening on http://127.0.0.1:PORT ...` log line.
+fn listening_port(line: &str) -> Option<u16> {
+    let (_, rest) = line.split_once("listening on http://")?;
+    let address: String = rest
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
+        .collect();
+    address.rsplit_once(':')?.1.parse().ok()
 }
 
 /// Waits until something listens on `port` of 127.0.0.1 (a process starting up): at most
