@@ -169,8 +169,8 @@ async fn two_proxy_processes_on_one_redis_share_a_tokens_limits() {
     use paceline_testkit::mock_api::{Limit, MockApi, MockServer, SECOND};
     let redis = paceline_testkit::RedisServer::start().expect("a redis-server");
     // 75 per aligned second of the mock's wall clock against the proxies' shared 45 per
-    // second: room for arrivals bunched by a stall of the machine, while two proxies that
-    // did not share (90 per second) still go over it.
+    // second: room for arrivals bunched by a stall of the machine. That the two share it is
+    // checked by the arrivals' span below.
     let mut api = MockApi::new(75);
     let mut paths = Vec::new();
     for major in [7u64, 8] {
@@ -227,11 +227,20 @@ async fn two_proxy_processes_on_one_redis_share_a_tokens_limits() {
     }
     assert_eq!(statuses.len(), 80, "every request answered");
     assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-    let counts = &mock.api.lock().expect("the mock").counts;
+    let api = mock.api.lock().expect("the mock");
+    let counts = &api.counts;
     assert_eq!(
         (counts.bucket_429, counts.global_429, counts.requests),
         (0, 0, 80),
         "{counts:?}"
     );
+    // Shared, 45 per second hold for both: 79 intervals take at least 79 / 45 s (less a
+    // quarter for the first request's own delay); unshared, 90 per second, half that.
+    let span = api.arrival_span();
+    assert!(
+        span >= std::time::Duration::from_secs(79) / 45 * 3 / 4,
+        "80 requests in {span:?}: faster than 45 per second"
+    );
+    drop(api);
     drop((a, b));
 }

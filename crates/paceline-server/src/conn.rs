@@ -110,7 +110,8 @@ pub(crate) async fn serve(
 }
 
 /// What a connection is doing: when bytes last moved, and how many requests are in flight.
-/// Its clock is the CPU's time-stamp counter (quanta): it is read each time bytes move.
+/// Its clock is quanta's (the CPU's time-stamp counter where it is invariant), read each time
+/// bytes move; being real time, it does not follow a paused tokio clock.
 struct Activity {
     started: quanta::Instant,
     last_ms: AtomicU64,

@@ -434,9 +434,9 @@ impl Metrics {
         handles
     }
 
-    /// Records how long a store call took: timed by the callers with `quanta::Instant` (a
-    /// read of the CPU's time-stamp counter, a few nanoseconds, where the system clock's
-    /// costs tens on every decision).
+    /// Records how long a store call took: timed by the callers with `quanta::Instant` (the
+    /// CPU's time-stamp counter where it is invariant: a few nanoseconds a read, where the
+    /// system clock's costs tens, on every decision).
     pub(crate) fn observe_store(&self, took: Duration) {
         self.store_latency.observe(took.as_secs_f64());
     }

@@ -90,6 +90,18 @@ impl MockApi {
         }
     }
 
+    /// The time from the first accepted request's arrival to the last's (zero for fewer
+    /// than two): callers limited together to `r` per second, who sent `n` requests, took at
+    /// least `(n - 1) / r` between their first and last, and a machine that stalls them
+    /// only makes it longer.
+    pub fn arrival_span(&self) -> std::time::Duration {
+        let times = self.accepted.iter().map(|(t, _, _)| *t);
+        match (times.clone().min(), times.max()) {
+            (Some(first), Some(last)) => std::time::Duration::from_micros(last - first),
+            _ => std::time::Duration::ZERO,
+        }
+    }
+
     /// `route` counts against `bucket` (per major parameter) with `limit`.
     pub fn route(&mut self, route: &Route, bucket: &str, limit: Limit) {
         self.routes
