@@ -266,21 +266,13 @@ fn the_proxy_dashboard_shows_outcomes_and_buckets_in_a_real_browser() {
         );
     }
     let mock = runtime.block_on(MockServer::start(api));
-    let (port, admin) = (common::free_port(), common::free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_paceline"))
+    // Both on ports the system picks, read from the proxy's log line.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_paceline"));
+    command
         .args(["proxy", "--upstream", &mock.url(), "--dialect", "discord"])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--admin-listen", &format!("127.0.0.1:{admin}")])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the paceline binary starts");
-    let _proxy = common::Service {
-        child,
-        port,
-        log: None,
-    };
-    common::wait_for_port(admin);
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"]);
+    let (_proxy, ports) = common::launch(&mut command, &["proxying http://", "(admin: http://"]);
+    let (port, admin) = (ports[0], ports[1]);
     for i in 0..6 {
         let reply = http(
             port,

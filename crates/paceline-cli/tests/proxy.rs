@@ -123,45 +123,20 @@ fn a_config_file_gives_the_settings_and_flags_win() {
     assert!(stderr.contains("--config"), "{stderr}");
 }
 
-/// A running `paceline proxy` process, killed when dropped (also when a test fails).
-struct ProxyProcess {
-    child: std::process::Child,
-    port: u16,
-}
-
-impl Drop for ProxyProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `paceline proxy` with `args` on a free port, once it listens.
-async fn start_proxy(args: &[&str]) -> ProxyProcess {
-    let port = common::free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_paceline"))
-        .arg("proxy")
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("the paceline binary starts");
-    let mut proxy = ProxyProcess { child, port };
-    // Waits for the process to be ready (not for time to pass): at most 20 s.
-    for _ in 0..1000 {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_ok()
-        {
-            return proxy;
-        }
-        if let Ok(Some(status)) = proxy.child.try_wait() {
-            panic!("paceline proxy exited: {status}");
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    panic!("paceline proxy did not start listening");
+/// Starts `paceline proxy` with `args` on a port the system picks, once it listens (see
+/// [`common::launch`]); killed when dropped.
+async fn start_proxy(args: &[&str]) -> common::Service {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_paceline"));
+        command
+            .arg("proxy")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(&args);
+        common::launch(&mut command, &["proxying http://"]).0
+    })
+    .await
+    .expect("the proxy starts")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

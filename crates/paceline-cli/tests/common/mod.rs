@@ -6,7 +6,7 @@ pub mod cdp;
 pub mod golden;
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,49 +36,52 @@ impl Drop for Service {
     }
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 /// `paceline serve ARGS` on a port the system picks (`--listen 127.0.0.1:0`), read from its
 /// `listening on http://...` log line: no port is chosen before the service binds it, so no
-/// other process can take it in between. Its log is drained in the background.
+/// other process can take it in between.
 pub fn start(args: &[&str]) -> Service {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_paceline"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_paceline"));
+    command
         .arg("serve")
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
-        .env_remove("PACELINE_AUTH_TOKEN")
+        .env_remove("PACELINE_AUTH_TOKEN");
+    launch(&mut command, &["listening on http://"]).0
+}
+
+/// Spawns `command` (a `paceline` process) and reads its log until it has named an address
+/// after each of `markers` (e.g. `listening on http://`): their ports, in order, the first
+/// also the service's `port`. The rest of the log is read as it comes (a full pipe would
+/// stall the process) and kept for [`Service::log`]. A process that exits first fails the
+/// test with its log.
+pub fn launch(command: &mut Command, markers: &[&str]) -> (Service, Vec<u16>) {
+    let mut child = command
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("the paceline binary starts");
-    let stderr = child.stderr.take().expect("the service's stderr");
+    let stderr = child.stderr.take().expect("its stderr");
     // Killed when dropped, also if the log never says where it listens.
     let mut service = Service {
         child,
         port: 0,
         log: None,
     };
+    let mut ports: Vec<Option<u16>> = vec![None; markers.len()];
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stderr));
     let mut seen = String::new();
-    for line in lines.by_ref() {
-        let line = line.expect("the service's log");
+    while ports.iter().any(Option::is_none) {
+        let Some(Ok(line)) = lines.next() else {
+            panic!("the process exited before listening: {seen}");
+        };
+        for (port, marker) in ports.iter_mut().zip(markers) {
+            *port = port.or_else(|| logged_port(&line, marker));
+        }
         seen.push_str(&line);
         seen.push('\n');
-        if let Some(port) = listening_port(&line) {
-            service.port = port;
-            break;
-        }
     }
-    assert!(
-        service.port != 0,
-        "the service exited before listening: {seen}"
-    );
-    // The rest of the log is read as it comes (a full pipe would stall the service).
+    let ports: Vec<u16> = ports.into_iter().flatten().collect();
+    service.port = ports[0];
     service.log = Some(std::thread::spawn(move || {
         for line in lines.map_while(Result::ok) {
             seen.push_str(&line);
@@ -86,30 +89,18 @@ pub fn start(args: &[&str]) -> Service {
         }
         seen
     }));
-    service
+    (service, ports)
 }
 
-/// The port of a `listening on http://127.0.0.1:PORT ...` log line.
-fn listening_port(line: &str) -> Option<u16> {
-    let (_, rest) = line.split_once("listening on http://")?;
+/// The port of the address after `marker` in a log line (`listening on http://` in
+/// `listening on http://127.0.0.1:PORT ...`).
+pub fn logged_port(line: &str, marker: &str) -> Option<u16> {
+    let (_, rest) = line.split_once(marker)?;
     let address: String = rest
         .chars()
         .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == ':')
         .collect();
     address.rsplit_once(':')?.1.parse().ok()
-}
-
-/// Waits until something listens on `port` of 127.0.0.1 (a process starting up): at most
-/// 20 s.
-pub fn wait_for_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nothing started listening on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 pub struct Reply {
