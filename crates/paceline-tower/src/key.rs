@@ -397,7 +397,7 @@ fn push_ip(out: &mut KeyText, ip: IpAddr) {
             for octet in v4.octets() {
                 let (digits, entry) = OCTETS[usize::from(octet)];
                 text[len..len + 4].copy_from_slice(&entry);
-                len += digits + 1;
+                len += usize::from(digits) + 1;
             }
             out.push_ascii(&text[..len - 1]);
         }
@@ -408,8 +408,9 @@ fn push_ip(out: &mut KeyText, ip: IpAddr) {
     }
 }
 
-/// Each octet's decimal digits followed by a dot (padded to four bytes), and their count.
-const OCTETS: [(usize, [u8; 4]); 256] = {
+/// Each octet's count of decimal digits, and the digits followed by a dot (padded to four
+/// bytes): five bytes an octet, 1,280 in all.
+const OCTETS: [(u8, [u8; 4]); 256] = {
     let mut table = [(0, [0u8; 4]); 256];
     let mut n = 0;
     while n < 256 {
