@@ -79,10 +79,12 @@ local function copy(t)
   return cmsgpack.unpack(cmsgpack.pack(t))
 end
 
--- The configurations read in earlier calls, by their record, at most 64: a queue's
--- configuration rarely changes, and finding it costs less than unpacking it. A
--- configuration is only ever read, never changed in place (`config` replaces it).
-local configs, configs_kept = {}, 0
+-- A configuration record, unpacked, remembered for the records of earlier calls (at most
+-- 64): a queue's configuration rarely changes, and finding it costs less than unpacking it.
+-- A configuration is only ever read, never changed in place (`config` replaces it).
+local unpack_config = PL.memo(64, function(raw)
+  return cmsgpack.unpack(raw)
+end)
 
 local function begin(KEYS, clock_arg)
   if not INT then
@@ -103,15 +105,7 @@ local function begin(KEYS, clock_arg)
     }
   end
   raw = redis.call('GET', base .. 'config')
-  config = raw and configs[raw]
-  if raw and not config then
-    config = cmsgpack.unpack(raw)
-    if configs_kept == 64 then
-      configs, configs_kept = {}, 0
-    end
-    configs[raw] = config
-    configs_kept = configs_kept + 1
-  end
+  config = unpack_config(raw or nil)
   return t
 end
 

@@ -100,26 +100,35 @@ function PL.clock(arg)
   return now, nil, slack
 end
 
--- Numbers the client repeats call after call (parameters, costs, counts), read once:
--- `tonumber` parses a string twice, a lookup costs less. At most 1024 are kept.
-local numbers, numbers_kept = {}, 0
-
--- `tonumber(text)`, remembered (nil for text that is not a number).
-function PL.num(text)
-  local x = numbers[text]
-  if x == nil then
-    if text == nil then
+-- `compute`, remembered for the values of `key` seen in earlier calls, at most `limit` of
+-- them (all forgotten when full): for what the client sends call after call and a call
+-- would otherwise work out again. `compute(key)` gives a value or nil; a nil `key` gives
+-- nil. What it gives back is shared: never to be changed in place.
+function PL.memo(limit, compute)
+  local cache, kept = {}, 0
+  return function(key)
+    if key == nil then
       return nil
     end
-    x = tonumber(text) or false
-    if numbers_kept == 1024 then
-      numbers, numbers_kept = {}, 0
+    local value = cache[key]
+    if value == nil then
+      value = compute(key) or false
+      if kept == limit then
+        cache, kept = {}, 0
+      end
+      cache[key] = value
+      kept = kept + 1
     end
-    numbers[text] = x
-    numbers_kept = numbers_kept + 1
+    return value or nil
   end
-  return x or nil
 end
+
+-- `tonumber(text)`, remembered (nil for text that is not a number): numbers the client
+-- repeats call after call (parameters, costs, counts), where `tonumber` parses a string
+-- twice and a lookup costs less.
+PL.num = PL.memo(1024, function(text)
+  return tonumber(text)
+end)
 
 -- A `pace`'s `max_wait`, sent as "SECONDS NANOSECONDS" (the nanoseconds beyond the whole
 -- seconds; '' for none): in µs as Rust's `duration_to_micros` computes it, and in whole µs
