@@ -7,13 +7,17 @@
 -- (never a key itself): every key of the queue is the base and a suffix, so all of them
 -- share one hash tag and one cluster slot.
 --
---   meta         MessagePack { seq, last_id, now, jobs, totals = { ... } }
+--   meta         { seq, last_id, now, jobs, due, totals = { ... } } (see `read_meta`): `due`
+--                no later than the first score in `leases`, `scheduled` and `retiring`
+--                (nil: unknown), so that a call before it skips their maintenance
 --   config       MessagePack { fp, default, spec, gc, ma, lease, bo, bo_max, max_jobs, mp }
 --   policies     hash: group -> MessagePack of its own policy's arguments
 --   specs        hash: group -> its own policy's spec (for `read_config`)
 --   groups       set of the groups held
 --   g:GROUP      MessagePack of the group (see `new_group`)
---   l:GROUP      the group's line: sorted set, job id scored by its rank
+--   l:GROUP      the group's line: a list of its waiting jobs in rank order, each entry the
+--                job's rank (20 digits) then its id (a sorted set, scored by rank, in
+--                queues written before; converted when its group is next touched)
 --   j:ID         MessagePack of the job (see `enqueue_one`)
 --   ready        sorted set of the groups with a job waiting: score the time the group is
 --                eligible, member its order (20 digits) then its name
@@ -22,6 +26,8 @@
 --   dead         score the order of death, member the id
 --   retiring     groups with nothing waiting or active: score when they may be dropped
 --   changed      the channel a call publishes on when a job may start sooner
+--
+-- `ready`, `scheduled`, `leases` and `retiring` each hold `KEEP`, scored +inf (see there).
 --
 -- Times are µs since the Unix epoch and every number is a whole number below 2^53, kept
 -- exact: numbers go to Redis as text made by `int`, never by Lua's own formatting (14
@@ -33,6 +39,17 @@
 -- after an error reply, having loaded the library, and must never apply a change twice.
 
 local MAINTENANCE_BATCH = 1000
+
+-- A member of `ready`, `scheduled`, `leases` and `retiring`, scored +inf, that no reader
+-- takes for an entry: 200 bytes, more than Redis keeps in a sorted set's compact form
+-- (a listpack, for members of up to `zset-max-listpack-value` bytes, 64 by default, and
+-- sets of up to 128), so that these sets stay skip lists. In a listpack every insert and
+-- removal scans the whole set: with a hundred groups ready, a lease's two changes of
+-- `ready` cost the server more than the rest of the job's lease. It also keeps the sets
+-- from ever being empty, which would delete them.
+local TILDES = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
+local KEEP = TILDES .. TILDES .. TILDES .. TILDES
+local INF = 1 / 0
 local MAX_PROJECTION_STEPS = 64
 
 -- How whole numbers below 2^53 are printed, chosen by the first call (a library cannot
@@ -86,6 +103,38 @@ local unpack_config = PL.memo(64, function(raw)
   return cmsgpack.unpack(raw)
 end)
 
+-- The meta record: a tag byte ('m') and 13 little-endian doubles (exact for whole numbers
+-- below 2^53): seq, last_id, now, jobs, due (-1: unknown), then the totals enqueued,
+-- started, acked, failed, retried, dead, lease_expiries and pauses. Every call reads and
+-- writes it: binary, it costs the server a fraction of a MessagePack map's work. A
+-- MessagePack map (first byte 0x80 and up: queues written before) is read as one.
+local META_TAG, META_LAYOUT = 109, '<Bddddddddddddd'
+
+local function read_meta(raw)
+  if not raw then
+    return {
+      seq = 0, last_id = 0, now = 0, jobs = 0,
+      totals = { enqueued = 0, started = 0, acked = 0, failed = 0, retried = 0, dead = 0,
+        lease_expiries = 0, pauses = 0 },
+    }
+  end
+  if raw:byte(1) ~= META_TAG then
+    return cmsgpack.unpack(raw)
+  end
+  local _, seq, last_id, t, jobs, due, a, b, c, d, e, f, g, h = struct.unpack(META_LAYOUT, raw)
+  return {
+    seq = seq, last_id = last_id, now = t, jobs = jobs, due = due >= 0 and due or nil,
+    totals = { enqueued = a, started = b, acked = c, failed = d, retried = e, dead = f,
+      lease_expiries = g, pauses = h },
+  }
+end
+
+local function write_meta(m)
+  local t = m.totals
+  return struct.pack(META_LAYOUT, META_TAG, m.seq, m.last_id, m.now, m.jobs, m.due or -1,
+    t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries, t.pauses)
+end
+
 local function begin(KEYS, clock_arg)
   if not INT then
     choose_formats()
@@ -94,17 +143,8 @@ local function begin(KEYS, clock_arg)
   local t = PL.clock(clock_arg)
   groups, jobs, deleted_jobs, dropped_groups, policy_cache, read_as = {}, {}, {}, {}, {}, {}
   default_policy, overrides = nil, nil
-  local raw = redis.call('GET', base .. 'meta')
-  if raw then
-    meta = cmsgpack.unpack(raw)
-  else
-    meta = {
-      seq = 0, last_id = 0, now = 0, jobs = 0,
-      totals = { enqueued = 0, started = 0, acked = 0, failed = 0, retried = 0, dead = 0,
-        lease_expiries = 0, pauses = 0 },
-    }
-  end
-  raw = redis.call('GET', base .. 'config')
+  meta = read_meta(redis.call('GET', base .. 'meta') or nil)
+  local raw = redis.call('GET', base .. 'config')
   config = unpack_config(raw or nil)
   return t
 end
@@ -121,6 +161,16 @@ end
 local function next_seq()
   meta.seq = meta.seq + 1
   return meta.seq
+end
+
+-- Puts `member` in `set` ('leases', 'scheduled' or 'retiring'), due at `at`: every entry
+-- of these goes in here, so that `meta.due` stays at or before the first of them (an
+-- entry taken out early leaves it earlier than need be, which costs one maintenance).
+local function add_due(set, at, member)
+  redis.call('ZADD', base .. set, int(at), member)
+  if meta.due and at < meta.due then
+    meta.due = at
+  end
 end
 
 -- Writes back the objects of `cache` (kept under `prefix`) that changed since they were
@@ -149,7 +199,7 @@ local function delete_job(id)
 end
 
 local function flush()
-  redis.call('SET', base .. 'meta', cmsgpack.pack(meta))
+  redis.call('SET', base .. 'meta', write_meta(meta))
   write_back(groups, 'g:', dropped_groups, drop_group)
   write_back(jobs, 'j:', deleted_jobs, delete_job)
 end
@@ -181,18 +231,81 @@ local function load_group(name)
   return load(groups, 'g:', name)
 end
 
--- The group, created if the queue holds none of that name. `n` is the length of its line;
+-- The group, created if the queue holds none of that name. `n` is the length of its line,
+-- `lq` true once the line is a list (see `line_of`);
 -- `state` its policy's state, kept by algorithm `alg`; `ra`, `ro` its entry in `ready`; `rt` its entry in
 -- `retiring`; `p` its projection { s, alg, last, covers } (see `projection`).
 local function group_entry(name)
   local g = load_group(name)
   if not g then
-    g = { n = 0, active = 0, idle_at = 0, next_at = 0, paused_until = 0 }
+    g = { n = 0, active = 0, idle_at = 0, next_at = 0, paused_until = 0, lq = true }
     groups[name] = g
     dropped_groups[name] = nil
     redis.call('SADD', base .. 'groups', name)
   end
   return g
+end
+
+-- The key of group `name`'s line (`g` its record), a list: a line a queue of an earlier
+-- layout kept as a sorted set (scored by rank) is rewritten as one, once.
+local function line_of(name, g)
+  local key = base .. 'l:' .. name
+  if not g.lq then
+    if redis.call('TYPE', key).ok == 'zset' then
+      local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
+      redis.call('DEL', key)
+      for i = 1, #entries, 2 * MAINTENANCE_BATCH do
+        local chunk = {}
+        for j = i, min(i + 2 * MAINTENANCE_BATCH - 1, #entries), 2 do
+          chunk[#chunk + 1] = padded(tonumber(entries[j + 1])) .. entries[j]
+        end
+        redis.call('RPUSH', key, unpack(chunk))
+      end
+    end
+    g.lq = true
+  end
+  return key
+end
+
+-- Puts `entry` (a rank, 20 digits, then an id) into the line `key`, kept in rank order.
+-- Only jobs returning to their group go anywhere but the tail, and only returned jobs of
+-- lower ranks can be ahead of them (a lease takes the lowest rank): the place is searched
+-- from the head, in steps that double, then halve.
+local function insert_by_rank(key, entry)
+  local head = redis.call('LINDEX', key, 0)
+  if not head or head > entry then
+    redis.call('LPUSH', key, entry)
+    return
+  end
+  -- The entry at `below` ranks lower; the first that ranks higher is past it, before
+  -- `above` (nil: none found yet).
+  local below, above, step = 0, nil, 1
+  while not above do
+    local probe = below + step
+    local e = redis.call('LINDEX', key, probe)
+    if not e or e > entry then
+      above = probe
+    else
+      below = probe
+      step = step * 2
+    end
+  end
+  while above - below > 1 do
+    local mid = floor((below + above) / 2)
+    local e = redis.call('LINDEX', key, mid)
+    -- Past the end counts as ranking higher: the entry goes before it, at the end.
+    if not e or e > entry then
+      above = mid
+    else
+      below = mid
+    end
+  end
+  local pivot = redis.call('LINDEX', key, above)
+  if pivot then
+    redis.call('LINSERT', key, 'BEFORE', pivot, entry)
+  else
+    redis.call('RPUSH', key, entry)
+  end
 end
 
 local function policy_of(name)
@@ -217,7 +330,7 @@ end
 
 -- The first entry of a sorted set: its member and score, or nil.
 local function first(key)
-  local e = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local e = redis.call('ZRANGE', key, '0', '0', 'WITHSCORES')
   if e[1] then
     return e[1], tonumber(e[2])
   end
@@ -322,7 +435,7 @@ local function refresh(name)
     g.rt = nil
   elseif not g.rt and empty then
     g.rt = max(g.idle_at, g.paused_until)
-    redis.call('ZADD', base .. 'retiring', int(g.rt), name)
+    add_due('retiring', g.rt, name)
     if g.rt <= now then
       -- Due at once: the next maintenance of this call must see it.
       maintained_at = nil
@@ -340,7 +453,7 @@ local function join_tail(name, id, t)
   local p = projection(name, g, t, true)
   local estimate = project_one(policy_of(name), p, t)
   g.p = p
-  redis.call('ZADD', base .. 'l:' .. name, int(rank), id)
+  redis.call('RPUSH', line_of(name, g), padded(rank) .. id)
   g.n = g.n + 1
   refresh(name)
   return estimate, rank
@@ -356,7 +469,7 @@ local function join_head(name, id)
   else
     g.p = nil
   end
-  redis.call('ZADD', base .. 'l:' .. name, int(rank), id)
+  insert_by_rank(line_of(name, g), padded(rank) .. id)
   g.n = g.n + 1
   refresh(name)
 end
@@ -410,18 +523,27 @@ local function lease_expired(id)
 end
 
 
--- Hands each entry of the sorted set `set` that is due by `t` to `handle`, which must
--- take it out of the set: at most MAINTENANCE_BATCH. Answers whether none is left due.
+-- The first member of the sorted set `key` due by `t` (scored at most `t`), or nil. Asked
+-- by score, so that Redis sends no score back: most calls find nothing due, and a score
+-- in a reply is a double printed as text and read back. (Every argument is text: Lua
+-- prints a number given to `redis.call` with the C library's floating-point printing.)
+local function first_due(key, t)
+  return redis.call('ZRANGE', key, '-inf', int(t), 'BYSCORE', 'LIMIT', '0', '1')[1]
+end
+
+-- Hands each member of the sorted set `set` that is due by `t` to `handle` (with `t`),
+-- which must take it out of the set: at most MAINTENANCE_BATCH. Answers whether none is
+-- left due.
 local function drain(set, t, handle)
+  local key = base .. set
   for _ = 1, MAINTENANCE_BATCH do
-    local member, at = first(base .. set)
-    if not member or at > t then
+    local member = first_due(key, t)
+    if not member then
       return true
     end
-    handle(member, at)
+    handle(member, t)
   end
-  local member, at = first(base .. set)
-  return not member or at > t
+  return not first_due(key, t)
 end
 
 local function expire_lease(member)
@@ -446,10 +568,12 @@ local function schedule_due(member)
   end
 end
 
-local function retire(name, at)
+-- A group due to retire by `t`: dropped if still idle (its entry in `retiring`, scored
+-- `g.rt`, is the one found due).
+local function retire(name, t)
   redis.call('ZREM', base .. 'retiring', name)
   local g = load_group(name)
-  if g and g.n == 0 and g.active == 0 and g.rt == at then
+  if g and g.n == 0 and g.active == 0 and g.rt and g.rt <= t then
     groups[name] = false
     dropped_groups[name] = true
   end
@@ -462,10 +586,28 @@ local function maintain(t)
     -- Nothing comes due at `t` that a finished maintenance at `t` left.
     return
   end
+  if meta.due and t < meta.due then
+    -- Nothing is due yet: most calls.
+    maintained_at = t
+    return
+  end
   local finished = drain('leases', t, expire_lease)
   finished = drain('scheduled', t, schedule_due) and finished
   finished = drain('retiring', t, retire) and finished
-  maintained_at = finished and t or nil
+  if finished then
+    maintained_at = t
+    -- The first entry left in any of the three (2^53: none).
+    local due = 2 ^ 53
+    for _, set in ipairs({ 'leases', 'scheduled', 'retiring' }) do
+      local _, at = first(base .. set)
+      if at and at < due then
+        due = at
+      end
+    end
+    meta.due = due
+  else
+    maintained_at = nil
+  end
 end
 
 -- Asks the call to publish on the queue's channel when it ends: a job may start sooner.
@@ -478,7 +620,7 @@ local function next_event()
   local best
   for _, set in ipairs({ 'ready', 'scheduled', 'leases' }) do
     local _, at = first(base .. set)
-    if at and (not best or at < best) then
+    if at and at < INF and (not best or at < best) then
       best = at
     end
   end
@@ -511,6 +653,11 @@ local ops = {}
 -- and the settings (durations in µs). Stores the configuration unless it is the one stored (same fingerprint); a changed one
 -- applies to every group as `QueueCore::set_config` does. Answers 1 if it changed.
 function ops.config(ARGV)
+  -- Every handle configures the queue when it opens it: queues of earlier versions get
+  -- `KEEP` too.
+  for _, set in ipairs({ 'ready', 'scheduled', 'leases', 'retiring' }) do
+    redis.call('ZADD', base .. set, '+inf', KEEP)
+  end
   local fp = ARGV[3]
   if config and config.fp == fp then
     return { now, 0 }
@@ -615,7 +762,7 @@ local function enqueue_one(ARGV, a, out)
   if delay > 0 then
     local at = now + delay
     local order = next_seq()
-    redis.call('ZADD', base .. 'scheduled', int(at), padded(order) .. id)
+    add_due('scheduled', at, padded(order) .. id)
     local line = peek_tail(name, now)
     job.place, job.at, job.order, job.head = 'scheduled', at, order, false
     job.estimated_start = max(at, line)
@@ -680,10 +827,13 @@ function ops.lease(ARGV)
         refresh(name)
       else
         g.idle_at = now + round_micros(reset_after)
-        local popped = redis.call('ZPOPMIN', base .. 'l:' .. name)
-        local id = popped[1]
+        local entry = redis.call('LPOP', line_of(name, g))
+        local id = entry and entry:sub(21)
         if id then
           g.n = g.n - 1
+        else
+          -- The line is what is waiting: none.
+          g.n = 0
         end
         local job = id and load_job(id)
         if not job then
@@ -698,7 +848,7 @@ function ops.lease(ARGV)
           job.attempts = job.attempts + 1
           job.place, job.token, job.started, job.expires, job.worker =
             'active', token, now, expires, worker
-          redis.call('ZADD', base .. 'leases', int(expires), padded(token) .. id)
+          add_due('leases', expires, padded(token) .. id)
           meta.totals.started = meta.totals.started + 1
           count = count + 1
           local n = #out
@@ -819,7 +969,7 @@ function ops.fail(ARGV)
     local order = next_seq()
     to_waiting(job)
     job.place, job.at, job.order, job.head = 'scheduled', at, order, true
-    redis.call('ZADD', base .. 'scheduled', int(at), padded(order) .. id)
+    add_due('scheduled', at, padded(order) .. id)
     refresh(name)
     if at <= now then
       maintained_at = nil
@@ -852,7 +1002,7 @@ function ops.extend(ARGV)
   local job = load_job(id)
   redis.call('ZREM', base .. 'leases', padded(job.token) .. id)
   job.expires = now + tonumber(ARGV[5])
-  redis.call('ZADD', base .. 'leases', int(job.expires), padded(job.token) .. id)
+  add_due('leases', job.expires, padded(job.token) .. id)
   local after = next_event()
   if after ~= -1 and (before == -1 or after < before) then
     -- A lease made shorter may expire before what waiting calls sleep until.
@@ -877,7 +1027,8 @@ function ops.cancel(ARGV)
     redis.call('ZREM', base .. 'dead', id)
   else
     local g = load_group(job.group)
-    if g and redis.call('ZREM', base .. 'l:' .. job.group, id) == 1 then
+    -- Found by a scan from the line's head: the jobs ahead of it (in C, a few ns each).
+    if g and redis.call('LREM', line_of(job.group, g), 1, padded(job.rank) .. id) == 1 then
       local before = g.n
       g.n = g.n - 1
       -- One job fewer ahead: the projection is kept (now slightly pessimistic).
@@ -904,8 +1055,9 @@ end
 
 -- The counts by state and the totals.
 local function counts(out)
-  local scheduled = redis.call('ZCARD', base .. 'scheduled')
-  local active = redis.call('ZCARD', base .. 'leases')
+  -- Below +inf: all but `KEEP`.
+  local scheduled = redis.call('ZCOUNT', base .. 'scheduled', '-inf', '(inf')
+  local active = redis.call('ZCOUNT', base .. 'leases', '-inf', '(inf')
   local dead = redis.call('ZCARD', base .. 'dead')
   local t = meta.totals
   local values = { now, scheduled, max(meta.jobs - scheduled - active - dead, 0), active, dead,

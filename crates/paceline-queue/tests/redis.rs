@@ -881,3 +881,168 @@ fn a_lost_configuration_comes_back_and_large_repairs_go_in_chunks() {
         assert_eq!(q.dead(usize::MAX, usize::MAX).await, Ok(Vec::new()));
     });
 }
+
+/// Jobs that go back to their group (released, here in a scrambled order, some among new
+/// jobs and one of them cancelled) take their places by rank in the group's line in Redis,
+/// as in memory: the next leases start them in the order they were first enqueued, then
+/// the new ones. The next event is the same on both, with nothing to wait for and with
+/// leases out.
+#[test]
+fn returned_jobs_take_their_places_by_rank_as_in_memory() {
+    use paceline_queue::{QueueBackend, QueueCore};
+    runtime().block_on(async {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
+        let mut core = QueueCore::new(config.clone()).unwrap();
+        let name = unique_name("ranks");
+        let open = || async {
+            RedisQueue::open(
+                connect(&shared_server().url()).await,
+                &name,
+                config.clone(),
+                Some(Arc::clone(&shared)),
+            )
+            .await
+            .unwrap()
+        };
+        // A second handle on the queue, for what `Queue` does not show.
+        let (redis, backend) = (Queue::new(open().await), open().await);
+        assert_eq!(backend.next_event().await, Ok(None));
+        assert_eq!(core.next_event(), None);
+        let total = 40usize;
+        for n in 0..total {
+            let job = NewJob::new("g", vec![n as u8]);
+            let now = clock.now_micros();
+            assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        }
+        let now = clock.now_micros();
+        let (leased, expected) = (
+            redis.lease("w", total, None, Duration::ZERO).await.unwrap(),
+            core.lease(now, "w", total, None).unwrap(),
+        );
+        assert_eq!(leased, expected);
+        // Released in the order 0, 17, 34, 11, ... (17 is prime to 40: each once), with
+        // a new job after every eighth.
+        for i in 0..total {
+            let job = &leased[i * 17 % total];
+            let now = clock.now_micros();
+            assert_eq!(
+                redis.fail(&job.id, job.lease, Failure::Release).await,
+                core.fail(now, &job.id, job.lease, Failure::Release, 0.5),
+                "release {i}"
+            );
+            if i % 8 == 7 {
+                let job = NewJob::new("g", b"new".to_vec());
+                let now = clock.now_micros();
+                assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+            }
+        }
+        let cancelled = &leased[total / 2].id;
+        let now = clock.now_micros();
+        assert_eq!(redis.cancel(cancelled).await, core.cancel(now, cancelled));
+        let now = clock.now_micros();
+        let (again, expected) = (
+            redis.lease("w", 1_000, None, Duration::ZERO).await.unwrap(),
+            core.lease(now, "w", 1_000, None).unwrap(),
+        );
+        assert_eq!(again, expected);
+        let order: Vec<&str> = again.iter().map(|j| j.id.as_str()).collect();
+        let first: Vec<&str> = leased
+            .iter()
+            .map(|j| j.id.as_str())
+            .filter(|id| id != cancelled)
+            .collect();
+        assert_eq!(
+            order[..total - 1],
+            first[..],
+            "the returned jobs first, by rank"
+        );
+        assert!(again[total - 1..].iter().all(|j| j.payload == b"new"));
+        assert_eq!(again.len(), total - 1 + total / 8);
+        let expiry = core.next_event();
+        assert!(
+            expiry.is_some_and(|at| at > clock.now_micros()),
+            "{expiry:?}"
+        );
+        assert_eq!(backend.next_event().await, Ok(expiry));
+    });
+}
+
+/// A queue written in the earlier layout (its meta record a MessagePack map without `due`,
+/// each group's line a sorted set scored by rank) is read as it is, each line becomes a
+/// list when its group is next touched, and the queue goes on as in memory: the same ids,
+/// order, estimates and totals.
+#[test]
+fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
+    use paceline_queue::QueueCore;
+    runtime().block_on(async {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
+        let mut core = QueueCore::new(config.clone()).unwrap();
+        let name = unique_name("layout");
+        let server = shared_server();
+        let redis = Queue::new(
+            RedisQueue::open(connect(&server.url()).await, &name, config, Some(shared))
+                .await
+                .unwrap(),
+        );
+        for n in 0..12u8 {
+            let job = NewJob::new(format!("g{}", n % 2), vec![n]);
+            let now = clock.now_micros();
+            assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        }
+        // Back to the earlier layout: the meta record as MessagePack, both lines as sorted
+        // sets, and group records without the mark of a list.
+        let base = format!("paceline:v2:{{q:{name}}}:");
+        let downgrade = "local _, seq, last_id, now, jobs, _, a, b, c, d, e, f, g, h = \
+             struct.unpack('<Bddddddddddddd', redis.call('GET', KEYS[1] .. 'meta')) \
+           redis.call('SET', KEYS[1] .. 'meta', cmsgpack.pack({ seq = seq, \
+             last_id = last_id, now = now, jobs = jobs, totals = { enqueued = a, \
+             started = b, acked = c, failed = d, retried = e, dead = f, \
+             lease_expiries = g, pauses = h } })) \
+           for _, group in ipairs({'g0', 'g1'}) do \
+             local line = KEYS[1] .. 'l:' .. group \
+             local entries = redis.call('LRANGE', line, 0, -1) \
+             redis.call('DEL', line) \
+             for _, e in ipairs(entries) do \
+               redis.call('ZADD', line, tonumber(e:sub(1, 20)), e:sub(21)) \
+             end \
+             local g = cmsgpack.unpack(redis.call('GET', KEYS[1] .. 'g:' .. group)) \
+             g.lq = nil \
+             redis.call('SET', KEYS[1] .. 'g:' .. group, cmsgpack.pack(g)) \
+           end \
+           return redis.call('ZCARD', KEYS[1] .. 'l:g0')";
+        assert_eq!(
+            server.command(&["EVAL", downgrade, "1", &base]).unwrap(),
+            ":6"
+        );
+        let line = format!("{base}l:g0");
+        let meta_tag = "return string.byte(redis.call('GET', KEYS[1] .. 'meta'), 1)";
+        assert_eq!(server.command(&["TYPE", &line]).unwrap(), "+zset");
+        // A MessagePack map of five entries.
+        assert_eq!(
+            server.command(&["EVAL", meta_tag, "1", &base]).unwrap(),
+            ":133"
+        );
+        let job = NewJob::new("g0", b"after".to_vec());
+        let now = clock.now_micros();
+        assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        assert_eq!(server.command(&["TYPE", &line]).unwrap(), "+list");
+        // Written back in the binary layout ('m').
+        assert_eq!(
+            server.command(&["EVAL", meta_tag, "1", &base]).unwrap(),
+            ":109"
+        );
+        let now = clock.now_micros();
+        let (a, b) = (
+            redis.lease("w", 100, None, Duration::ZERO).await.unwrap(),
+            core.lease(now, "w", 100, None).unwrap(),
+        );
+        assert_eq!(a.len(), 13);
+        assert_eq!(a, b);
+        let now = clock.now_micros();
+        assert_eq!(redis.stats().await.unwrap(), core.stats(now).unwrap());
+    });
+}
