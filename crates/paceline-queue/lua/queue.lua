@@ -15,9 +15,12 @@
 --   specs        hash: group -> its own policy's spec (for `read_config`)
 --   groups       set of the groups held
 --   g:GROUP      MessagePack of the group (see `new_group`)
---   l:GROUP      the group's line: a list of its waiting jobs in rank order, each entry the
---                job's rank (20 digits) then its id (a sorted set, scored by rank, in
---                queues written before; converted when its group is next touched)
+--   l:GROUP      the front of the group's line: the jobs that went back to it (a lease
+--                ran out, a retry came due, a release, a pause), a sorted set of ids
+--                scored by rank (in queues written before, the whole line)
+--   q:GROUP      the rest of the line: a list of ids in rank order (new ranks only ever
+--                join its tail; a job that goes back to the group ranks below all of it,
+--                having been the line's first when it was leased)
 --   j:ID         MessagePack of the job (see `enqueue_one`)
 --   ready        sorted set of the groups with a job waiting: score the time the group is
 --                eligible, member its order (20 digits) then its name
@@ -41,14 +44,15 @@
 local MAINTENANCE_BATCH = 1000
 
 -- A member of `ready`, `scheduled`, `leases` and `retiring`, scored +inf, that no reader
--- takes for an entry: 200 bytes, more than Redis keeps in a sorted set's compact form
+-- takes for an entry, and no group's name (a control character, then 200 bytes): longer
+-- than Redis keeps in a sorted set's compact form
 -- (a listpack, for members of up to `zset-max-listpack-value` bytes, 64 by default, and
 -- sets of up to 128), so that these sets stay skip lists. In a listpack every insert and
 -- removal scans the whole set: with a hundred groups ready, a lease's two changes of
 -- `ready` cost the server more than the rest of the job's lease. It also keeps the sets
 -- from ever being empty, which would delete them.
 local TILDES = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
-local KEEP = TILDES .. TILDES .. TILDES .. TILDES
+local KEEP = '\001' .. TILDES .. TILDES .. TILDES .. TILDES
 local INF = 1 / 0
 local MAX_PROJECTION_STEPS = 64
 
@@ -190,7 +194,7 @@ local function write_back(cache, prefix, removed, remove)
 end
 
 local function drop_group(name)
-  redis.call('DEL', base .. 'g:' .. name, base .. 'l:' .. name)
+  redis.call('DEL', base .. 'g:' .. name, base .. 'l:' .. name, base .. 'q:' .. name)
   redis.call('SREM', base .. 'groups', name)
 end
 
@@ -232,13 +236,13 @@ local function load_group(name)
 end
 
 -- The group, created if the queue holds none of that name. `n` is the length of its line,
--- `lq` true once the line is a list (see `line_of`);
+-- `f` the length of its front, `l:GROUP` (nil: not known, in groups written before);
 -- `state` its policy's state, kept by algorithm `alg`; `ra`, `ro` its entry in `ready`; `rt` its entry in
 -- `retiring`; `p` its projection { s, alg, last, covers } (see `projection`).
 local function group_entry(name)
   local g = load_group(name)
   if not g then
-    g = { n = 0, active = 0, idle_at = 0, next_at = 0, paused_until = 0, lq = true }
+    g = { n = 0, active = 0, idle_at = 0, next_at = 0, paused_until = 0, f = 0 }
     groups[name] = g
     dropped_groups[name] = nil
     redis.call('SADD', base .. 'groups', name)
@@ -246,66 +250,13 @@ local function group_entry(name)
   return g
 end
 
--- The key of group `name`'s line (`g` its record), a list: a line a queue of an earlier
--- layout kept as a sorted set (scored by rank) is rewritten as one, once.
-local function line_of(name, g)
-  local key = base .. 'l:' .. name
-  if not g.lq then
-    if redis.call('TYPE', key).ok == 'zset' then
-      local entries = redis.call('ZRANGE', key, 0, -1, 'WITHSCORES')
-      redis.call('DEL', key)
-      for i = 1, #entries, 2 * MAINTENANCE_BATCH do
-        local chunk = {}
-        for j = i, min(i + 2 * MAINTENANCE_BATCH - 1, #entries), 2 do
-          chunk[#chunk + 1] = padded(tonumber(entries[j + 1])) .. entries[j]
-        end
-        redis.call('RPUSH', key, unpack(chunk))
-      end
-    end
-    g.lq = true
+-- The length of group `name`'s front (`g` its record), asked of Redis once for a group
+-- written before it was kept.
+local function front_of(name, g)
+  if not g.f then
+    g.f = redis.call('ZCARD', base .. 'l:' .. name)
   end
-  return key
-end
-
--- Puts `entry` (a rank, 20 digits, then an id) into the line `key`, kept in rank order.
--- Only jobs returning to their group go anywhere but the tail, and only returned jobs of
--- lower ranks can be ahead of them (a lease takes the lowest rank): the place is searched
--- from the head, in steps that double, then halve.
-local function insert_by_rank(key, entry)
-  local head = redis.call('LINDEX', key, 0)
-  if not head or head > entry then
-    redis.call('LPUSH', key, entry)
-    return
-  end
-  -- The entry at `below` ranks lower; the first that ranks higher is past it, before
-  -- `above` (nil: none found yet).
-  local below, above, step = 0, nil, 1
-  while not above do
-    local probe = below + step
-    local e = redis.call('LINDEX', key, probe)
-    if not e or e > entry then
-      above = probe
-    else
-      below = probe
-      step = step * 2
-    end
-  end
-  while above - below > 1 do
-    local mid = floor((below + above) / 2)
-    local e = redis.call('LINDEX', key, mid)
-    -- Past the end counts as ranking higher: the entry goes before it, at the end.
-    if not e or e > entry then
-      above = mid
-    else
-      below = mid
-    end
-  end
-  local pivot = redis.call('LINDEX', key, above)
-  if pivot then
-    redis.call('LINSERT', key, 'BEFORE', pivot, entry)
-  else
-    redis.call('RPUSH', key, entry)
-  end
+  return g.f
 end
 
 local function policy_of(name)
@@ -453,7 +404,7 @@ local function join_tail(name, id, t)
   local p = projection(name, g, t, true)
   local estimate = project_one(policy_of(name), p, t)
   g.p = p
-  redis.call('RPUSH', line_of(name, g), padded(rank) .. id)
+  redis.call('RPUSH', base .. 'q:' .. name, id)
   g.n = g.n + 1
   refresh(name)
   return estimate, rank
@@ -469,7 +420,8 @@ local function join_head(name, id)
   else
     g.p = nil
   end
-  insert_by_rank(line_of(name, g), padded(rank) .. id)
+  redis.call('ZADD', base .. 'l:' .. name, int(rank), id)
+  g.f = front_of(name, g) + 1
   g.n = g.n + 1
   refresh(name)
 end
@@ -803,6 +755,10 @@ function ops.lease(ARGV)
   local worker, max_jobs, lease = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   maintain(now)
   local out = { now }
+  if not first_due(base .. 'ready', now) then
+    -- No group is eligible: nothing to take out of `ready` and put back.
+    return out
+  end
   local count = 0
   while count < max_jobs do
     -- The first ready group, taken out of the set (put back as it was if not due yet).
@@ -827,8 +783,14 @@ function ops.lease(ARGV)
         refresh(name)
       else
         g.idle_at = now + round_micros(reset_after)
-        local entry = redis.call('LPOP', line_of(name, g))
-        local id = entry and entry:sub(21)
+        local id
+        if front_of(name, g) > 0 then
+          id = redis.call('ZPOPMIN', base .. 'l:' .. name)[1]
+          g.f = id and g.f - 1 or 0
+        end
+        if not id then
+          id = redis.call('LPOP', base .. 'q:' .. name)
+        end
         if id then
           g.n = g.n - 1
         else
@@ -1027,8 +989,16 @@ function ops.cancel(ARGV)
     redis.call('ZREM', base .. 'dead', id)
   else
     local g = load_group(job.group)
-    -- Found by a scan from the line's head: the jobs ahead of it (in C, a few ns each).
-    if g and redis.call('LREM', line_of(job.group, g), 1, padded(job.rank) .. id) == 1 then
+    local removed = false
+    if g and front_of(job.group, g) > 0
+      and redis.call('ZREM', base .. 'l:' .. job.group, id) == 1 then
+      g.f = g.f - 1
+      removed = true
+    elseif g then
+      -- Found by a scan of the list from its head (in C, a few ns a job ahead of it).
+      removed = redis.call('LREM', base .. 'q:' .. job.group, '1', id) == 1
+    end
+    if removed then
       local before = g.n
       g.n = g.n - 1
       -- One job fewer ahead: the projection is kept (now slightly pessimistic).

@@ -970,9 +970,10 @@ fn returned_jobs_take_their_places_by_rank_as_in_memory() {
 }
 
 /// A queue written in the earlier layout (its meta record a MessagePack map without `due`,
-/// each group's line a sorted set scored by rank) is read as it is, each line becomes a
-/// list when its group is next touched, and the queue goes on as in memory: the same ids,
-/// order, estimates and totals.
+/// each group's whole line a sorted set scored by rank, and group records that do not
+/// know the length of their line's front) is read as it is and goes on as in memory: the
+/// same ids, order, estimates and totals. The sorted set serves as the line's front, new
+/// jobs join the list behind it.
 #[test]
 fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
     use paceline_queue::QueueCore;
@@ -993,8 +994,8 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
             let now = clock.now_micros();
             assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
         }
-        // Back to the earlier layout: the meta record as MessagePack, both lines as sorted
-        // sets, and group records without the mark of a list.
+        // Back to the earlier layout: the meta record as MessagePack, both lines wholly in
+        // sorted sets, and group records without the length of the front.
         let base = format!("paceline:v2:{{q:{name}}}:");
         let downgrade = "local _, seq, last_id, now, jobs, _, a, b, c, d, e, f, g, h = \
              struct.unpack('<Bddddddddddddd', redis.call('GET', KEYS[1] .. 'meta')) \
@@ -1003,14 +1004,14 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
              started = b, acked = c, failed = d, retried = e, dead = f, \
              lease_expiries = g, pauses = h } })) \
            for _, group in ipairs({'g0', 'g1'}) do \
-             local line = KEYS[1] .. 'l:' .. group \
-             local entries = redis.call('LRANGE', line, 0, -1) \
-             redis.call('DEL', line) \
-             for _, e in ipairs(entries) do \
-               redis.call('ZADD', line, tonumber(e:sub(1, 20)), e:sub(21)) \
+             local list = KEYS[1] .. 'q:' .. group \
+             for _, id in ipairs(redis.call('LRANGE', list, 0, -1)) do \
+               local job = cmsgpack.unpack(redis.call('GET', KEYS[1] .. 'j:' .. id)) \
+               redis.call('ZADD', KEYS[1] .. 'l:' .. group, job.rank, id) \
              end \
+             redis.call('DEL', list) \
              local g = cmsgpack.unpack(redis.call('GET', KEYS[1] .. 'g:' .. group)) \
-             g.lq = nil \
+             g.f = nil \
              redis.call('SET', KEYS[1] .. 'g:' .. group, cmsgpack.pack(g)) \
            end \
            return redis.call('ZCARD', KEYS[1] .. 'l:g0')";
@@ -1018,9 +1019,10 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
             server.command(&["EVAL", downgrade, "1", &base]).unwrap(),
             ":6"
         );
-        let line = format!("{base}l:g0");
+        let (front, list) = (format!("{base}l:g0"), format!("{base}q:g0"));
         let meta_tag = "return string.byte(redis.call('GET', KEYS[1] .. 'meta'), 1)";
-        assert_eq!(server.command(&["TYPE", &line]).unwrap(), "+zset");
+        assert_eq!(server.command(&["TYPE", &front]).unwrap(), "+zset");
+        assert_eq!(server.command(&["TYPE", &list]).unwrap(), "+none");
         // A MessagePack map of five entries.
         assert_eq!(
             server.command(&["EVAL", meta_tag, "1", &base]).unwrap(),
@@ -1029,7 +1031,8 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         let job = NewJob::new("g0", b"after".to_vec());
         let now = clock.now_micros();
         assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
-        assert_eq!(server.command(&["TYPE", &line]).unwrap(), "+list");
+        assert_eq!(server.command(&["ZCARD", &front]).unwrap(), ":6");
+        assert_eq!(server.command(&["LLEN", &list]).unwrap(), ":1");
         // Written back in the binary layout ('m').
         assert_eq!(
             server.command(&["EVAL", meta_tag, "1", &base]).unwrap(),
