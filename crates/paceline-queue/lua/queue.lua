@@ -18,9 +18,11 @@
 --   l:GROUP      the front of the group's line: the jobs that went back to it (a lease
 --                ran out, a retry came due, a release, a pause), a sorted set of ids
 --                scored by rank (in queues written before, the whole line)
---   q:GROUP      the rest of the line: a list of ids in rank order (new ranks only ever
---                join its tail; a job that goes back to the group ranks below all of it,
---                having been the line's first when it was leased)
+--   q:GROUP      the rest of the line: a list in rank order, each entry a rank (20 digits)
+--                then an id (new ranks only ever join its tail; a job that goes back to
+--                the group ranks below all of it, having been the line's first when it
+--                was leased). A cancelled job's entry stays until it reaches the head,
+--                where it is dropped: its job is gone or has another rank
 --   j:ID         MessagePack of the job (see `enqueue_one`)
 --   ready        sorted set of the groups with a job waiting: score the time the group is
 --                eligible, member its order (20 digits) then its name
@@ -259,6 +261,33 @@ local function front_of(name, g)
   return g.f
 end
 
+-- The id of group `name`'s next job, and whether it is in the front; nil if the line is
+-- empty. Cancelled jobs' entries at the list's head are dropped on the way, at most
+-- MAINTENANCE_BATCH of them: if that many are dropped, nil and true (the rest next call).
+local function next_job(name, g)
+  if front_of(name, g) > 0 then
+    local id = redis.call('ZRANGE', base .. 'l:' .. name, '0', '0')[1]
+    if id then
+      return id, true
+    end
+    g.f = 0
+  end
+  local key = base .. 'q:' .. name
+  for _ = 1, MAINTENANCE_BATCH do
+    local entry = redis.call('LINDEX', key, '0')
+    if not entry then
+      return nil
+    end
+    local id = entry:sub(21)
+    local job = load_job(id)
+    if job and job.place == 'waiting' and job.rank == tonumber(entry:sub(1, 20)) then
+      return id, false
+    end
+    redis.call('LPOP', key)
+  end
+  return nil, true
+end
+
 local function policy_of(name)
   local policy = policy_cache[name]
   if not policy then
@@ -404,7 +433,7 @@ local function join_tail(name, id, t)
   local p = projection(name, g, t, true)
   local estimate = project_one(policy_of(name), p, t)
   g.p = p
-  redis.call('RPUSH', base .. 'q:' .. name, id)
+  redis.call('RPUSH', base .. 'q:' .. name, padded(rank) .. id)
   g.n = g.n + 1
   refresh(name)
   return estimate, rank
@@ -420,8 +449,9 @@ local function join_head(name, id)
   else
     g.p = nil
   end
+  local front = front_of(name, g)
   redis.call('ZADD', base .. 'l:' .. name, int(rank), id)
-  g.f = front_of(name, g) + 1
+  g.f = front + 1
   g.n = g.n + 1
   refresh(name)
 end
@@ -774,7 +804,21 @@ function ops.lease(ARGV)
     local name = member:sub(21)
     local policy = policy_of(name)
     local g = load_group(name)
+    local id, in_front
     if g then
+      id, in_front = next_job(name, g)
+    end
+    if g and not id and in_front then
+      -- MAINTENANCE_BATCH entries of cancelled jobs dropped: the group goes back as it
+      -- was, and the next call goes on.
+      redis.call('ZADD', base .. 'ready', e[2], member)
+      break
+    elseif g and not id then
+      -- The line is what is waiting: none.
+      g.ra, g.ro = nil, nil
+      g.n = 0
+      refresh(name)
+    elseif g then
       g.ra, g.ro = nil, nil
       local allowed, delay, reset_after, state, alg = apply(policy, g.state, g.alg, now)
       g.state, g.alg = state, alg
@@ -783,21 +827,14 @@ function ops.lease(ARGV)
         refresh(name)
       else
         g.idle_at = now + round_micros(reset_after)
-        local id
-        if front_of(name, g) > 0 then
-          id = redis.call('ZPOPMIN', base .. 'l:' .. name)[1]
-          g.f = id and g.f - 1 or 0
-        end
-        if not id then
-          id = redis.call('LPOP', base .. 'q:' .. name)
-        end
-        if id then
-          g.n = g.n - 1
+        if in_front then
+          redis.call('ZREM', base .. 'l:' .. name, id)
+          g.f = g.f - 1
         else
-          -- The line is what is waiting: none.
-          g.n = 0
+          redis.call('LPOP', base .. 'q:' .. name)
         end
-        local job = id and load_job(id)
+        g.n = g.n - 1
+        local job = load_job(id)
         if not job then
           refresh(name)
         else
@@ -989,16 +1026,13 @@ function ops.cancel(ARGV)
     redis.call('ZREM', base .. 'dead', id)
   else
     local g = load_group(job.group)
-    local removed = false
     if g and front_of(job.group, g) > 0
       and redis.call('ZREM', base .. 'l:' .. job.group, id) == 1 then
       g.f = g.f - 1
-      removed = true
-    elseif g then
-      -- Found by a scan of the list from its head (in C, a few ns a job ahead of it).
-      removed = redis.call('LREM', base .. 'q:' .. job.group, '1', id) == 1
     end
-    if removed then
+    -- In the list, its entry stays until it reaches the head (see `next_job`): finding
+    -- it now would scan the list.
+    if g and g.n > 0 then
       local before = g.n
       g.n = g.n - 1
       -- One job fewer ahead: the projection is kept (now slightly pessimistic).

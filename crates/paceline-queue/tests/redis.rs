@@ -1005,9 +1005,8 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
              lease_expiries = g, pauses = h } })) \
            for _, group in ipairs({'g0', 'g1'}) do \
              local list = KEYS[1] .. 'q:' .. group \
-             for _, id in ipairs(redis.call('LRANGE', list, 0, -1)) do \
-               local job = cmsgpack.unpack(redis.call('GET', KEYS[1] .. 'j:' .. id)) \
-               redis.call('ZADD', KEYS[1] .. 'l:' .. group, job.rank, id) \
+             for _, e in ipairs(redis.call('LRANGE', list, 0, -1)) do \
+               redis.call('ZADD', KEYS[1] .. 'l:' .. group, tonumber(e:sub(1, 20)), e:sub(21)) \
              end \
              redis.call('DEL', list) \
              local g = cmsgpack.unpack(redis.call('GET', KEYS[1] .. 'g:' .. group)) \
@@ -1047,5 +1046,86 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         assert_eq!(a, b);
         let now = clock.now_micros();
         assert_eq!(redis.stats().await.unwrap(), core.stats(now).unwrap());
+    });
+}
+
+/// A cancelled job leaves its entry in the group's list until the entry reaches the head
+/// (finding it at once would scan the list): a lease drops such entries on its way, at
+/// most a thousand a call, so a call after many cancels may answer fewer jobs than memory
+/// does and the next calls go on; the jobs started, their order and the counts are the
+/// same.
+#[test]
+fn cancelled_jobs_entries_are_dropped_a_bounded_number_a_call() {
+    use paceline_queue::QueueCore;
+    runtime().block_on(async {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
+        let mut core = QueueCore::new(config.clone()).unwrap();
+        let redis = Queue::new(
+            RedisQueue::open(
+                connect(&shared_server().url()).await,
+                &unique_name("cancels"),
+                config,
+                Some(shared),
+            )
+            .await
+            .unwrap(),
+        );
+        let jobs: Vec<NewJob> = (0..1_250u32)
+            .map(|n| NewJob::new("g", n.to_be_bytes().to_vec()))
+            .collect();
+        let now = clock.now_micros();
+        let ids: Vec<String> = redis
+            .enqueue_batch(jobs.clone())
+            .await
+            .into_iter()
+            .zip(jobs)
+            .map(|(enqueued, job)| {
+                let enqueued = enqueued.unwrap();
+                assert_eq!(Ok(enqueued.clone()), core.enqueue(now, job));
+                enqueued.id
+            })
+            .collect();
+        // The first 1,100 cancelled, and one further back.
+        for id in ids[..1_100].iter().chain([&ids[1_200]]) {
+            let now = clock.now_micros();
+            assert_eq!(redis.cancel(id).await, core.cancel(now, id));
+        }
+        let now = clock.now_micros();
+        let expected = core.lease(now, "w", 1_000, None).unwrap();
+        assert_eq!(expected.len(), 149);
+        // The first call drops a thousand entries and starts nothing; the next drops the
+        // rest ahead of the first live job and starts them all.
+        let first = redis.lease("w", 1_000, None, Duration::ZERO).await.unwrap();
+        assert!(first.is_empty(), "{} jobs", first.len());
+        let second = redis.lease("w", 1_000, None, Duration::ZERO).await.unwrap();
+        let ids_of =
+            |jobs: &[paceline_queue::Leased]| jobs.iter().map(|j| j.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids_of(&second), ids_of(&expected));
+        let now = clock.now_micros();
+        let (a, b) = (redis.counts().await.unwrap(), core.counts(now).unwrap());
+        assert_eq!((a.waiting, a.active), (b.waiting, b.active));
+        assert_eq!((a.waiting, a.active), (0, 149));
+        // An id cancelled and enqueued again takes its new place: its old entry, met
+        // first, is its job's no longer.
+        for job in [
+            NewJob::new("g", b"1".to_vec()).id("again"),
+            NewJob::new("g", b"2".to_vec()).id("between"),
+        ] {
+            let now = clock.now_micros();
+            assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        }
+        let now = clock.now_micros();
+        assert_eq!(redis.cancel("again").await, core.cancel(now, "again"));
+        let job = NewJob::new("g", b"3".to_vec()).id("again");
+        assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        let now = clock.now_micros();
+        let (a, b) = (
+            redis.lease("w", 10, None, Duration::ZERO).await.unwrap(),
+            core.lease(now, "w", 10, None).unwrap(),
+        );
+        assert_eq!(a, b);
+        assert_eq!(ids_of(&a), ["between", "again"]);
     });
 }
