@@ -246,6 +246,11 @@ local function group_entry(name)
   if not g then
     g = { n = 0, active = 0, idle_at = 0, next_at = 0, paused_until = 0, f = 0 }
     groups[name] = g
+    -- A group dropped earlier in this call (its record gone, the keys not yet deleted)
+    -- may leave cancelled jobs' entries in its list: none is this group's.
+    if dropped_groups[name] then
+      redis.call('DEL', base .. 'l:' .. name, base .. 'q:' .. name)
+    end
     dropped_groups[name] = nil
     redis.call('SADD', base .. 'groups', name)
   end
@@ -262,8 +267,10 @@ local function front_of(name, g)
 end
 
 -- The id of group `name`'s next job, and whether it is in the front; nil if the line is
--- empty. Cancelled jobs' entries at the list's head are dropped on the way, at most
--- MAINTENANCE_BATCH of them: if that many are dropped, nil and true (the rest next call).
+-- empty; `true` for the list's head when the list holds no cancelled job's entry (`g.x`
+-- counts them), which needs no look. Cancelled jobs' entries at the list's head are
+-- dropped on the way, at most MAINTENANCE_BATCH of them: if that many are dropped, nil and
+-- true (the rest next call).
 local function next_job(name, g)
   if front_of(name, g) > 0 then
     local id = redis.call('ZRANGE', base .. 'l:' .. name, '0', '0')[1]
@@ -272,10 +279,14 @@ local function next_job(name, g)
     end
     g.f = 0
   end
+  if (g.x or 0) == 0 then
+    return g.n > 0 or nil
+  end
   local key = base .. 'q:' .. name
   for _ = 1, MAINTENANCE_BATCH do
     local entry = redis.call('LINDEX', key, '0')
     if not entry then
+      g.x = 0
       return nil
     end
     local id = entry:sub(21)
@@ -284,6 +295,7 @@ local function next_job(name, g)
       return id, false
     end
     redis.call('LPOP', key)
+    g.x = g.x - 1
   end
   return nil, true
 end
@@ -831,10 +843,13 @@ function ops.lease(ARGV)
           redis.call('ZREM', base .. 'l:' .. name, id)
           g.f = g.f - 1
         else
-          redis.call('LPOP', base .. 'q:' .. name)
+          local entry = redis.call('LPOP', base .. 'q:' .. name)
+          if id == true then
+            id = entry and entry:sub(21)
+          end
         end
         g.n = g.n - 1
-        local job = load_job(id)
+        local job = id and load_job(id)
         if not job then
           refresh(name)
         else
@@ -1029,9 +1044,11 @@ function ops.cancel(ARGV)
     if g and front_of(job.group, g) > 0
       and redis.call('ZREM', base .. 'l:' .. job.group, id) == 1 then
       g.f = g.f - 1
+    elseif g then
+      -- In the list, its entry stays until it reaches the head (see `next_job`): finding
+      -- it now would scan the list.
+      g.x = (g.x or 0) + 1
     end
-    -- In the list, its entry stays until it reaches the head (see `next_job`): finding
-    -- it now would scan the list.
     if g and g.n > 0 then
       local before = g.n
       g.n = g.n - 1

@@ -1127,5 +1127,21 @@ fn cancelled_jobs_entries_are_dropped_a_bounded_number_a_call() {
         );
         assert_eq!(a, b);
         assert_eq!(ids_of(&a), ["between", "again"]);
+        // A group whose only job is cancelled is dropped by the next call, which may also
+        // make it anew: the cancelled job's entry is not the new group's.
+        let job = NewJob::new("h", b"solo".to_vec()).id("solo");
+        let now = clock.now_micros();
+        assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        assert_eq!(redis.cancel("solo").await, core.cancel(now, "solo"));
+        clock.advance(Duration::from_millis(1));
+        let job = NewJob::new("h", b"next".to_vec()).id("next");
+        let now = clock.now_micros();
+        assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        let (a, b) = (
+            redis.lease("w", 10, None, Duration::ZERO).await.unwrap(),
+            core.lease(now, "w", 10, None).unwrap(),
+        );
+        assert_eq!(a, b);
+        assert_eq!(ids_of(&a), ["next"]);
     });
 }
