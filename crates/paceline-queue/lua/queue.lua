@@ -47,12 +47,11 @@ local MAINTENANCE_BATCH = 1000
 
 -- A member of `ready`, `scheduled`, `leases` and `retiring`, scored +inf, that no reader
 -- takes for an entry, and no group's name (a control character, then 200 bytes): longer
--- than Redis keeps in a sorted set's compact form
--- (a listpack, for members of up to `zset-max-listpack-value` bytes, 64 by default, and
--- sets of up to 128), so that these sets stay skip lists. In a listpack every insert and
--- removal scans the whole set: with a hundred groups ready, a lease's two changes of
--- `ready` cost the server more than the rest of the job's lease. It also keeps the sets
--- from ever being empty, which would delete them.
+-- than Redis keeps in a sorted set's compact form (a listpack, for members of up to
+-- `zset-max-listpack-value` bytes, 64 by default, and sets of up to 128), so that these
+-- sets stay skip lists. In a listpack every insert and removal scans the whole set: with
+-- a hundred groups ready, a lease's two changes of `ready` cost the server a fifth of
+-- the job's lease. It also keeps the sets from ever being empty, which would delete them.
 local TILDES = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
 local KEEP = '\001' .. TILDES .. TILDES .. TILDES .. TILDES
 local INF = 1 / 0
@@ -237,10 +236,11 @@ local function load_group(name)
   return load(groups, 'g:', name)
 end
 
--- The group, created if the queue holds none of that name. `n` is the length of its line,
--- `f` the length of its front, `l:GROUP` (nil: not known, in groups written before);
--- `state` its policy's state, kept by algorithm `alg`; `ra`, `ro` its entry in `ready`; `rt` its entry in
--- `retiring`; `p` its projection { s, alg, last, covers } (see `projection`).
+-- The group, created if the queue holds none of that name. `n` is the number of jobs in
+-- its line, `f` the length of its front, `l:GROUP` (nil: not known, in groups written
+-- before), `x` the entries of cancelled jobs in its list, `q:GROUP` (nil: none); `state`
+-- its policy's state, kept by algorithm `alg`; `ra`, `ro` its entry in `ready`; `rt` its
+-- entry in `retiring`; `p` its projection { s, alg, last, covers } (see `projection`).
 local function group_entry(name)
   local g = load_group(name)
   if not g then
