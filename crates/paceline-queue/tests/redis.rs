@@ -882,6 +882,40 @@ fn a_lost_configuration_comes_back_and_large_repairs_go_in_chunks() {
     });
 }
 
+/// Opens handles on one Redis queue whose policy no group reaches, on a virtual clock.
+struct Opener {
+    name: String,
+    config: QueueConfig,
+    clock: Arc<dyn Clock>,
+}
+
+impl Opener {
+    async fn open(&self) -> RedisQueue {
+        RedisQueue::open(
+            connect(&shared_server().url()).await,
+            &self.name,
+            self.config.clone(),
+            Some(Arc::clone(&self.clock)),
+        )
+        .await
+        .unwrap()
+    }
+}
+
+/// A queue whose policy no group reaches, in memory and (through the opener) in Redis, on
+/// one virtual clock.
+fn unlimited_twins(prefix: &str) -> (ManualClock, paceline_queue::QueueCore, Opener) {
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
+    let core = paceline_queue::QueueCore::new(config.clone()).unwrap();
+    let opener = Opener {
+        name: unique_name(prefix),
+        config,
+        clock: Arc::new(clock.clone()),
+    };
+    (clock, core, opener)
+}
+
 /// Jobs that go back to their group (released, here in a scrambled order, some among new
 /// jobs and one of them cancelled) take their places by rank in the group's line in Redis,
 /// as in memory: the next leases start them in the order they were first enqueued, then
@@ -889,25 +923,11 @@ fn a_lost_configuration_comes_back_and_large_repairs_go_in_chunks() {
 /// leases out.
 #[test]
 fn returned_jobs_take_their_places_by_rank_as_in_memory() {
-    use paceline_queue::{QueueBackend, QueueCore};
+    use paceline_queue::QueueBackend;
     runtime().block_on(async {
-        let clock = ManualClock::new(1_700_000_000_000_000);
-        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
-        let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
-        let mut core = QueueCore::new(config.clone()).unwrap();
-        let name = unique_name("ranks");
-        let open = || async {
-            RedisQueue::open(
-                connect(&shared_server().url()).await,
-                &name,
-                config.clone(),
-                Some(Arc::clone(&shared)),
-            )
-            .await
-            .unwrap()
-        };
+        let (clock, mut core, opener) = unlimited_twins("ranks");
         // A second handle on the queue, for what `Queue` does not show.
-        let (redis, backend) = (Queue::new(open().await), open().await);
+        let (redis, backend) = (Queue::new(opener.open().await), opener.open().await);
         assert_eq!(backend.next_event().await, Ok(None));
         assert_eq!(core.next_event(), None);
         let total = 40usize;
@@ -976,19 +996,10 @@ fn returned_jobs_take_their_places_by_rank_as_in_memory() {
 /// jobs join the list behind it.
 #[test]
 fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
-    use paceline_queue::QueueCore;
     runtime().block_on(async {
-        let clock = ManualClock::new(1_700_000_000_000_000);
-        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
-        let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
-        let mut core = QueueCore::new(config.clone()).unwrap();
-        let name = unique_name("layout");
-        let server = shared_server();
-        let redis = Queue::new(
-            RedisQueue::open(connect(&server.url()).await, &name, config, Some(shared))
-                .await
-                .unwrap(),
-        );
+        let (clock, mut core, opener) = unlimited_twins("layout");
+        let (server, name) = (shared_server(), &opener.name);
+        let redis = Queue::new(opener.open().await);
         for n in 0..12u8 {
             let job = NewJob::new(format!("g{}", n % 2), vec![n]);
             let now = clock.now_micros();
@@ -1056,22 +1067,9 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
 /// same.
 #[test]
 fn cancelled_jobs_entries_are_dropped_a_bounded_number_a_call() {
-    use paceline_queue::QueueCore;
     runtime().block_on(async {
-        let clock = ManualClock::new(1_700_000_000_000_000);
-        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
-        let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
-        let mut core = QueueCore::new(config.clone()).unwrap();
-        let redis = Queue::new(
-            RedisQueue::open(
-                connect(&shared_server().url()).await,
-                &unique_name("cancels"),
-                config,
-                Some(shared),
-            )
-            .await
-            .unwrap(),
-        );
+        let (clock, mut core, opener) = unlimited_twins("cancels");
+        let redis = Queue::new(opener.open().await);
         let jobs: Vec<NewJob> = (0..1_250u32)
             .map(|n| NewJob::new("g", n.to_be_bytes().to_vec()))
             .collect();
