@@ -266,11 +266,14 @@ local function front_of(name, g)
   return g.f
 end
 
+-- How many more entries of cancelled jobs this lease may drop.
+local drops_left = 0
+
 -- The id of group `name`'s next job, and whether it is in the front; nil if the line is
 -- empty; `true` for the list's head when the list holds no cancelled job's entry (`g.x`
 -- counts them), which needs no look. Cancelled jobs' entries at the list's head are
--- dropped on the way, at most MAINTENANCE_BATCH of them: if that many are dropped, nil and
--- true (the rest next call).
+-- dropped on the way, MAINTENANCE_BATCH of them a lease at most (`drops_left`): once
+-- they are spent, nil and true (the rest next call).
 local function next_job(name, g)
   if front_of(name, g) > 0 then
     local id = redis.call('ZRANGE', base .. 'l:' .. name, '0', '0')[1]
@@ -283,7 +286,7 @@ local function next_job(name, g)
     return g.n > 0 or nil
   end
   local key = base .. 'q:' .. name
-  for _ = 1, MAINTENANCE_BATCH do
+  while true do
     local entry = redis.call('LINDEX', key, '0')
     if not entry then
       g.x = 0
@@ -294,10 +297,13 @@ local function next_job(name, g)
     if job and job.place == 'waiting' and job.rank == tonumber(entry:sub(1, 20)) then
       return id, false
     end
+    if drops_left == 0 then
+      return nil, true
+    end
     redis.call('LPOP', key)
     g.x = g.x - 1
+    drops_left = drops_left - 1
   end
-  return nil, true
 end
 
 local function policy_of(name)
@@ -796,6 +802,7 @@ end
 function ops.lease(ARGV)
   local worker, max_jobs, lease = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
   maintain(now)
+  drops_left = MAINTENANCE_BATCH
   local out = { now }
   if not first_due(base .. 'ready', now) then
     -- No group is eligible: nothing to take out of `ready` and put back.

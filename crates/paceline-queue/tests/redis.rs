@@ -1105,6 +1105,33 @@ fn cancelled_jobs_entries_are_dropped_a_bounded_number_a_call() {
         let (a, b) = (redis.counts().await.unwrap(), core.counts(now).unwrap());
         assert_eq!((a.waiting, a.active), (b.waiting, b.active));
         assert_eq!((a.waiting, a.active), (0, 149));
+        // The thousand is a lease call's, not each group's: live jobs 999 cancelled
+        // entries apart, the first call gets past the first gap only.
+        let jobs: Vec<NewJob> = (0..2_001u32)
+            .map(|n| NewJob::new("g", n.to_be_bytes().to_vec()))
+            .collect();
+        let now = clock.now_micros();
+        let spaced: Vec<String> = redis
+            .enqueue_batch(jobs.clone())
+            .await
+            .into_iter()
+            .zip(jobs)
+            .map(|(enqueued, job)| {
+                assert_eq!(enqueued, core.enqueue(now, job));
+                enqueued.unwrap().id
+            })
+            .collect();
+        for (n, id) in spaced.iter().enumerate() {
+            if n % 1_000 != 0 {
+                assert_eq!(redis.cancel(id).await, core.cancel(now, id));
+            }
+        }
+        let expected = ids_of(&core.lease(now, "w", 10, None).unwrap());
+        assert_eq!(expected, [&*spaced[0], &*spaced[1_000], &*spaced[2_000]]);
+        let first = redis.lease("w", 10, None, Duration::ZERO).await.unwrap();
+        assert_eq!(ids_of(&first), expected[..2]);
+        let second = redis.lease("w", 10, None, Duration::ZERO).await.unwrap();
+        assert_eq!(ids_of(&second), expected[2..]);
         // An id cancelled and enqueued again takes its new place: its old entry, met
         // first, is its job's no longer.
         for job in [
