@@ -1065,26 +1065,34 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
 /// most a thousand a call, so a call after many cancels may answer fewer jobs than memory
 /// does and the next calls go on; the jobs started, their order and the counts are the
 /// same.
+/// Enqueues `n` jobs to group `g` in one batch on both queues at `now`, checking that they
+/// answer alike; the jobs' ids.
+async fn enqueue_both(
+    redis: &Queue,
+    core: &mut paceline_queue::QueueCore,
+    now: u64,
+    n: u32,
+) -> Vec<String> {
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|n| NewJob::new("g", n.to_be_bytes().to_vec()))
+        .collect();
+    let answers = redis.enqueue_batch(jobs.clone()).await;
+    answers
+        .into_iter()
+        .zip(jobs)
+        .map(|(enqueued, job)| {
+            assert_eq!(enqueued, core.enqueue(now, job));
+            enqueued.unwrap().id
+        })
+        .collect()
+}
+
 #[test]
 fn cancelled_jobs_entries_are_dropped_a_bounded_number_a_call() {
     runtime().block_on(async {
         let (clock, mut core, opener) = unlimited_twins("cancels");
         let redis = Queue::new(opener.open().await);
-        let jobs: Vec<NewJob> = (0..1_250u32)
-            .map(|n| NewJob::new("g", n.to_be_bytes().to_vec()))
-            .collect();
-        let now = clock.now_micros();
-        let ids: Vec<String> = redis
-            .enqueue_batch(jobs.clone())
-            .await
-            .into_iter()
-            .zip(jobs)
-            .map(|(enqueued, job)| {
-                let enqueued = enqueued.unwrap();
-                assert_eq!(Ok(enqueued.clone()), core.enqueue(now, job));
-                enqueued.id
-            })
-            .collect();
+        let ids = enqueue_both(&redis, &mut core, clock.now_micros(), 1_250).await;
         // The first 1,100 cancelled, and one further back.
         for id in ids[..1_100].iter().chain([&ids[1_200]]) {
             let now = clock.now_micros();
@@ -1107,20 +1115,8 @@ fn cancelled_jobs_entries_are_dropped_a_bounded_number_a_call() {
         assert_eq!((a.waiting, a.active), (0, 149));
         // The thousand is a lease call's, not each group's: live jobs 999 cancelled
         // entries apart, the first call gets past the first gap only.
-        let jobs: Vec<NewJob> = (0..2_001u32)
-            .map(|n| NewJob::new("g", n.to_be_bytes().to_vec()))
-            .collect();
         let now = clock.now_micros();
-        let spaced: Vec<String> = redis
-            .enqueue_batch(jobs.clone())
-            .await
-            .into_iter()
-            .zip(jobs)
-            .map(|(enqueued, job)| {
-                assert_eq!(enqueued, core.enqueue(now, job));
-                enqueued.unwrap().id
-            })
-            .collect();
+        let spaced = enqueue_both(&redis, &mut core, now, 2_001).await;
         for (n, id) in spaced.iter().enumerate() {
             if n % 1_000 != 0 {
                 assert_eq!(redis.cancel(id).await, core.cancel(now, id));
