@@ -102,7 +102,7 @@ local function read_config(args)
 end
 
 local function ttl_ms(exp)
-  return PL.ms_arg(mx(math.ceil((exp - now) / 1000), 1) + slack)
+  return PL.int(mx(math.ceil((exp - now) / 1000), 1) + slack)
 end
 
 local function load_meta()

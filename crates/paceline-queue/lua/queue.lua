@@ -57,29 +57,7 @@ local KEEP = '\001' .. TILDES .. TILDES .. TILDES .. TILDES
 local INF = 1 / 0
 local MAX_PROJECTION_STEPS = 64
 
--- How whole numbers below 2^53 are printed, chosen by the first call (a library cannot
--- call `string` while it loads). '%d' prints one exactly as a C long, at a fraction of the
--- cost of '%.0f', which goes through the C library's floating-point printing; where a long
--- is narrower than 64 bits (a 32-bit build of Redis), '%.0f' it is.
-local INT, PADDED
-
-local function choose_formats()
-  if string.format('%d', 2 ^ 53) == '9007199254740992' then
-    INT, PADDED = '%d', '%020d'
-  else
-    INT, PADDED = '%.0f', '%020.0f'
-  end
-end
-
--- A whole number below 2^53 as text.
-local function int(x)
-  return string.format(INT, x)
-end
-
--- `int(n)` padded with zeros to 20 digits, so that text order is number order.
-local function padded(n)
-  return string.format(PADDED, n)
-end
+local int, padded = PL.int, PL.padded
 
 -- The call's state: the base key, the time, the queue's meta and config, and the objects
 -- read so far (false: known absent), written back by `flush`.
@@ -141,9 +119,6 @@ local function write_meta(m)
 end
 
 local function begin(KEYS, clock_arg)
-  if not INT then
-    choose_formats()
-  end
   base = KEYS[1]
   local t = PL.clock(clock_arg)
   groups, jobs, deleted_jobs, dropped_groups, policy_cache, read_as = {}, {}, {}, {}, {}, {}
@@ -333,6 +308,19 @@ local function first(key)
     return e[1], tonumber(e[2])
   end
   return nil
+end
+
+-- The earliest score in the sorted sets `sets` (their suffixes), `KEEP` aside; nil if
+-- none has an entry.
+local function earliest(sets)
+  local best
+  for _, set in ipairs(sets) do
+    local _, at = first(base .. set)
+    if at and at < INF and (not best or at < best) then
+      best = at
+    end
+  end
+  return best
 end
 
 -- Rust's `round_to_micros(micros_to_duration(us))`.
@@ -597,14 +585,7 @@ local function maintain(t)
   if finished then
     maintained_at = t
     -- The first entry left in any of the three (2^53: none).
-    local due = 2 ^ 53
-    for _, set in ipairs({ 'leases', 'scheduled', 'retiring' }) do
-      local _, at = first(base .. set)
-      if at and at < due then
-        due = at
-      end
-    end
-    meta.due = due
+    meta.due = earliest({ 'leases', 'scheduled', 'retiring' }) or 2 ^ 53
   else
     maintained_at = nil
   end
@@ -617,14 +598,7 @@ local function publish()
 end
 
 local function next_event()
-  local best
-  for _, set in ipairs({ 'ready', 'scheduled', 'leases' }) do
-    local _, at = first(base .. set)
-    if at and at < INF and (not best or at < best) then
-      best = at
-    end
-  end
-  return best or -1
+  return earliest({ 'ready', 'scheduled', 'leases' }) or -1
 end
 
 -- The job as `JobInfo` reads it: group, state, attempts, max_attempts, last_error ('' and

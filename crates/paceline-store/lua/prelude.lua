@@ -28,6 +28,22 @@ local PL = { alg = {} }
 -- `b < a and b or a` exactly `min(a, b)`, and saves a C call.
 local max, min, floor, ceil
 local pack_struct, unpack_struct, byte
+-- How whole numbers below 2^53 are printed (`PL.int`), chosen by the first call too. '%d'
+-- prints one exactly as a C long, at a fraction of the cost of '%.0f' (or of Lua's own
+-- printing of a number), which go through the C library's floating-point printing; where
+-- a long is narrower than 64 bits (a 32-bit build of Redis), '%.0f' it is.
+local INT, PADDED
+
+-- A whole number below 2^53 as text: for a `redis.call` argument, which Lua would
+-- otherwise print with its floating-point printing.
+function PL.int(x)
+  return string.format(INT, x)
+end
+
+-- `PL.int(n)` padded with zeros to 20 digits, so that text order is number order.
+function PL.padded(n)
+  return string.format(PADDED, n)
+end
 
 -- Rust's `util::floor_count`: a non-negative count, truncated.
 function PL.floor_count(x)
@@ -90,6 +106,11 @@ function PL.clock(arg)
   if not ceil then
     max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
     pack_struct, unpack_struct, byte = struct.pack, struct.unpack, string.byte
+    if string.format('%d', 2 ^ 53) == '9007199254740992' then
+      INT, PADDED = '%d', '%020d'
+    else
+      INT, PADDED = '%.0f', '%020.0f'
+    end
   end
   if arg == '' then
     local t = redis.call('TIME')
@@ -246,15 +267,6 @@ end
 -- records live a few ms.
 local px_text = {}
 
--- A whole number of ms as a `redis.call` argument: text printed as an integer (exact below
--- 2^31 on any build of Redis), at a third of the cost of the printing Lua gives a number.
-function PL.ms_arg(ms)
-  if ms < 2147483648 then
-    return string.format('%d', ms)
-  end
-  return ms
-end
-
 -- Writes `record` to live until `exp`, or deletes the key if `exp` has come. Returns what
 -- the key now holds (false: nothing).
 function PL.put(key, record, exp, now, slack)
@@ -268,7 +280,7 @@ function PL.put(key, record, exp, now, slack)
       end
       ms = text
     else
-      ms = PL.ms_arg(ms)
+      ms = PL.int(ms)
     end
     redis.call('SET', key, record, 'PX', ms)
     return record
