@@ -5,8 +5,8 @@
 //! given back by its expiry (the holder crashed, or forgot) is reclaimed, so a limit can
 //! never leak away. A holder that needs longer renews its lease ([`Policy::extend`](crate::Policy::extend)).
 //!
-//! Parameters: `limit` (an integer >= 1) and `lease` (a duration > 0): how long a lease
-//! lives unless released or extended.
+//! Parameters: `limit` (an integer, 1 to [`MAX_LIMIT`]) and `lease` (a duration > 0): how
+//! long a lease lives unless released or extended.
 //!
 //! State: the live leases, each an id, an expiry and the cost it holds, and the next id.
 //! For a request of cost `n` at `now`, leases with `expiry <= now` are gone, and with
@@ -29,6 +29,11 @@
 //! then went idle).
 //!
 //! A cost above `limit` can never be admitted (an input error, for every op).
+//!
+//! Memory: every lease holds a cost of at least 1, so a key holds **at most `limit` live
+//! leases** (leases kept from a higher `limit` excepted, until they come back), and expired
+//! ones are dropped by the next admission or release. Each decision reads every lease (and
+//! on Redis decodes and encodes them all), so `limit` is at most [`MAX_LIMIT`].
 //!
 //! Live parameter changes keep the leases: a lower `limit` admits nothing more until enough
 //! of them come back (`remaining` is 0 meanwhile); a new `lease` applies to leases taken or
@@ -53,8 +58,21 @@ use std::time::Duration;
 
 use super::fixed_window::checked_duration;
 use super::Algorithm;
-use crate::spec::{format_duration, parse_count, parse_duration, Params, MAX_COUNT};
+use crate::spec::{format_duration, parse_count, parse_duration, Params};
 use crate::{Decision, InputError, Op};
+
+/// The largest `limit` a `concurrency` policy takes: 10,000. A key keeps one lease per
+/// request in flight, up to `limit` of them, and every decision on the key reads them all
+/// (on Redis, decodes and re-encodes them), so a key's state and each decision's cost grow
+/// with `limit`; the bound is `sliding_log`'s, for the same reason.
+///
+/// ```
+/// use paceline_core::Policy;
+/// assert!("concurrency:limit=10000,lease=30s".parse::<Policy>().is_ok());
+/// let e = "concurrency:limit=10001,lease=30s".parse::<Policy>().unwrap_err();
+/// assert_eq!(e.field(), "limit");
+/// ```
+pub const MAX_LIMIT: u64 = 10_000;
 
 /// The `concurrency` policy: `limit` in flight, each lease living `lease`.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,7 +102,7 @@ pub struct Lease {
 }
 
 impl Concurrency {
-    /// At most `limit` (1 to 2^40) in flight, each lease living `lease` (1 µs to 10 years,
+    /// At most `limit` (1 to [`MAX_LIMIT`]) in flight, each lease living `lease` (1 µs to 10 years,
     /// whole microseconds) unless released or extended.
     ///
     /// ```
@@ -101,10 +119,19 @@ impl Concurrency {
     }
 
     fn from_micros(limit: u64, lease_us: u64) -> Result<Concurrency, InputError> {
-        if limit == 0 || limit > MAX_COUNT {
+        if limit == 0 {
             return Err(InputError::new(
                 "limit",
-                format!("must be 1 to {MAX_COUNT}, not {limit}"),
+                format!("must be 1 to {MAX_LIMIT}, not 0"),
+            ));
+        }
+        if limit > MAX_LIMIT {
+            return Err(InputError::new(
+                "limit",
+                format!(
+                    "{limit} is too large for concurrency, which keeps one lease per request \
+                     in flight and reads them all on every decision: use at most {MAX_LIMIT}"
+                ),
             ));
         }
         Ok(Concurrency { limit, lease_us })
@@ -327,6 +354,35 @@ mod tests {
         assert_eq!(
             "concurrency:limit=1".parse::<Policy>().unwrap_err().field(),
             "lease"
+        );
+    }
+
+    #[test]
+    fn the_limit_is_bounded() {
+        let max = format!("concurrency:limit={MAX_LIMIT},lease=30s");
+        assert_eq!(policy(&max).max_cost(Op::Limit), Some(MAX_LIMIT));
+        assert_eq!(
+            Concurrency::new(MAX_LIMIT, Duration::from_secs(30))
+                .unwrap()
+                .limit(),
+            MAX_LIMIT
+        );
+        let e = "concurrency:limit=10001,lease=30s"
+            .parse::<Policy>()
+            .unwrap_err();
+        assert_eq!(e.field(), "limit");
+        assert!(
+            e.message().contains("10001") && e.message().contains("at most 10000"),
+            "{}",
+            e.message()
+        );
+        let e = Concurrency::new(1 << 40, Duration::from_secs(30)).unwrap_err();
+        assert_eq!(e.field(), "limit");
+        assert!(e.message().contains("at most 10000"), "{}", e.message());
+        let e = Concurrency::new(0, Duration::from_secs(30)).unwrap_err();
+        assert_eq!(
+            (e.field(), e.message()),
+            ("limit", "must be 1 to 10000, not 0")
         );
     }
 
