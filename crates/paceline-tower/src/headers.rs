@@ -1,5 +1,12 @@
 //! The answer's headers and body: the IETF `RateLimit` and `RateLimit-Policy` fields
-//! (draft-ietf-httpapi-ratelimit-headers, structured fields) and RFC 9457 problem details.
+//! (draft-ietf-httpapi-ratelimit-headers-11: RFC 9651 structured-field lists, one item per
+//! limit named by a string, `q` on `RateLimit-Policy`, `r` and `t` on `RateLimit`; the
+//! optional `w`, `qu` and `pk` are not sent) and RFC 9457 problem details.
+//!
+//! ```text
+//! RateLimit-Policy: "per-second";q=20, "per-day";q=10000
+//! RateLimit: "per-second";r=0;t=2, "per-day";r=9980;t=30873
+//! ```
 
 use std::time::Duration;
 
