@@ -53,6 +53,12 @@ pub use config::{ConfigError, Settings, DEFAULT_PORT};
 
 use api::{AppState, Live};
 
+/// How often the service sweeps a memory store for idle keys, calls or no calls
+/// ([`StoreOptions::sweep_every`]): the keys of a burst that then goes quiet give their memory
+/// back about a second after they go idle, even if no request follows. (Redis expires idle
+/// keys itself.)
+const MEMORY_SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A failure to start the service (settings are validated before, as [`ConfigError`]s).
 #[derive(Debug)]
 pub enum ServerError {
@@ -140,7 +146,8 @@ impl Server {
     pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
         let options = StoreOptions::new()
             .failure_policy(settings.failure_policy)
-            .auto_batch(settings.redis_auto_batch);
+            .auto_batch(settings.redis_auto_batch)
+            .sweep_every(Some(MEMORY_SWEEP_PERIOD));
         let store = open(&settings.store, &options)
             .await
             .map_err(ServerError::Store)?;

@@ -33,6 +33,7 @@ pub struct StoreOptions {
     ttl_slack: Option<Duration>,
     tls_root_certificate: Option<Vec<u8>>,
     refusal_cache: usize,
+    sweep_every: Option<Duration>,
 }
 
 impl Default for StoreOptions {
@@ -49,6 +50,7 @@ impl Default for StoreOptions {
             ttl_slack: None,
             tls_root_certificate: None,
             refusal_cache: 0,
+            sweep_every: None,
         }
     }
 }
@@ -66,6 +68,7 @@ impl std::fmt::Debug for StoreOptions {
             .field("failure_backoff", &self.failure_backoff)
             .field("ttl_slack", &self.ttl_slack)
             .field("refusal_cache", &self.refusal_cache)
+            .field("sweep_every", &self.sweep_every)
             .finish_non_exhaustive()
     }
 }
@@ -156,6 +159,34 @@ impl StoreOptions {
         self.refusal_cache = capacity;
         self
     }
+
+    /// Memory store: also sweep idle keys every `period` from a task that [`open`] spawns
+    /// on the current tokio runtime ([`MemoryStore::sweeper`]), so that their memory comes
+    /// back even while no call arrives, e.g. after a burst of keys that then go quiet.
+    /// `None` (the default): only calls sweep (see [`MemoryStore`]). The task ends once the
+    /// store is dropped. Redis expires idle keys itself and ignores this. Opening a memory
+    /// store with a period outside a tokio runtime is an input error naming `sweep_every`.
+    ///
+    /// ```
+    /// use paceline_store::{open, StoreOptions};
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let options = StoreOptions::new().sweep_every(Some(Duration::from_secs(1)));
+    /// assert_eq!(options.get_sweep_every(), Some(Duration::from_secs(1)));
+    /// let store = open("memory", &options).await.unwrap(); // swept every second
+    /// # drop(store);
+    /// # }
+    /// ```
+    pub fn sweep_every(mut self, period: Option<Duration>) -> Self {
+        self.sweep_every = period;
+        self
+    }
+
+    /// The period of the memory store's sweeping task, if any.
+    pub fn get_sweep_every(&self) -> Option<Duration> {
+        self.sweep_every
+    }
 }
 
 /// Opens the store named by `url`:
@@ -202,7 +233,18 @@ async fn open_store(url: &str, options: &StoreOptions) -> Result<SharedStore, Er
             if let Some(max_keys) = options.max_keys {
                 builder = builder.max_keys(max_keys);
             }
-            Ok(Arc::new(builder.build()))
+            let store = Arc::new(builder.build());
+            if let Some(period) = options.sweep_every {
+                let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+                    InputError::new(
+                        "sweep_every",
+                        "sweeping a memory store needs a tokio runtime with the time driver \
+                         to spawn its task on; open it from one, or leave `sweep_every` unset",
+                    )
+                })?;
+                runtime.spawn(store.sweeper(period));
+            }
+            Ok(store)
         }
         StoreKind::Redis => open_redis(url, options).await,
     }
