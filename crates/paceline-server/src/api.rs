@@ -607,6 +607,40 @@ struct Part<'a> {
     cost: u64,
 }
 
+impl SetAsk<'_> {
+    /// The `400` for the store's refusal of the set's input, its message naming the keys
+    /// the request gave where it quoted the service's keys (`NAMESPACE:KEY`): a cluster's
+    /// refusal of keys in different hash slots names the limits whose keys they are.
+    fn input_error(&self, e: &InputError) -> ApiError {
+        let pieces: Vec<&str> = e.message().split('`').collect();
+        let mut message = String::with_capacity(e.message().len());
+        for (i, piece) in pieces.iter().enumerate() {
+            // Odd pieces follow an opening backtick; the closing one is written with them.
+            if i % 2 == 1 {
+                message.push('`');
+            }
+            // Quoted text: an odd piece, when a backtick closes it.
+            let quoted = i % 2 == 1 && i + 1 < pieces.len();
+            let part = self.parts.iter().position(|p| p.store_key == *piece);
+            match part.filter(|_| quoted) {
+                Some(at) => {
+                    message.push_str(&self.parts[at].key);
+                    message.push_str("` (limits[");
+                    message.push_str(itoa::Buffer::new().format(at));
+                    message.push_str("].key)");
+                }
+                None => {
+                    message.push_str(piece);
+                    if quoted {
+                        message.push('`');
+                    }
+                }
+            }
+        }
+        ApiError::invalid(e.field(), message)
+    }
+}
+
 /// Validates a request with `limits`: 1 to [`MAX_LIMITS`] limits, each with a policy and a
 /// key, no `policy` or `key` beside them; the op defaults to `limit` (a `pace` set books
 /// the earliest time every limit admits: see `paceline_store::set`).
@@ -883,7 +917,7 @@ async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
     state.metrics.observe_store(started.elapsed());
     let decided = match outcome {
         Ok(decided) => decided,
-        Err(e @ Error::Input(_)) => return store_failure(e).into_response(),
+        Err(Error::Input(e)) => return set.input_error(&e).into_response(),
         Err(e) => {
             for part in &set.parts {
                 part.metrics.failed();

@@ -144,10 +144,30 @@ impl AppState {
 impl Server {
     /// Connects the store and binds the listening socket.
     pub async fn bind(settings: Settings) -> Result<Server, ServerError> {
-        let options = StoreOptions::new()
+        Server::bind_on(settings, None).await
+    }
+
+    /// [`bind`](Self::bind), the store reading time from `clock` instead of the real one
+    /// (or Redis's `TIME`): for tests that move time (leases reclaimed at their expiry).
+    #[doc(hidden)]
+    pub async fn bind_with_clock(
+        settings: Settings,
+        clock: Arc<dyn paceline_store::Clock>,
+    ) -> Result<Server, ServerError> {
+        Server::bind_on(settings, Some(clock)).await
+    }
+
+    async fn bind_on(
+        settings: Settings,
+        clock: Option<Arc<dyn paceline_store::Clock>>,
+    ) -> Result<Server, ServerError> {
+        let mut options = StoreOptions::new()
             .failure_policy(settings.failure_policy)
             .auto_batch(settings.redis_auto_batch)
             .sweep_every(Some(MEMORY_SWEEP_PERIOD));
+        if let Some(clock) = clock {
+            options = options.clock(clock);
+        }
         let store = open(&settings.store, &options)
             .await
             .map_err(ServerError::Store)?;

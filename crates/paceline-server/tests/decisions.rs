@@ -2,15 +2,29 @@
 //! leases of `/v1/leases`, in process, on the memory store and on Redis.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use paceline_server::{Server, Settings};
-use paceline_store::Policy;
-use paceline_testkit::shared_server;
+use paceline_store::{ManualClock, Policy};
+use paceline_testkit::{shared_cluster, shared_server};
 use serde_json::{json, Value};
 
 /// A service on a free port with two configured policies, on `store`.
 async fn serve(
     store: &str,
+) -> (
+    String,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    serve_on(store, None).await
+}
+
+/// [`serve`], the store reading time from `clock` when one is given.
+async fn serve_on(
+    store: &str,
+    clock: Option<ManualClock>,
 ) -> (
     String,
     tokio::task::JoinHandle<()>,
@@ -36,7 +50,11 @@ async fn serve(
         policies,
         ..Settings::default()
     };
-    let server = Server::bind(settings).await.expect("bind");
+    let server = match clock {
+        Some(clock) => Server::bind_with_clock(settings, Arc::new(clock)).await,
+        None => Server::bind(settings).await,
+    }
+    .expect("bind");
     let url = format!("http://{}", server.local_addr());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
@@ -166,6 +184,48 @@ async fn a_set_is_decided_as_one_in_memory() {
 async fn a_set_is_decided_as_one_on_redis() {
     let tenant = paceline_testkit::unique_name("tenant");
     a_set_is_decided_as_one(&shared_server().url(), &tenant).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_decided_as_one_on_a_redis_cluster() {
+    // The set's keys share the hash tag `{tenant}`: one slot, one call.
+    let tenant = paceline_testkit::unique_name("tenant");
+    a_set_is_decided_as_one(&shared_cluster().url(), &tenant).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_across_slots_of_a_cluster_is_a_400_naming_the_client_s_keys() {
+    let (url, task, stop) = serve(&shared_cluster().url()).await;
+    // Without a hash tag the service's keys of the two limits fall in different slots,
+    // even where the client gave the same key twice. (Fixed keys: their slots are too;
+    // a refused set writes nothing.)
+    for (first, second) in [
+        ("tenant42:second", "tenant42:day"),
+        ("tenant42", "tenant42"),
+    ] {
+        let set = json!({"limits": [
+            {"policy": "burst", "key": first},
+            {"policy": "per-day", "key": second},
+        ]});
+        let a = post(&url, set.clone()).await;
+        assert_eq!(a.status, 400, "{set}: {}", a.body);
+        assert_eq!(a.body["error"]["field"], "limits", "{}", a.body);
+        let message = a.body["error"]["message"].as_str().expect("a message");
+        assert!(
+            message.contains(&format!("`{first}` (limits[0].key)")),
+            "{message}"
+        );
+        assert!(
+            message.contains(&format!("`{second}` (limits[1].key)")),
+            "{message}"
+        );
+        assert!(message.contains("hash tag"), "{message}");
+        // The service's own keys (`POLICY:KEY`) are no business of the client's.
+        assert!(!message.contains("burst:"), "{message}");
+        assert!(!message.contains("per-day:"), "{message}");
+    }
+    let _ = stop.send(());
+    let _ = task.await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,4 +479,73 @@ async fn leases_in_memory() {
 async fn leases_on_redis() {
     let tenant = paceline_testkit::unique_name("tenant");
     leases_are_taken_given_back_and_extended(&shared_server().url(), &tenant).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_on_a_redis_cluster() {
+    let tenant = paceline_testkit::unique_name("tenant");
+    leases_are_taken_given_back_and_extended(&shared_cluster().url(), &tenant).await;
+}
+
+/// 2023-11-14 in microseconds since the Unix epoch.
+const EPOCH_2023: u64 = 1_700_000_000_000_000;
+
+/// A lease not given back by its expiry is reclaimed: giving it back or extending it then is
+/// a 404, while a lease taken later lives on. The store reads a clock the test moves.
+async fn a_lease_reclaimed_at_its_expiry_is_unknown(store: &str, tenant: &str) {
+    use reqwest::Method;
+    let clock = ManualClock::new(EPOCH_2023);
+    let (url, task, stop) = serve_on(store, Some(clock.clone())).await;
+    let leases = format!("{url}/v1/leases");
+    let take = || {
+        call(
+            Method::POST,
+            &leases,
+            Some(json!({"policy": "db", "key": tenant})),
+        )
+    };
+    let token = |a: &Answer| a.body["lease"].as_str().expect("a lease token").to_string();
+    let lease = |token: &str| format!("{url}/v1/leases/{token}");
+    let first = take().await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    clock.advance(Duration::from_secs(20));
+    let second = take().await;
+    assert_eq!(second.status, 201, "{}", second.body);
+    let (first, second) = (token(&first), token(&second));
+    // Both places (`db` has 2) are held: refused until the first lease's expiry.
+    let full = take().await;
+    assert_eq!(full.status, 429, "{}", full.body);
+    assert_eq!(full.headers["retry-after"], "10");
+    // At its expiry (30 s after it was taken) the first lease is reclaimed.
+    clock.advance(Duration::from_secs(10));
+    for (method, path) in [
+        (Method::DELETE, lease(&first)),
+        (Method::POST, format!("{}/extend", lease(&first))),
+    ] {
+        let gone = call(method.clone(), &path, None).await;
+        assert_eq!(gone.status, 404, "{method} {path}: {}", gone.body);
+        assert_eq!(gone.body["error"]["code"], "unknown_lease", "{}", gone.body);
+    }
+    // Its place is free again; the second lease lives on (20 s left), extended and given
+    // back.
+    let third = take().await;
+    assert_eq!(third.status, 201, "{}", third.body);
+    let renewed = call(Method::POST, &format!("{}/extend", lease(&second)), None).await;
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    assert_eq!(renewed.body["expires_ms"], 30_000.0);
+    let given_back = call(Method::DELETE, &lease(&second), None).await;
+    assert_eq!(given_back.status, 204, "{}", given_back.body);
+    let _ = stop.send(());
+    let _ = task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_lease_is_a_404_in_memory() {
+    a_lease_reclaimed_at_its_expiry_is_unknown("memory", "tenant9").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reclaimed_lease_is_a_404_on_redis() {
+    let tenant = paceline_testkit::unique_name("tenant");
+    a_lease_reclaimed_at_its_expiry_is_unknown(&shared_server().url(), &tenant).await;
 }
