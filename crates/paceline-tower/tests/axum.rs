@@ -418,6 +418,151 @@ async fn lease_held_until_the_body_ends(bodies: Bodies) {
     release.notify_waiters();
 }
 
+/// Peeks at `policy`'s `key` in `store` until a place is free, a bounded number of times
+/// (each look a round trip to the store, none a sleep): a lease given back in a task of the
+/// runtime (as on Redis) is back before long. Time does not move meanwhile: no lease expires.
+async fn until_a_place_is_free(store: &SharedStore, policy: &Policy, key: &str) {
+    const LOOKS: usize = 10_000;
+    for _ in 0..LOOKS {
+        let d = store
+            .decide(policy, key, Op::Peek, 1)
+            .await
+            .expect("a peek");
+        if d.allowed {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("no place came back at `{key}` in {LOOKS} looks");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_request_in_flight_gives_its_lease_back_when_its_body_ends_or_it_is_dropped() {
+    for bodies in BOTH {
+        lease_given_back_on_redis(bodies).await;
+    }
+}
+
+async fn lease_given_back_on_redis(bodies: Bodies) {
+    let clock = ManualClock::new(EPOCH_2023);
+    let store: SharedStore =
+        Arc::new(redis_on(paceline_testkit::shared_server().url(), &clock).await);
+    let in_flight = policy("concurrency:limit=1,lease=30s");
+    // The layer's key in the store: `{KEY}:NAME`.
+    let key = "{all}:in-flight";
+    let held = |store: SharedStore| {
+        let policy = in_flight.clone();
+        async move {
+            let d = store
+                .decide(&policy, key, Op::Peek, 1)
+                .await
+                .expect("a peek");
+            !d.allowed
+        }
+    };
+    let layer = RateLimitLayer::builder(Arc::clone(&store))
+        .limit("in-flight", in_flight.clone(), Key::constant("all"))
+        .build()
+        .expect("a layer");
+    let (app, mut started, release) = held_app(layer, bodies);
+    let quick = || {
+        http::Request::get("/quick")
+            .body(Body::empty())
+            .expect("a request")
+    };
+    // A response whose body is not read yet holds the only place.
+    let response = call(&app, quick()).await;
+    assert_eq!(response.status(), 200, "{bodies:?}");
+    assert!(held(Arc::clone(&store)).await);
+    assert_eq!(call(&app, quick()).await.status(), 429, "{bodies:?}");
+    // The body ends: the lease goes back (in a task, after a round trip to Redis).
+    let body = response.into_body().collect().await.expect("a body");
+    assert_eq!(body.to_bytes(), "quick");
+    until_a_place_is_free(&store, &in_flight, key).await;
+    // A request in its handler holds it again; the client goes away (the request is
+    // dropped), and it comes back.
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { call(&app, request(None)).await }
+    });
+    started.recv().await.expect("the first request runs");
+    assert!(held(Arc::clone(&store)).await);
+    first.abort();
+    assert!(first.await.is_err_and(|e| e.is_cancelled()));
+    until_a_place_is_free(&store, &in_flight, key).await;
+    let admitted = call(&app, quick()).await;
+    assert_eq!(admitted.status(), 200, "{bodies:?}");
+    drop(admitted);
+    assert_eq!(clock.now_micros(), EPOCH_2023, "no lease expired");
+    release.notify_waiters();
+}
+
+/// A body that sends `first` and then never ends (a response streaming slowly).
+struct FirstChunkThenHold(Option<bytes::Bytes>);
+
+impl http_body::Body for FirstChunkThenHold {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        match self.0.take() {
+            Some(chunk) => std::task::Poll::Ready(Some(Ok(http_body::Frame::data(chunk)))),
+            // Never woken: the body ends only when dropped.
+            None => std::task::Poll::Pending,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_client_closing_its_connection_mid_response_gives_the_lease_back() {
+    let clock = ManualClock::new(EPOCH_2023);
+    let store: SharedStore =
+        Arc::new(redis_on(paceline_testkit::shared_server().url(), &clock).await);
+    let in_flight = policy("concurrency:limit=1,lease=30s");
+    let key = "{all}:in-flight";
+    let layer = RateLimitLayer::builder(Arc::clone(&store))
+        .limit("in-flight", in_flight.clone(), Key::constant("all"))
+        .build()
+        .expect("a layer");
+    let router = Router::new().route("/", get(|| async { "hello" })).route(
+        "/stream",
+        get(|| async {
+            Body::new(FirstChunkThenHold(Some(bytes::Bytes::from_static(
+                b"first-chunk",
+            ))))
+        }),
+    );
+    let addr = serve(router.layer(layer)).await;
+    // A real client reads the start of a streamed response, then closes its connection.
+    let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    client
+        .write_all(b"GET /stream HTTP/1.1\r\nhost: test\r\n\r\n")
+        .await
+        .expect("send");
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("first-chunk") {
+        let mut buf = [0u8; 1024];
+        let n = client.read(&mut buf).await.expect("read");
+        assert!(
+            n > 0,
+            "the server closed first: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 200"));
+    // Mid-response, the place is held: another connection is refused.
+    assert_eq!(get_status(addr).await, 429);
+    drop(client);
+    // The server sees the connection close, drops the response, and gives the lease back.
+    until_a_place_is_free(&store, &in_flight, key).await;
+    assert_eq!(get_status(addr).await, 200);
+    assert_eq!(clock.now_micros(), EPOCH_2023, "no lease expired");
+}
+
 #[tokio::test]
 async fn pace_mode_waits_its_turn_within_max_wait() {
     let clock = ManualClock::new(EPOCH_2023);
