@@ -158,3 +158,57 @@ async fn the_pacer_spaces_requests_per_host_in_the_store_s_time() {
     let err = Paced::per_host(concurrency, store).expect_err("cannot pace");
     assert_eq!(err.field(), "policy");
 }
+
+/// The pacer on Redis: two clients, each with its own connection to one Redis (as two
+/// processes would have), pace requests to one host together: every request takes the
+/// policy's next slot, whichever client sends it. Time is a virtual clock both stores read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_clients_sharing_one_redis_limit_pace_together() {
+    use paceline_client::middleware::Paced;
+    use paceline_store::{Clock, ManualClock, SharedStore};
+    use std::sync::Arc;
+
+    let mock = MockServer::start(MockApi::new(1_000)).await;
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let redis = paceline_testkit::shared_server();
+    let prefix = paceline_testkit::unique_name("paced");
+    let policy: paceline_store::Policy = "gcra:rate=10/s".parse().expect("a policy");
+    let mut keys = Vec::new();
+    let mut clients = Vec::new();
+    for _ in 0..2 {
+        let store = paceline_testkit::redis_store_on(redis.url(), &prefix, &clock, false).await;
+        keys.push(store.redis_key("paced:127.0.0.1"));
+        let store: SharedStore = Arc::new(store);
+        clients.push(
+            reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+                .with(Paced::per_host(policy.clone(), store).expect("a pacer"))
+                .build(),
+        );
+    }
+    assert_eq!(keys[0], keys[1], "one key in Redis");
+    let base = mock.url();
+    let start = clock.now_micros();
+    // Turn about: each request waits for the slot after the other client's last one
+    // (slots 100 ms apart), as one client's requests would.
+    for (i, slot_ms) in [0, 100, 200, 300, 400, 500].into_iter().enumerate() {
+        let response = clients[i % 2]
+            .get(format!("{base}/gateway"))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            clock.now_micros() - start,
+            slot_ms * 1_000,
+            "request {i}, by client {}",
+            i % 2
+        );
+    }
+    assert_eq!(
+        redis.command(&["EXISTS", &keys[0]]).expect("Redis answers"),
+        ":1",
+        "the pace is kept in Redis"
+    );
+    let counts = &mock.api.lock().expect("the mock").counts;
+    assert_eq!((counts.requests, counts.ok), (6, 6));
+}
