@@ -285,19 +285,45 @@ impl Client {
         config: ClientConfig,
         dialect: impl Dialect,
     ) -> Result<Client, paceline_store::Error> {
+        let store = paceline_store::open(url, &paceline_store::StoreOptions::new()).await?;
+        Ok(Client::with_store(&store, identity, config, dialect))
+    }
+
+    /// A client for `identity` whose knowledge is kept by a store the application opened
+    /// already: in that store's Redis when it has one
+    /// ([`Store::as_redis`](paceline_store::Store::as_redis)), over the same connection,
+    /// shared as [`Client::open`] says; otherwise in this process, as [`Client::new`] makes.
+    ///
+    /// ```
+    /// use paceline_client::headers::Discord;
+    /// use paceline_client::{Client, ClientConfig};
+    /// use paceline_store::{open, StoreOptions};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_store::Error> {
+    /// let store = open("memory", &StoreOptions::new()).await?;
+    /// let client = Client::with_store(&store, "Bot my-token", ClientConfig::discord(), Discord);
+    /// # drop(client);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_store(
+        store: &paceline_store::SharedStore,
+        identity: &str,
+        config: ClientConfig,
+        dialect: impl Dialect,
+    ) -> Client {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
-        let url = url.trim();
-        match paceline_store::store_kind(url)? {
-            paceline_store::StoreKind::Redis => {
-                Client::open_redis(url, identity, config, Box::new(dialect), clock).await
-            }
-            _ => Ok(Client::build(
-                ClientCore::new(config),
+        #[cfg(feature = "redis")]
+        if let Some(redis) = store.as_redis() {
+            let remote = crate::redis::RedisKnowledge::new(redis.clone(), identity, &config);
+            return Client::build(
+                ClientCore::shared(config),
                 Box::new(dialect),
                 clock,
-                None,
-            )),
+                Some(remote),
+            );
         }
+        let _ = (store, identity);
+        Client::build(ClientCore::new(config), Box::new(dialect), clock, None)
     }
 
     /// A client on `clock` whose knowledge is `knowledge`, in Redis: for a process that
@@ -310,48 +336,6 @@ impl Client {
         knowledge: crate::redis::RedisKnowledge,
     ) -> Client {
         Client::build(ClientCore::shared(config), dialect, clock, Some(knowledge))
-    }
-
-    #[cfg(feature = "redis")]
-    async fn open_redis(
-        url: &str,
-        identity: &str,
-        config: ClientConfig,
-        dialect: Box<dyn Dialect>,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Client, paceline_store::Error> {
-        let store = paceline_store::redis::RedisStore::builder(
-            url,
-            paceline_store::FailurePolicy::FailClosed,
-        )
-        .connect()
-        .await?;
-        let remote = crate::redis::RedisKnowledge::new(store, identity, &config);
-        Ok(Client::build(
-            ClientCore::shared(config),
-            dialect,
-            clock,
-            Some(remote),
-        ))
-    }
-
-    #[cfg(not(feature = "redis"))]
-    async fn open_redis(
-        url: &str,
-        _identity: &str,
-        _config: ClientConfig,
-        _dialect: Box<dyn Dialect>,
-        _clock: Arc<dyn Clock>,
-    ) -> Result<Client, paceline_store::Error> {
-        Err(paceline_core::InputError::new(
-            "store",
-            format!(
-                "`{}` needs the Redis store, which this build leaves out: enable the `redis` \
-                 feature",
-                paceline_store::without_credentials(url)
-            ),
-        )
-        .into())
     }
 
     fn build(

@@ -45,3 +45,18 @@ pub enum QueueError {
     #[error(transparent)]
     Store(#[from] StoreError),
 }
+
+/// A store's error as the queue's: the same input error or store failure.
+impl From<paceline_core::Error> for QueueError {
+    fn from(e: paceline_core::Error) -> QueueError {
+        match e {
+            paceline_core::Error::Input(e) => QueueError::Input(e),
+            paceline_core::Error::Store(e) => QueueError::Store(e),
+            // A kind of error added later: its text, as a store's.
+            other => QueueError::Store(StoreError::new(
+                paceline_core::StoreErrorKind::Unavailable,
+                other.to_string(),
+            )),
+        }
+    }
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paceline_core::{Clock, InputError};
+use paceline_store::{SharedStore, StoreOptions, SystemClock};
 
 use crate::config::QueueConfig;
 use crate::error::QueueError;
@@ -85,26 +86,9 @@ pub trait QueueBackend: Send + Sync + 'static {
     fn changed(&self) -> QueueFuture<'_, ()>;
 }
 
-/// A Redis store for queues at `url`, with the default settings.
-#[cfg(feature = "redis")]
-async fn redis_store(url: &str) -> Result<paceline_store::redis::RedisStore, QueueError> {
-    paceline_store::redis::RedisStore::builder(url, paceline_store::FailurePolicy::FailClosed)
-        .connect()
-        .await
-        .map_err(|e| match e {
-            paceline_core::Error::Input(e) => QueueError::Input(e),
-            paceline_core::Error::Store(e) => QueueError::Store(e),
-            other => QueueError::Input(InputError::new("store", other.to_string())),
-        })
-}
-
-#[cfg(not(feature = "redis"))]
-fn no_redis(name: &str) -> QueueError {
-    InputError::new(
-        "store",
-        format!("queue `{name}`: this build keeps queues in memory only (`memory`); queues in Redis need the `redis` feature"),
-    )
-    .into()
+/// The store at `url` (the URLs `paceline_store::open` takes), with the default settings.
+async fn open_store(url: &str) -> Result<SharedStore, QueueError> {
+    Ok(paceline_store::open(url, &StoreOptions::new()).await?)
 }
 
 /// A job queue: what producers enqueue into and workers lease from. Clones share the queue.
@@ -161,50 +145,65 @@ impl Queue {
     /// # Ok(()) }
     /// ```
     pub async fn open(url: &str, name: &str, config: QueueConfig) -> Result<Queue, QueueError> {
-        let url = url.trim();
-        if url == "memory" || url == "memory://" {
-            return Ok(Queue::in_memory(name, config)?);
+        let store = open_store(url).await?;
+        Queue::with_store(&store, name, config).await
+    }
+
+    /// The queue `name` on a store the application opened already (with
+    /// `paceline_store::open` and whichever settings it chose): in that store's Redis when
+    /// it has one ([`Store::as_redis`](paceline_store::Store::as_redis)), over the same
+    /// connection; otherwise held in this process, on the store's clock. A service that
+    /// decides limits and runs queues opens one store for both.
+    ///
+    /// ```
+    /// use paceline_queue::{Queue, QueueConfig};
+    /// use paceline_store::{open, ManualClock, StoreOptions};
+    /// use std::sync::Arc;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_queue::QueueError> {
+    /// let clock = ManualClock::new(1_000_000);
+    /// let options = StoreOptions::new().clock(Arc::new(clock.clone()));
+    /// let store = open("memory", &options).await?;
+    /// let queue = Queue::with_store(&store, "emails", QueueConfig::new("gcra:rate=10/s".parse()?)).await?;
+    /// assert_eq!(queue.now_micros(), 1_000_000); // the store's clock
+    /// # Ok(()) }
+    /// ```
+    pub async fn with_store(
+        store: &SharedStore,
+        name: &str,
+        config: QueueConfig,
+    ) -> Result<Queue, QueueError> {
+        #[cfg(feature = "redis")]
+        if let Some(redis) = store.as_redis() {
+            let backend = crate::RedisQueue::open(redis.clone(), name, config, None).await?;
+            return Ok(Queue::new(backend));
         }
-        // Any other URL is a Redis store's, which reads and checks it.
-        Queue::open_redis(url, name, config).await
+        let clock = store
+            .time_source()
+            .unwrap_or_else(|| Arc::new(SystemClock::new()));
+        Ok(Queue::new(MemoryQueue::with_clock(name, config, clock)?))
     }
 
     /// The queue `name` as a shared store holds it, with the configuration its last opener
     /// set: for tools that inspect or repair a queue without knowing its configuration
     /// (`paceline queue`). `memory` is refused: a memory queue lives in its own process.
     pub async fn attach(url: &str, name: &str) -> Result<Queue, QueueError> {
-        let url = url.trim();
-        if url == "memory" {
-            return Err(InputError::new(
-                "store",
-                "a memory queue lives inside the process that holds it; give the Redis URL of a shared queue",
-            )
-            .into());
+        let store = open_store(url).await?;
+        #[cfg(feature = "redis")]
+        if let Some(redis) = store.as_redis() {
+            return Ok(Queue::new(
+                crate::RedisQueue::attach(redis.clone(), name).await?,
+            ));
         }
-        Queue::attach_redis(url, name).await
-    }
-
-    #[cfg(feature = "redis")]
-    async fn attach_redis(url: &str, name: &str) -> Result<Queue, QueueError> {
-        let store = redis_store(url).await?;
-        Ok(Queue::new(crate::RedisQueue::attach(store, name).await?))
-    }
-
-    #[cfg(not(feature = "redis"))]
-    async fn attach_redis(_: &str, name: &str) -> Result<Queue, QueueError> {
-        Err(no_redis(name))
-    }
-
-    #[cfg(feature = "redis")]
-    async fn open_redis(url: &str, name: &str, config: QueueConfig) -> Result<Queue, QueueError> {
-        let store = redis_store(url).await?;
-        let backend = crate::RedisQueue::open(store, name, config, None).await?;
-        Ok(Queue::new(backend))
-    }
-
-    #[cfg(not(feature = "redis"))]
-    async fn open_redis(_: &str, name: &str, _: QueueConfig) -> Result<Queue, QueueError> {
-        Err(no_redis(name))
+        drop(store);
+        Err(InputError::new(
+            "store",
+            format!(
+                "queue `{name}`: a memory queue lives inside the process that holds it; give \
+                 the Redis URL of a shared queue"
+            ),
+        )
+        .into())
     }
 
     /// A queue over `backend`.

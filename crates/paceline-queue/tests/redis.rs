@@ -424,23 +424,29 @@ fn a_group_backlog_gets_the_seed_estimates_in_redis() {
 }
 
 /// Two handles on one queue (two processes): one enqueues, the other's waiting lease wakes
-/// at once through the queue's channel, and a job is leased by exactly one of them.
+/// at once through the queue's channel, and a job is leased by exactly one of them. The
+/// producer opens the queue from the store's URL, the worker on a store it opened already
+/// (behind a cache of refusals, which hands the queue the Redis store beneath it).
 #[test]
 fn handles_share_a_queue_and_wake_each_other() {
     runtime().block_on(async {
         let name = unique_name("shared");
         let config = QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().unwrap());
         let url = shared_server().url();
-        let producer = Queue::new(
-            RedisQueue::open(connect(&url).await, &name, config.clone(), None)
-                .await
-                .unwrap(),
-        );
-        let worker = Queue::new(
-            RedisQueue::open(connect(&url).await, &name, config, None)
-                .await
-                .unwrap(),
-        );
+        let producer = Queue::open(&url, &name, config.clone()).await.unwrap();
+        let options = paceline_store::StoreOptions::new().refusal_cache(16);
+        let store = paceline_store::open(&url, &options).await.unwrap();
+        let worker = Queue::with_store(&store, &name, config).await.unwrap();
+        let memory = paceline_store::open("memory", &options).await.unwrap();
+        match Queue::attach("memory", &name).await {
+            Err(QueueError::Input(e)) => assert_eq!(e.field(), "store"),
+            other => panic!("a memory queue cannot be attached to: {other:?}"),
+        }
+        // On a store without Redis, the queue is this process's own: it holds no job of
+        // the shared one.
+        let own = Queue::with_store(&memory, &name, producer.config().clone())
+            .await
+            .unwrap();
         let waiting = tokio::spawn({
             let worker = worker.clone();
             async move { worker.lease("w", 1, None, Duration::from_secs(30)).await }
@@ -472,6 +478,9 @@ fn handles_share_a_queue_and_wake_each_other() {
         worker.ack(&leased[0].id, leased[0].lease).await.unwrap();
         let stats = producer.stats().await.unwrap();
         assert_eq!((stats.totals.enqueued, stats.totals.acked), (1, 1));
+        let attached = Queue::attach(&url, &name).await.unwrap();
+        assert_eq!(attached.stats().await.unwrap().totals.acked, 1);
+        assert_eq!(own.stats().await.unwrap().totals.enqueued, 0);
     });
 }
 

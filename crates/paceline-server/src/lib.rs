@@ -173,7 +173,7 @@ impl Server {
             .map_err(ServerError::Store)?;
         let mut queues = std::collections::BTreeMap::new();
         for (name, config) in &settings.queues {
-            let queue = paceline_queue::Queue::open(&settings.store, name, config.clone())
+            let queue = paceline_queue::Queue::with_store(&store, name, config.clone())
                 .await
                 .map_err(|e| ServerError::Queues(format!("queue `{name}`: {e}")))?;
             queues.insert(name.clone(), queue);

@@ -34,7 +34,6 @@ use paceline_client::redis::RedisKnowledge;
 use paceline_client::{After, Client, ClientConfig, ClientError, Route};
 use paceline_core::Policy;
 use paceline_store::redis::RedisStore;
-use paceline_store::FailurePolicy;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -112,7 +111,7 @@ impl ProxySettings {
                 ),
             ));
         }
-        paceline_store::store_kind(&self.store)?;
+        paceline_store::check_store_url(&self.store)?;
         dialects::dialect(&self.dialect).map(|_| ())
     }
 }
@@ -291,16 +290,12 @@ impl Proxy {
             ClientConfig::new()
         };
         config.global = settings.global_limit.clone();
-        let kind = paceline_store::store_kind(&settings.store).map_err(ServerError::Settings)?;
-        let redis = if kind != paceline_store::StoreKind::Redis {
-            None
-        } else {
-            let store = RedisStore::builder(settings.store.trim(), FailurePolicy::FailClosed)
-                .connect()
-                .await
-                .map_err(ServerError::Store)?;
-            Some(store)
-        };
+        // The identities' knowledge in the store's Redis when it has one, else in this
+        // process.
+        let store = paceline_store::open(&settings.store, &paceline_store::StoreOptions::new())
+            .await
+            .map_err(ServerError::Store)?;
+        let redis = store.as_redis().cloned();
         Ok(Proxy {
             listener,
             admin,

@@ -410,6 +410,11 @@ impl Store for CachedRefusals {
     fn is_remote(&self) -> bool {
         self.inner.is_remote()
     }
+
+    #[cfg(feature = "redis")]
+    fn as_redis(&self) -> Option<&crate::redis::RedisStore> {
+        self.inner.as_redis()
+    }
 }
 
 #[cfg(test)]

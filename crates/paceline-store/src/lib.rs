@@ -66,7 +66,7 @@ pub use clock::{SystemClock, TokioClock};
 pub use failure::FailurePolicy;
 pub use limiter::Limiter;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use open::{open, store_kind, without_credentials, StoreKind, StoreOptions};
+pub use open::{check_store_url, open, without_credentials, StoreOptions};
 pub use paceline_core::{
     policy, spec, Clock, Decision, Error, Fallback, InputError, ManualClock, Op, Policy, Rate,
     Sleep, State, StoreError, StoreErrorKind, ALGORITHMS,
@@ -212,6 +212,26 @@ pub trait Store: Send + Sync + 'static {
     /// exactly this store's own; a wrapper that adds behaviour (such as a cache) answers
     /// `None`.
     fn as_sync(&self) -> Option<&dyn SyncStore> {
+        None
+    }
+
+    /// The Redis store that keeps this store's state, if it is one (or a wrapper of one,
+    /// such as a [`CachedRefusals`]): for front ends that keep more than a key's state in
+    /// the same Redis, calling functions of their own over its connection, timeouts and
+    /// cluster routing (the job queue, the API client's shared knowledge). They take the
+    /// store a user opened, whichever it is, and keep their state in this process when the
+    /// answer is `None`.
+    ///
+    /// ```
+    /// use paceline_store::{open, StoreOptions};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_store::Error> {
+    /// let store = open("memory", &StoreOptions::new()).await?;
+    /// assert!(store.as_redis().is_none());
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "redis")]
+    fn as_redis(&self) -> Option<&crate::redis::RedisStore> {
         None
     }
 }

@@ -250,27 +250,32 @@ async fn open_store(url: &str, options: &StoreOptions) -> Result<SharedStore, Er
     }
 }
 
-/// Where a store URL points (see [`open`] for the URLs).
+/// Where a store URL points (see [`open`] for the URLs): known to this module alone, so
+/// that front ends ask a store what it can do, never which kind it is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StoreKind {
+enum StoreKind {
     /// `memory`: this process.
     Memory,
     /// `redis://`, `rediss://`, `redis-cluster://` or `rediss-cluster://`.
     Redis,
 }
 
-/// The kind of store `url` names, or an input error naming the field `store` and the URLs
-/// allowed (the URL quoted without its credentials). For front ends that open a store of
-/// their own from a URL, so that every one accepts the same URLs.
+/// Checks that `url` is a store URL [`open`] takes, without connecting: for front ends that
+/// check their settings before they start. A URL of no store is an input error naming the
+/// field `store` and the URLs allowed (the URL quoted without its credentials).
 ///
 /// ```
-/// use paceline_store::{store_kind, StoreKind};
-/// assert_eq!(store_kind("memory").unwrap(), StoreKind::Memory);
-/// assert_eq!(store_kind("redis-cluster://a:7000,b:7000").unwrap(), StoreKind::Redis);
-/// assert_eq!(store_kind("mysql://u:pw@db").unwrap_err().field(), "store");
+/// use paceline_store::check_store_url;
+/// assert!(check_store_url("memory").is_ok());
+/// assert!(check_store_url("redis-cluster://a:7000,b:7000").is_ok());
+/// assert_eq!(check_store_url("mysql://u:pw@db").unwrap_err().field(), "store");
 /// ```
-pub fn store_kind(url: &str) -> Result<StoreKind, InputError> {
+pub fn check_store_url(url: &str) -> Result<(), InputError> {
+    store_kind(url).map(|_| ())
+}
+
+/// The kind of store `url` names, or the input error [`check_store_url`] gives.
+fn store_kind(url: &str) -> Result<StoreKind, InputError> {
     let url = url.trim();
     if url == "memory" || url == "memory://" {
         return Ok(StoreKind::Memory);

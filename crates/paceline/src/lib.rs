@@ -107,11 +107,11 @@
 
 pub use paceline_core::{policy, spec};
 pub use paceline_store::{
-    open, without_credentials, CachedRefusals, Clock, Decision, Error, FailurePolicy, Fallback,
-    InputError, Limiter, Limits, ManualClock, MemoryStore, MemoryStoreBuilder, Op, Policy, Rate,
-    Request, SetDecision, SharedStore, Sleep, State, Store, StoreError, StoreErrorKind,
-    StoreFuture, StoreOptions, SyncStore, SystemClock, TokioClock, ALGORITHMS, DEFAULT_REFUSALS,
-    MAX_LIMITS,
+    check_store_url, open, without_credentials, CachedRefusals, Clock, Decision, Error,
+    FailurePolicy, Fallback, InputError, Limiter, Limits, ManualClock, MemoryStore,
+    MemoryStoreBuilder, Op, Policy, Rate, Request, SetDecision, SharedStore, Sleep, State, Store,
+    StoreError, StoreErrorKind, StoreFuture, StoreOptions, SyncStore, SystemClock, TokioClock,
+    ALGORITHMS, DEFAULT_REFUSALS, MAX_LIMITS,
 };
 
 /// The rate-limited job queue (feature `queue`): see [`paceline_queue`]'s docs, re-exported

@@ -2,7 +2,7 @@
 //!
 //! Callers hand their request to one background task and wait for the answer. The task takes
 //! every request already queued (and, with a linger, those arriving within it), up to
-//! [`MAX_DECISIONS_PER_CALL`](super::MAX_DECISIONS_PER_CALL), and sends them as one batch.
+//! [`MAX_DECISIONS_PER_CALL`](super::routing::MAX_DECISIONS_PER_CALL), and sends them as one batch.
 //! At most [`MAX_IN_FLIGHT`] batches are in flight at once, all driven by the task itself
 //! (no task of their own): while all are busy, new requests queue up and leave together in
 //! the next batch, so batches grow with the load by themselves. The queue is first in,
@@ -32,8 +32,7 @@ use tokio::sync::mpsc::error::TryRecvError;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::{Instant, Sleep};
 
-use super::routing::Router;
-use super::MAX_DECISIONS_PER_CALL;
+use super::routing::{Router, MAX_DECISIONS_PER_CALL};
 use crate::Request;
 
 /// Auto-batching's batches in flight at once per store (each is one script call per node it

@@ -34,4 +34,5 @@ mod store;
 mod transport;
 
 pub use batch::MAX_IN_FLIGHT as MAX_BATCHES_IN_FLIGHT;
-pub use store::{RedisStore, RedisStoreBuilder, MAX_DECISIONS_PER_CALL};
+pub use routing::MAX_DECISIONS_PER_CALL;
+pub use store::{RedisStore, RedisStoreBuilder};

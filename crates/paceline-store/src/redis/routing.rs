@@ -13,8 +13,11 @@ use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 use super::transport::{redis_cause, Transport};
-use super::MAX_DECISIONS_PER_CALL;
 use crate::Request;
+
+/// The most decisions sent in one script call; larger batches are split, so one call never
+/// holds the server for long.
+pub const MAX_DECISIONS_PER_CALL: usize = 512;
 
 /// The number of hash slots in a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16_384;

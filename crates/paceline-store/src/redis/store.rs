@@ -23,10 +23,6 @@ use crate::{FailurePolicy, MemoryStore, Request, SetDecision, Store, StoreFuture
 /// layout is never misread.
 const FORMAT_VERSION: &str = "v2";
 
-/// The most decisions sent in one script call; larger batches are split, so one call never
-/// holds the server for long.
-pub const MAX_DECISIONS_PER_CALL: usize = 512;
-
 /// The longest auto-batching linger allowed.
 const MAX_LINGER: Duration = Duration::from_millis(10);
 
@@ -204,10 +200,9 @@ impl RedisStore {
 
     /// Decides many requests in as few round trips as possible: one call per Redis node (in
     /// a cluster, one per node across its slots with functions, else one per slot), each
-    /// carrying up to
-    /// [`MAX_DECISIONS_PER_CALL`] decisions. The answers are exactly those of the same
-    /// requests made one after another, in order; each request gets its own result (an input
-    /// error fails only that request).
+    /// carrying up to [`MAX_DECISIONS_PER_CALL`](super::MAX_DECISIONS_PER_CALL) decisions.
+    /// The answers are exactly those of the same requests made one after another, in order;
+    /// each request gets its own result (an input error fails only that request).
     ///
     /// ```no_run
     /// # use paceline_store::{redis::RedisStore, FailurePolicy, Request};
@@ -427,7 +422,7 @@ impl RedisStoreBuilder {
     /// at most an hour).
     /// Past it, the call fails with a [`StoreErrorKind::Timeout`] handled by the failure
     /// policy. It bounds a whole [`decide_batch`](RedisStore::decide_batch), however many
-    /// calls of [`MAX_DECISIONS_PER_CALL`] decisions it takes.
+    /// calls of [`MAX_DECISIONS_PER_CALL`](super::MAX_DECISIONS_PER_CALL) decisions it takes.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -647,5 +642,9 @@ impl Store for RedisStore {
 
     fn is_remote(&self) -> bool {
         true
+    }
+
+    fn as_redis(&self) -> Option<&RedisStore> {
+        Some(self)
     }
 }
