@@ -497,17 +497,21 @@ pub fn unique_name(stem: &str) -> String {
     )
 }
 
-/// A connection to a test's Redis at `url` (failing closed, answers within 5 s).
+/// A connection to a test's Redis at `url` (failing closed, answers within 5 s), opened as
+/// users open stores, through `paceline_store::open`.
 ///
 /// # Panics
 ///
 /// When it cannot connect: the test's own server is down, and the test cannot go on.
 pub async fn connect(url: &str) -> paceline_store::redis::RedisStore {
-    paceline_store::redis::RedisStore::builder(url, paceline_store::FailurePolicy::FailClosed)
-        .response_timeout(Duration::from_secs(5))
-        .connect()
+    let options = paceline_store::StoreOptions::new().response_timeout(Duration::from_secs(5));
+    let store = paceline_store::open(url, &options)
         .await
-        .expect("the test's Redis is up")
+        .expect("the test's Redis is up");
+    store
+        .as_redis()
+        .cloned()
+        .expect("a redis:// URL opens a Redis store")
 }
 
 /// A server shared by every test of this test binary, started on first use.
