@@ -152,6 +152,15 @@ fn an_unreachable_or_malformed_store_is_a_clear_error() {
     assert!(stderr.contains("the store failed"), "{stderr}");
     assert!(!stderr.contains("invalid"), "{stderr}");
     assert!(unreachable.stdout.is_empty());
+    // The same for a cluster whose seed nodes are all down (the case a probe found
+    // reported as an invalid `store`).
+    let cluster_url = url.replacen("redis://", "redis-cluster://", 1);
+    let unreachable = with_store(&cluster_url);
+    assert_eq!(unreachable.status.code(), Some(3));
+    let stderr = String::from_utf8_lossy(&unreachable.stderr);
+    assert!(stderr.contains("the store failed"), "{stderr}");
+    assert!(!stderr.contains("invalid"), "{stderr}");
+    assert!(unreachable.stdout.is_empty());
 }
 
 #[test]
