@@ -381,6 +381,13 @@ async fn a_request_in_flight_holds_its_lease_until_its_body_ends_or_it_is_droppe
     }
 }
 
+/// A request for `held_app`'s `/quick`, which answers at once.
+fn quick() -> http::Request<Body> {
+    http::Request::get("/quick")
+        .body(Body::empty())
+        .expect("a request")
+}
+
 async fn lease_held_until_the_body_ends(bodies: Bodies) {
     let clock = ManualClock::new(EPOCH_2023);
     let layer = RateLimitLayer::builder(memory(&clock))
@@ -392,11 +399,6 @@ async fn lease_held_until_the_body_ends(bodies: Bodies) {
         .build()
         .expect("a layer");
     let (app, mut started, release) = held_app(layer, bodies);
-    let quick = || {
-        http::Request::get("/quick")
-            .body(Body::empty())
-            .expect("a request")
-    };
     // A request in its handler holds the only place.
     let first = tokio::spawn({
         let app = app.clone();
@@ -465,11 +467,6 @@ async fn lease_given_back_on_redis(bodies: Bodies) {
         .build()
         .expect("a layer");
     let (app, mut started, release) = held_app(layer, bodies);
-    let quick = || {
-        http::Request::get("/quick")
-            .body(Body::empty())
-            .expect("a request")
-    };
     // A response whose body is not read yet holds the only place.
     let response = call(&app, quick()).await;
     assert_eq!(response.status(), 200, "{bodies:?}");
