@@ -789,3 +789,92 @@ fn sigterm_closes_kept_alive_connections_cleanly_after_answering_them() {
     // ... and the service exits by itself.
     exits_cleanly(&mut s);
 }
+
+/// A request and its answer on each of many kept-alive connections; then, the service
+/// stopped (`SIGSTOP`), each sends its next request, and `SIGTERM` comes before the service
+/// runs again (`SIGCONT`). Every request was sent before the service learned of the signal,
+/// so every one gets a whole answer, the last on its connection, which then ends cleanly.
+/// (Before the fix, on resuming, most connections were closed with their request unread: the
+/// shutdown closed every connection that had not read its next request yet.)
+#[cfg(target_os = "linux")]
+#[test]
+fn requests_sent_just_before_sigterm_on_kept_alive_connections_are_answered() {
+    let mut s = start(&["--idle-timeout", "1h", "--header-read-timeout", "1h"]);
+    let request = |connection: usize| {
+        let body = format!(r#"{{"policy": "gcra:rate=1000/s", "key": "c{connection}"}}"#);
+        format!(
+            "POST /v1/decisions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut streams = Vec::new();
+    for connection in 0..200 {
+        let mut stream = TcpStream::connect(("127.0.0.1", s.port)).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        stream
+            .write_all(request(connection).as_bytes())
+            .expect("send");
+        let answer = whole_response(&mut stream);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        streams.push(stream);
+    }
+    signal(&s, "STOP");
+    // Every thread of the service stopped, so that none reads what comes next.
+    let stat = format!("/proc/{}/stat", s.child.id());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&stat)
+        .expect("the service's stat")
+        .rsplit_once(") ")
+        .is_some_and(|(_, rest)| rest.starts_with('T'))
+    {
+        assert!(Instant::now() < deadline, "the service did not stop");
+        std::thread::yield_now();
+    }
+    for (connection, stream) in streams.iter_mut().enumerate() {
+        stream
+            .write_all(request(connection).as_bytes())
+            .expect("send");
+    }
+    signal(&s, "TERM");
+    signal(&s, "CONT");
+    for stream in &mut streams {
+        let answer = whole_response(stream);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        let mut rest = Vec::new();
+        match stream.read_to_end(&mut rest) {
+            Ok(_) => assert!(rest.is_empty(), "{}", String::from_utf8_lossy(&rest)),
+            Err(e) => panic!("the connection was not closed cleanly: {e}"),
+        }
+    }
+    exits_cleanly(&mut s);
+}
+
+/// One whole response (its head and `Content-Length` bytes of body) read from `stream`;
+/// panics if the stream ends or fails before.
+fn whole_response(stream: &mut TcpStream) -> String {
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().expect("a length"))
+                })
+                .expect("a content-length");
+            if body.len() >= length {
+                return text;
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => panic!("closed without a whole answer, after: {text:?}"),
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) => panic!("{e} without a whole answer, after: {text:?}"),
+        }
+    }
+}

@@ -7,28 +7,36 @@
 //! connection too). A watchdog beside it closes a connection that has had no request in
 //! flight and no bytes moving for the idle timeout. The body read timeout is the router's
 //! (see `api`), since a body is read by the request's handler.
+//!
+//! On shutdown, a connection with a request in flight answers it with `Connection: close`;
+//! an idle one closes at once, unless its next request has arrived (bytes of it read, or
+//! waiting in the socket): that request is answered first, with `Connection: close`. So a
+//! request sent on a kept-alive connection before the shutdown began is answered, never
+//! dropped with the connection. (hyper alone closes an idle connection without looking at
+//! its socket.)
 
 use std::future::Future;
 use std::io;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::mem::MaybeUninit;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 
 use crate::config::ConnectionLimits;
 
 /// Serves `app` on `listener` under `limits` until `shutdown` completes; then stops
-/// accepting, lets each connection finish the request it has read (idle ones close at once),
-/// and returns when all are done or the shutdown timeout has passed, whichever is first.
+/// accepting, lets each connection answer the request it has in flight or that has arrived
+/// (idle ones with nothing arrived close at once), and returns when all are done or the
+/// shutdown timeout has passed, whichever is first.
 pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
@@ -36,7 +44,8 @@ pub(crate) async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let graceful = GracefulShutdown::new();
+    // `true` once the service stops; each connection holds a receiver until it is closed.
+    let (stopping, _) = watch::channel(false);
     let started = quanta::Instant::now();
     tokio::pin!(shutdown);
     loop {
@@ -65,6 +74,9 @@ pub(crate) async fn serve(
             started,
             last_ms: AtomicU64::new(0),
             in_flight: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            head_read: AtomicBool::new(false),
+            waiting: AtomicBool::new(false),
         });
         activity.touch();
         let io = TokioIo::new(Tracked {
@@ -80,30 +92,56 @@ pub(crate) async fn serve(
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
             .keep_alive(true);
-        let connection =
-            graceful.watch(builder.serve_connection(io, TowerToHyperService::new(service)));
+        let connection = builder.serve_connection(io, TowerToHyperService::new(service));
         let idle_timeout = limits.idle_timeout;
+        // Held until the connection is closed: the shutdown waits for every one.
+        let mut stop_receiver = stopping.subscribe();
         tokio::spawn(async move {
-            tokio::pin!(connection);
+            let mut connection = pin!(connection);
+            // Ready on the shutdown (or an error if the service is gone: stop too).
+            let mut stop = pin!(stop_receiver.wait_for(|stopping| *stopping));
             let check = (idle_timeout / 4).max(Duration::from_millis(1));
-            loop {
-                tokio::select! {
-                    _ = &mut connection => break,
-                    () = tokio::time::sleep(check) => {
-                        if activity.idle_for() >= idle_timeout {
-                            // Nothing in flight, nothing moving: dropping the connection
-                            // closes it.
-                            break;
-                        }
-                    }
+            let mut watchdog = pin!(tokio::time::sleep(check));
+            let mut closing = false;
+            std::future::poll_fn(|cx| {
+                if !activity.stopping.load(Ordering::Relaxed) && stop.as_mut().poll(cx).is_ready() {
+                    // Polling the connection next makes an idle one look at its socket.
+                    activity.stopping.store(true, Ordering::Relaxed);
                 }
-            }
+                loop {
+                    if connection.as_mut().poll(cx).is_ready() {
+                        return Poll::Ready(());
+                    }
+                    if closing
+                        || !activity.stopping.load(Ordering::Relaxed)
+                        || activity.request_arriving()
+                    {
+                        break;
+                    }
+                    // A request in flight gets `Connection: close`; an idle connection
+                    // closes (polled again at once to do so).
+                    connection.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                while watchdog.as_mut().poll(cx).is_ready() {
+                    if activity.idle_for() >= idle_timeout {
+                        // Nothing in flight, nothing moving: dropping the connection closes
+                        // it.
+                        return Poll::Ready(());
+                    }
+                    let next = tokio::time::Instant::now() + check;
+                    watchdog.as_mut().reset(next);
+                }
+                Poll::Pending
+            })
+            .await;
             drop(slot);
         });
     }
     drop(listener);
+    stopping.send_replace(true);
     tokio::select! {
-        () = graceful.shutdown() => {}
+        () = stopping.closed() => {}
         () = tokio::time::sleep(limits.shutdown_timeout) => {}
     }
     Ok(())
@@ -116,9 +154,28 @@ struct Activity {
     started: quanta::Instant,
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// The service is stopping: the connection closes once it has answered what arrived.
+    stopping: AtomicBool,
+    /// Bytes were read while no request was in flight, and no request has reached the
+    /// router since: the next request's head is (partly) read.
+    head_read: AtomicBool,
+    /// While stopping: the socket held unread bytes when the connection last found nothing
+    /// more to read (its readiness not yet reported by the runtime).
+    waiting: AtomicBool,
 }
 
 impl Activity {
+    /// True while no request is in flight but the next one has arrived, in part or whole:
+    /// closing the connection now would drop it unanswered.
+    ///
+    /// E.g. a client on a kept-alive connection sends its next request just before the
+    /// service stops: until the router has it, this is true, and the connection stays open
+    /// to answer it (with `Connection: close`).
+    fn request_arriving(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) == 0
+            && (self.head_read.load(Ordering::Relaxed) || self.waiting.load(Ordering::Relaxed))
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -160,9 +217,19 @@ where
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
         let activity = Arc::clone(&self.activity);
         activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        activity.head_read.store(false, Ordering::Relaxed);
         let response = tower::Service::call(&mut self.inner, request.map(axum::body::Body::new));
         Box::pin(async move {
-            let response = response.await;
+            let mut response = response.await;
+            if activity.stopping.load(Ordering::Relaxed) {
+                // The last answer on this connection: say so (hyper then closes it).
+                if let Ok(response) = &mut response {
+                    response.headers_mut().insert(
+                        axum::http::header::CONNECTION,
+                        axum::http::HeaderValue::from_static("close"),
+                    );
+                }
+            }
             activity.touch();
             activity.in_flight.fetch_sub(1, Ordering::Relaxed);
             response
@@ -185,8 +252,21 @@ impl AsyncRead for Tracked {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let activity = &this.activity;
         if buf.filled().len() > before {
-            this.activity.touch();
+            activity.touch();
+            activity.waiting.store(false, Ordering::Relaxed);
+            if activity.in_flight.load(Ordering::Relaxed) == 0 {
+                activity.head_read.store(true, Ordering::Relaxed);
+            }
+        } else if polled.is_pending() && activity.stopping.load(Ordering::Relaxed) {
+            // The runtime learns of arrived bytes only when it next polls the OS; ask the
+            // socket itself.
+            let mut byte = [MaybeUninit::<u8>::uninit()];
+            let waiting = socket2::SockRef::from(&this.stream)
+                .peek(&mut byte)
+                .is_ok_and(|n| n > 0);
+            activity.waiting.store(waiting, Ordering::Relaxed);
         }
         polled
     }
