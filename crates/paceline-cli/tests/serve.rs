@@ -816,7 +816,7 @@ fn requests_sent_just_before_sigterm_on_kept_alive_connections_are_answered() {
         stream
             .write_all(request(connection).as_bytes())
             .expect("send");
-        let answer = whole_response(&mut stream);
+        let answer = paceline_testkit::whole_response(&mut stream);
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         streams.push(stream);
     }
@@ -840,7 +840,7 @@ fn requests_sent_just_before_sigterm_on_kept_alive_connections_are_answered() {
     signal(&s, "TERM");
     signal(&s, "CONT");
     for stream in &mut streams {
-        let answer = whole_response(stream);
+        let answer = paceline_testkit::whole_response(stream);
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         let mut rest = Vec::new();
         match stream.read_to_end(&mut rest) {
@@ -849,32 +849,4 @@ fn requests_sent_just_before_sigterm_on_kept_alive_connections_are_answered() {
         }
     }
     exits_cleanly(&mut s);
-}
-
-/// One whole response (its head and `Content-Length` bytes of body) read from `stream`;
-/// panics if the stream ends or fails before.
-fn whole_response(stream: &mut TcpStream) -> String {
-    let mut raw = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let text = String::from_utf8_lossy(&raw).into_owned();
-        if let Some((head, body)) = text.split_once("\r\n\r\n") {
-            let length: usize = head
-                .lines()
-                .find_map(|line| {
-                    let (name, value) = line.split_once(':')?;
-                    name.eq_ignore_ascii_case("content-length")
-                        .then(|| value.trim().parse().expect("a length"))
-                })
-                .expect("a content-length");
-            if body.len() >= length {
-                return text;
-            }
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => panic!("closed without a whole answer, after: {text:?}"),
-            Ok(n) => raw.extend_from_slice(&chunk[..n]),
-            Err(e) => panic!("{e} without a whole answer, after: {text:?}"),
-        }
-    }
 }

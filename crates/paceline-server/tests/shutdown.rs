@@ -23,33 +23,9 @@ fn request(connection: usize) -> Vec<u8> {
 /// One whole response from `stream` (a blocking read, run off the runtime), with the
 /// stream back; panics on an end of stream or an error before the response is complete.
 async fn response(mut stream: TcpStream) -> (String, TcpStream) {
-    tokio::task::spawn_blocking(move || {
-        let mut raw = Vec::new();
-        let mut chunk = [0u8; 4096];
-        loop {
-            let text = String::from_utf8_lossy(&raw).into_owned();
-            if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                let length: usize = head
-                    .lines()
-                    .find_map(|line| {
-                        let (name, value) = line.split_once(':')?;
-                        name.eq_ignore_ascii_case("content-length")
-                            .then(|| value.trim().parse().expect("a length"))
-                    })
-                    .expect("a content-length");
-                if body.len() >= length {
-                    return (text, stream);
-                }
-            }
-            match stream.read(&mut chunk) {
-                Ok(0) => panic!("closed without a whole answer, after: {text:?}"),
-                Ok(n) => raw.extend_from_slice(&chunk[..n]),
-                Err(e) => panic!("{e} without a whole answer, after: {text:?}"),
-            }
-        }
-    })
-    .await
-    .expect("the reader")
+    tokio::task::spawn_blocking(move || (paceline_testkit::whole_response(&mut stream), stream))
+        .await
+        .expect("the reader")
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -700,6 +700,39 @@ pub fn param(params: &[(String, i64)], name: &str) -> i64 {
         .unwrap_or_else(|| panic!("no `{name}` in {params:?}"))
 }
 
+/// One whole HTTP/1.1 response read from `stream`: its head and `Content-Length` bytes of
+/// body, as text.
+///
+/// # Panics
+///
+/// When the stream ends or fails before the response is whole (the test's point is that it
+/// does not), or the head has no `Content-Length`.
+pub fn whole_response(stream: &mut impl std::io::Read) -> String {
+    let mut raw = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let text = String::from_utf8_lossy(&raw).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().expect("a length"))
+                })
+                .expect("a content-length");
+            if body.len() >= length {
+                return text;
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => panic!("closed without a whole answer, after: {text:?}"),
+            Ok(n) => raw.extend_from_slice(&chunk[..n]),
+            Err(e) => panic!("{e} without a whole answer, after: {text:?}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
