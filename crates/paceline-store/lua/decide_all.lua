@@ -7,7 +7,8 @@
 --
 -- A `pace` set of several limits books the earliest time at which every limit admits: each
 -- limit's earliest slot at or after a time, from now, then from the latest of those, until
--- they meet (64 rounds at most, and 2^53 ns from now: else the reply is { -1 }).
+-- they meet (64 rounds at most, and 2^53 ns from now: else the reply is { -1 }). A limit
+-- refusing to book its slot (past its horizon) refuses the set, nothing written.
 --
 -- Returns 1 (admitted and saved) or 0 (refused, nothing changed), then five values per
 -- limit as `decide.lua` returns them: allowed, delay, remaining, reset_after, lease.
@@ -102,14 +103,29 @@ if #keys > 1 and runs[1].op == 'pace' then
   end
   local slot, binding = now, {}
   local met = false
+  -- The longest retry-after of the limits that refuse to book past their horizon (the window
+  -- algorithms' `MAX_BOOKED_WINDOWS`), if any does: the set is refused.
+  local past
   for _ = 1, 64 do
-    local slots = {}
+    local slots, refusing = {}, {}
     local i = 0
     every(function(run, key)
       i = i + 1
-      local base, _, delay = pace_from(run, live(key, run.policy.alg), slot)
-      slots[i] = PL.expiry(base, delay)
+      local base, allowed, delay = pace_from(run, live(key, run.policy.alg), slot)
+      if allowed then
+        slots[i] = PL.expiry(base, delay)
+      else
+        slots[i] = slot
+        refusing[i] = true
+        if not past or delay > past then
+          past = delay
+        end
+      end
     end)
+    if past then
+      binding = refusing
+      break
+    end
     local next = slot
     for k = 1, #slots do
       if slots[k] > next then
@@ -131,15 +147,21 @@ if #keys > 1 and runs[1].op == 'pace' then
     end
     slot = next
   end
-  if not met then
-    return { -1 }
-  end
   local max_wait = runs[1].max_wait
-  if max_wait and slot - now > max_wait then
+  local retry = past
+  if not retry then
+    if not met then
+      return { -1 }
+    end
+    if max_wait and slot - now > max_wait then
+      retry = PL.retry_after_max_wait(slot - now, max_wait)
+    end
+  end
+  if retry then
     -- Refused, nothing written: each limit answers as it would alone (its own pace with
-    -- max_wait); those that set the slot refuse with the set's retry-after.
+    -- max_wait); those that set the slot (or refused it, past their horizon) refuse with the
+    -- set's retry-after.
     out[1] = 0
-    local retry = PL.retry_after_max_wait(slot - now, max_wait)
     local k = 0
     every(function(run, key)
       k = k + 1

@@ -76,6 +76,10 @@ function PL.windows.state(ws, w)
   return { w, flat }
 end
 
+-- `fixed_window::MAX_BOOKED_WINDOWS`: a `pace` books at most this many windows ahead (the
+-- current one and the ones after it).
+PL.windows.MAX_BOOKED = 10000
+
 -- `fixed_window::settle`: how a request to either window algorithm ends, once it is known
 -- whether it fits now, its delay and the window it would count in; `outlook` gives remaining
 -- and reset_after. Returns the five values of `PL.alg`.
@@ -85,10 +89,22 @@ function PL.windows.settle(ws, limit, w, now, op, cost, max_wait, fits_now, dela
     admit = false
   elseif op == 'limit' then
     admit = fits_now
-  elseif max_wait and delay > max_wait then
-    local remaining, reset_after = outlook(ws, limit, w, now)
-    return false, PL.retry_after_max_wait(delay, max_wait), remaining, reset_after, nil
   else
+    -- Over `max_wait`, or past the horizon (`past_horizon`): rejected, retry-after the later
+    -- of the two.
+    local retry
+    if max_wait and delay > max_wait then
+      retry = PL.retry_after_max_wait(delay, max_wait)
+    end
+    local horizon = PL.windows.MAX_BOOKED
+    if window - floor(now / w) >= horizon then
+      local past = max((window - horizon + 1) * w - now, 0)
+      retry = max(retry or 0, past)
+    end
+    if retry then
+      local remaining, reset_after = outlook(ws, limit, w, now)
+      return false, retry, remaining, reset_after, nil
+    end
     admit = true
   end
   if not admit then

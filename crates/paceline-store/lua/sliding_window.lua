@@ -1,7 +1,8 @@
 -- `sliding_window`: the Lua twin of `paceline_core::policy::sliding_window`.
 -- Parameters: p[1] = limit, p[2] = the window length W (µs).
 -- State: as `fixed_window`'s, { window_us, { index, count, ... } }, from the previous window
--- onwards; read and written with the `PL.windows` helpers of fixed_window.lua.
+-- onwards; read and written with the `PL.windows` helpers of fixed_window.lua (whose
+-- `settle` refuses a `pace` past the horizon, `PL.windows.MAX_BOOKED` windows ahead).
 
 -- `share`: prev * left / w, multiplied first as in Rust.
 local function share(prev, left, w)

@@ -16,7 +16,7 @@ use paceline_core::policy::{gcra, Gcra};
 use paceline_core::{Clock, Decision, Error, Op, Policy, Sleep, State, StoreError, StoreErrorKind};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use crate::set::{check_set, meeting, refused_pace};
+use crate::set::{check_set, meeting, pace_refusal, refused_pace};
 use crate::{Request, SetDecision, Store, StoreFuture, SyncStore, SystemClock};
 
 /// A sweep pass over every shard begins at most this often (microseconds of the store's
@@ -818,17 +818,15 @@ impl MemoryStore {
                 })
                 .collect();
             let meeting = meeting(requests, &states, now)?;
-            if let Some(max) = max_wait {
-                let max_us = paceline_core::duration_to_micros(max);
-                if (meeting.slot - now) as f64 > max_us {
-                    // Refused, nothing written: each limit's own answer alone.
-                    let own = requests
-                        .iter()
-                        .zip(states)
-                        .map(|(r, mut state)| r.policy.apply_validated(&mut state, now, op, r.cost))
-                        .collect();
-                    return Ok(refused_pace(meeting, own, now, max_us));
-                }
+            let max_us = max_wait.map(paceline_core::duration_to_micros);
+            if let Some(retry) = pace_refusal(&meeting, now, max_us) {
+                // Refused, nothing written: each limit's own answer alone.
+                let own = requests
+                    .iter()
+                    .zip(states)
+                    .map(|(r, mut state)| r.policy.apply_validated(&mut state, now, op, r.cost))
+                    .collect();
+                return Ok(refused_pace(meeting, own, retry));
             }
             self.make_room(&mut guards, missing, now)?;
             // Admitted: every limit books the slot on its key itself.

@@ -25,7 +25,9 @@
 //! decision has the set's delay. With `max_wait`, a slot further away refuses the set and
 //! changes nothing: each limit answers as it would alone (its own `pace` with that
 //! `max_wait`, from now), except that the limits that set the slot refuse with the set's
-//! retry-after (`delay - max_wait`), the combined `delay`. Booking at a slot later than
+//! retry-after (`delay - max_wait`), the combined `delay`. A limit whose slot lies past its
+//! horizon (a window algorithm's `MAX_BOOKED_WINDOWS`) refuses the set likewise, nothing
+//! changed, with its own retry-after (the longest, if several). Booking at a slot later than
 //! its own earliest is open to `gcra`, `fixed_window`, `sliding_log` and Guava's; a `pace`
 //! set holding `pacer`, `exec_evenly`, `sliding_window` or `concurrency` is an input error
 //! naming `op` ([`Policy::pace_from`]).
@@ -297,8 +299,12 @@ pub(crate) struct Meeting {
     /// The set's slot: the earliest time (µs) from `now` at which every limit admits.
     pub(crate) slot: u64,
     /// The limits whose own slot, in the last round that moved it, was the set's: those
-    /// that refuse a set whose slot is beyond its `max_wait`.
+    /// that refuse a set whose slot is beyond its `max_wait`. With `past_horizon`, the
+    /// limits that refused to book.
     pub(crate) binding: Vec<bool>,
+    /// Set if a limit refused to book its slot, past its horizon (the window algorithms'
+    /// `MAX_BOOKED_WINDOWS`): the longest retry-after of those that did. The set is refused.
+    pub(crate) past_horizon: Option<Duration>,
 }
 
 /// The furthest a `pace` set's slot may be, in µs from now: 2^53 ns (about 104 days), so
@@ -316,8 +322,9 @@ fn slot_after(now: u64, delay: Duration) -> u64 {
 /// The earliest time, from `now`, at which every limit of a `pace` set admits, on copies of
 /// the keys' states as read (`states[i]` is `requests[i]`'s): each limit's earliest slot at
 /// or after a time ([`Policy::pace_from`], from `now` first), then the latest of them, until
-/// every limit's is the same. Errors: a policy that cannot book ahead (naming `op`), or
-/// slots that do not meet within [`MAX_PACE_ROUNDS`].
+/// every limit's is the same, or a limit refuses to book (past its horizon: the meeting's
+/// `past_horizon`). Errors: a policy that cannot book ahead (naming `op`), or slots that do
+/// not meet within [`MAX_PACE_ROUNDS`].
 pub(crate) fn meeting(
     requests: &[Request<'_>],
     states: &[Option<paceline_core::State>],
@@ -327,14 +334,33 @@ pub(crate) fn meeting(
     let mut binding = vec![false; requests.len()];
     for _ in 0..MAX_PACE_ROUNDS {
         let mut slots = Vec::with_capacity(requests.len());
-        for (r, state) in requests.iter().zip(states) {
+        let mut refusing = vec![false; requests.len()];
+        let mut past_horizon = None;
+        for (i, (r, state)) in requests.iter().zip(states).enumerate() {
             let mut copy = state.clone();
             let d = r.policy.pace_from(&mut copy, now, r.cost, slot)?;
-            slots.push(slot_after(now, d.delay));
+            if d.allowed {
+                slots.push(slot_after(now, d.delay));
+            } else {
+                slots.push(slot);
+                refusing[i] = true;
+                past_horizon = past_horizon.max(Some(d.delay));
+            }
+        }
+        if past_horizon.is_some() {
+            return Ok(Meeting {
+                slot,
+                binding: refusing,
+                past_horizon,
+            });
         }
         let next = slots.iter().copied().max().unwrap_or(slot);
         if next == slot {
-            return Ok(Meeting { slot, binding });
+            return Ok(Meeting {
+                slot,
+                binding,
+                past_horizon: None,
+            });
         }
         if next - now > MAX_PACE_SET_DELAY_US || next > paceline_core::policy::MAX_NOW_US {
             // Too far, or past the last time the engine takes: no slot (as in the twin).
@@ -358,24 +384,24 @@ pub(crate) fn unmet() -> InputError {
     )
 }
 
-/// The decision of a `pace` set refused for its `max_wait` (`max_us`, the set's slot
-/// `meeting.slot - now` away being more): `own` holds each limit's own `pace` with that
-/// `max_wait` from `now` (what it alone would answer, nothing booked); the limits that set
-/// the slot refuse, with the set's retry-after.
-pub(crate) fn refused_pace(
-    meeting: Meeting,
-    own: Vec<Decision>,
-    now: u64,
-    max_us: f64,
-) -> SetDecision {
-    let retry = paceline_core::Decision::from_micros(
-        false,
-        ((meeting.slot - now) as f64 - max_us).max(0.0),
-        0,
-        0.0,
-        0,
-    )
-    .delay;
+/// The retry-after of a `pace` set refused at `meeting`, if it is: a limit's refusal past
+/// its horizon, else the set's slot beyond `max_wait` (`max_us`; the slot `meeting.slot -
+/// now` away, less `max_us`).
+pub(crate) fn pace_refusal(meeting: &Meeting, now: u64, max_us: Option<f64>) -> Option<Duration> {
+    if meeting.past_horizon.is_some() {
+        return meeting.past_horizon;
+    }
+    let max_us = max_us?;
+    let away = (meeting.slot - now) as f64;
+    (away > max_us).then(|| {
+        paceline_core::Decision::from_micros(false, (away - max_us).max(0.0), 0, 0.0, 0).delay
+    })
+}
+
+/// The decision of a `pace` set refused ([`pace_refusal`] gives `retry`): `own` holds each
+/// limit's own `pace` (with the set's `max_wait`) from `now` (what it alone would answer,
+/// nothing booked); the limits that set the slot, or refused it, refuse with `retry`.
+pub(crate) fn refused_pace(meeting: Meeting, own: Vec<Decision>, retry: Duration) -> SetDecision {
     let limits = own
         .into_iter()
         .zip(meeting.binding)

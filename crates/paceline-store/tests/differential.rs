@@ -532,3 +532,75 @@ fn concurrency_matches_memory() {
     let spec = (1..=5u64, window()).prop_map(|(l, w)| format!("concurrency:limit={l},lease={w}"));
     differential(case(spec, 1_000_000));
 }
+
+/// A `pace` backlog on one key crossing the window algorithms' horizon
+/// (`MAX_BOOKED_WINDOWS`, 10,000 windows ahead): memory and Redis book the same windows,
+/// then refuse the same paces past the horizon (retry when the next window opens), and
+/// admit again once it has.
+#[test]
+fn a_pace_backlog_stops_at_the_horizon_in_memory_and_on_redis() {
+    const HORIZON: u64 = paceline_store::policy::fixed_window::MAX_BOOKED_WINDOWS;
+    assert_eq!(HORIZON, 10_000, "the Lua twins' `PL.windows.MAX_BOOKED`");
+    let runtime = paceline_testkit::runtime();
+    let stores = runtime.block_on(Stores::new());
+    runtime.block_on(async {
+        // limit=1 books every window in `fixed_window`, every other one in `sliding_window`:
+        // how many paces each admits, and the last window booked.
+        for (spec, admitted, last_window) in [
+            ("fixed_window:limit=1,window=1s", HORIZON, HORIZON - 1),
+            ("sliding_window:limit=1,window=1s", HORIZON / 2, HORIZON - 2),
+        ] {
+            let policy: Policy = spec.parse().unwrap();
+            let key = format!("case{}:horizon", next_case_id());
+            let start = EPOCH_2023 + 300_000; // 300 ms into a window
+            stores.clock.set_micros(start);
+            let request = Request {
+                policy: &policy,
+                key: &key,
+                op: Op::pace(),
+                cost: 1,
+            };
+            // Batches of 500, then 5 more past the horizon.
+            let mut decisions = Vec::new();
+            let full = admitted as usize / 500;
+            for batch in 0..=full {
+                let requests = vec![request; if batch < full { 500 } else { 5 }];
+                let expected = stores.memory.decide_batch(&requests).await;
+                let got = stores.redis.decide_batch(&requests).await;
+                for (i, (e, g)) in expected.iter().zip(&got).enumerate() {
+                    if let Err(why) = same(e, g) {
+                        panic!(
+                            "{spec}, pace {}: {why}\n memory: {e:?}\n redis: {g:?}",
+                            batch * 500 + i
+                        );
+                    }
+                }
+                decisions.extend(expected.into_iter().map(|d| d.expect("a decision")));
+            }
+            assert_eq!(decisions.len() as u64, admitted + 5);
+            let booked = decisions.iter().take_while(|d| d.allowed).count() as u64;
+            assert_eq!(booked, admitted, "{spec}");
+            let last = &decisions[booked as usize - 1];
+            assert_eq!(
+                last.delay,
+                Duration::from_micros(last_window * 1_000_000 - 300_000)
+            );
+            for refused in &decisions[booked as usize..] {
+                assert!(!refused.allowed, "{spec}");
+                assert_eq!(
+                    refused.delay,
+                    Duration::from_millis(700),
+                    "{spec}: the next window"
+                );
+            }
+            // The next window: one more window is bookable.
+            stores.clock.set_micros(start + 700_000);
+            let expected = stores.memory.decide(&policy, &key, Op::pace(), 1).await;
+            let got = stores.redis.decide(&policy, &key, Op::pace(), 1).await;
+            same(&expected, &got).unwrap_or_else(|why| panic!("{spec}: {why}"));
+            let d = expected.unwrap();
+            assert!(d.allowed, "{spec}");
+            assert_eq!(d.delay, Duration::from_secs(HORIZON - 1), "{spec}");
+        }
+    });
+}

@@ -609,3 +609,57 @@ fn a_paced_set_books_the_latest_limits_slot_on_every_limit() {
     );
     assert_eq!(format!("{before:?}"), format!("{after:?}"));
 }
+
+/// A `pace` set whose slot lies past a window algorithm's horizon (`MAX_BOOKED_WINDOWS`
+/// windows ahead) is refused on every store alike, by that limit, and changes no key.
+#[test]
+fn a_paced_set_past_a_windows_horizon_is_refused_alike_and_changes_nothing() {
+    let runtime = runtime();
+    let stores = runtime.block_on(Stores::new());
+    runtime.block_on(async {
+        let id = next_case_id();
+        let now = EPOCH_2023 + id * 3_600_000_000 + 300; // 300 µs into a 1 ms window
+        stores.clock.set_micros(now);
+        let hour: Policy = "gcra:rate=1/h,burst=1".parse().expect("a policy");
+        let window: Policy = "fixed_window:limit=1,window=1ms".parse().expect("a policy");
+        let keys = [
+            format!("{{horizon{id}}}:hour"),
+            format!("{{horizon{id}}}:window"),
+        ];
+        let requests = [
+            Request::new(&hour, &keys[0], Op::pace(), 1),
+            Request::new(&window, &keys[1], Op::pace(), 1),
+        ];
+        let all = stores.all();
+        let peeks = || async {
+            let mut got = Vec::new();
+            for (_, store) in &all {
+                got.push(format!(
+                    "{:?} {:?}",
+                    store.decide(&hour, &keys[0], Op::Peek, 1).await,
+                    store.decide(&window, &keys[1], Op::Peek, 1).await
+                ));
+            }
+            got
+        };
+        let first = stores.memory.decide_all(&requests).await;
+        alike(&all, &requests, &first, || "the first set".into())
+            .await
+            .unwrap();
+        assert!(first.unwrap().allowed());
+        // The hour's next slot is an hour away: window 3,600,000 from now's, past the horizon.
+        let before = peeks().await;
+        let refused = stores.memory.decide_all(&requests).await;
+        alike(&all, &requests, &refused, || "the second set".into())
+            .await
+            .unwrap();
+        let refused = refused.unwrap();
+        assert!(!refused.allowed());
+        assert_eq!(refused.refused().collect::<Vec<_>>(), [1]);
+        // (slot window - 10,000 + 1) * 1 ms - now: window 3,590,001 from now's, 300 µs in.
+        let retry = Duration::from_micros(3_590_001_000 - 300);
+        assert_eq!(refused.limits[1].delay, retry);
+        assert_eq!(refused.retry_after(), Some(retry));
+        assert_eq!(peeks().await, before, "a refused pace set changed a key");
+    });
+}

@@ -17,13 +17,18 @@
 //! current = floor(now / W)
 //! slot    = the smallest i >= current with count(i) + n <= limit
 //! delay   = max(0, slot*W - now)           (0 when slot == current)
+//! past    = slot - current >= H            (H = MAX_BOOKED_WINDOWS, 10,000)
+//! horizon_retry = (slot - H + 1)*W - now   (when slot - H + 1, the horizon's new end, opens)
 //! ```
 //!
 //! `limit` admits iff `slot == current` and then adds `n` to `count(current)`; rejected, its
 //! `retry_after` is `delay`, the start of the earliest later window with room. `pace` adds `n`
 //! to `count(slot)` and returns `delay`; with `max_wait`, a delay above `max_wait` is
-//! rejected without side effects and `retry_after = delay - max_wait`. `peek` answers what
-//! `limit` would. After the decision:
+//! rejected without side effects and `retry_after = delay - max_wait`. A `pace` books at most
+//! [`MAX_BOOKED_WINDOWS`] windows ahead (the current one and the `H - 1` after it): `past`, it
+//! is rejected without side effects, like a delay above `max_wait`, with
+//! `retry_after = horizon_retry` (the larger of the two retries if both reject). `peek`
+//! answers what `limit` would. After the decision:
 //!
 //! ```text
 //! remaining   = max(0, limit - count(current))
@@ -42,7 +47,10 @@
 //! new window where the old one started.
 //!
 //! Memory: one `(index, count)` pair per window holding cost: one for a key used only with
-//! `limit`, and about `backlog / limit` for a `pace` backlog.
+//! `limit`, and about `backlog / limit` for a `pace` backlog, at most [`MAX_BOOKED_WINDOWS`]
+//! while `window` stays the same (`limit` writes only the current window, `peek` nothing). A
+//! live change of `window` never adds pairs (re-bucketing merges or drops them), but after a
+//! shortening the pairs it moved may lie past the new horizon, and new bookings add to them.
 //!
 //! ```
 //! use paceline_core::{Op, Policy};
@@ -67,6 +75,14 @@ use crate::spec::{
     format_duration, parse_count, parse_duration, Params, MAX_COUNT, MAX_DURATION_US,
 };
 use crate::{Decision, InputError, Op};
+
+/// How far ahead a `pace` books, in windows: a `pace` whose window lies this many windows
+/// after the current one or further is rejected with no state change (as a `pace` whose
+/// delay exceeds its `max_wait` is). The state holds one `(index, count)` pair per booked
+/// window, each read by every decision on the key, so without a horizon a `pace` backlog
+/// (`limit=1,window=1s` paced a million times) would grow one key's state without bound.
+/// `sliding_window` books within the same horizon.
+pub const MAX_BOOKED_WINDOWS: u64 = 10_000;
 
 /// The `fixed_window` policy: `limit` cost units per aligned `window`.
 #[derive(Clone, Debug, PartialEq)]
@@ -210,10 +226,24 @@ pub(super) fn add_at(windows: &mut Vec<(u64, u64)>, index: u64, cost: u64) {
     }
 }
 
+/// The `retry_after` of a `pace` at `now` whose slot lies in window `slot` (windows of `w`
+/// µs), if that window is [`MAX_BOOKED_WINDOWS`] or more after the current one
+/// (`floor(now / w)`): the time until it comes within the horizon,
+/// `(slot - MAX_BOOKED_WINDOWS + 1) * w - now`. `None` within the horizon.
+pub(super) fn past_horizon(slot: u64, now: u64, w: u64) -> Option<f64> {
+    (slot.saturating_sub(now / w) >= MAX_BOOKED_WINDOWS).then(|| {
+        (slot - MAX_BOOKED_WINDOWS + 1)
+            .saturating_mul(w)
+            .saturating_sub(now) as f64
+    })
+}
+
 /// How a request to either window algorithm ends, once it is known whether it fits now
-/// (`fits_now`), how long until it would (`delay`, µs) and which window it would count in
-/// (`window`): the decision, built by `decision(windows, allowed, delay)`, and the windows
-/// to store if the request is admitted. A peek or a rejection stores nothing.
+/// (`fits_now`), how long until it would (`delay`, µs), which window it would count in
+/// (`window`) and, for a `pace`, whether that window is past the horizon (`past_horizon`,
+/// its retry-after): the decision, built by `decision(windows, allowed, delay)`, and the
+/// windows to store if the request is admitted. A peek or a rejection stores nothing.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn settle(
     windows: Vec<(u64, u64)>,
     op: Op,
@@ -221,18 +251,24 @@ pub(super) fn settle(
     fits_now: bool,
     delay: f64,
     window: u64,
+    past_horizon: Option<f64>,
     decision: impl Fn(&[(u64, u64)], bool, f64) -> Decision,
 ) -> (Decision, Option<Vec<(u64, u64)>>) {
     let admit = match op {
         Op::Peek => false,
         Op::Limit => fits_now,
-        Op::Pace {
-            max_wait: Some(max),
-        } if delay > duration_to_micros(max) => {
-            let retry = retry_after_max_wait(delay, duration_to_micros(max));
-            return (decision(&windows, false, retry), None);
+        Op::Pace { max_wait } => {
+            // Over `max_wait`, or past the horizon: rejected, retry-after the later of the two.
+            let waited = max_wait
+                .map(duration_to_micros)
+                .filter(|&max| delay > max)
+                .map(|max| retry_after_max_wait(delay, max));
+            if waited.is_some() || past_horizon.is_some() {
+                let retry = waited.unwrap_or(0.0).max(past_horizon.unwrap_or(0.0));
+                return (decision(&windows, false, retry), None);
+            }
+            true
         }
-        Op::Pace { .. } => true,
     };
     if !admit {
         return (decision(&windows, fits_now, delay), None);
@@ -325,6 +361,7 @@ impl FixedWindow {
             slot == current,
             delay,
             slot,
+            past_horizon(slot, now, w),
             |windows, allowed, delay| self.decision(windows, now, allowed, delay),
         );
         if let Some(windows) = admitted {
@@ -490,6 +527,78 @@ mod tests {
             1,
         );
         assert_eq!(exact.unwrap().delay, Duration::from_millis(2_500));
+    }
+
+    #[test]
+    fn pace_books_at_most_max_booked_windows_ahead() {
+        let h = MAX_BOOKED_WINDOWS;
+        let p = policy("fixed_window:limit=1,window=1s");
+        let mut s = None;
+        let now = 300 * MS; // window 0
+        for k in 0..h {
+            let d = p.apply(&mut s, now, Op::pace(), 1).unwrap();
+            assert!(d.allowed, "window {k} is within the horizon");
+            assert_eq!(
+                d.delay,
+                Duration::from_micros((k * SEC).saturating_sub(now))
+            );
+        }
+        assert_eq!(own(&s).windows.len() as u64, h);
+        assert_eq!(
+            own(&s).windows.last(),
+            Some(&(h - 1, 1)),
+            "the last bookable window"
+        );
+        // Window `h` is refused, with no state change: retry when window 1 opens.
+        let before = s.clone();
+        for op in [Op::pace(), Op::pace_within(Duration::from_secs(2 * h))] {
+            let r = p.apply(&mut s, now, op, 1).unwrap();
+            assert!(!r.allowed);
+            assert_eq!(
+                r.delay,
+                Duration::from_millis(700),
+                "(h - h + 1) * 1 s - 300 ms"
+            );
+            assert_eq!(
+                (r.remaining, r.reset_after),
+                (0, Duration::from_micros(h * SEC - now))
+            );
+            assert_eq!(s, before);
+        }
+        // Over max_wait too: the later of the two retries.
+        let within = Op::pace_within(Duration::from_secs(10));
+        let r = p.apply(&mut s, now, within, 1).unwrap();
+        assert_eq!(r.delay, Duration::from_micros(h * SEC - now - 10 * SEC));
+        let r = p.apply(&mut s, SEC - 1, Op::pace(), 1).unwrap();
+        assert_eq!((r.allowed, r.delay), (false, Duration::from_micros(1)));
+        assert_eq!(s, before);
+        // `limit` and `peek` still answer when window `h` opens, storing nothing past it.
+        let l = p.apply(&mut s, now, Op::Limit, 1).unwrap();
+        assert_eq!(
+            (l.allowed, l.delay),
+            (false, Duration::from_micros(h * SEC - now))
+        );
+        assert_eq!(s, before);
+        // A window later, window `h` is within the horizon.
+        let d = p.apply(&mut s, SEC, Op::pace(), 1).unwrap();
+        assert_eq!((d.allowed, d.delay), (true, Duration::from_secs(h - 1)));
+        assert_eq!(own(&s).windows.len() as u64, h, "window 0 is dropped");
+        assert_eq!(own(&s).windows.first(), Some(&(1, 1)));
+    }
+
+    #[test]
+    fn pace_from_books_within_the_horizon_only() {
+        let h = MAX_BOOKED_WINDOWS;
+        let p = policy("fixed_window:limit=1,window=1ms");
+        let mut s = None;
+        let last = p.pace_from(&mut s.clone(), 0, 1, (h - 1) * MS).unwrap();
+        assert_eq!(
+            (last.allowed, last.delay),
+            (true, Duration::from_millis(h - 1))
+        );
+        let r = p.pace_from(&mut s, 0, 1, h * MS).unwrap();
+        assert_eq!((r.allowed, r.delay), (false, Duration::from_millis(1)));
+        assert_eq!(s, None);
     }
 
     #[test]

@@ -263,7 +263,10 @@ macro_rules! policies {
             /// limits paced together needs: the time each limit would admit, then the latest
             /// of them, until every limit admits at the same time. The decision is admitted,
             /// its `delay` counted from `now` (the slot is `now + delay`), as is
-            /// `reset_after`; `remaining` is the key's at `now`, after the booking.
+            /// `reset_after`; `remaining` is the key's at `now`, after the booking. Only a
+            /// slot past a window algorithm's horizon
+            /// ([`MAX_BOOKED_WINDOWS`](fixed_window::MAX_BOOKED_WINDOWS) windows ahead) is
+            /// refused instead, nothing booked, with the `retry_after` a `pace` has there.
             ///
             /// Algorithms that can book a slot later than their own earliest: `gcra`,
             /// `fixed_window`, `sliding_log`, `smooth_bursty`, `smooth_warming_up`. The

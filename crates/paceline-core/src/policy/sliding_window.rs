@@ -41,8 +41,18 @@
 //! The scan ends at the latest two windows after the last one holding cost, where both counts
 //! are 0. A rejected `limit` has `retry_after = slot - now`; `pace` adds `n` to the count of
 //! the slot's window and returns `delay = slot - now`; with `max_wait`, a delay above
-//! `max_wait` is rejected without side effects and `retry_after = delay - max_wait`. `peek`
-//! answers what `limit` would. After the decision:
+//! `max_wait` is rejected without side effects and `retry_after = delay - max_wait`. A `pace`
+//! books at most [`MAX_BOOKED_WINDOWS`] windows ahead, as `fixed_window`'s does: with
+//! `H = MAX_BOOKED_WINDOWS` (10,000) and `s = floor(slot / W)`, a `pace` with
+//! `s - floor(now / W) >= H` is rejected without side effects, like a delay above
+//! `max_wait`, with
+//!
+//! ```text
+//! retry_after = (s - H + 1)*W - now     (when window s - H + 1 opens and s is within the horizon)
+//! ```
+//!
+//! (the larger of the two retries if both reject). `peek` answers what `limit` would. After
+//! the decision:
 //!
 //! ```text
 //! remaining   = max(0, limit - count(j) - ceil(share(now)))   (= floor(limit - estimate(now)))
@@ -59,7 +69,10 @@
 //! the new previous window are dropped).
 //!
 //! Memory: at most two `(index, count)` pairs for a key used only with `limit`, and about
-//! `backlog / limit` more for a `pace` backlog.
+//! `backlog / limit` more for a `pace` backlog, at most [`MAX_BOOKED_WINDOWS`] + 1 in all
+//! while `window` stays the same (`limit` writes only the current window, `peek` nothing). A
+//! live change of `window` never adds pairs (re-bucketing merges or drops them), but after a
+//! shortening the pairs it moved may lie past the new horizon, and new bookings add to them.
 //!
 //! ```
 //! use paceline_core::{Op, Policy};
@@ -77,7 +90,10 @@
 
 use std::time::Duration;
 
-use super::fixed_window::{checked_duration, checked_limit, count_at, rebucket, settle};
+pub use super::fixed_window::MAX_BOOKED_WINDOWS;
+use super::fixed_window::{
+    checked_duration, checked_limit, count_at, past_horizon, rebucket, settle,
+};
 use super::Algorithm;
 use crate::spec::{format_duration, parse_count, parse_duration, Params};
 use crate::{Decision, InputError, Op};
@@ -277,6 +293,7 @@ impl Algorithm for SlidingWindow {
             now_fits,
             delay,
             slot / w,
+            past_horizon(slot / w, now, w),
             |windows, allowed, delay| self.decision(windows, now, allowed, delay),
         );
         if let Some(windows) = admitted {
@@ -399,6 +416,60 @@ mod tests {
         let ok = p.apply(&mut s, 500 * MS, within, 1).unwrap();
         assert_eq!((ok.allowed, ok.delay), (true, Duration::from_secs(1)));
         assert_eq!(own(&s).windows, [(0, 2), (1, 1)]);
+    }
+
+    #[test]
+    fn pace_books_at_most_max_booked_windows_ahead() {
+        let h = MAX_BOOKED_WINDOWS;
+        // One per window, every other window (the previous one full shuts the next one):
+        // from window 1, the windows 1, 3, ..., h - 1, the last bookable one.
+        let p = policy("sliding_window:limit=1,window=1s");
+        let mut s = None;
+        let now = 1_300 * MS;
+        for k in 0..h / 2 {
+            let d = p.apply(&mut s, now, Op::pace(), 1).unwrap();
+            assert!(d.allowed, "pace {k}");
+            let slot = if k == 0 { now } else { (2 * k + 1) * SEC };
+            assert_eq!(d.delay, Duration::from_micros(slot - now));
+        }
+        assert_eq!(own(&s).windows.len() as u64, h / 2);
+        assert_eq!(own(&s).windows.last(), Some(&(h - 1, 1)));
+        // Window h + 1 is refused, with no state change: retry when window 2 opens.
+        let before = s.clone();
+        let r = p.apply(&mut s, now, Op::pace(), 1).unwrap();
+        assert!(!r.allowed);
+        assert_eq!(
+            r.delay,
+            Duration::from_millis(700),
+            "(h + 1 - h + 1) * 1 s - 1.3 s"
+        );
+        assert_eq!(r.reset_after, Duration::from_micros((h + 1) * SEC - now));
+        assert_eq!(s, before);
+        let within = Op::pace_within(Duration::from_secs(10));
+        let r = p.apply(&mut s, now, within, 1).unwrap();
+        assert_eq!(
+            r.delay,
+            Duration::from_micros((h + 1) * SEC - now - 10 * SEC)
+        );
+        let r = p.apply(&mut s, 2 * SEC - 1, Op::pace(), 1).unwrap();
+        assert_eq!((r.allowed, r.delay), (false, Duration::from_micros(1)));
+        assert_eq!(s, before);
+        // `limit` still answers with the slot, storing nothing.
+        let l = p.apply(&mut s, now, Op::Limit, 1).unwrap();
+        assert_eq!(
+            (l.allowed, l.delay),
+            (false, Duration::from_micros((h + 1) * SEC - now))
+        );
+        assert_eq!(s, before);
+        // When window 2 opens, window h + 1 is within the horizon.
+        let d = p.apply(&mut s, 2 * SEC, Op::pace(), 1).unwrap();
+        assert_eq!((d.allowed, d.delay), (true, Duration::from_secs(h - 1)));
+        assert_eq!(
+            own(&s).windows.first(),
+            Some(&(1, 1)),
+            "the previous window"
+        );
+        assert_eq!(own(&s).windows.last(), Some(&(h + 1, 1)));
     }
 
     #[test]
