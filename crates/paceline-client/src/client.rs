@@ -286,7 +286,7 @@ impl Client {
         dialect: impl Dialect,
     ) -> Result<Client, paceline_store::Error> {
         let store = paceline_store::open(url, &paceline_store::StoreOptions::new()).await?;
-        Ok(Client::with_store(&store, identity, config, dialect))
+        Client::with_store(&store, identity, config, dialect)
     }
 
     /// A client for `identity` whose knowledge is kept by a store the application opened
@@ -301,7 +301,7 @@ impl Client {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), paceline_store::Error> {
     /// let store = open("memory", &StoreOptions::new()).await?;
-    /// let client = Client::with_store(&store, "Bot my-token", ClientConfig::discord(), Discord);
+    /// let client = Client::with_store(&store, "Bot my-token", ClientConfig::discord(), Discord)?;
     /// # drop(client);
     /// # Ok(()) }
     /// ```
@@ -310,20 +310,35 @@ impl Client {
         identity: &str,
         config: ClientConfig,
         dialect: impl Dialect,
-    ) -> Client {
+    ) -> Result<Client, paceline_store::Error> {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         #[cfg(feature = "redis")]
         if let Some(redis) = store.as_redis() {
             let remote = crate::redis::RedisKnowledge::new(redis.clone(), identity, &config);
-            return Client::build(
+            return Ok(Client::build(
                 ClientCore::shared(config),
                 Box::new(dialect),
                 clock,
                 Some(remote),
-            );
+            ));
         }
-        let _ = (store, identity);
-        Client::build(ClientCore::new(config), Box::new(dialect), clock, None)
+        if store.is_remote() {
+            // Never knowledge in this process instead, which the others would not share.
+            return Err(paceline_core::InputError::new(
+                "store",
+                "the store is shared across processes, but this build can share a client's \
+                 knowledge only in Redis, through the `redis` feature (`cargo add paceline -F \
+                 client,redis`), and only on a store that is Redis or wraps it",
+            )
+            .into());
+        }
+        let _ = identity;
+        Ok(Client::build(
+            ClientCore::new(config),
+            Box::new(dialect),
+            clock,
+            None,
+        ))
     }
 
     /// A client on `clock` whose knowledge is `knowledge`, in Redis: for a process that

@@ -366,17 +366,27 @@ impl Gate for Paced {
     async fn admit(&self, target: Target<'_>) -> Result<Slot, PaceError> {
         let key = format!("paced:{}", (self.key)(&target));
         let op = self.max_wait.map_or(Op::pace(), Op::pace_within);
-        let decision = self.store.decide(&self.policy, &key, op, 1).await?;
-        if !decision.allowed {
-            return Err(PaceError::WaitExceeded {
-                key,
-                max_wait: self.max_wait.unwrap_or_default(),
-                retry_after: decision.delay,
-            });
+        loop {
+            let decision = self.store.decide(&self.policy, &key, op, 1).await?;
+            if decision.allowed {
+                if !decision.delay.is_zero() {
+                    self.store.sleep(decision.delay).await;
+                }
+                return Ok(Slot);
+            }
+            if let Some(max_wait) = self.max_wait {
+                return Err(PaceError::WaitExceeded {
+                    key,
+                    max_wait,
+                    retry_after: decision.delay,
+                });
+            }
+            // No bound on the wait: refused only past the policy's horizon (a window
+            // policy books at most 10,000 windows ahead), nothing booked. Ask again once
+            // the slot comes within it.
+            self.store
+                .sleep(decision.delay.max(Duration::from_micros(1)))
+                .await;
         }
-        if !decision.delay.is_zero() {
-            self.store.sleep(decision.delay).await;
-        }
-        Ok(Slot)
     }
 }

@@ -91,6 +91,21 @@ async fn open_store(url: &str) -> Result<SharedStore, QueueError> {
     Ok(paceline_store::open(url, &StoreOptions::new()).await?)
 }
 
+/// The error for a store across the network that holds no Redis store this build can keep
+/// a queue in (built without the `redis` feature, or a wrapper that hides it): never a queue
+/// in this process instead, which no other process would see.
+fn remote_without_redis(name: &str) -> QueueError {
+    InputError::new(
+        "store",
+        format!(
+            "queue `{name}`: the store is shared across processes, but this build can keep a \
+             queue only in Redis, through the `redis` feature (`cargo add paceline -F \
+             queue,redis`), and only on a store that is Redis or wraps it"
+        ),
+    )
+    .into()
+}
+
 /// A job queue: what producers enqueue into and workers lease from. Clones share the queue.
 ///
 /// ```
@@ -178,6 +193,9 @@ impl Queue {
             let backend = crate::RedisQueue::open(redis.clone(), name, config, None).await?;
             return Ok(Queue::new(backend));
         }
+        if store.is_remote() {
+            return Err(remote_without_redis(name));
+        }
         let clock = store
             .time_source()
             .unwrap_or_else(|| Arc::new(SystemClock::new()));
@@ -195,7 +213,9 @@ impl Queue {
                 crate::RedisQueue::attach(redis.clone(), name).await?,
             ));
         }
-        drop(store);
+        if store.is_remote() {
+            return Err(remote_without_redis(name));
+        }
         Err(InputError::new(
             "store",
             format!(
@@ -348,5 +368,82 @@ impl Queue {
     /// Removes every dead job; answers how many.
     pub async fn purge_dead(&self) -> Result<usize, QueueError> {
         self.backend.purge_dead().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use paceline_store::{Decision, Error, MemoryStore, Op, Policy, Request, SetDecision, Store};
+    use paceline_store::{Sleep, StoreFuture};
+
+    /// A store across the network that is not Redis (or hides its Redis store): a memory
+    /// store that says it is remote.
+    struct Remote(MemoryStore);
+
+    impl Store for Remote {
+        fn decide<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a str,
+            op: Op,
+            cost: u64,
+        ) -> StoreFuture<'a, Result<Decision, Error>> {
+            self.0.decide(policy, key, op, cost)
+        }
+
+        fn decide_all<'a>(
+            &'a self,
+            requests: &'a [Request<'a>],
+        ) -> StoreFuture<'a, Result<SetDecision, Error>> {
+            self.0.decide_all(requests)
+        }
+
+        fn release<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a str,
+            lease: u64,
+        ) -> StoreFuture<'a, Result<bool, Error>> {
+            self.0.release(policy, key, lease)
+        }
+
+        fn extend<'a>(
+            &'a self,
+            policy: &'a Policy,
+            key: &'a str,
+            lease: u64,
+        ) -> StoreFuture<'a, Result<Option<Duration>, Error>> {
+            self.0.extend(policy, key, lease)
+        }
+
+        fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {
+            self.0.reset(key)
+        }
+
+        fn sleep(&self, duration: Duration) -> Sleep {
+            self.0.sleep(duration)
+        }
+
+        fn is_remote(&self) -> bool {
+            true
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_shared_store_without_redis_is_refused_never_replaced_by_a_local_queue() {
+        let store: SharedStore = Arc::new(Remote(MemoryStore::new()));
+        let config = QueueConfig::new("gcra:rate=10/s".parse().expect("a policy"));
+        match Queue::with_store(&store, "emails", config).await {
+            Err(QueueError::Input(e)) => {
+                assert_eq!(e.field(), "store");
+                assert!(e.message().contains("`redis` feature"), "{e}");
+            }
+            other => panic!("a queue no other process would see: {other:?}"),
+        }
+        // On a store of this process the queue is this process's own.
+        let local: SharedStore = Arc::new(MemoryStore::new());
+        let config = QueueConfig::new("gcra:rate=10/s".parse().expect("a policy"));
+        assert!(Queue::with_store(&local, "emails", config).await.is_ok());
     }
 }

@@ -11,9 +11,10 @@
 //! On shutdown, a connection with a request in flight answers it with `Connection: close`;
 //! an idle one closes at once, unless its next request has arrived (bytes of it read, or
 //! waiting in the socket): that request is answered first, with `Connection: close`. So a
-//! request sent on a kept-alive connection before the shutdown began is answered, never
+//! request sent on an idle kept-alive connection before the shutdown began is answered, not
 //! dropped with the connection. (hyper alone closes an idle connection without looking at
-//! its socket.)
+//! its socket.) A request pipelined behind one in flight is not looked for: the connection
+//! closes after the answer in flight, as HTTP/1.1 allows a server to.
 
 use std::future::Future;
 use std::io;

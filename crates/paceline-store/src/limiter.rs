@@ -101,7 +101,11 @@ impl<S: Store + ?Sized> Limiter<S> {
     }
 
     /// Reserves the earliest slot for `cost` on `key` and returns the delay to wait before
-    /// acting. Always admitted (unless the input is invalid).
+    /// acting. Admitted unless the input is invalid, or the slot lies past the policy's
+    /// horizon (`fixed_window` and `sliding_window` book at most
+    /// [`MAX_BOOKED_WINDOWS`](paceline_core::policy::fixed_window::MAX_BOOKED_WINDOWS) windows
+    /// ahead): then rejected with no change, the decision's `delay` being the time until the
+    /// slot comes within it. [`acquire`](Limiter::acquire) asks again then by itself.
     pub async fn pace(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         self.store.decide(&self.policy, key, Op::pace(), cost).await
     }
@@ -138,14 +142,43 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// Reserves a slot like [`pace`](Limiter::pace), then waits until it (in the store's
     /// time: a tokio sleep, or an advance of a virtual clock). Returns the decision.
     ///
+    /// A backlog past the policy's horizon (see [`pace`](Limiter::pace)) books nothing: the
+    /// call waits until its slot comes within the horizon and reserves again, so it returns
+    /// only with a slot reserved and reached (its decision admitted) or with an error.
+    ///
     /// **Cancellation**: the slot is reserved before the wait starts. If this future is
     /// dropped during the wait, the reservation stands and its slot goes unused: other
     /// callers are still paced around it. Nothing is reserved if the future is dropped
     /// before its first poll.
+    ///
+    /// ```
+    /// use paceline_store::{Clock, Limiter, ManualClock, MemoryStore, Policy};
+    /// use std::sync::Arc;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_store::Error> {
+    /// let clock = ManualClock::new(0);
+    /// let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    /// let policy: Policy = "fixed_window:limit=1,window=1s".parse()?;
+    /// let limiter = Limiter::with_store(policy, store);
+    /// let first = limiter.acquire("k", 1).await?; // window 0: at once
+    /// let second = limiter.acquire("k", 1).await?; // window 1: the virtual clock moves 1 s
+    /// assert!(first.allowed && second.allowed);
+    /// assert_eq!(clock.now_micros(), 1_000_000);
+    /// # Ok(()) }
+    /// ```
     pub async fn acquire(&self, key: &str, cost: u64) -> Result<Decision, Error> {
-        let decision = self.pace(key, cost).await?;
-        self.wait(&decision).await;
-        Ok(decision)
+        loop {
+            let decision = self.pace(key, cost).await?;
+            if decision.allowed {
+                self.wait(&decision).await;
+                return Ok(decision);
+            }
+            // Past the horizon, nothing booked: ask again once the slot comes within it
+            // (never sooner than a microsecond, so the loop always moves time on).
+            self.store
+                .sleep(decision.delay.max(Duration::from_micros(1)))
+                .await;
+        }
     }
 
     /// [`acquire`](Limiter::acquire) with a bound on the wait: if the delay would exceed

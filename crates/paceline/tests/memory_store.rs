@@ -144,6 +144,31 @@ fn a_foreign_state_keeps_its_expiry_when_peeked() {
     );
 }
 
+/// A backlog past a window policy's horizon: `pace` refuses, booking nothing, and
+/// `acquire` waits until its slot comes within the horizon, then books it and waits for it:
+/// it never returns without a slot.
+#[tokio::test(flavor = "current_thread")]
+async fn acquire_past_the_horizon_waits_then_books() {
+    use paceline::policy::fixed_window::MAX_BOOKED_WINDOWS;
+    let clock = ManualClock::new(0);
+    let store = store_on(&clock);
+    let l = limiter("fixed_window:limit=1,window=1ms", &store);
+    // Windows 0 to H - 1 booked, one each.
+    for window in 0..MAX_BOOKED_WINDOWS {
+        let d = l.pace("k", 1).await.unwrap();
+        assert!(d.allowed);
+        assert_eq!(d.delay, Duration::from_millis(window));
+    }
+    let refused = l.pace("k", 1).await.unwrap();
+    assert!(!refused.allowed);
+    // Window H comes within the horizon when window 1 opens.
+    assert_eq!(refused.delay, Duration::from_millis(1));
+    let d = l.acquire("k", 1).await.unwrap();
+    assert!(d.allowed);
+    // Booked window H from 1 ms, and waited until it opened.
+    assert_eq!(clock.now_micros(), MAX_BOOKED_WINDOWS * 1_000);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn acquire_waits_in_the_stores_time() {
     let clock = ManualClock::new(0);
