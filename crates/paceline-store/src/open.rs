@@ -165,7 +165,9 @@ impl StoreOptions {
     /// back even while no call arrives, e.g. after a burst of keys that then go quiet.
     /// `None` (the default): only calls sweep (see [`MemoryStore`]). The task ends once the
     /// store is dropped. Redis expires idle keys itself and ignores this. Opening a memory
-    /// store with a period outside a tokio runtime is an input error naming `sweep_every`.
+    /// store with a period outside a tokio runtime is an input error naming `sweep_every`;
+    /// the runtime needs its time driver (`enable_time`, on in `#[tokio::main]`), which the
+    /// task's timer runs on.
     ///
     /// ```
     /// use paceline_store::{open, StoreOptions};
