@@ -626,6 +626,21 @@ async fn a_memory_url_opens_a_client_of_its_own() {
     assert!(err.to_string().contains("ftp://x"), "{err}");
 }
 
+/// A store shared across processes that holds no Redis store (here, one that hides it) is
+/// refused: never knowledge kept in this process, which the others would not share.
+#[tokio::test(flavor = "current_thread")]
+async fn a_shared_store_without_redis_is_refused() {
+    let store: paceline_store::SharedStore = std::sync::Arc::new(paceline_testkit::NotRedis::new());
+    match Client::with_store(&store, "Bot x", ClientConfig::new(), Discord) {
+        Err(paceline_store::Error::Input(e)) => {
+            assert_eq!(e.field(), "store");
+            assert!(e.message().contains("`redis` feature"), "{e}");
+        }
+        Err(e) => panic!("not an input error: {e}"),
+        Ok(_) => panic!("knowledge no other process would share"),
+    }
+}
+
 // The adapters on Redis ----------------------------------------------------------------
 
 /// Four routes on one bucket id of 5 calls per 200 ms, and Discord's global limit: one

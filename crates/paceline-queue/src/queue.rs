@@ -374,65 +374,12 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use paceline_store::{Decision, Error, MemoryStore, Op, Policy, Request, SetDecision, Store};
-    use paceline_store::{Sleep, StoreFuture};
-
-    /// A store across the network that is not Redis (or hides its Redis store): a memory
-    /// store that says it is remote.
-    struct Remote(MemoryStore);
-
-    impl Store for Remote {
-        fn decide<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a str,
-            op: Op,
-            cost: u64,
-        ) -> StoreFuture<'a, Result<Decision, Error>> {
-            self.0.decide(policy, key, op, cost)
-        }
-
-        fn decide_all<'a>(
-            &'a self,
-            requests: &'a [Request<'a>],
-        ) -> StoreFuture<'a, Result<SetDecision, Error>> {
-            self.0.decide_all(requests)
-        }
-
-        fn release<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a str,
-            lease: u64,
-        ) -> StoreFuture<'a, Result<bool, Error>> {
-            self.0.release(policy, key, lease)
-        }
-
-        fn extend<'a>(
-            &'a self,
-            policy: &'a Policy,
-            key: &'a str,
-            lease: u64,
-        ) -> StoreFuture<'a, Result<Option<Duration>, Error>> {
-            self.0.extend(policy, key, lease)
-        }
-
-        fn reset<'a>(&'a self, key: &'a str) -> StoreFuture<'a, Result<(), Error>> {
-            self.0.reset(key)
-        }
-
-        fn sleep(&self, duration: Duration) -> Sleep {
-            self.0.sleep(duration)
-        }
-
-        fn is_remote(&self) -> bool {
-            true
-        }
-    }
+    use paceline_store::MemoryStore;
+    use paceline_testkit::NotRedis;
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_shared_store_without_redis_is_refused_never_replaced_by_a_local_queue() {
-        let store: SharedStore = Arc::new(Remote(MemoryStore::new()));
+        let store: SharedStore = Arc::new(NotRedis::new());
         let config = QueueConfig::new("gcra:rate=10/s".parse().expect("a policy"));
         match Queue::with_store(&store, "emails", config).await {
             Err(QueueError::Input(e)) => {

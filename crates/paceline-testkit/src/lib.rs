@@ -733,6 +733,83 @@ pub fn whole_response(stream: &mut impl std::io::Read) -> String {
     }
 }
 
+/// A store across the network that is not Redis, or hides the Redis store beneath it: a
+/// memory store that says it is remote ([`Store::is_remote`]) and has no
+/// [`as_redis`](Store::as_redis). For tests that a front end which keeps state of its own
+/// in Redis refuses it, rather than keeping that state in its own process where no other
+/// process sees it.
+///
+/// [`Store::is_remote`]: paceline_store::Store::is_remote
+/// [`Store::as_redis`]: paceline_store::Store::as_redis
+pub struct NotRedis(paceline_store::MemoryStore);
+
+impl NotRedis {
+    /// A fresh one, on the system clock.
+    pub fn new() -> NotRedis {
+        NotRedis(paceline_store::MemoryStore::new())
+    }
+}
+
+impl Default for NotRedis {
+    fn default() -> Self {
+        NotRedis::new()
+    }
+}
+
+impl paceline_store::Store for NotRedis {
+    fn decide<'a>(
+        &'a self,
+        policy: &'a paceline_store::Policy,
+        key: &'a str,
+        op: paceline_store::Op,
+        cost: u64,
+    ) -> paceline_store::StoreFuture<'a, Result<paceline_store::Decision, paceline_store::Error>>
+    {
+        self.0.decide(policy, key, op, cost)
+    }
+
+    fn decide_all<'a>(
+        &'a self,
+        requests: &'a [paceline_store::Request<'a>],
+    ) -> paceline_store::StoreFuture<'a, Result<paceline_store::SetDecision, paceline_store::Error>>
+    {
+        self.0.decide_all(requests)
+    }
+
+    fn release<'a>(
+        &'a self,
+        policy: &'a paceline_store::Policy,
+        key: &'a str,
+        lease: u64,
+    ) -> paceline_store::StoreFuture<'a, Result<bool, paceline_store::Error>> {
+        self.0.release(policy, key, lease)
+    }
+
+    fn extend<'a>(
+        &'a self,
+        policy: &'a paceline_store::Policy,
+        key: &'a str,
+        lease: u64,
+    ) -> paceline_store::StoreFuture<'a, Result<Option<Duration>, paceline_store::Error>> {
+        self.0.extend(policy, key, lease)
+    }
+
+    fn reset<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> paceline_store::StoreFuture<'a, Result<(), paceline_store::Error>> {
+        self.0.reset(key)
+    }
+
+    fn sleep(&self, duration: Duration) -> paceline_store::Sleep {
+        self.0.sleep(duration)
+    }
+
+    fn is_remote(&self) -> bool {
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
