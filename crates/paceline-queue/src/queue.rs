@@ -167,8 +167,9 @@ impl Queue {
     /// The queue `name` on a store the application opened already (with
     /// `paceline_store::open` and whichever settings it chose): in that store's Redis when
     /// it has one ([`Store::as_redis`](paceline_store::Store::as_redis)), over the same
-    /// connection; otherwise held in this process, on the store's clock. A service that
-    /// decides limits and runs queues opens one store for both.
+    /// connection; otherwise held in this process. Either way the queue keeps the store's
+    /// time: Redis's own, or the clock the store was given. A service that decides limits
+    /// and runs queues opens one store for both.
     ///
     /// ```
     /// use paceline_queue::{Queue, QueueConfig};
@@ -190,7 +191,8 @@ impl Queue {
     ) -> Result<Queue, QueueError> {
         #[cfg(feature = "redis")]
         if let Some(redis) = store.as_redis() {
-            let backend = crate::RedisQueue::open(redis.clone(), name, config, None).await?;
+            let clock = store.time_source();
+            let backend = crate::RedisQueue::open(redis.clone(), name, config, clock).await?;
             return Ok(Queue::new(backend));
         }
         if store.is_remote() {

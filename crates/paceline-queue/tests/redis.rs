@@ -484,6 +484,37 @@ fn handles_share_a_queue_and_wake_each_other() {
     });
 }
 
+/// A queue on a store that was given a clock keeps that clock's time, as the store's own
+/// decisions do (here, for the estimate of a job's start).
+#[test]
+fn a_queue_on_a_store_keeps_the_stores_clock() {
+    runtime().block_on(async {
+        let at = 1_700_000_000_000_000;
+        let clock = ManualClock::new(at);
+        let options = paceline_store::StoreOptions::new().clock(Arc::new(clock.clone()));
+        let store = paceline_store::open(&shared_server().url(), &options)
+            .await
+            .unwrap();
+        let config = QueueConfig::new("gcra:rate=1/s".parse().unwrap());
+        let queue = Queue::with_store(&store, &unique_name("clock"), config)
+            .await
+            .unwrap();
+        assert_eq!(queue.now_micros(), at);
+        let first = queue
+            .enqueue(NewJob::new("g", b"1".to_vec()))
+            .await
+            .unwrap();
+        let second = queue
+            .enqueue(NewJob::new("g", b"2".to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(
+            (first.estimated_start, second.estimated_start),
+            (at, at + 1_000_000)
+        );
+    });
+}
+
 /// Queues on different slots of a cluster work side by side.
 #[test]
 fn queues_on_different_cluster_slots_work_side_by_side() {
