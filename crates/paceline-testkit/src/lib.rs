@@ -735,12 +735,11 @@ pub fn whole_response(stream: &mut impl std::io::Read) -> String {
 
 /// A store across the network that is not Redis, or hides the Redis store beneath it: a
 /// memory store that says it is remote ([`Store::is_remote`]) and has no
-/// [`as_redis`](Store::as_redis). For tests that a front end which keeps state of its own
-/// in Redis refuses it, rather than keeping that state in its own process where no other
-/// process sees it.
+/// [`as_redis`](paceline_store::Store::as_redis). For tests that a front end which keeps
+/// state of its own in Redis refuses it, rather than keeping that state in its own process
+/// where no other process sees it.
 ///
 /// [`Store::is_remote`]: paceline_store::Store::is_remote
-/// [`Store::as_redis`]: paceline_store::Store::as_redis
 pub struct NotRedis(paceline_store::MemoryStore);
 
 impl NotRedis {
