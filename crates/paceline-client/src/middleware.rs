@@ -59,7 +59,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Extensions, HeaderMap};
-use paceline_store::{InputError, Op, Policy, SharedStore};
+use paceline_store::{InputError, Limiter, Policy, SharedStore, Store};
 use reqwest_middleware::{Middleware, Next};
 
 use crate::client::{After, Client, Permit};
@@ -270,8 +270,8 @@ type KeyFn = dyn Fn(&Target<'_>) -> String + Send + Sync;
 /// bound.
 #[derive(Clone)]
 pub struct Paced {
-    policy: Arc<Policy>,
-    store: SharedStore,
+    /// The policy and the store, whose `acquire` and `try_acquire` pace each request.
+    limiter: Limiter<dyn Store>,
     key: Arc<KeyFn>,
     max_wait: Option<Duration>,
 }
@@ -279,7 +279,7 @@ pub struct Paced {
 impl std::fmt::Debug for Paced {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Paced")
-            .field("policy", &self.policy.to_string())
+            .field("policy", &self.limiter.policy().to_string())
             .field("max_wait", &self.max_wait)
             .finish_non_exhaustive()
     }
@@ -300,8 +300,7 @@ impl Paced {
             ));
         }
         Ok(Gated::new(Paced {
-            policy: Arc::new(policy),
-            store,
+            limiter: Limiter::with_store(policy, store),
             key: Arc::new(|target| target.host.to_string()),
             max_wait: None,
         }))
@@ -365,28 +364,20 @@ impl Gate for Paced {
 
     async fn admit(&self, target: Target<'_>) -> Result<Slot, PaceError> {
         let key = format!("paced:{}", (self.key)(&target));
-        let op = self.max_wait.map_or(Op::pace(), Op::pace_within);
-        loop {
-            let decision = self.store.decide(&self.policy, &key, op, 1).await?;
-            if decision.allowed {
-                if !decision.delay.is_zero() {
-                    self.store.sleep(decision.delay).await;
-                }
-                return Ok(Slot);
-            }
-            if let Some(max_wait) = self.max_wait {
-                return Err(PaceError::WaitExceeded {
-                    key,
-                    max_wait,
-                    retry_after: decision.delay,
-                });
-            }
-            // No bound on the wait: refused only past the policy's horizon (a window
-            // policy books at most 10,000 windows ahead), nothing booked. Ask again once
-            // the slot comes within it.
-            self.store
-                .sleep(decision.delay.max(Duration::from_micros(1)))
-                .await;
+        let Some(max_wait) = self.max_wait else {
+            // No bound on the wait: reserved and waited for (past a window policy's horizon,
+            // asked again until it books).
+            self.limiter.acquire(&key, 1).await?;
+            return Ok(Slot);
+        };
+        let decision = self.limiter.try_acquire(&key, 1, max_wait).await?;
+        if decision.allowed {
+            return Ok(Slot);
         }
+        Err(PaceError::WaitExceeded {
+            key,
+            max_wait,
+            retry_after: decision.delay,
+        })
     }
 }
