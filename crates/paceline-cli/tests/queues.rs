@@ -40,6 +40,72 @@ fn text(v: &serde_json::Value) -> String {
     v.as_str().unwrap_or_default().to_string()
 }
 
+/// A Redis server and a service keeping its queues there (the server outlives the service).
+fn redis_service() -> (paceline_testkit::RedisServer, tempfile::TempDir, Service) {
+    let redis = paceline_testkit::RedisServer::start().expect("redis-server starts");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(dir.path(), "paceline.toml", CONFIG);
+    let s = start(&["--config", &config, "--store", &redis.url()]);
+    (redis, dir, s)
+}
+
+/// The queue's counts: scheduled, waiting, active, dead (a call that also does the queue's
+/// upkeep: expired leases go back to their groups).
+fn counts(port: u16) -> [Option<u64>; 4] {
+    let stats = get(port, "/v1/queues/roles").json();
+    ["scheduled", "waiting", "active", "dead"].map(|state| stats[state].as_u64())
+}
+
+/// Asks `done` again (every 10 ms, at most 20 s) until it holds.
+fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// The queue's `paceline_queue_jobs_total` for `event`, from `/metrics`.
+fn jobs_total(port: u16, event: &str) -> u64 {
+    let metrics = get(port, "/metrics").body;
+    let series = format!("paceline_queue_jobs_total{{queue=\"roles\",event=\"{event}\"}} ");
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series.as_str()))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {series}in {metrics}"))
+}
+
+/// Enqueues job `id` in `group` (it must be new).
+fn enqueue(port: u16, group: &str, id: &str) {
+    let body = format!(r#"{{"group": "{group}", "payload": {{"n": 1}}, "id": "{id}"}}"#);
+    let r = post(port, "/v1/queues/roles/jobs", &body);
+    assert_eq!(r.status, 201, "{id}: {}", r.body);
+}
+
+/// Leases the one waiting job, which must be `id`: its lease token and the lease's answer.
+fn lease_one(port: u16, id: &str, lease_ms: u64) -> (String, serde_json::Value) {
+    let jobs = lease(
+        port,
+        &format!(r#"{{"worker": "w-{lease_ms}", "max_jobs": 10, "lease_ms": {lease_ms}}}"#),
+    );
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(text(&jobs[0]["id"]), id, "{jobs:?}");
+    (text(&jobs[0]["lease"]), jobs[0].clone())
+}
+
+/// `POST /v1/queues/roles/jobs/{id}/{what}` with `body`.
+fn on_job(port: u16, id: &str, what: &str, body: &str) -> Reply {
+    post(port, &format!("/v1/queues/roles/jobs/{id}/{what}"), body)
+}
+
+/// A job as `GET /v1/queues/roles/jobs/{id}` shows it.
+fn job(port: u16, id: &str) -> serde_json::Value {
+    let r = get(port, &format!("/v1/queues/roles/jobs/{id}"));
+    assert_eq!(r.status, 200, "{id}: {}", r.body);
+    r.json()
+}
+
 #[test]
 fn enqueue_lease_ack_fail_extend_and_the_dead_set() {
     let (_dir, s) = service();
@@ -468,4 +534,327 @@ fn the_queue_command_shows_and_repairs_a_redis_queue() {
     // Port 1: nothing listens there (a port found free could be taken by then).
     let (code, _, err) = queue_command(&["stats", "--store", "redis://127.0.0.1:1", "roles"]);
     assert_eq!(code, 3, "{err}");
+}
+
+/// A stale lease token (of a job acknowledged, failed, or leased again since) sent to `fail`
+/// or `extend`: `409 lease_lost` naming `lease` each time, and the job stays as it was.
+fn stale_leases_change_nothing(p: u16) {
+    let stale_calls = |id: &str, token: &str| {
+        for (what, body) in [
+            (
+                "fail",
+                format!(r#"{{"lease": "{token}", "error": "stale"}}"#),
+            ),
+            (
+                "fail",
+                format!(r#"{{"lease": "{token}", "retry_after_ms": 1}}"#),
+            ),
+            (
+                "fail",
+                format!(r#"{{"lease": "{token}", "fatal": true, "error": "stale"}}"#),
+            ),
+            (
+                "extend",
+                format!(r#"{{"lease": "{token}", "lease_ms": 600000}}"#),
+            ),
+            ("extend", format!(r#"{{"lease": "{token}"}}"#)),
+        ] {
+            let r = on_job(p, id, what, &body);
+            assert_eq!(
+                (r.status, r.error()),
+                (409, ("lease_lost".into(), "lease".into())),
+                "{what} {id} {body}: {}",
+                r.body
+            );
+        }
+    };
+
+    // Acknowledged: the job is gone, and stays gone (no dead job, no retry).
+    enqueue(p, "guild:a", "acked");
+    let (token, _) = lease_one(p, "acked", 60_000);
+    let ack = on_job(p, "acked", "ack", &format!(r#"{{"lease": "{token}"}}"#));
+    assert_eq!(ack.status, 204, "{}", ack.body);
+    assert_eq!(counts(p), [Some(0), Some(0), Some(0), Some(0)]);
+    stale_calls("acked", &token);
+    assert_eq!(counts(p), [Some(0), Some(0), Some(0), Some(0)]);
+    assert_eq!(
+        get(p, "/v1/queues/roles/jobs/acked").error().0,
+        "unknown_job"
+    );
+
+    // Failed and waiting for its retry: it keeps its time, its attempts and its error.
+    enqueue(p, "guild:b", "failed");
+    let (token, _) = lease_one(p, "failed", 60_000);
+    let r = on_job(
+        p,
+        "failed",
+        "fail",
+        &format!(r#"{{"lease": "{token}", "retry_after_ms": 3600000, "error": "upstream 500"}}"#),
+    );
+    assert_eq!(r.status, 204, "{}", r.body);
+    let before = job(p, "failed");
+    assert_eq!(
+        (text(&before["state"]), text(&before["last_error"])),
+        ("scheduled".into(), "upstream 500".into())
+    );
+    stale_calls("failed", &token);
+    assert_eq!(job(p, "failed"), before);
+    assert_eq!(counts(p), [Some(1), Some(0), Some(0), Some(0)]);
+
+    // Leased again after its first lease expired: the new lease keeps the job.
+    enqueue(p, "guild:c", "again");
+    let (first, _) = lease_one(p, "again", 1);
+    until("the 1 ms lease of `again` expires", || {
+        counts(p)[2] == Some(0)
+    });
+    let (second, leased) = lease_one(p, "again", 600_000);
+    assert_ne!(first, second);
+    assert_eq!(leased["attempt"].as_u64(), Some(2), "{leased}");
+    let before = job(p, "again");
+    assert_eq!(
+        (
+            text(&before["state"]),
+            text(&before["worker"]),
+            before["lease_expires_ms"].as_u64()
+        ),
+        (
+            "active".into(),
+            "w-600000".into(),
+            leased["lease_expires_ms"].as_u64()
+        )
+    );
+    stale_calls("again", &first);
+    assert_eq!(job(p, "again"), before);
+    assert_eq!(counts(p), [Some(1), Some(0), Some(1), Some(0)]);
+    // The current lease still holds it.
+    let r = on_job(
+        p,
+        "again",
+        "extend",
+        &format!(r#"{{"lease": "{second}", "lease_ms": 60000}}"#),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let r = on_job(p, "again", "ack", &format!(r#"{{"lease": "{second}"}}"#));
+    assert_eq!(r.status, 204, "{}", r.body);
+    assert_eq!(counts(p), [Some(1), Some(0), Some(0), Some(0)]);
+}
+
+#[test]
+fn a_stale_lease_can_neither_fail_nor_extend_its_job() {
+    let (_dir, s) = service();
+    stale_leases_change_nothing(s.port);
+}
+
+#[test]
+fn a_stale_lease_can_neither_fail_nor_extend_its_job_in_redis() {
+    let (_redis, _dir, s) = redis_service();
+    stale_leases_change_nothing(s.port);
+}
+
+/// A batch of 1,001 jobs: `400` naming `body`, and not one of them enqueued; 1,000 pass.
+fn a_batch_over_the_most_enqueues_nothing(p: u16) {
+    enqueue(p, "guild:1", "before");
+    let before = counts(p);
+    assert_eq!(before, [Some(0), Some(1), Some(0), Some(0)]);
+    let batch = |n: usize| {
+        let jobs: Vec<String> = (0..n)
+            .map(|i| {
+                format!(
+                    r#"{{"group": "guild:{}", "payload": {i}, "id": "batch-{i}"}}"#,
+                    i % 7
+                )
+            })
+            .collect();
+        format!("[{}]", jobs.join(","))
+    };
+    let r = post(p, "/v1/queues/roles/jobs/batch", &batch(1001));
+    assert_eq!(
+        (r.status, r.error()),
+        (400, ("invalid_argument".into(), "body".into())),
+        "{}",
+        r.body
+    );
+    let message = text(&r.json()["error"]["message"]);
+    assert!(
+        message.contains("1001 jobs") && message.contains("at most 1000"),
+        "{message}"
+    );
+    assert_eq!(counts(p), before);
+    for id in ["batch-0", "batch-999", "batch-1000"] {
+        let r = get(p, &format!("/v1/queues/roles/jobs/{id}"));
+        assert_eq!(
+            (r.status, r.error().0.as_str()),
+            (404, "unknown_job"),
+            "{id}"
+        );
+    }
+    assert_eq!(jobs_total(p, "enqueued"), 1);
+    // 1,000 is the most, and is taken.
+    let r = post(p, "/v1/queues/roles/jobs/batch", &batch(1000));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let created = r
+        .json()
+        .as_array()
+        .map(|answers| answers.iter().filter(|a| a["status"] == 201).count());
+    assert_eq!(created, Some(1000));
+    assert_eq!(counts(p), [Some(0), Some(1001), Some(0), Some(0)]);
+}
+
+#[test]
+fn a_batch_of_1001_jobs_is_refused_whole() {
+    let (_dir, s) = service();
+    a_batch_over_the_most_enqueues_nothing(s.port);
+}
+
+#[test]
+fn a_batch_of_1001_jobs_is_refused_whole_in_redis() {
+    let (_redis, _dir, s) = redis_service();
+    a_batch_over_the_most_enqueues_nothing(s.port);
+}
+
+/// `POST .../dead/retry` with `{"ids": [...]}`: the dead jobs named go back in line with
+/// fresh attempts, the other dead jobs stay dead, and ids unknown or of jobs that are not
+/// dead are skipped (not counted, nothing created or moved).
+fn retrying_dead_jobs_by_id(p: u16) {
+    for id in ["d1", "d2", "d3"] {
+        enqueue(p, "guild:d", id);
+    }
+    let jobs = lease(p, r#"{"worker": "w", "max_jobs": 10}"#);
+    assert_eq!(jobs.len(), 3, "{jobs:?}");
+    for j in &jobs {
+        let body = format!(
+            r#"{{"lease": "{}", "fatal": true, "error": "bad role"}}"#,
+            text(&j["lease"])
+        );
+        let r = on_job(p, &text(&j["id"]), "fail", &body);
+        assert_eq!(r.status, 204, "{}", r.body);
+    }
+    enqueue(p, "guild:w", "w");
+    let waiting = job(p, "w");
+    assert_eq!(counts(p), [Some(0), Some(1), Some(0), Some(3)]);
+    let retry = |body: &str| {
+        let r = post(p, "/v1/queues/roles/dead/retry", body);
+        assert_eq!(r.status, 200, "{body}: {}", r.body);
+        r.json()["retried"].as_u64()
+    };
+    // An empty list names no job (`{}` would retry them all).
+    assert_eq!(retry(r#"{"ids": []}"#), Some(0));
+    assert_eq!(counts(p), [Some(0), Some(1), Some(0), Some(3)]);
+    assert_eq!(
+        retry(r#"{"ids": ["d1", "nope", "w", "d3", "d1"]}"#),
+        Some(2)
+    );
+    assert_eq!(counts(p), [Some(0), Some(3), Some(0), Some(1)]);
+    for id in ["d1", "d3"] {
+        let info = job(p, id);
+        assert_eq!(
+            (text(&info["state"]), info["attempts"].as_u64()),
+            ("waiting".into(), Some(0)),
+            "{info}"
+        );
+    }
+    let d2 = job(p, "d2");
+    assert_eq!(
+        (text(&d2["state"]), text(&d2["last_error"])),
+        ("dead".into(), "bad role".into())
+    );
+    let dead = get(p, "/v1/queues/roles/dead").json();
+    let dead: Vec<String> = dead["jobs"]
+        .as_array()
+        .map(|jobs| jobs.iter().map(|j| text(&j["id"])).collect())
+        .unwrap_or_default();
+    assert_eq!(dead, ["d2"]);
+    assert_eq!(job(p, "w"), waiting);
+    assert_eq!(
+        get(p, "/v1/queues/roles/jobs/nope").error().0,
+        "unknown_job"
+    );
+    // No longer dead, or never known: nothing to retry.
+    assert_eq!(retry(r#"{"ids": ["d1", "d3"]}"#), Some(0));
+    assert_eq!(retry(r#"{"ids": ["nope"]}"#), Some(0));
+    assert_eq!(counts(p), [Some(0), Some(3), Some(0), Some(1)]);
+    // The retried jobs start again; the one left dead does not.
+    let mut started: Vec<String> = lease(p, r#"{"worker": "w", "max_jobs": 10}"#)
+        .iter()
+        .map(|j| text(&j["id"]))
+        .collect();
+    started.sort();
+    assert_eq!(started, ["d1", "d3", "w"]);
+    assert_eq!(counts(p), [Some(0), Some(0), Some(3), Some(1)]);
+}
+
+#[test]
+fn retrying_dead_jobs_by_id_retries_only_those() {
+    let (_dir, s) = service();
+    retrying_dead_jobs_by_id(s.port);
+}
+
+#[test]
+fn retrying_dead_jobs_by_id_retries_only_those_in_redis() {
+    let (_redis, _dir, s) = redis_service();
+    retrying_dead_jobs_by_id(s.port);
+}
+
+/// `paceline_queue_jobs_total` for `failed`, `retried`, `dead` and `lease_expired` after a
+/// failure that is retried, a fatal one, and a lease that expires twice (back in line, then
+/// out of attempts: dead).
+fn failures_and_expiries_in_the_metrics(p: u16) {
+    let totals = || ["failed", "retried", "dead", "lease_expired"].map(|e| jobs_total(p, e));
+    assert_eq!(totals(), [0, 0, 0, 0]);
+
+    enqueue(p, "guild:m", "retried");
+    let (token, _) = lease_one(p, "retried", 60_000);
+    let body = format!(r#"{{"lease": "{token}", "retry_after_ms": 3600000, "error": "503"}}"#);
+    let r = on_job(p, "retried", "fail", &body);
+    assert_eq!(r.status, 204, "{}", r.body);
+    assert_eq!(text(&job(p, "retried")["state"]), "scheduled");
+    assert_eq!(totals(), [1, 1, 0, 0]);
+
+    enqueue(p, "guild:m", "fatal");
+    let (token, _) = lease_one(p, "fatal", 60_000);
+    let body = format!(r#"{{"lease": "{token}", "fatal": true, "error": "bad role"}}"#);
+    let r = on_job(p, "fatal", "fail", &body);
+    assert_eq!(r.status, 204, "{}", r.body);
+    assert_eq!(totals(), [2, 1, 1, 0]);
+
+    // Attempt 1 of 2 expires: back in line, neither a failure nor a death.
+    enqueue(p, "guild:m", "stalled");
+    lease_one(p, "stalled", 1);
+    until("the first lease of `stalled` expires", || {
+        jobs_total(p, "lease_expired") == 1
+    });
+    assert_eq!(totals(), [2, 1, 1, 1]);
+    let info = job(p, "stalled");
+    assert_eq!(
+        (text(&info["state"]), info["attempts"].as_u64()),
+        ("waiting".into(), Some(1)),
+        "{info}"
+    );
+    // Attempt 2 of 2 expires: dead.
+    let (_, leased) = lease_one(p, "stalled", 1);
+    assert_eq!(leased["attempt"].as_u64(), Some(2), "{leased}");
+    until("the second lease of `stalled` expires", || {
+        jobs_total(p, "lease_expired") == 2
+    });
+    assert_eq!(totals(), [2, 1, 2, 2]);
+    let info = job(p, "stalled");
+    assert_eq!(text(&info["state"]), "dead", "{info}");
+    assert!(
+        text(&info["last_error"]).contains("lease expired"),
+        "{info}"
+    );
+    assert_eq!(jobs_total(p, "started"), 4);
+    assert_eq!(counts(p), [Some(1), Some(0), Some(0), Some(2)]);
+}
+
+#[test]
+fn the_metrics_count_failures_retries_and_lease_expiries() {
+    let (_dir, s) = service();
+    failures_and_expiries_in_the_metrics(s.port);
+}
+
+#[test]
+fn the_metrics_count_failures_retries_and_lease_expiries_in_redis() {
+    let (_redis, _dir, s) = redis_service();
+    failures_and_expiries_in_the_metrics(s.port);
 }
