@@ -1,0 +1,438 @@
+//! The job queues over HTTP (`/v1/queues/{queue}/...`), in process, on a Redis Cluster:
+//! two queues whose keys the cluster keeps on different primaries, served side by side by
+//! two instances of the service (one a worker's, one a producer's).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use paceline_queue::QueueConfig;
+use paceline_server::{Server, Settings};
+use paceline_store::{Clock, ManualClock};
+use paceline_testkit::{shared_cluster, unique_name, RedisCluster};
+use serde_json::{json, Value};
+
+/// 2023-11-14 in microseconds since the Unix epoch (a whole number of 10 s windows).
+const EPOCH_2023: u64 = 1_700_000_000_000_000;
+/// The same, in the milliseconds the API answers.
+const EPOCH_MS: u64 = EPOCH_2023 / 1_000;
+
+/// A virtual clock whose sleeps never end on their own: each is counted, so the test sees a
+/// waiting lease settle into its wait, and then only a change of the queue (a message on its
+/// channel) ends the wait. Its time moves only when the test moves it.
+#[derive(Clone)]
+struct GatedClock {
+    time: ManualClock,
+    sleeps: Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl GatedClock {
+    fn new(time: ManualClock) -> GatedClock {
+        GatedClock {
+            time,
+            sleeps: Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
+
+    /// Waits until `n` sleeps have begun in all (a guard fails the test if that never
+    /// happens, rather than hanging it).
+    async fn sleeps_begun(&self, n: usize) {
+        let mut sleeps = self.sleeps.subscribe();
+        tokio::time::timeout(Duration::from_secs(20), sleeps.wait_for(|&s| s >= n))
+            .await
+            .expect("the lease call settled into its wait")
+            .expect("the clock lives");
+    }
+}
+
+impl Clock for GatedClock {
+    fn now_micros(&self) -> u64 {
+        self.time.now_micros()
+    }
+
+    fn sleep(&self, _: Duration) -> paceline_store::Sleep {
+        self.sleeps.send_modify(|n| *n += 1);
+        Box::pin(std::future::pending())
+    }
+}
+
+/// The slot the cluster puts `key` in (`CLUSTER KEYSLOT`).
+fn keyslot(cluster: &RedisCluster, key: &str) -> u16 {
+    let reply = cluster.nodes()[0]
+        .command(&["CLUSTER", "KEYSLOT", key])
+        .expect("the cluster answers");
+    reply
+        .strip_prefix(':')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("CLUSTER KEYSLOT {key}: {reply}"))
+}
+
+/// The port of the primary serving `slot`, as `CLUSTER NODES` lists the slots.
+fn owner(cluster: &RedisCluster, slot: u16) -> u16 {
+    let out = paceline_testkit::redis_cli(cluster.nodes()[0].port())
+        .args(["CLUSTER", "NODES"])
+        .output()
+        .expect("redis-cli runs");
+    assert!(out.status.success(), "CLUSTER NODES: {out:?}");
+    let text = String::from_utf8(out.stdout).expect("CLUSTER NODES is text");
+    let owners: Vec<u16> = text
+        .lines()
+        .filter_map(|line| {
+            // ID ADDRESS@BUS FLAGS PRIMARY PING PONG EPOCH LINK SLOT...
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if !fields.get(2)?.split(',').any(|flag| flag == "master") {
+                return None;
+            }
+            let serves = fields[8..]
+                .iter()
+                // `[SLOT->-ID]`: a slot on the move, no range.
+                .filter(|range| !range.starts_with('['))
+                .any(|range| {
+                    let (first, last) = range.split_once('-').unwrap_or((range, range));
+                    (first.parse().unwrap()..=last.parse().unwrap()).contains(&slot)
+                });
+            let port = fields[1]
+                .split('@')
+                .next()?
+                .rsplit(':')
+                .next()?
+                .parse()
+                .ok()?;
+            serves.then_some(port)
+        })
+        .collect();
+    assert_eq!(owners.len(), 1, "slot {slot}: {text}");
+    owners[0]
+}
+
+/// Two queue names whose keys (hash tag `{q:NAME}`) the cluster keeps on two different
+/// primaries, neither of them the first node of the seed list, where the service
+/// subscribes to the queues' channels (so every wake-up crosses the cluster): the first
+/// such names among `STEM-0`, `STEM-1`, ..., found by asking the cluster, not by luck.
+/// Each with its slot and primary's port.
+fn two_names_on_two_primaries(cluster: &RedisCluster, stem: &str) -> Vec<(String, u16, u16)> {
+    let stem = unique_name(stem);
+    let subscribed_on = cluster.nodes()[0].port();
+    let mut placed: Vec<(String, u16, u16)> = Vec::new();
+    for n in 0..10_000 {
+        let name = format!("{stem}-{n}");
+        let slot = keyslot(cluster, &format!("{{q:{name}}}"));
+        let port = owner(cluster, slot);
+        if port != subscribed_on && placed.iter().all(|(_, _, p)| *p != port) {
+            placed.push((name, slot, port));
+            if placed.len() == 2 {
+                return placed;
+            }
+        }
+    }
+    panic!("no two primaries besides the first: {placed:?}");
+}
+
+/// Checks that the queue `name`'s configuration key is on `port`'s node, in `slot`: that
+/// node holds it and every other redirects there.
+fn assert_keys_on(cluster: &RedisCluster, name: &str, slot: u16, port: u16) {
+    let config = format!("paceline:v2:{{q:{name}}}:config");
+    assert_eq!(keyslot(cluster, &config), slot);
+    for node in cluster.nodes() {
+        let reply = node.command(&["EXISTS", &config]).unwrap();
+        if node.port() == port {
+            assert_eq!(reply, ":1", "{config} is on its slot's primary");
+        } else {
+            assert_eq!(reply, format!("-MOVED {slot} 127.0.0.1:{port}"));
+        }
+    }
+}
+
+/// A service on a free port, on `store`, with `queues`, its store (and so its queues)
+/// reading time from `clock`.
+async fn serve(
+    store: &str,
+    queues: &BTreeMap<String, QueueConfig>,
+    clock: Arc<dyn Clock>,
+) -> (
+    String,
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Sender<()>,
+) {
+    // reqwest's TLS needs the process's crypto provider (plain HTTP here, but it builds
+    // its TLS configuration anyway).
+    paceline_store::install_tls_provider();
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("an address"),
+        store: store.to_string(),
+        queues: queues.clone(),
+        ..Settings::default()
+    };
+    let server = Server::bind_with_clock(settings, clock)
+        .await
+        .expect("bind");
+    let url = format!("http://{}", server.local_addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let _ = server
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    (url, task, stop)
+}
+
+struct Answer {
+    status: u16,
+    body: Value,
+}
+
+async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Answer {
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("the service answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    let body = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).expect("a JSON body")
+    };
+    Answer { status, body }
+}
+
+async fn post(url: impl AsRef<str>, body: Value) -> Answer {
+    call(reqwest::Method::POST, url.as_ref(), Some(body)).await
+}
+
+async fn get(url: impl AsRef<str>) -> Answer {
+    call(reqwest::Method::GET, url.as_ref(), None).await
+}
+
+/// The lease token of a leased job.
+fn token(job: &Value) -> String {
+    job["lease"].as_str().expect("a lease token").to_string()
+}
+
+/// Two queues on two primaries of a cluster, through two instances of the service: a
+/// worker's lease waiting on one (`wait_ms`) is woken by an enqueue through the other and
+/// gets the job; enqueues answer 201 with the id, the state and the estimated start; acks
+/// answer 204, a stale one 409 `lease_lost`; and each queue's counts (`GET
+/// /v1/queues/{queue}`, the same through either instance) are its own as both go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_queues_on_two_cluster_primaries_over_http() {
+    let cluster = shared_cluster();
+    let placed = two_names_on_two_primaries(cluster, "http");
+    let (a, b) = (placed[0].0.clone(), placed[1].0.clone());
+    assert_ne!(placed[0].1, placed[1].1, "two slots");
+    assert_ne!(placed[0].2, placed[1].2, "two primaries");
+    let lease = Duration::from_secs(20);
+    let queues: BTreeMap<String, QueueConfig> = [
+        (
+            a.clone(),
+            QueueConfig::new("fixed_window:limit=2,window=10s".parse().unwrap()).lease(lease),
+        ),
+        (
+            b.clone(),
+            QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().unwrap()).lease(lease),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    let time = ManualClock::new(EPOCH_2023);
+    let gated = GatedClock::new(time.clone());
+    let (worker, worker_task, stop_worker) =
+        serve(&cluster.url(), &queues, Arc::new(gated.clone())).await;
+    let (producer, producer_task, stop_producer) =
+        serve(&cluster.url(), &queues, Arc::new(time.clone())).await;
+    for (name, slot, port) in &placed {
+        assert_keys_on(cluster, name, *slot, *port);
+    }
+    let unknown = get(&format!("{worker}/v1/queues/nope")).await;
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    assert_eq!(unknown.body["error"]["code"], "unknown_queue");
+
+    // A waiting lease on the worker's instance, woken by an enqueue on the producer's.
+    for (q, group) in [(&a, "g"), (&b, "x")] {
+        let begun = *gated.sleeps.borrow();
+        let waiting = tokio::spawn(post(
+            format!("{worker}/v1/queues/{q}/leases"),
+            json!({"worker": "w1", "wait_ms": 30_000}),
+        ));
+        gated.sleeps_begun(begun + 1).await;
+        assert!(!waiting.is_finished(), "{q}: nothing to lease yet");
+        let payload = json!({"queue": q, "n": 0});
+        let enqueued = post(
+            &format!("{producer}/v1/queues/{q}/jobs"),
+            json!({"group": group, "payload": payload, "id": "first"}),
+        )
+        .await;
+        assert_eq!(enqueued.status, 201, "{q}: {}", enqueued.body);
+        assert_eq!(
+            enqueued.body,
+            json!({"id": "first", "state": "waiting", "estimated_start_ms": EPOCH_MS})
+        );
+        let leased = tokio::time::timeout(Duration::from_secs(20), waiting)
+            .await
+            .expect("the enqueue woke the waiting lease")
+            .expect("the lease call");
+        assert_eq!(leased.status, 200, "{q}: {}", leased.body);
+        let jobs = leased.body["jobs"].as_array().expect("jobs");
+        assert_eq!(jobs.len(), 1, "{q}: {}", leased.body);
+        let job = &jobs[0];
+        assert_eq!(
+            (&job["id"], &job["group"], &job["payload"], &job["attempt"]),
+            (&json!("first"), &json!(group), &payload, &json!(1)),
+            "{q}: {job}"
+        );
+        assert_eq!(job["started_ms"], EPOCH_MS);
+        assert_eq!(job["lease_expires_ms"], EPOCH_MS + 20_000);
+        let ack = format!("{worker}/v1/queues/{q}/jobs/first/ack");
+        let done = post(&ack, json!({"lease": token(job)})).await;
+        assert_eq!(done.status, 204, "{q}: {}", done.body);
+        let stale = post(&ack, json!({"lease": token(job)})).await;
+        assert_eq!(stale.status, 409, "{q}: {}", stale.body);
+        assert_eq!(stale.body["error"]["code"], "lease_lost", "{}", stale.body);
+        assert_eq!(stale.body["error"]["field"], "lease", "{}", stale.body);
+    }
+
+    // More jobs in each: A's group takes 2 a window (one of this window's went to
+    // `first`), B's groups start at once.
+    for (n, expected) in [EPOCH_MS, EPOCH_MS + 10_000, EPOCH_MS + 10_000]
+        .into_iter()
+        .enumerate()
+    {
+        let e = post(
+            &format!("{producer}/v1/queues/{a}/jobs"),
+            json!({"group": "g", "payload": n, "id": format!("a-{n}")}),
+        )
+        .await;
+        assert_eq!(e.status, 201, "{}", e.body);
+        assert_eq!(
+            e.body,
+            json!({"id": format!("a-{n}"), "state": "waiting", "estimated_start_ms": expected})
+        );
+    }
+    for group in ["x", "y"] {
+        let e = post(
+            &format!("{producer}/v1/queues/{b}/jobs"),
+            json!({"group": group, "payload": group, "id": format!("b-{group}")}),
+        )
+        .await;
+        assert_eq!(e.status, 201, "{}", e.body);
+        assert_eq!(e.body["estimated_start_ms"], EPOCH_MS);
+    }
+    // An id the queue holds: 200, nothing added.
+    let again = post(
+        &format!("{producer}/v1/queues/{a}/jobs"),
+        json!({"group": "g", "id": "a-0"}),
+    )
+    .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.body["id"], "a-0");
+
+    let lease_all = |q: &str| {
+        post(
+            format!("{worker}/v1/queues/{q}/leases"),
+            json!({"worker": "w2", "max_jobs": 10, "wait_ms": 0}),
+        )
+    };
+    let from_a = lease_all(&a).await;
+    assert_eq!(from_a.status, 200, "{}", from_a.body);
+    let from_a = from_a.body["jobs"].as_array().expect("jobs").clone();
+    let ids: Vec<&Value> = from_a.iter().map(|j| &j["id"]).collect();
+    assert_eq!(ids, [&json!("a-0")], "A's window holds one more start");
+    let from_b = lease_all(&b).await;
+    assert_eq!(from_b.status, 200, "{}", from_b.body);
+    let from_b = from_b.body["jobs"].as_array().expect("jobs").clone();
+    let ids: BTreeSet<&str> = from_b.iter().filter_map(|j| j["id"].as_str()).collect();
+    assert_eq!(ids, BTreeSet::from(["b-x", "b-y"]));
+
+    // Each queue's counts, the same through either instance.
+    let stats = |q: String| {
+        let (worker, producer) = (worker.clone(), producer.clone());
+        async move {
+            let seen = get(&format!("{worker}/v1/queues/{q}")).await;
+            assert_eq!(seen.status, 200, "{q}: {}", seen.body);
+            let other = get(&format!("{producer}/v1/queues/{q}")).await;
+            assert_eq!(other.body, seen.body, "{q}: both instances see one queue");
+            assert_eq!(seen.body["queue"], q.as_str());
+            seen.body
+        }
+    };
+    let counts = |s: &Value| {
+        (
+            s["scheduled"].clone(),
+            s["waiting"].clone(),
+            s["active"].clone(),
+            s["dead"].clone(),
+        )
+    };
+    let in_a = stats(a.clone()).await;
+    assert_eq!(
+        counts(&in_a),
+        (json!(0), json!(2), json!(1), json!(0)),
+        "{in_a}"
+    );
+    assert_eq!(
+        in_a["groups"],
+        json!({"g": {"waiting": 2, "active": 1, "next_eligible_ms": EPOCH_MS + 10_000}}),
+        "{in_a}"
+    );
+    let in_b = stats(b.clone()).await;
+    assert_eq!(
+        counts(&in_b),
+        (json!(0), json!(0), json!(2), json!(0)),
+        "{in_b}"
+    );
+    let groups_b = in_b["groups"].as_object().expect("groups");
+    assert!(!groups_b.contains_key("g"), "{in_b}");
+    for group in ["x", "y"] {
+        assert_eq!(
+            (&groups_b[group]["waiting"], &groups_b[group]["active"]),
+            (&json!(0), &json!(1)),
+            "{in_b}"
+        );
+    }
+
+    // B's jobs done, through the producer's instance: B is empty, A as it was.
+    for job in &from_b {
+        let id = job["id"].as_str().expect("an id");
+        let done = post(
+            &format!("{producer}/v1/queues/{b}/jobs/{id}/ack"),
+            json!({"lease": token(job)}),
+        )
+        .await;
+        assert_eq!(done.status, 204, "{}", done.body);
+    }
+    let in_b = stats(b.clone()).await;
+    assert_eq!(
+        counts(&in_b),
+        (json!(0), json!(0), json!(0), json!(0)),
+        "{in_b}"
+    );
+    assert_eq!(stats(a.clone()).await, in_a, "B's acks leave A alone");
+    // A's lease token acks nothing in B, where no such job is leased.
+    let crossed = post(
+        &format!("{worker}/v1/queues/{b}/jobs/a-0/ack"),
+        json!({"lease": token(&from_a[0])}),
+    )
+    .await;
+    assert_eq!(crossed.status, 409, "{}", crossed.body);
+    assert_eq!(crossed.body["error"]["code"], "lease_lost");
+    let done = post(
+        &format!("{worker}/v1/queues/{a}/jobs/a-0/ack"),
+        json!({"lease": token(&from_a[0])}),
+    )
+    .await;
+    assert_eq!(done.status, 204, "{}", done.body);
+    let in_a = stats(a.clone()).await;
+    assert_eq!(
+        counts(&in_a),
+        (json!(0), json!(2), json!(0), json!(0)),
+        "{in_a}"
+    );
+
+    for (stop, task) in [(stop_worker, worker_task), (stop_producer, producer_task)] {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
+}
