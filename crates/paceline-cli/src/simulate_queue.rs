@@ -73,6 +73,7 @@ fn fields_of(op: &str) -> Option<&'static [&'static str]> {
             "count",
             "id",
             "delay_ms",
+            "not_before_ms",
             "max_attempts",
             "payload",
         ],
@@ -122,6 +123,10 @@ fn millis(map: &Map<String, Value>, field: &str) -> Result<Option<Duration>, Fie
 /// A queue error as a script error, naming the field.
 fn queue_err(e: QueueError) -> FieldError {
     match e {
+        // The not-before bound depends on the clock: the script's field is in milliseconds.
+        QueueError::Input(e) if e.field() == "not_before" => {
+            field_err("not_before_ms", e.message())
+        }
         // The core names the fields the script has (the delay is checked as `delay_ms` before).
         QueueError::Input(e) => field_err(e.field(), e.message()),
         other => field_err("id", other.to_string()),
@@ -234,6 +239,10 @@ impl Sim<'_> {
                 return Err(field_err("delay_ms", "must be at most 365 days"));
             }
             job = job.delay(delay);
+        }
+        // A time on the script's clock.
+        if let Some(at) = millis(map, "not_before_ms")? {
+            job = job.not_before(std::time::UNIX_EPOCH + at);
         }
         if let Some(attempts) = count(map, "max_attempts", u64::from(u32::MAX))? {
             job = job.max_attempts(u32::try_from(attempts).unwrap_or(u32::MAX));

@@ -267,6 +267,8 @@ fn a_group_s_limit_holds_its_starts_and_a_pause_holds_the_group() {
         ("waiting".into(), Some(0))
     );
     assert!(lease(p, r#"{"worker": "w", "max_jobs": 10}"#).is_empty());
+    // The upstream's refusal is not the job's failure.
+    assert_eq!((jobs_total(p, "paused"), jobs_total(p, "failed")), (1, 0));
 }
 
 #[test]
@@ -857,4 +859,77 @@ fn the_metrics_count_failures_retries_and_lease_expiries() {
 fn the_metrics_count_failures_retries_and_lease_expiries_in_redis() {
     let (_redis, _dir, s) = redis_service();
     failures_and_expiries_in_the_metrics(s.port);
+}
+
+/// `not_before_ms`: a Unix time on the store's clock holds the job until then; one more
+/// than 365 days ahead, or not a time, is a `400` naming it and enqueues nothing.
+fn not_before_holds_a_job_until_then(p: u16) {
+    // The store's clock, read from an enqueue's answer.
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "now", "payload": 0}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let now_ms = r.json()["estimated_start_ms"].as_u64().expect("a time");
+    let at = now_ms + 3_600_000;
+    let body = format!(r#"{{"group": "later", "payload": 1, "id": "at", "not_before_ms": {at}}}"#);
+    let r = post(p, "/v1/queues/roles/jobs", &body);
+    assert_eq!(r.status, 201, "{}", r.body);
+    let created = r.json();
+    assert_eq!(text(&created["state"]), "scheduled");
+    assert_eq!(created["estimated_start_ms"].as_u64(), Some(at));
+    // Only the job without a time starts now.
+    let jobs = lease(p, r#"{"worker": "w", "max_jobs": 10}"#);
+    assert_eq!(jobs.len(), 1, "{jobs:?}");
+    assert_eq!(text(&jobs[0]["group"]), "now");
+    assert_eq!(job(p, "at")["not_before_ms"].as_u64(), Some(at));
+    // A time already past holds nothing back.
+    let body = format!(
+        r#"{{"group": "past", "payload": 2, "not_before_ms": {}}}"#,
+        now_ms - 1
+    );
+    let r = post(p, "/v1/queues/roles/jobs", &body);
+    assert_eq!(
+        (r.status, text(&r.json()["state"])),
+        (201, "waiting".into())
+    );
+    let before = counts(p);
+    let year_ms = 365 * 86_400_000;
+    for (body, said) in [
+        (
+            format!(
+                r#"{{"group": "g", "payload": 3, "not_before_ms": {}}}"#,
+                now_ms + 2 * year_ms
+            ),
+            "365 days",
+        ),
+        (
+            r#"{"group": "g", "payload": 3, "not_before_ms": -1}"#.to_string(),
+            "milliseconds",
+        ),
+        (
+            r#"{"group": "g", "payload": 3, "not_before_ms": "soon"}"#.to_string(),
+            "a JSON number",
+        ),
+    ] {
+        let r = post(p, "/v1/queues/roles/jobs", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let error = &r.json()["error"];
+        assert_eq!(text(&error["field"]), "not_before_ms", "{body}: {}", r.body);
+        assert!(text(&error["message"]).contains(said), "{body}: {}", r.body);
+    }
+    assert_eq!(counts(p), before, "nothing enqueued by a refused job");
+}
+
+#[test]
+fn not_before_holds_a_job_until_its_time() {
+    let (_dir, s) = service();
+    not_before_holds_a_job_until_then(s.port);
+}
+
+#[test]
+fn not_before_holds_a_job_until_its_time_in_redis() {
+    let (_redis, _dir, s) = redis_service();
+    not_before_holds_a_job_until_then(s.port);
 }

@@ -44,6 +44,8 @@
 -- after an error reply, having loaded the library, and must never apply a change twice.
 
 local MAINTENANCE_BATCH = 1000
+-- Rust's `MAX_DELAY` (365 days), in µs: the furthest ahead a not-before time may be.
+local MAX_DELAY = 365 * 86400 * 1000000
 
 -- A member of `ready`, `scheduled`, `leases` and `retiring`, scored +inf, that no reader
 -- takes for an entry, and no group's name (a control character, then 200 bytes): longer
@@ -699,8 +701,9 @@ function ops.read_config()
 end
 
 -- One job of an enqueue: ARGV from `a`: id ('' to generate one), group, payload, delay
--- (µs), max_attempts ('' for the queue's). Answers status ('created', 'exists', 'full'),
--- id, state, estimated start.
+-- (µs), max_attempts ('' for the queue's), not-before time ('' for none). Answers status
+-- ('created', 'exists', 'full', 'late': a not-before time beyond MAX_DELAY), id, state,
+-- estimated start (for 'full' the most jobs, for 'late' the queue's clock).
 local function enqueue_one(ARGV, a, out)
   maintain(now)
   local id, name, payload = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -721,6 +724,14 @@ local function enqueue_one(ARGV, a, out)
     out[#out + 1] = config.max_jobs
     return
   end
+  local not_before = tonumber(ARGV[a + 5]) or 0
+  if not_before > now + MAX_DELAY then
+    out[#out + 1] = 'late'
+    out[#out + 1] = id
+    out[#out + 1] = ''
+    out[#out + 1] = now
+    return
+  end
   if id == '' then
     repeat
       meta.last_id = meta.last_id + 1
@@ -728,13 +739,13 @@ local function enqueue_one(ARGV, a, out)
     until not load_job(id)
   end
   local max_attempts = ARGV[a + 4] ~= '' and tonumber(ARGV[a + 4]) or config.ma
-  local delay = tonumber(ARGV[a + 3])
+  -- Held back to the later of the delay's end and the not-before time.
+  local at = max(now + tonumber(ARGV[a + 3]), not_before)
   local job = {
     group = name, rank = 0, payload = payload, attempts = 0, max_attempts = max_attempts,
     enqueued_at = now,
   }
-  if delay > 0 then
-    local at = now + delay
+  if at > now then
     local order = next_seq()
     add_due('scheduled', at, padded(order) .. id)
     local line = peek_tail(name, now)
@@ -754,13 +765,14 @@ local function enqueue_one(ARGV, a, out)
   out[#out + 1] = job.estimated_start
 end
 
--- enqueue N (ID GROUP PAYLOAD DELAY MAX_ATTEMPTS)*N: answers now, then four values per job.
+-- enqueue N (ID GROUP PAYLOAD DELAY MAX_ATTEMPTS NOT_BEFORE)*N: answers now, then four
+-- values per job.
 function ops.enqueue(ARGV)
   local out = { now }
   local created = false
   local count = tonumber(ARGV[3])
   for i = 0, count - 1 do
-    enqueue_one(ARGV, 4 + i * 5, out)
+    enqueue_one(ARGV, 4 + i * 6, out)
     if out[#out - 3] == 'created' then
       created = true
     end
@@ -947,7 +959,8 @@ function ops.fail(ARGV)
     outcome = 'released'
   end
   local totals = meta.totals
-  if outcome ~= 'released' then
+  -- A pause is the upstream's refusal, not the job's failure; a release is neither.
+  if outcome == 'dead' or outcome == 'retrying' then
     totals.failed = totals.failed + 1
   end
   if outcome == 'retrying' then
@@ -1151,9 +1164,11 @@ function ops.retry_dead(ARGV)
   return { now, n, redis.call('ZCARD', base .. 'dead') }
 end
 
--- purge_dead: removes the first MAINTENANCE_BATCH dead jobs (the caller calls again while
--- some are left); answers how many, and how many are left.
+-- purge_dead: the queue's upkeep (a job whose last lease ran out dies there), then removes
+-- the first MAINTENANCE_BATCH dead jobs (the caller calls again while some are left);
+-- answers how many, and how many are left.
 function ops.purge_dead()
+  maintain(now)
   local ids = redis.call('ZRANGE', base .. 'dead', 0, MAINTENANCE_BATCH - 1)
   for _, id in ipairs(ids) do
     remove_job(id)
@@ -1172,7 +1187,7 @@ end
 -- that write (the others read only).
 local ticking = {
   enqueue = true, lease = true, ack = true, fail = true, extend = true, cancel = true,
-  counts = true, stats = true, retry_dead = true,
+  counts = true, stats = true, retry_dead = true, purge_dead = true,
 }
 local writing = {
   config = true, enqueue = true, lease = true, ack = true, fail = true, extend = true,

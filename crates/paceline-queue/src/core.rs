@@ -53,8 +53,8 @@ use paceline_core::{round_to_micros, InputError, Op, Policy, State, StoreError, 
 use crate::config::QueueConfig;
 use crate::error::QueueError;
 use crate::job::{
-    check_lease_length, Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased,
-    NewJob, Stats, Totals,
+    check_lease_length, not_before_too_late, Enqueued, FailOutcome, Failure, GroupStats, JobInfo,
+    JobState, Leased, NewJob, Stats, Totals, MAX_DELAY,
 };
 
 /// The most expired leases, due jobs and idle groups each call handles before its own work;
@@ -275,6 +275,10 @@ impl QueueCore {
         if self.jobs.len() >= self.config.max_jobs {
             return Err(queue_full(self.config.max_jobs));
         }
+        let latest = now.saturating_add(round_to_micros(MAX_DELAY));
+        if job.not_before.is_some_and(|at| at > latest) {
+            return Err(not_before_too_late(now).into());
+        }
         let id = match job.id {
             Some(id) => id,
             None => loop {
@@ -286,10 +290,12 @@ impl QueueCore {
             },
         };
         let max_attempts = job.max_attempts.unwrap_or(self.config.max_attempts);
-        let delay = round_to_micros(job.delay);
+        // Held back to the later of the delay's end and the not-before time.
+        let at = now
+            .saturating_add(round_to_micros(job.delay))
+            .max(job.not_before.unwrap_or(0));
         let mut rank = 0;
-        let (place, estimated_start) = if delay > 0 {
-            let at = now.saturating_add(delay);
+        let (place, estimated_start) = if at > now {
             let order = self.next_seq();
             self.scheduled.insert((at, order, id.clone()));
             let line = self.peek_tail(&job.group, now);
@@ -718,10 +724,8 @@ impl QueueCore {
                 self.totals.failed += 1;
                 self.totals.retried += 1;
             }
-            FailOutcome::Paused { .. } => {
-                self.totals.failed += 1;
-                self.totals.pauses += 1;
-            }
+            // The upstream's refusal, not the job's failure.
+            FailOutcome::Paused { .. } => self.totals.pauses += 1,
         }
         match outcome {
             FailOutcome::Dead => {
@@ -963,13 +967,16 @@ impl QueueCore {
         Ok(n)
     }
 
-    /// Removes every dead job; returns how many.
-    pub fn purge_dead(&mut self) -> usize {
+    /// Does the queue's upkeep (a job whose last lease ran out dies there), then removes
+    /// every dead job; returns how many.
+    pub fn purge_dead(&mut self, now: u64) -> Result<usize, QueueError> {
+        let now = self.tick(now)?;
+        self.maintain(now);
         let dead = std::mem::take(&mut self.dead);
         for (_, id) in &dead {
             self.jobs.remove(id);
         }
-        dead.len()
+        Ok(dead.len())
     }
 
     /// The earliest time something happens without a call: a group becomes eligible, a

@@ -3,7 +3,7 @@
 //! Times are microseconds since the Unix epoch on the queue's clock (the store's clock: on
 //! Redis, Redis's `TIME`), so times reported by different processes compare.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use paceline_core::InputError;
 
@@ -13,16 +13,22 @@ use crate::config::{check_group, check_lease, MAX_ATTEMPTS};
 pub const MAX_ID: usize = 128;
 
 /// A job to enqueue: its group, its payload, and optionally its id, a time before which it
-/// must not start, and its own number of attempts.
+/// must not start (a delay after enqueueing, or a time on the queue's clock), and its own
+/// number of attempts.
 ///
 /// ```
 /// use paceline_queue::NewJob;
-/// use std::time::Duration;
+/// use std::time::{Duration, SystemTime};
 /// let job = NewJob::new("guild:1", b"{\"user\": 42, \"role\": 7}".to_vec())
 ///     .id("grant-42-7")
 ///     .delay(Duration::from_secs(5))
 ///     .max_attempts(3);
 /// assert_eq!(job.group, "guild:1");
+///
+/// // Not before 09:00 UTC on 2030-01-01 (1893488400 s after the Unix epoch).
+/// let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_893_488_400);
+/// let report = NewJob::new("reports", b"{}".to_vec()).not_before(at);
+/// assert_eq!(report.not_before, Some(1_893_488_400_000_000));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NewJob {
@@ -35,6 +41,9 @@ pub struct NewJob {
     pub id: Option<String>,
     /// Do not start before this long after enqueueing.
     pub delay: Duration,
+    /// Do not start before this time: µs since the Unix epoch on the queue's clock (on
+    /// Redis, Redis's `TIME`). With a delay too, the later of the two holds.
+    pub not_before: Option<u64>,
     /// This job's own number of attempts (else the queue's).
     pub max_attempts: Option<u32>,
 }
@@ -47,6 +56,7 @@ impl NewJob {
             payload: payload.into(),
             id: None,
             delay: Duration::ZERO,
+            not_before: None,
             max_attempts: None,
         }
     }
@@ -63,6 +73,18 @@ impl NewJob {
     #[must_use]
     pub fn delay(mut self, delay: Duration) -> NewJob {
         self.delay = delay;
+        self
+    }
+
+    /// Holds the job back until `at` on the queue's clock (the store's: on Redis, Redis's
+    /// `TIME`), at most [`MAX_DELAY`] after the enqueue; a time already past holds nothing
+    /// back. With a [`delay`](NewJob::delay) too, the later of the two holds.
+    #[must_use]
+    pub fn not_before(mut self, at: SystemTime) -> NewJob {
+        let micros = at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, paceline_core::round_to_micros);
+        self.not_before = Some(micros);
         self
     }
 
@@ -103,8 +125,21 @@ impl NewJob {
     }
 }
 
-/// The longest delay a job may be enqueued with.
+/// The longest delay a job may be enqueued with; a not-before time may be at most this far
+/// ahead of the queue's clock.
 pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
+
+/// The error for a not-before time further ahead of the queue's clock (`now`, µs since the
+/// Unix epoch) than [`MAX_DELAY`].
+pub(crate) fn not_before_too_late(now: u64) -> InputError {
+    InputError::new(
+        "not_before",
+        format!(
+            "must be at most 365 days after the queue's clock ({} s after the Unix epoch)",
+            now / 1_000_000
+        ),
+    )
+}
 
 /// Producer ids: 1 to [`MAX_ID`] bytes of `A-Z a-z 0-9 - _ . :`, not all digits.
 pub fn check_id(id: &str) -> Result<(), InputError> {
@@ -339,7 +374,8 @@ pub struct Totals {
     pub started: u64,
     /// Jobs acknowledged.
     pub acked: u64,
-    /// Failures reported by workers (of every kind but a hand-back).
+    /// Failures reported by workers: fatal ones and those retried (a group pause is the
+    /// upstream's refusal, counted in `pauses`, and a hand-back is neither).
     pub failed: u64,
     /// Jobs scheduled for a retry after a failure.
     pub retried: u64,

@@ -220,7 +220,8 @@ impl QueueBackend for MemoryQueue {
     }
 
     fn purge_dead(&self) -> QueueFuture<'_, Result<usize, QueueError>> {
-        ready(Ok(self.core().purge_dead()))
+        let now = self.now();
+        ready(self.core().purge_dead(now))
     }
 
     fn next_event(&self) -> QueueFuture<'_, Result<Option<u64>, QueueError>> {

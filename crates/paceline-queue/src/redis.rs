@@ -37,8 +37,8 @@ use crate::core::{
 };
 use crate::error::QueueError;
 use crate::job::{
-    check_lease_length, Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased,
-    NewJob, Stats, Totals,
+    check_lease_length, not_before_too_late, Enqueued, FailOutcome, Failure, GroupStats, JobInfo,
+    JobState, Leased, NewJob, Stats, Totals,
 };
 use crate::memory::check_queue_name;
 use crate::queue::{QueueBackend, QueueFuture};
@@ -578,6 +578,7 @@ impl RedisQueue {
             args.push(job.payload);
             args.push(arg(paceline_core::round_to_micros(job.delay)));
             args.push(job.max_attempts.map(arg).unwrap_or_default());
+            args.push(job.not_before.map(arg).unwrap_or_default());
         }
         if sent > 0 {
             let mut all = vec![arg(sent)];
@@ -622,6 +623,10 @@ impl RedisQueue {
                     r.next()?;
                     let max = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
                     out.push(Err(queue_full(max)));
+                }
+                "late" => {
+                    r.next()?;
+                    out.push(Err(not_before_too_late(r.u64()?).into()));
                 }
                 "created" | "exists" => {
                     let state = r.state()?;

@@ -1,6 +1,6 @@
 //! The queue's rules one by one, on a virtual clock.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use paceline_queue::{FailOutcome, Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError};
 
@@ -116,7 +116,7 @@ fn failures_retry_with_backoff_then_die_and_dead_jobs_can_be_retried_or_purged()
     assert_eq!(l[0].attempt, 1);
     q.fail(now, &a.id, l[0].lease, Failure::Fatal { error: None }, 0.0)
         .unwrap();
-    assert_eq!(q.purge_dead(), 1);
+    assert_eq!(q.purge_dead(now), Ok(1));
     assert_eq!(q.job(&a.id), None);
     assert_eq!(q.check_invariants(), Ok(()));
 }
@@ -166,6 +166,33 @@ fn a_pause_holds_the_whole_group_costs_no_attempt_and_keeps_the_job_first() {
     assert_eq!(after[0].id, a.id);
     assert_eq!(after[0].attempt, 1, "a pause is not an attempt");
     assert_eq!(after.len(), 2);
+    let totals = q.counts(6 * S).unwrap().totals;
+    assert_eq!(
+        (totals.pauses, totals.failed, totals.retried),
+        (1, 0, 0),
+        "a pause is the upstream's refusal, not the job's failure"
+    );
+    assert_eq!(q.check_invariants(), Ok(()));
+}
+
+#[test]
+fn purging_the_dead_set_first_kills_a_job_whose_last_lease_ran_out() {
+    let mut q = queue(
+        config("gcra:rate=100/s,burst=100")
+            .lease(Duration::from_secs(10))
+            .max_attempts(1),
+    );
+    let a = q.enqueue(0, NewJob::new("g", b"a".to_vec())).unwrap();
+    let l = q.lease(0, "w", 1, None).unwrap();
+    assert_eq!(l[0].id, a.id);
+    // Its only attempt's lease runs out unnoticed: no call comes until the purge.
+    assert_eq!(q.purge_dead(10 * S), Ok(1));
+    assert_eq!(q.job(&a.id), None);
+    let counts = q.counts(10 * S).unwrap();
+    assert_eq!(
+        (counts.active, counts.dead, counts.totals.lease_expiries),
+        (0, 0, 1)
+    );
     assert_eq!(q.check_invariants(), Ok(()));
 }
 
@@ -246,6 +273,66 @@ fn a_delayed_job_joins_its_group_when_due() {
     assert_eq!(q.lease(3 * S - 1, "w", 1, None).unwrap(), vec![]);
     assert_eq!(q.next_event(), Some(3 * S));
     assert_eq!(q.lease(3 * S, "w", 1, None).unwrap()[0].id, a.id);
+}
+
+/// `at` µs after the Unix epoch, as `NewJob::not_before` takes it.
+fn at(micros: u64) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_micros(micros)
+}
+
+#[test]
+fn a_not_before_time_holds_a_job_until_then_and_the_later_of_it_and_a_delay_holds() {
+    let mut q = queue(config("gcra:rate=100/s,burst=100"));
+    let now = 10 * S;
+    let a = q
+        .enqueue(now, NewJob::new("g", vec![]).not_before(at(13 * S)))
+        .unwrap();
+    assert_eq!((a.state, a.estimated_start), (JobState::Scheduled, 13 * S));
+    // With a delay too, the later of the two: here the delay's end, then the time.
+    let b = q
+        .enqueue(
+            now,
+            NewJob::new("h", vec![])
+                .not_before(at(11 * S))
+                .delay(Duration::from_secs(4)),
+        )
+        .unwrap();
+    assert_eq!(b.estimated_start, 14 * S);
+    let c = q
+        .enqueue(
+            now,
+            NewJob::new("i", vec![])
+                .not_before(at(15 * S))
+                .delay(Duration::from_secs(1)),
+        )
+        .unwrap();
+    assert_eq!(c.estimated_start, 15 * S);
+    // A time already past holds nothing back.
+    let d = q
+        .enqueue(now, NewJob::new("j", vec![]).not_before(at(S)))
+        .unwrap();
+    assert_eq!((d.state, d.estimated_start), (JobState::Waiting, now));
+    assert_eq!(q.lease(now, "w", 10, None).unwrap()[0].id, d.id);
+    assert_eq!(q.lease(13 * S - 1, "w", 10, None).unwrap(), vec![]);
+    assert_eq!(q.lease(13 * S, "w", 10, None).unwrap()[0].id, a.id);
+    assert_eq!(q.check_invariants(), Ok(()));
+}
+
+#[test]
+fn a_not_before_time_more_than_365_days_ahead_is_refused_naming_it() {
+    let mut q = queue(config("gcra:rate=100/s,burst=100"));
+    let now = 10 * S;
+    let year = 365 * 86_400 * S;
+    let e = q
+        .enqueue(now, NewJob::new("g", vec![]).not_before(at(now + year + 1)))
+        .unwrap_err();
+    assert_eq!(field(e), "not_before");
+    assert_eq!(q.counts(now).unwrap().totals.enqueued, 0);
+    // 365 days exactly is allowed.
+    let ok = q
+        .enqueue(now, NewJob::new("g", vec![]).not_before(at(now + year)))
+        .unwrap();
+    assert_eq!(ok.estimated_start, now + year);
 }
 
 #[test]

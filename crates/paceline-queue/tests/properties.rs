@@ -3,7 +3,7 @@
 //! refused, and every group's starts pass its policy when replayed through it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use paceline_core::{Op, Policy};
 use paceline_queue::{Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError};
@@ -17,6 +17,8 @@ enum Step {
     Enqueue {
         group: u8,
         delay_ms: u16,
+        /// A not-before time, in ms from the step's time (negative: already past).
+        not_before_ms: Option<i16>,
         id: Option<u8>,
     },
     Lease {
@@ -52,8 +54,18 @@ enum Step {
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        4 => (0u8..4, prop_oneof![3 => Just(0u16), 1 => 1u16..3_000], proptest::option::of(0u8..6))
-            .prop_map(|(group, delay_ms, id)| Step::Enqueue { group, delay_ms, id }),
+        4 => (
+            0u8..4,
+            prop_oneof![3 => Just(0u16), 1 => 1u16..3_000],
+            prop_oneof![3 => Just(None), 1 => (-1_000i16..3_000).prop_map(Some)],
+            proptest::option::of(0u8..6),
+        )
+            .prop_map(|(group, delay_ms, not_before_ms, id)| Step::Enqueue {
+                group,
+                delay_ms,
+                not_before_ms,
+                id,
+            }),
         4 => (1u8..5).prop_map(|max_jobs| Step::Lease { max_jobs }),
         3 => any::<u8>().prop_map(|pick| Step::Ack { pick }),
         2 => (any::<u8>(), 0u8..4, 1u16..3_000).prop_map(|(pick, kind, ms)| Step::Fail { pick, kind, ms }),
@@ -104,10 +116,15 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
             Step::Enqueue {
                 group,
                 delay_ms,
+                not_before_ms,
                 id,
             } => {
                 let mut job = NewJob::new(format!("g{group}"), vec![group])
                     .delay(Duration::from_millis(u64::from(delay_ms)));
+                if let Some(d) = not_before_ms {
+                    let at = now.saturating_add_signed(i64::from(d) * 1_000);
+                    job = job.not_before(UNIX_EPOCH + Duration::from_micros(at));
+                }
                 if let Some(id) = id {
                     job = job.id(format!("job-{id}"));
                 }
@@ -227,11 +244,18 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
             Step::Stale { pick: p } => {
                 if let Some(h) = pick(&stale, p) {
-                    // A token once used up or outlived is refused, whatever the job's state.
-                    let refused = matches!(
-                        q.ack(now, &h.id, h.token),
-                        Err(QueueError::LeaseLost { .. })
-                    );
+                    // A token once used up or outlived is refused, whatever the job's state
+                    // and whichever call uses it.
+                    let answer = match p % 3 {
+                        0 => q.ack(now, &h.id, h.token),
+                        1 => q
+                            .extend(now, &h.id, h.token, Duration::from_millis(500))
+                            .map(drop),
+                        _ => q
+                            .fail(now, &h.id, h.token, Failure::Fatal { error: None }, 0.5)
+                            .map(drop),
+                    };
+                    let refused = matches!(answer, Err(QueueError::LeaseLost { .. }));
                     prop_assert!(refused, "stale lease {} of {} accepted", h.token, h.id);
                 }
             }

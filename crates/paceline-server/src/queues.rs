@@ -57,6 +57,11 @@ fn ms(us: u64) -> u64 {
 /// A queue error as the API answers it.
 fn queue_error(e: QueueError) -> ApiError {
     match e {
+        // The core's not-before bound depends on the queue's clock: its field is the API's
+        // in milliseconds.
+        QueueError::Input(e) if e.field() == "not_before" => {
+            ApiError::invalid("not_before_ms", e.message())
+        }
         // The core names the fields the API has (the delay is checked as `delay_ms` before).
         QueueError::Input(e) => ApiError::input(&e),
         QueueError::LeaseLost { id } => ApiError::new(
@@ -157,11 +162,15 @@ struct EnqueueBody {
     payload: Option<Box<RawValue>>,
     id: Option<String>,
     delay_ms: Option<Number>,
+    not_before_ms: Option<Number>,
     max_attempts: Option<u64>,
 }
 
 /// 365 days, in milliseconds.
 const MAX_DELAY_MS: f64 = paceline_queue::job::MAX_DELAY.as_secs() as f64 * 1000.0;
+/// The latest not-before time the API reads, in Unix milliseconds (2^53 µs, past the year
+/// 2255); the queue holds a job back at most 365 days.
+const MAX_NOT_BEFORE_MS: f64 = 9_007_199_254_740.0;
 /// The longest lease, in milliseconds.
 const MAX_LEASE_MS: f64 = paceline_queue::config::MAX_LEASE.as_secs() as f64 * 1000.0;
 /// The longest group pause, in milliseconds.
@@ -186,6 +195,14 @@ impl EnqueueBody {
         }
         if let Some(delay) = millis("delay_ms", self.delay_ms.as_ref(), MAX_DELAY_MS)? {
             job = job.delay(delay);
+        }
+        // Unix milliseconds; how far ahead of the queue's clock is the queue's to check.
+        if let Some(at) = millis(
+            "not_before_ms",
+            self.not_before_ms.as_ref(),
+            MAX_NOT_BEFORE_MS,
+        )? {
+            job = job.not_before(std::time::UNIX_EPOCH + at);
         }
         if let Some(n) = self.max_attempts {
             let n = u32::try_from(n)
