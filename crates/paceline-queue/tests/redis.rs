@@ -20,6 +20,8 @@ enum Step {
     Enqueue {
         group: u8,
         delay_ms: u16,
+        /// A not-before time, in ms from the step's time (negative: already past).
+        not_before_ms: Option<i16>,
         id: Option<u8>,
         max_attempts: Option<u8>,
     },
@@ -143,9 +145,12 @@ async fn together(
 
 fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
-        5 => (0u8..3, prop_oneof![3 => Just(0u16), 1 => 1u16..3_000], proptest::option::of(0u8..6),
-              proptest::option::of(1u8..4))
-            .prop_map(|(group, delay_ms, id, max_attempts)| Step::Enqueue { group, delay_ms, id, max_attempts }),
+        5 => (0u8..3, prop_oneof![3 => Just(0u16), 1 => 1u16..3_000],
+              prop_oneof![3 => Just(None), 1 => (-1_000i16..3_000).prop_map(Some)],
+              proptest::option::of(0u8..6), proptest::option::of(1u8..4))
+            .prop_map(|(group, delay_ms, not_before_ms, id, max_attempts)| Step::Enqueue {
+                group, delay_ms, not_before_ms, id, max_attempts,
+            }),
         1 => proptest::collection::vec(0u8..3, 1..6).prop_map(|groups| Step::Batch { groups }),
         5 => (1u8..4, proptest::option::of(1u16..3_000)).prop_map(|(max_jobs, lease_ms)| Step::Lease { max_jobs, lease_ms }),
         3 => (any::<u8>(), proptest::bool::weighted(0.1)).prop_map(|(pick, stale)| Step::Ack { pick, stale }),
@@ -215,11 +220,18 @@ async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), Test
             Step::Enqueue {
                 group,
                 delay_ms,
+                not_before_ms,
                 id,
                 max_attempts,
             } => {
                 let mut job = NewJob::new(format!("g{group}"), vec![group, 0xff, 0])
                     .delay(Duration::from_millis(u64::from(delay_ms)));
+                if let Some(d) = not_before_ms {
+                    let at = clock
+                        .now_micros()
+                        .saturating_add_signed(i64::from(d) * 1_000);
+                    job = job.not_before(std::time::UNIX_EPOCH + Duration::from_micros(at));
+                }
                 if let Some(id) = id {
                     job = job.id(format!("job-{id}"));
                 }
