@@ -94,7 +94,14 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
     let policy: Policy = spec
         .parse()
         .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+    // Group g3 has a policy of its own: the next algorithm's.
+    let next =
+        POLICIES[(POLICIES.iter().position(|p| *p == spec).unwrap_or(0) + 1) % POLICIES.len()];
+    let own: Policy = next
+        .parse()
+        .map_err(|e| TestCaseError::fail(format!("{e}")))?;
     let config = QueueConfig::new(policy.clone())
+        .group("g3", own.clone())
         .group_concurrency(cap)
         .max_attempts(3)
         .lease(Duration::from_millis(1_500))
@@ -333,6 +340,11 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
     }
     // Every group's starts pass its policy, replayed in order.
     for (group, times) in &starts {
+        let (policy, spec) = if group == "g3" {
+            (&own, next)
+        } else {
+            (&policy, spec)
+        };
         let mut state = None;
         for &t in times {
             let d = policy
