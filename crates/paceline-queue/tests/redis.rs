@@ -1139,6 +1139,146 @@ fn a_redis_restart_with_persistence_loses_nothing_acknowledged() {
     });
 }
 
+/// Redis killed (SIGKILL) and restarted while a worker is busy, so that calls are in flight
+/// when it dies, with its append-only file synced at every write: no acknowledgement that
+/// was answered `Ok` is lost (such a job is never leased again, nor acknowledged twice), and
+/// once the leases the crash left run out (on the store's virtual clock) every job ends
+/// acknowledged, each extra start a redelivery after an expired lease.
+#[test]
+fn a_redis_killed_mid_run_loses_no_answered_acknowledgement() {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    const JOBS: usize = 3_000;
+    let mut server = paceline_testkit::RedisServer::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+    ])
+    .expect("redis-server starts");
+    // The worker runs on its own threads while this one kills and restarts Redis.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let clock = ManualClock::new(1_700_000_000_000_000);
+    let options = paceline_store::StoreOptions::new().clock(Arc::new(clock.clone()));
+    let lease = Duration::from_secs(60);
+    let q = runtime.block_on(async {
+        let store = paceline_store::open(&server.url(), &options).await.unwrap();
+        let config =
+            QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap()).lease(lease);
+        let q = Queue::with_store(&store, &unique_name("killed"), config)
+            .await
+            .unwrap();
+        for chunk in 0..JOBS / 500 {
+            let jobs = (chunk * 500..(chunk + 1) * 500)
+                .map(|n| NewJob::new(format!("g{}", n % 4), vec![]).id(format!("job-{n}")))
+                .collect();
+            for e in q.enqueue_batch(jobs).await {
+                e.unwrap();
+            }
+        }
+        q
+    });
+    // What the worker saw: the jobs whose ack was answered `Ok`, any such job leased
+    // again, and the calls that failed.
+    let acked: Arc<Mutex<Vec<String>>> = Arc::default();
+    let leased_again: Arc<Mutex<Vec<String>>> = Arc::default();
+    let failures = Arc::new(AtomicUsize::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let worker = {
+        let (q, acked, leased_again, failures, stop) = (
+            q.clone(),
+            Arc::clone(&acked),
+            Arc::clone(&leased_again),
+            Arc::clone(&failures),
+            Arc::clone(&stop),
+        );
+        runtime.spawn(async move {
+            let mut done: HashSet<String> = HashSet::new();
+            while !stop.load(Ordering::Relaxed) {
+                let jobs = match q.lease("w", 8, None, Duration::ZERO).await {
+                    Ok(jobs) => jobs,
+                    Err(_) => {
+                        failures.fetch_add(1, Ordering::Relaxed);
+                        Vec::new()
+                    }
+                };
+                if jobs.is_empty() {
+                    // Nothing to start (or Redis is down): ask again shortly.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                for job in jobs {
+                    if done.contains(&job.id) {
+                        leased_again.lock().unwrap().push(job.id.clone());
+                    }
+                    match q.ack(&job.id, job.lease).await {
+                        Ok(()) => {
+                            done.insert(job.id.clone());
+                            acked.lock().unwrap().push(job.id);
+                        }
+                        Err(_) => {
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        })
+    };
+    let acked_count = || acked.lock().unwrap().len();
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "never: {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    until("a hundred jobs acknowledged", &|| acked_count() >= 100);
+    server.restart().expect("redis-server restarts");
+    let before = acked_count();
+    assert!(before < JOBS, "the kill came while jobs were left");
+    until("more jobs acknowledged after the restart", &|| {
+        acked_count() > before
+    });
+    // Everything the worker can start is done; what is left are the leases the crash
+    // left behind (their answers lost): they run out, and the jobs come back.
+    let stats = || runtime.block_on(q.stats());
+    until("no job waiting", &|| {
+        stats().is_ok_and(|s| s.waiting == 0 && s.scheduled == 0)
+    });
+    clock.advance(lease + Duration::from_secs(1));
+    until("every job acknowledged", &|| {
+        stats().is_ok_and(|s| s.totals.acked == JOBS as u64 && s.active == 0)
+    });
+    stop.store(true, Ordering::Relaxed);
+    runtime.block_on(worker).expect("the worker ends");
+
+    let acked = acked.lock().unwrap();
+    let distinct: HashSet<&String> = acked.iter().collect();
+    assert_eq!(distinct.len(), acked.len(), "a job acknowledged twice");
+    assert_eq!(*leased_again.lock().unwrap(), Vec::<String>::new());
+    assert!(
+        failures.load(Ordering::Relaxed) > 0,
+        "the kill failed calls in flight"
+    );
+    let s = stats().unwrap();
+    assert_eq!(
+        (s.waiting, s.scheduled, s.active, s.dead, s.totals.acked),
+        (0, 0, 0, 0, JOBS as u64),
+        "{s:?}"
+    );
+    // Every start beyond one per job is a redelivery after a lease ran out.
+    assert_eq!(
+        s.totals.started - JOBS as u64,
+        s.totals.lease_expiries,
+        "{s:?}"
+    );
+}
+
 /// One worker process of `workers_share_a_queue_and_survive_a_sigkill`: runs a `Worker`
 /// over the queue named by the environment, writing a line per start to its file. Run only
 /// by that test (it is ignored otherwise).
