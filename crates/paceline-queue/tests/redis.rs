@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use paceline_core::{Clock, ManualClock, Policy};
 use paceline_queue::{Failure, MemoryQueue, NewJob, Queue, QueueConfig, QueueError, RedisQueue};
-use paceline_testkit::{connect, shared_cluster, shared_server, unique_name};
+use paceline_testkit::{connect, shared_cluster, shared_server, unique_name, GatedClock};
 use proptest::prelude::*;
 
 mod common;
@@ -527,66 +527,6 @@ fn a_queue_on_a_store_keeps_the_stores_clock() {
     });
 }
 
-/// The slot the cluster puts `key` in (`CLUSTER KEYSLOT`).
-fn keyslot(cluster: &paceline_testkit::RedisCluster, key: &str) -> u16 {
-    let reply = cluster.nodes()[0]
-        .command(&["CLUSTER", "KEYSLOT", key])
-        .expect("the cluster answers");
-    reply
-        .strip_prefix(':')
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("CLUSTER KEYSLOT {key}: {reply}"))
-}
-
-/// Each primary of the cluster (its port) with the slot ranges it serves, as `CLUSTER
-/// NODES` lists them.
-fn primaries(cluster: &paceline_testkit::RedisCluster) -> Vec<(u16, Vec<(u16, u16)>)> {
-    let out = paceline_testkit::redis_cli(cluster.nodes()[0].port())
-        .args(["CLUSTER", "NODES"])
-        .output()
-        .expect("redis-cli runs");
-    assert!(out.status.success(), "CLUSTER NODES: {out:?}");
-    let text = String::from_utf8(out.stdout).expect("CLUSTER NODES is text");
-    let found: Vec<(u16, Vec<(u16, u16)>)> = text
-        .lines()
-        .filter_map(|line| {
-            // ID ADDRESS@BUS FLAGS PRIMARY PING PONG EPOCH LINK SLOT...
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if !fields.get(2)?.split(',').any(|flag| flag == "master") {
-                return None;
-            }
-            let port = fields[1]
-                .split('@')
-                .next()?
-                .rsplit(':')
-                .next()?
-                .parse()
-                .ok()?;
-            let ranges = fields[8..]
-                .iter()
-                // `[SLOT->-ID]`: a slot on the move, no range.
-                .filter(|range| !range.starts_with('['))
-                .map(|range| {
-                    let (first, last) = range.split_once('-').unwrap_or((range, range));
-                    (first.parse().unwrap(), last.parse().unwrap())
-                })
-                .collect();
-            Some((port, ranges))
-        })
-        .collect();
-    assert_eq!(found.len(), cluster.nodes().len(), "{text}");
-    found
-}
-
-/// The port of the primary serving `slot`.
-fn owner(primaries: &[(u16, Vec<(u16, u16)>)], slot: u16) -> u16 {
-    primaries
-        .iter()
-        .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
-        .map(|&(port, _)| port)
-        .unwrap_or_else(|| panic!("no primary serves slot {slot}: {primaries:?}"))
-}
-
 /// A queue name and where the cluster keeps its keys.
 #[derive(Clone, Debug)]
 struct Placed {
@@ -605,13 +545,14 @@ fn names_on_every_primary(
     stem: &str,
     per_primary: usize,
 ) -> Vec<Placed> {
-    let primaries = primaries(cluster);
+    let slots = cluster.slot_map();
+    let primaries = slots.primaries();
     let stem = unique_name(stem);
     let mut placed: Vec<Placed> = Vec::new();
     for n in 0..10_000 {
         let name = format!("{stem}-{n}");
-        let slot = keyslot(cluster, &format!("{{q:{name}}}"));
-        let port = owner(&primaries, slot);
+        let slot = cluster.keyslot(&format!("{{q:{name}}}"));
+        let port = slots.owner(slot);
         if placed.iter().filter(|p| p.port == port).count() < per_primary
             && placed.iter().all(|p| p.slot != slot)
         {
@@ -635,22 +576,8 @@ fn names_on_every_primary(
 fn assert_keys_placed(cluster: &paceline_testkit::RedisCluster, q: &RedisQueue, at: &Placed) {
     let base = q.key_base();
     assert_eq!(base, format!("paceline:v2:{{q:{}}}:", at.name));
-    let config = format!("{base}config");
-    assert_eq!(keyslot(cluster, &config), at.slot, "{config}");
-    assert_eq!(keyslot(cluster, &format!("{base}meta")), at.slot);
-    for node in cluster.nodes() {
-        let reply = node.command(&["EXISTS", &config]).unwrap();
-        if node.port() == at.port {
-            assert_eq!(reply, ":1", "{config} is on its slot's primary");
-        } else {
-            assert_eq!(
-                reply,
-                format!("-MOVED {} 127.0.0.1:{}", at.slot, at.port),
-                "node {} sends {config} to its slot's primary",
-                node.port()
-            );
-        }
-    }
+    assert_eq!(cluster.keyslot(&format!("{base}meta")), at.slot);
+    cluster.assert_key_on(&format!("{base}config"), at.slot, at.port);
 }
 
 /// Queues on different slots and different primaries of a cluster work side by side, each
@@ -719,45 +646,6 @@ fn queues_on_different_cluster_slots_work_side_by_side() {
     });
 }
 
-/// A virtual clock whose sleeps never end on their own: each is counted, so a test sees a
-/// waiting lease settle into its wait, and then only a change of the queue (a message on
-/// its channel) ends the wait. Its time moves only when the test moves it.
-#[derive(Clone)]
-struct GatedClock {
-    time: ManualClock,
-    sleeps: Arc<tokio::sync::watch::Sender<usize>>,
-}
-
-impl GatedClock {
-    fn new(time: ManualClock) -> GatedClock {
-        GatedClock {
-            time,
-            sleeps: Arc::new(tokio::sync::watch::Sender::new(0)),
-        }
-    }
-
-    /// Waits until `n` sleeps have begun in all (a guard fails the test if that never
-    /// happens, rather than hanging it).
-    async fn sleeps_begun(&self, n: usize) {
-        let mut sleeps = self.sleeps.subscribe();
-        tokio::time::timeout(Duration::from_secs(20), sleeps.wait_for(|&s| s >= n))
-            .await
-            .expect("the lease call settled into its wait")
-            .expect("the clock lives");
-    }
-}
-
-impl Clock for GatedClock {
-    fn now_micros(&self) -> u64 {
-        self.time.now_micros()
-    }
-
-    fn sleep(&self, _: Duration) -> paceline_core::Sleep {
-        self.sleeps.send_modify(|n| *n += 1);
-        Box::pin(std::future::pending())
-    }
-}
-
 /// One queue of the cluster test below: a worker's handle (on the gated clock) and a
 /// producer's (another process's, on the same time).
 struct ClusterQueue {
@@ -821,7 +709,7 @@ fn queues_on_every_cluster_primary_wake_fail_pause_expire_and_keep_their_dead() 
 
         // A waiting worker woken by another handle's enqueue.
         for (n, q) in queues.iter().enumerate() {
-            let begun = *gated.sleeps.borrow();
+            let begun = gated.sleeps();
             let waiting = tokio::spawn({
                 let worker = q.worker.clone();
                 async move { worker.lease("w", 1, None, Duration::from_secs(30)).await }

@@ -5,34 +5,21 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline_server::{Server, Settings};
+mod common;
+use common::{call, Answer};
+
+use paceline_server::Settings;
 use paceline_store::{ManualClock, Policy};
 use paceline_testkit::{shared_cluster, shared_server};
 use serde_json::{json, Value};
 
 /// A service on a free port with two configured policies, on `store`.
-async fn serve(
-    store: &str,
-) -> (
-    String,
-    tokio::task::JoinHandle<()>,
-    tokio::sync::oneshot::Sender<()>,
-) {
+async fn serve(store: &str) -> common::Running {
     serve_on(store, None).await
 }
 
 /// [`serve`], the store reading time from `clock` when one is given.
-async fn serve_on(
-    store: &str,
-    clock: Option<ManualClock>,
-) -> (
-    String,
-    tokio::task::JoinHandle<()>,
-    tokio::sync::oneshot::Sender<()>,
-) {
-    // reqwest's TLS needs the process's crypto provider (plain HTTP here, but it builds
-    // its TLS configuration anyway).
-    paceline_store::install_tls_provider();
+async fn serve_on(store: &str, clock: Option<ManualClock>) -> common::Running {
     let policies: BTreeMap<String, Policy> = [
         ("burst", "gcra:rate=2/h,burst=2"),
         ("per-day", "sliding_log:limit=3,window=1d"),
@@ -44,33 +31,13 @@ async fn serve_on(
     .map(|(name, spec)| (name.to_string(), spec.parse().expect("a policy")))
     .collect();
     let settings = Settings {
-        listen: "127.0.0.1:0".parse().expect("an address"),
         store: store.to_string(),
         allow_inline_policies: true,
         policies,
         ..Settings::default()
     };
-    let server = match clock {
-        Some(clock) => Server::bind_with_clock(settings, Arc::new(clock)).await,
-        None => Server::bind(settings).await,
-    }
-    .expect("bind");
-    let url = format!("http://{}", server.local_addr());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let _ = server
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    (url, task, stop)
-}
-
-struct Answer {
-    status: u16,
-    headers: reqwest::header::HeaderMap,
-    body: Value,
+    let clock = clock.map(|c| Arc::new(c) as Arc<dyn paceline_store::Clock>);
+    common::start(settings, clock).await
 }
 
 async fn post(url: &str, body: Value) -> Answer {
@@ -80,27 +47,6 @@ async fn post(url: &str, body: Value) -> Answer {
         Some(body),
     )
     .await
-}
-
-async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Answer {
-    let mut request = reqwest::Client::new().request(method, url);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.expect("the service answers");
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.expect("a body");
-    let body = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).expect("a JSON body")
-    };
-    Answer {
-        status,
-        headers,
-        body,
-    }
 }
 
 use paceline_testkit::{param, ratelimit_items as items};

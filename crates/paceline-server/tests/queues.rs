@@ -7,103 +7,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paceline_queue::QueueConfig;
-use paceline_server::{Server, Settings};
+mod common;
+use common::{call, Answer};
+
+use paceline_server::Settings;
 use paceline_store::{Clock, ManualClock};
-use paceline_testkit::{shared_cluster, unique_name, RedisCluster};
+use paceline_testkit::{shared_cluster, unique_name, GatedClock, RedisCluster};
 use serde_json::{json, Value};
 
 /// 2023-11-14 in microseconds since the Unix epoch (a whole number of 10 s windows).
 const EPOCH_2023: u64 = 1_700_000_000_000_000;
 /// The same, in the milliseconds the API answers.
 const EPOCH_MS: u64 = EPOCH_2023 / 1_000;
-
-/// A virtual clock whose sleeps never end on their own: each is counted, so the test sees a
-/// waiting lease settle into its wait, and then only a change of the queue (a message on its
-/// channel) ends the wait. Its time moves only when the test moves it.
-#[derive(Clone)]
-struct GatedClock {
-    time: ManualClock,
-    sleeps: Arc<tokio::sync::watch::Sender<usize>>,
-}
-
-impl GatedClock {
-    fn new(time: ManualClock) -> GatedClock {
-        GatedClock {
-            time,
-            sleeps: Arc::new(tokio::sync::watch::Sender::new(0)),
-        }
-    }
-
-    /// Waits until `n` sleeps have begun in all (a guard fails the test if that never
-    /// happens, rather than hanging it).
-    async fn sleeps_begun(&self, n: usize) {
-        let mut sleeps = self.sleeps.subscribe();
-        tokio::time::timeout(Duration::from_secs(20), sleeps.wait_for(|&s| s >= n))
-            .await
-            .expect("the lease call settled into its wait")
-            .expect("the clock lives");
-    }
-}
-
-impl Clock for GatedClock {
-    fn now_micros(&self) -> u64 {
-        self.time.now_micros()
-    }
-
-    fn sleep(&self, _: Duration) -> paceline_store::Sleep {
-        self.sleeps.send_modify(|n| *n += 1);
-        Box::pin(std::future::pending())
-    }
-}
-
-/// The slot the cluster puts `key` in (`CLUSTER KEYSLOT`).
-fn keyslot(cluster: &RedisCluster, key: &str) -> u16 {
-    let reply = cluster.nodes()[0]
-        .command(&["CLUSTER", "KEYSLOT", key])
-        .expect("the cluster answers");
-    reply
-        .strip_prefix(':')
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("CLUSTER KEYSLOT {key}: {reply}"))
-}
-
-/// The port of the primary serving `slot`, as `CLUSTER NODES` lists the slots.
-fn owner(cluster: &RedisCluster, slot: u16) -> u16 {
-    let out = paceline_testkit::redis_cli(cluster.nodes()[0].port())
-        .args(["CLUSTER", "NODES"])
-        .output()
-        .expect("redis-cli runs");
-    assert!(out.status.success(), "CLUSTER NODES: {out:?}");
-    let text = String::from_utf8(out.stdout).expect("CLUSTER NODES is text");
-    let owners: Vec<u16> = text
-        .lines()
-        .filter_map(|line| {
-            // ID ADDRESS@BUS FLAGS PRIMARY PING PONG EPOCH LINK SLOT...
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if !fields.get(2)?.split(',').any(|flag| flag == "master") {
-                return None;
-            }
-            let serves = fields[8..]
-                .iter()
-                // `[SLOT->-ID]`: a slot on the move, no range.
-                .filter(|range| !range.starts_with('['))
-                .any(|range| {
-                    let (first, last) = range.split_once('-').unwrap_or((range, range));
-                    (first.parse().unwrap()..=last.parse().unwrap()).contains(&slot)
-                });
-            let port = fields[1]
-                .split('@')
-                .next()?
-                .rsplit(':')
-                .next()?
-                .parse()
-                .ok()?;
-            serves.then_some(port)
-        })
-        .collect();
-    assert_eq!(owners.len(), 1, "slot {slot}: {text}");
-    owners[0]
-}
 
 /// Two queue names whose keys (hash tag `{q:NAME}`) the cluster keeps on two different
 /// primaries, neither of them the first node of the seed list, where the service
@@ -112,12 +27,13 @@ fn owner(cluster: &RedisCluster, slot: u16) -> u16 {
 /// Each with its slot and primary's port.
 fn two_names_on_two_primaries(cluster: &RedisCluster, stem: &str) -> Vec<(String, u16, u16)> {
     let stem = unique_name(stem);
+    let slots = cluster.slot_map();
     let subscribed_on = cluster.nodes()[0].port();
     let mut placed: Vec<(String, u16, u16)> = Vec::new();
     for n in 0..10_000 {
         let name = format!("{stem}-{n}");
-        let slot = keyslot(cluster, &format!("{{q:{name}}}"));
-        let port = owner(cluster, slot);
+        let slot = cluster.keyslot(&format!("{{q:{name}}}"));
+        let port = slots.owner(slot);
         if port != subscribed_on && placed.iter().all(|(_, _, p)| *p != port) {
             placed.push((name, slot, port));
             if placed.len() == 2 {
@@ -128,75 +44,19 @@ fn two_names_on_two_primaries(cluster: &RedisCluster, stem: &str) -> Vec<(String
     panic!("no two primaries besides the first: {placed:?}");
 }
 
-/// Checks that the queue `name`'s configuration key is on `port`'s node, in `slot`: that
-/// node holds it and every other redirects there.
-fn assert_keys_on(cluster: &RedisCluster, name: &str, slot: u16, port: u16) {
-    let config = format!("paceline:v2:{{q:{name}}}:config");
-    assert_eq!(keyslot(cluster, &config), slot);
-    for node in cluster.nodes() {
-        let reply = node.command(&["EXISTS", &config]).unwrap();
-        if node.port() == port {
-            assert_eq!(reply, ":1", "{config} is on its slot's primary");
-        } else {
-            assert_eq!(reply, format!("-MOVED {slot} 127.0.0.1:{port}"));
-        }
-    }
-}
-
 /// A service on a free port, on `store`, with `queues`, its store (and so its queues)
 /// reading time from `clock`.
 async fn serve(
     store: &str,
     queues: &BTreeMap<String, QueueConfig>,
     clock: Arc<dyn Clock>,
-) -> (
-    String,
-    tokio::task::JoinHandle<()>,
-    tokio::sync::oneshot::Sender<()>,
-) {
-    // reqwest's TLS needs the process's crypto provider (plain HTTP here, but it builds
-    // its TLS configuration anyway).
-    paceline_store::install_tls_provider();
+) -> common::Running {
     let settings = Settings {
-        listen: "127.0.0.1:0".parse().expect("an address"),
         store: store.to_string(),
         queues: queues.clone(),
         ..Settings::default()
     };
-    let server = Server::bind_with_clock(settings, clock)
-        .await
-        .expect("bind");
-    let url = format!("http://{}", server.local_addr());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        let _ = server
-            .run(async {
-                let _ = stopped.await;
-            })
-            .await;
-    });
-    (url, task, stop)
-}
-
-struct Answer {
-    status: u16,
-    body: Value,
-}
-
-async fn call(method: reqwest::Method, url: &str, body: Option<Value>) -> Answer {
-    let mut request = reqwest::Client::new().request(method, url);
-    if let Some(body) = body {
-        request = request.json(&body);
-    }
-    let response = request.send().await.expect("the service answers");
-    let status = response.status().as_u16();
-    let text = response.text().await.expect("a body");
-    let body = if text.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(&text).expect("a JSON body")
-    };
-    Answer { status, body }
+    common::start(settings, Some(clock)).await
 }
 
 async fn post(url: impl AsRef<str>, body: Value) -> Answer {
@@ -244,7 +104,7 @@ async fn two_queues_on_two_cluster_primaries_over_http() {
     let (producer, producer_task, stop_producer) =
         serve(&cluster.url(), &queues, Arc::new(time.clone())).await;
     for (name, slot, port) in &placed {
-        assert_keys_on(cluster, name, *slot, *port);
+        cluster.assert_key_on(&format!("paceline:v2:{{q:{name}}}:config"), *slot, *port);
     }
     let unknown = get(&format!("{worker}/v1/queues/nope")).await;
     assert_eq!(unknown.status, 404, "{}", unknown.body);
@@ -252,7 +112,7 @@ async fn two_queues_on_two_cluster_primaries_over_http() {
 
     // A waiting lease on the worker's instance, woken by an enqueue on the producer's.
     for (q, group) in [(&a, "g"), (&b, "x")] {
-        let begun = *gated.sleeps.borrow();
+        let begun = gated.sleeps();
         let waiting = tokio::spawn(post(
             format!("{worker}/v1/queues/{q}/leases"),
             json!({"worker": "w1", "wait_ms": 30_000}),

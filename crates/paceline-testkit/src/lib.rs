@@ -484,6 +484,144 @@ impl RedisCluster {
     pub fn dbsize(&self) -> io::Result<u64> {
         self.nodes.iter().map(RedisServer::dbsize).sum()
     }
+
+    /// The slot the cluster puts `key` in (`CLUSTER KEYSLOT`).
+    pub fn keyslot(&self, key: &str) -> u16 {
+        let reply = self.nodes[0]
+            .command(&["CLUSTER", "KEYSLOT", key])
+            .expect("the cluster answers");
+        reply
+            .strip_prefix(':')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("CLUSTER KEYSLOT {key}: {reply}"))
+    }
+
+    /// Which primary serves which slots, as `CLUSTER NODES` lists them now.
+    pub fn slot_map(&self) -> SlotMap {
+        let out = redis_cli(self.nodes[0].port())
+            .args(["CLUSTER", "NODES"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(out.status.success(), "CLUSTER NODES: {out:?}");
+        let text = String::from_utf8(out.stdout).expect("CLUSTER NODES is text");
+        let primaries: Vec<(u16, Vec<(u16, u16)>)> = text
+            .lines()
+            .filter_map(|line| {
+                // ID ADDRESS@BUS FLAGS PRIMARY PING PONG EPOCH LINK SLOT...
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                if !fields.get(2)?.split(',').any(|flag| flag == "master") {
+                    return None;
+                }
+                let port = fields[1]
+                    .split('@')
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()?;
+                let ranges = fields[8..]
+                    .iter()
+                    // `[SLOT->-ID]`: a slot on the move, no range.
+                    .filter(|range| !range.starts_with('['))
+                    .filter_map(|range| {
+                        let (first, last) = range.split_once('-').unwrap_or((range, range));
+                        Some((first.parse().ok()?, last.parse().ok()?))
+                    })
+                    .collect();
+                Some((port, ranges))
+            })
+            .collect();
+        assert_eq!(primaries.len(), self.nodes.len(), "{text}");
+        SlotMap { primaries }
+    }
+
+    /// Checks that `key`, in `slot`, is held by the node on `port`, and that every other
+    /// node redirects to it (`-MOVED`).
+    pub fn assert_key_on(&self, key: &str, slot: u16, port: u16) {
+        assert_eq!(self.keyslot(key), slot, "{key}");
+        for node in &self.nodes {
+            let reply = node.command(&["EXISTS", key]).expect("the node answers");
+            if node.port() == port {
+                assert_eq!(reply, ":1", "{key} is on its slot's primary");
+            } else {
+                assert_eq!(
+                    reply,
+                    format!("-MOVED {slot} 127.0.0.1:{port}"),
+                    "node {} sends {key} to its slot's primary",
+                    node.port()
+                );
+            }
+        }
+    }
+}
+
+/// Which primary of a cluster serves which slots ([`RedisCluster::slot_map`]).
+#[derive(Clone, Debug)]
+pub struct SlotMap {
+    /// Each primary's port with the slot ranges it serves.
+    primaries: Vec<(u16, Vec<(u16, u16)>)>,
+}
+
+impl SlotMap {
+    /// The port of the primary serving `slot`.
+    pub fn owner(&self, slot: u16) -> u16 {
+        self.primaries
+            .iter()
+            .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+            .map(|&(port, _)| port)
+            .unwrap_or_else(|| panic!("no primary serves slot {slot}: {:?}", self.primaries))
+    }
+
+    /// The primaries' ports.
+    pub fn primaries(&self) -> Vec<u16> {
+        self.primaries.iter().map(|&(port, _)| port).collect()
+    }
+}
+
+/// A virtual clock whose sleeps never end on their own: each is counted, so a test sees a
+/// waiting call (a queue's lease waiting for a job) settle into its wait, and then only an
+/// outside event (a message on the queue's channel) ends the wait. Its time moves only when
+/// the test moves it (through the [`ManualClock`](paceline_store::ManualClock) it wraps).
+#[derive(Clone)]
+pub struct GatedClock {
+    time: paceline_store::ManualClock,
+    sleeps: std::sync::Arc<tokio::sync::watch::Sender<usize>>,
+}
+
+impl GatedClock {
+    /// A gated clock reading `time`.
+    pub fn new(time: paceline_store::ManualClock) -> GatedClock {
+        GatedClock {
+            time,
+            sleeps: std::sync::Arc::new(tokio::sync::watch::Sender::new(0)),
+        }
+    }
+
+    /// How many sleeps have begun so far.
+    pub fn sleeps(&self) -> usize {
+        *self.sleeps.borrow()
+    }
+
+    /// Waits until `n` sleeps have begun in all (after 20 s the test fails rather than
+    /// hangs).
+    pub async fn sleeps_begun(&self, n: usize) {
+        let mut sleeps = self.sleeps.subscribe();
+        tokio::time::timeout(Duration::from_secs(20), sleeps.wait_for(|&s| s >= n))
+            .await
+            .expect("the call settled into its wait")
+            .expect("the clock lives");
+    }
+}
+
+impl paceline_store::Clock for GatedClock {
+    fn now_micros(&self) -> u64 {
+        paceline_store::Clock::now_micros(&self.time)
+    }
+
+    fn sleep(&self, _: Duration) -> paceline_store::Sleep {
+        self.sleeps.send_modify(|n| *n += 1);
+        Box::pin(std::future::pending())
+    }
 }
 
 /// A name no other call in this process has given: `stem`, the process id and a counter
