@@ -374,8 +374,9 @@ pub struct Totals {
     pub started: u64,
     /// Jobs acknowledged.
     pub acked: u64,
-    /// Failures reported by workers: fatal ones and those retried (a group pause is the
-    /// upstream's refusal, counted in `pauses`, and a hand-back is neither).
+    /// Failures reported by workers: fatal ones and those asking for a retry (retried, or
+    /// dead for want of attempts). A group pause is the upstream's refusal, counted in
+    /// `pauses`, and a hand-back is neither.
     pub failed: u64,
     /// Jobs scheduled for a retry after a failure.
     pub retried: u64,
