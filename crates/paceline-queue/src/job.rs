@@ -135,7 +135,8 @@ pub(crate) fn not_before_too_late(now: u64) -> InputError {
     InputError::new(
         "not_before",
         format!(
-            "must be at most 365 days after the queue's clock ({} s after the Unix epoch)",
+            "must be at most {} days after the queue's clock ({} s after the Unix epoch)",
+            MAX_DELAY.as_secs() / 86_400,
             now / 1_000_000
         ),
     )

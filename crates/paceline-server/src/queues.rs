@@ -168,9 +168,9 @@ struct EnqueueBody {
 
 /// 365 days, in milliseconds.
 const MAX_DELAY_MS: f64 = paceline_queue::job::MAX_DELAY.as_secs() as f64 * 1000.0;
-/// The latest not-before time the API reads, in Unix milliseconds (2^53 µs, past the year
-/// 2255); the queue holds a job back at most 365 days.
-const MAX_NOT_BEFORE_MS: f64 = 9_007_199_254_740.0;
+/// The latest not-before time the API reads, in Unix milliseconds (the last time the clock
+/// supports); the queue holds a job back at most `MAX_DELAY`.
+const MAX_NOT_BEFORE_MS: f64 = paceline_core::policy::MAX_NOW_US as f64 / 1000.0;
 /// The longest lease, in milliseconds.
 const MAX_LEASE_MS: f64 = paceline_queue::config::MAX_LEASE.as_secs() as f64 * 1000.0;
 /// The longest group pause, in milliseconds.

@@ -72,7 +72,7 @@ use crate::{Decision, InputError, Op};
 /// let e = "concurrency:limit=10001,lease=30s".parse::<Policy>().unwrap_err();
 /// assert_eq!(e.field(), "limit");
 /// ```
-pub const MAX_LIMIT: u64 = 10_000;
+pub const MAX_LIMIT: u64 = super::sliding_log::MAX_LIMIT;
 
 /// The `concurrency` policy: `limit` in flight, each lease living `lease`.
 #[derive(Clone, Debug, PartialEq)]

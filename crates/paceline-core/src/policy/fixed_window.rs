@@ -238,11 +238,11 @@ pub(super) fn past_horizon(slot: u64, now: u64, w: u64) -> Option<f64> {
     })
 }
 
-/// How a request to either window algorithm ends, once it is known whether it fits now
-/// (`fits_now`), how long until it would (`delay`, µs), which window it would count in
-/// (`window`) and, for a `pace`, whether that window is past the horizon (`past_horizon`,
-/// its retry-after): the decision, built by `decision(windows, allowed, delay)`, and the
-/// windows to store if the request is admitted. A peek or a rejection stores nothing.
+/// How a request to either window algorithm ends at `now`, once it is known whether it fits
+/// now (`fits_now`), how long until it would (`delay`, µs) and which window of `w` µs it
+/// would count in (`window`; for a `pace`, refused past the horizon, see [`past_horizon`]):
+/// the decision, built by `decision(windows, allowed, delay)`, and the windows to store if
+/// the request is admitted. A peek or a rejection stores nothing.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn settle(
     windows: Vec<(u64, u64)>,
@@ -251,7 +251,8 @@ pub(super) fn settle(
     fits_now: bool,
     delay: f64,
     window: u64,
-    past_horizon: Option<f64>,
+    now: u64,
+    w: u64,
     decision: impl Fn(&[(u64, u64)], bool, f64) -> Decision,
 ) -> (Decision, Option<Vec<(u64, u64)>>) {
     let admit = match op {
@@ -263,8 +264,9 @@ pub(super) fn settle(
                 .map(duration_to_micros)
                 .filter(|&max| delay > max)
                 .map(|max| retry_after_max_wait(delay, max));
-            if waited.is_some() || past_horizon.is_some() {
-                let retry = waited.unwrap_or(0.0).max(past_horizon.unwrap_or(0.0));
+            let past = past_horizon(window, now, w);
+            if waited.is_some() || past.is_some() {
+                let retry = waited.unwrap_or(0.0).max(past.unwrap_or(0.0));
                 return (decision(&windows, false, retry), None);
             }
             true
@@ -361,7 +363,8 @@ impl FixedWindow {
             slot == current,
             delay,
             slot,
-            past_horizon(slot, now, w),
+            now,
+            w,
             |windows, allowed, delay| self.decision(windows, now, allowed, delay),
         );
         if let Some(windows) = admitted {

@@ -91,9 +91,7 @@
 use std::time::Duration;
 
 pub use super::fixed_window::MAX_BOOKED_WINDOWS;
-use super::fixed_window::{
-    checked_duration, checked_limit, count_at, past_horizon, rebucket, settle,
-};
+use super::fixed_window::{checked_duration, checked_limit, count_at, rebucket, settle};
 use super::Algorithm;
 use crate::spec::{format_duration, parse_count, parse_duration, Params};
 use crate::{Decision, InputError, Op};
@@ -293,7 +291,8 @@ impl Algorithm for SlidingWindow {
             now_fits,
             delay,
             slot / w,
-            past_horizon(slot / w, now, w),
+            now,
+            w,
             |windows, allowed, delay| self.decision(windows, now, allowed, delay),
         );
         if let Some(windows) = admitted {
