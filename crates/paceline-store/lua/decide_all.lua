@@ -148,13 +148,16 @@ if #keys > 1 and runs[1].op == 'pace' then
     slot = next
   end
   local max_wait = runs[1].max_wait
+  -- Refused past a horizon (`past`), or beyond max_wait: the later of the two, as a single
+  -- pace answers (past a horizon, `slot` is where the rounds had got to).
   local retry = past
-  if not retry then
-    if not met then
-      return { -1 }
-    end
-    if max_wait and slot - now > max_wait then
-      retry = PL.retry_after_max_wait(slot - now, max_wait)
+  if not retry and not met then
+    return { -1 }
+  end
+  if max_wait and slot - now > max_wait then
+    local waited = PL.retry_after_max_wait(slot - now, max_wait)
+    if not retry or waited > retry then
+      retry = waited
     end
   end
   if retry then

@@ -334,7 +334,8 @@ pub(crate) fn meeting(
     let mut binding = vec![false; requests.len()];
     for _ in 0..MAX_PACE_ROUNDS {
         let mut slots = Vec::with_capacity(requests.len());
-        let mut refusing = vec![false; requests.len()];
+        // The limits refusing to book (past their horizon), once one does.
+        let mut refusing: Option<Vec<bool>> = None;
         let mut past_horizon = None;
         for (i, (r, state)) in requests.iter().zip(states).enumerate() {
             let mut copy = state.clone();
@@ -343,11 +344,11 @@ pub(crate) fn meeting(
                 slots.push(slot_after(now, d.delay));
             } else {
                 slots.push(slot);
-                refusing[i] = true;
+                refusing.get_or_insert_with(|| vec![false; requests.len()])[i] = true;
                 past_horizon = past_horizon.max(Some(d.delay));
             }
         }
-        if past_horizon.is_some() {
+        if let Some(refusing) = refusing {
             return Ok(Meeting {
                 slot,
                 binding: refusing,
@@ -384,18 +385,19 @@ pub(crate) fn unmet() -> InputError {
     )
 }
 
-/// The retry-after of a `pace` set refused at `meeting`, if it is: a limit's refusal past
-/// its horizon, else the set's slot beyond `max_wait` (`max_us`; the slot `meeting.slot -
-/// now` away, less `max_us`).
+/// The retry-after of a `pace` set refused at `meeting`, if it is: the later of a limit's
+/// refusal past its horizon and the set's slot beyond `max_wait` (`max_us`; the slot
+/// `meeting.slot - now` away, less `max_us`), as a single `pace` answers. Past a horizon,
+/// `meeting.slot` is where the rounds had got to, no later than the set's own slot.
 pub(crate) fn pace_refusal(meeting: &Meeting, now: u64, max_us: Option<f64>) -> Option<Duration> {
-    if meeting.past_horizon.is_some() {
-        return meeting.past_horizon;
-    }
-    let max_us = max_us?;
     let away = (meeting.slot - now) as f64;
-    (away > max_us).then(|| {
-        paceline_core::Decision::from_micros(false, (away - max_us).max(0.0), 0, 0.0, 0).delay
-    })
+    let waited = max_us
+        .filter(|&max| away > max)
+        .map(|max| paceline_core::Decision::from_micros(false, away - max, 0, 0.0, 0).delay);
+    match (meeting.past_horizon, waited) {
+        (Some(past), waited) => Some(past.max(waited.unwrap_or_default())),
+        (None, waited) => waited,
+    }
 }
 
 /// The decision of a `pace` set refused ([`pace_refusal`] gives `retry`): `own` holds each

@@ -661,5 +661,22 @@ fn a_paced_set_past_a_windows_horizon_is_refused_alike_and_changes_nothing() {
         assert_eq!(refused.limits[1].delay, retry);
         assert_eq!(refused.retry_after(), Some(retry));
         assert_eq!(peeks().await, before, "a refused pace set changed a key");
+        // With a max_wait the slot already lies beyond, the later of the two retries, as a
+        // single pace answers: the hour's slot, an hour away, less the second waited.
+        let within = Op::pace_within(Duration::from_secs(1));
+        let waiting = [
+            Request::new(&hour, &keys[0], within, 1),
+            Request::new(&window, &keys[1], within, 1),
+        ];
+        let refused = stores.memory.decide_all(&waiting).await;
+        alike(&all, &waiting, &refused, || {
+            "the set with a max_wait".into()
+        })
+        .await
+        .unwrap();
+        let refused = refused.unwrap();
+        assert!(!refused.allowed());
+        assert_eq!(refused.retry_after(), Some(Duration::from_secs(3_599)));
+        assert_eq!(peeks().await, before, "a refused pace set changed a key");
     });
 }
