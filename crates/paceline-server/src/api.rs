@@ -15,6 +15,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
+use paceline_store::redis::cross_slot_error;
 use paceline_store::{
     Decision, Error, InputError, Op, Policy, Request, SharedStore, StoreErrorKind, MAX_LIMITS,
 };
@@ -608,36 +609,20 @@ struct Part<'a> {
 }
 
 impl SetAsk<'_> {
-    /// The `400` for the store's refusal of the set's input, its message naming the keys
-    /// the request gave where it quoted the service's keys (`NAMESPACE:KEY`): a cluster's
-    /// refusal of keys in different hash slots names the limits whose keys they are.
-    fn input_error(&self, e: &InputError) -> ApiError {
-        let pieces: Vec<&str> = e.message().split('`').collect();
-        let mut message = String::with_capacity(e.message().len());
-        for (i, piece) in pieces.iter().enumerate() {
-            // Odd pieces follow an opening backtick; the closing one is written with them.
-            if i % 2 == 1 {
-                message.push('`');
+    /// The `400` for the store's refusal of the set's input. Keys in different hash slots
+    /// of a Redis Cluster are named as the request gave them, with the limits whose keys
+    /// they are (the store's keys, `NAMESPACE:KEY`, are the service's own business).
+    fn input_error(&self, store: &SharedStore, e: &InputError) -> ApiError {
+        let across = store.as_redis().and_then(|redis| {
+            redis.key_across_slots(self.parts.iter().map(|p| p.store_key.as_str()))
+        });
+        match across {
+            Some(i) => {
+                let named = |at: usize| format!("`{}` (limits[{at}].key)", self.parts[at].key);
+                ApiError::input(&cross_slot_error(&named(0), &named(i)))
             }
-            // Quoted text: an odd piece, when a backtick closes it.
-            let quoted = i % 2 == 1 && i + 1 < pieces.len();
-            let part = self.parts.iter().position(|p| p.store_key == *piece);
-            match part.filter(|_| quoted) {
-                Some(at) => {
-                    message.push_str(&self.parts[at].key);
-                    message.push_str("` (limits[");
-                    message.push_str(itoa::Buffer::new().format(at));
-                    message.push_str("].key)");
-                }
-                None => {
-                    message.push_str(piece);
-                    if quoted {
-                        message.push('`');
-                    }
-                }
-            }
+            None => ApiError::input(e),
         }
-        ApiError::invalid(e.field(), message)
     }
 }
 
@@ -917,7 +902,7 @@ async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
     state.metrics.observe_store(started.elapsed());
     let decided = match outcome {
         Ok(decided) => decided,
-        Err(Error::Input(e)) => return set.input_error(&e).into_response(),
+        Err(Error::Input(e)) => return set.input_error(&state.store, &e).into_response(),
         Err(e) => {
             for part in &set.parts {
                 part.metrics.failed();

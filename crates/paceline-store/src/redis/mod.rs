@@ -35,4 +35,4 @@ mod transport;
 
 pub use batch::MAX_IN_FLIGHT as MAX_BATCHES_IN_FLIGHT;
 pub use routing::MAX_DECISIONS_PER_CALL;
-pub use store::{RedisStore, RedisStoreBuilder};
+pub use store::{cross_slot_error, RedisStore, RedisStoreBuilder};

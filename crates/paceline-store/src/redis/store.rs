@@ -94,6 +94,21 @@ struct Inner {
     subscribers: Vec<redis::Client>,
 }
 
+/// The error for a set whose keys lie in different hash slots of a Redis Cluster, naming
+/// the first key and one in another slot as `first` and `other` say (quoted, and however
+/// the caller knows them: [`RedisStore::decide_all`] names its keys, `paceline serve` the
+/// request's limits).
+pub fn cross_slot_error(first: &str, other: &str) -> InputError {
+    InputError::new(
+        "limits",
+        format!(
+            "the keys {first} and {other} are in different hash slots of the Redis Cluster, \
+             and a set is decided in one call on one node: give the keys of a set a common \
+             hash tag, e.g. `{{tenant42}}:second` and `{{tenant42}}:day`"
+        ),
+    )
+}
+
 /// Configures and connects a [`RedisStore`].
 #[must_use]
 pub struct RedisStoreBuilder {
@@ -304,21 +319,9 @@ impl RedisStore {
         }
         let (router, resilience) = (&self.inner.router, &self.inner.resilience);
         let first = requests[0].key;
-        if router.is_cluster() {
-            let slot = router.slot_of(first);
-            if let Some(other) = requests.iter().find(|r| router.slot_of(r.key) != slot) {
-                return Err(InputError::new(
-                    "limits",
-                    format!(
-                        "the keys `{first}` and `{}` are in different hash slots of the Redis \
-                         Cluster, and a set is decided in one call on one node: give the keys \
-                         of a set a common hash tag, e.g. `{{tenant42}}:second` and \
-                         `{{tenant42}}:day`",
-                        other.key
-                    ),
-                )
-                .into());
-            }
+        if let Some(i) = self.key_across_slots(requests.iter().map(|r| r.key)) {
+            let other = requests[i].key;
+            return Err(cross_slot_error(&format!("`{first}`"), &format!("`{other}`")).into());
         }
         let now = self.now()?;
         let group = router.group_of(first);
@@ -328,6 +331,20 @@ impl RedisStore {
         let batch: Vec<&Request> = requests.iter().collect();
         let outcome = router.transport().call_all(&batch, now).await;
         resilience.settle_all(outcome, requests, group)
+    }
+
+    /// In a Redis Cluster, the position of the first of `keys` whose hash slot is not the
+    /// first key's: such keys cannot be decided as one set ([`RedisStore::decide_all`]
+    /// refuses them with [`cross_slot_error`]). `None` on a single server, or when every key
+    /// shares the first one's slot.
+    pub fn key_across_slots<'k>(&self, keys: impl IntoIterator<Item = &'k str>) -> Option<usize> {
+        let router = &self.inner.router;
+        if !router.is_cluster() {
+            return None;
+        }
+        let mut keys = keys.into_iter();
+        let slot = router.slot_of(keys.next()?);
+        keys.position(|k| router.slot_of(k) != slot).map(|i| i + 1)
     }
 
     /// Gives back lease `lease` of `key` under `policy` (see [`Store::release`]): one call
