@@ -293,6 +293,8 @@ impl Client {
     /// already: in that store's Redis when it has one
     /// ([`Store::as_redis`](paceline_store::Store::as_redis)), over the same connection,
     /// shared as [`Client::open`] says; otherwise in this process, as [`Client::new`] makes.
+    /// The client keeps tokio's time (as [`Client::new`] does, a paused tokio clock in
+    /// tests), not a clock injected into the store; [`Client::with_clock`] takes one.
     ///
     /// ```
     /// use paceline_client::headers::Discord;

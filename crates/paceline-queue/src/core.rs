@@ -968,7 +968,9 @@ impl QueueCore {
     }
 
     /// Does the queue's upkeep (a job whose last lease ran out dies there), then removes
-    /// every dead job; returns how many.
+    /// every dead job; returns how many. (The Redis twin purges in calls of
+    /// [`MAINTENANCE_BATCH`] dead jobs, each after its own upkeep: the two differ only when
+    /// more than that many leases ran out unnoticed.)
     pub fn purge_dead(&mut self, now: u64) -> Result<usize, QueueError> {
         let now = self.tick(now)?;
         self.maintain(now);

@@ -101,11 +101,13 @@ impl<S: Store + ?Sized> Limiter<S> {
     }
 
     /// Reserves the earliest slot for `cost` on `key` and returns the delay to wait before
-    /// acting. Admitted unless the input is invalid, or the slot lies past the policy's
+    /// acting. Admitted unless the input is invalid, the slot lies past the policy's
     /// horizon (`fixed_window` and `sliding_window` book at most
     /// [`MAX_BOOKED_WINDOWS`](paceline_core::policy::fixed_window::MAX_BOOKED_WINDOWS) windows
-    /// ahead): then rejected with no change, the decision's `delay` being the time until the
-    /// slot comes within it. [`acquire`](Limiter::acquire) asks again then by itself.
+    /// ahead), or a `concurrency` policy has `limit` leases live (it books no slot ahead):
+    /// then rejected with no change, the decision's `delay` being the time until the slot
+    /// comes within the horizon, or until enough leases expire.
+    /// [`acquire`](Limiter::acquire) asks again then by itself.
     pub async fn pace(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         self.store.decide(&self.policy, key, Op::pace(), cost).await
     }
@@ -142,9 +144,12 @@ impl<S: Store + ?Sized> Limiter<S> {
     /// Reserves a slot like [`pace`](Limiter::pace), then waits until it (in the store's
     /// time: a tokio sleep, or an advance of a virtual clock). Returns the decision.
     ///
-    /// A backlog past the policy's horizon (see [`pace`](Limiter::pace)) books nothing: the
-    /// call waits until its slot comes within the horizon and reserves again, so it returns
-    /// only with a slot reserved and reached (its decision admitted) or with an error.
+    /// A backlog past the policy's horizon, or a full `concurrency` policy (see
+    /// [`pace`](Limiter::pace)), books nothing: the call waits until its slot comes within
+    /// the horizon, or until enough leases expire, and asks again, so it returns only
+    /// with a slot reserved and reached (its decision admitted) or with an error. A lease
+    /// given back earlier is seen only then: for leases, ask with
+    /// [`limit`](Limiter::limit) and retry on your own signal.
     ///
     /// **Cancellation**: the slot is reserved before the wait starts. If this future is
     /// dropped during the wait, the reservation stands and its slot goes unused: other
