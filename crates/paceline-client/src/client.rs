@@ -326,11 +326,9 @@ impl Client {
         }
         if store.is_remote() {
             // Never knowledge in this process instead, which the others would not share.
-            return Err(paceline_core::InputError::new(
-                "store",
-                "the store is shared across processes, but this build can share a client's \
-                 knowledge only in Redis, through the `redis` feature (`cargo add paceline -F \
-                 client,redis`), and only on a store that is Redis or wraps it",
+            return Err(paceline_store::unshared_store_error(
+                "a client's knowledge",
+                "client,redis",
             )
             .into());
         }

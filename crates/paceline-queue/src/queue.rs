@@ -95,15 +95,7 @@ async fn open_store(url: &str) -> Result<SharedStore, QueueError> {
 /// a queue in (built without the `redis` feature, or a wrapper that hides it): never a queue
 /// in this process instead, which no other process would see.
 fn remote_without_redis(name: &str) -> QueueError {
-    InputError::new(
-        "store",
-        format!(
-            "queue `{name}`: the store is shared across processes, but this build can keep a \
-             queue only in Redis, through the `redis` feature (`cargo add paceline -F \
-             queue,redis`), and only on a store that is Redis or wraps it"
-        ),
-    )
-    .into()
+    paceline_store::unshared_store_error(&format!("queue `{name}`"), "queue,redis").into()
 }
 
 /// A job queue: what producers enqueue into and workers lease from. Clones share the queue.

@@ -66,7 +66,7 @@ pub use clock::{SystemClock, TokioClock};
 pub use failure::FailurePolicy;
 pub use limiter::Limiter;
 pub use memory::{MemoryStore, MemoryStoreBuilder};
-pub use open::{check_store_url, open, without_credentials, StoreOptions};
+pub use open::{check_store_url, open, unshared_store_error, without_credentials, StoreOptions};
 pub use paceline_core::{
     policy, spec, Clock, Decision, Error, Fallback, InputError, ManualClock, Op, Policy, Rate,
     Sleep, State, StoreError, StoreErrorKind, ALGORITHMS,

@@ -351,3 +351,24 @@ pub fn without_credentials(url: &str) -> String {
         _ => url.to_string(),
     }
 }
+
+/// The error for a front end asked to keep `what` (e.g. "queue `emails`") on a store shared
+/// across processes where it cannot: this build lacks its `redis` feature (`features` is
+/// what to add), or the store does not hold Redis beneath it. Never state kept in this
+/// process instead, which the other processes would not see.
+///
+/// ```
+/// let e = paceline_store::unshared_store_error("queue `emails`", "queue,redis");
+/// assert_eq!(e.field(), "store");
+/// assert!(e.message().contains("`cargo add paceline -F queue,redis`"));
+/// ```
+pub fn unshared_store_error(what: &str, features: &str) -> InputError {
+    InputError::new(
+        "store",
+        format!(
+            "{what}: the store is shared across processes, but this build can share it only \
+             in Redis, through the `redis` feature (`cargo add paceline -F {features}`), and \
+             only on a store that is Redis or wraps it"
+        ),
+    )
+}
