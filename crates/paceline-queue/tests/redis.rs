@@ -1200,7 +1200,11 @@ fn worker_process() {
                 .open(&path)
                 .expect("the starts file"),
         ));
-        let worker = paceline_queue::Worker::new(q).concurrency(4);
+        let concurrency = std::env::var("PACELINE_TEST_CONCURRENCY")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(4);
+        let worker = paceline_queue::Worker::new(q).concurrency(concurrency);
         let report = worker
             .run(
                 move |job| {
@@ -1261,8 +1265,12 @@ fn workers_share_a_queue_and_survive_a_sigkill() {
                 "PACELINE_TEST_STARTS",
                 dir.path().join(format!("starts-{n}")),
             )
-            // Worker 0's jobs hang, so it is surely killed mid-job.
+            // Worker 0's job hangs, so it is surely killed mid-job; it runs one job at a
+            // time, so no lease call of it is in flight then, and every start it took is
+            // in its file (a start whose answer died with the process would be missing
+            // from the replay below).
             .env("PACELINE_TEST_WORK_MS", if n == 0 { "60000" } else { "40" })
+            .env("PACELINE_TEST_CONCURRENCY", if n == 0 { "1" } else { "4" })
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -1322,6 +1330,12 @@ fn workers_share_a_queue_and_survive_a_sigkill() {
         }
     }
     assert_eq!(by_job.len(), 60, "every job started");
+    // The replay holds every start the server counted, the killed worker's included.
+    let logged: usize = by_job.values().map(Vec::len).sum();
+    assert_eq!(
+        logged as u64, stats.totals.started,
+        "every start is in the workers' files: {stats:?}"
+    );
     let again: usize = by_job.values().map(|a| a.len() - 1).sum();
     assert!(again >= 1, "the killed worker's job ran again");
     assert_eq!(
