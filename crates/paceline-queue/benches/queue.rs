@@ -16,7 +16,8 @@
 //! `cargo bench -p paceline-queue --features redis --bench queue` (without BullMQ unless
 //! `PACELINE_BULLMQ_NODE_PATH` names a `node_modules` holding it). `PACELINE_BENCH_SECONDS`
 //! sets each timed cell's length (default 3), `PACELINE_BENCH_JOBS` the end-to-end cell's
-//! jobs (default 20,000). The client runs on a tokio runtime of one worker thread, as
+//! jobs (default 20,000), `PACELINE_BENCH_GROUPS` the groups the first three cells spread
+//! their jobs over (default 100). The client runs on a tokio runtime of one worker thread, as
 //! BullMQ's Node process runs one. Under `cargo test` it runs a short smoke pass instead.
 
 use std::process::Command;
@@ -92,13 +93,20 @@ where
     total as f64 / start.elapsed().as_secs_f64()
 }
 
+/// The groups the first three cells spread their jobs over: `PACELINE_BENCH_GROUPS`,
+/// default 100.
+fn cell_groups() -> u64 {
+    env_number("PACELINE_BENCH_GROUPS", 100.0) as u64
+}
+
 async fn enqueue_one(url: &str, length: Duration) -> f64 {
+    let groups = cell_groups();
     let q = open(url, "enqueue-one", UNLIMITED).await;
     let payload = payload();
     timed(64, length, move |n| {
         let (q, payload) = (q.clone(), payload.clone());
         async move {
-            q.enqueue(NewJob::new(format!("g{}", n % 100), payload))
+            q.enqueue(NewJob::new(format!("g{}", n % groups), payload))
                 .await
                 .expect("enqueued");
             1
@@ -108,13 +116,14 @@ async fn enqueue_one(url: &str, length: Duration) -> f64 {
 }
 
 async fn enqueue_batch(url: &str, length: Duration) -> f64 {
+    let groups = cell_groups();
     let q = open(url, "enqueue-batch", UNLIMITED).await;
     let payload = payload();
     timed(8, length, move |n| {
         let (q, payload) = (q.clone(), payload.clone());
         async move {
             let jobs = (0..100)
-                .map(|i| NewJob::new(format!("g{}", (n + i) % 100), payload.clone()))
+                .map(|i| NewJob::new(format!("g{}", (n + i) % groups), payload.clone()))
                 .collect();
             for e in q.enqueue_batch(jobs).await {
                 e.expect("enqueued");
@@ -141,7 +150,7 @@ async fn preload(q: &Queue, groups: u64, jobs: u64) {
 
 async fn end_to_end(url: &str, jobs: u64) -> f64 {
     let q = open(url, "end-to-end", UNLIMITED).await;
-    preload(&q, 100, jobs).await;
+    preload(&q, cell_groups(), jobs).await;
     let handled = Arc::new(AtomicU64::new(0));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let start = Instant::now();
