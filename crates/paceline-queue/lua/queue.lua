@@ -88,6 +88,39 @@ local unpack_config = PL.memo(64, function(raw)
   return cmsgpack.unpack(raw)
 end)
 
+-- Group records written by earlier calls, by their bytes: a group read again as the last
+-- call wrote it (a busy group, from call to call) costs a lookup instead of an unpack, its
+-- bytes being all the record holds. A call takes the table it finds out of the cache (it
+-- may change it), and `flush` puts back each group record it wrote with its table, so a
+-- call that fails half-way leaves nothing changed behind. At most GROUPS_KEPT, all
+-- dropped when full: kept small, because records kept alive cost the Lua collector more
+-- than their unpacking saves once a queue's busy groups outnumber them (measured with
+-- 10,000 groups: a cache of 4,096 slowed every cell by a tenth to a quarter, one of 256
+-- changed none), and job records, each read once or twice, are not kept at all (kept,
+-- they slowed the single enqueues by a fifth).
+local GROUPS_KEPT = 256
+local records, records_kept = {}, 0
+
+local function unpack_group(raw)
+  local object = records[raw]
+  if object then
+    records[raw] = nil
+    records_kept = records_kept - 1
+    return object
+  end
+  return cmsgpack.unpack(raw)
+end
+
+local function keep_group(raw, object)
+  if records[raw] == nil then
+    if records_kept >= GROUPS_KEPT then
+      records, records_kept = {}, 0
+    end
+    records_kept = records_kept + 1
+  end
+  records[raw] = object
+end
+
 -- The meta record: a tag byte ('m') and 13 little-endian doubles (exact for whole numbers
 -- below 2^53): seq, last_id, now, jobs, due (-1: unknown), then the totals enqueued,
 -- started, acked, failed, retried, dead, lease_expiries and pauses. Every call reads and
@@ -165,6 +198,9 @@ local function write_back(cache, prefix, removed, remove)
       if record ~= read_as[prefix .. key] then
         redis.call('SET', base .. prefix .. key, record)
       end
+      if prefix == 'g:' then
+        keep_group(record, object)
+      end
     elseif removed[key] then
       remove(key)
     end
@@ -192,7 +228,13 @@ local function load(cache, prefix, key)
   local object = cache[key]
   if object == nil then
     local raw = redis.call('GET', base .. prefix .. key)
-    object = raw and cmsgpack.unpack(raw) or false
+    if not raw then
+      object = false
+    elseif prefix == 'g:' then
+      object = unpack_group(raw)
+    else
+      object = cmsgpack.unpack(raw)
+    end
     cache[key] = object
     read_as[prefix .. key] = raw
   end
