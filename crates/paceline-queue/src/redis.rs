@@ -83,8 +83,12 @@ struct Pending {
 
 /// The most operations one combined call carries.
 const MAX_COMBINED: usize = 256;
-/// The most combined calls in flight at once.
-const MAX_IN_FLIGHT: usize = 4;
+/// The most combined calls in flight at once: two keep Redis busy (one runs while the next
+/// is on its way) and let the operations that arrive meanwhile gather into the next call.
+/// Each call costs the queue's function about as much as one more job does, so fewer,
+/// fuller calls are cheaper: with 64 producers enqueueing one job at a time on one Redis,
+/// two in flight made 15 % more jobs per second than four, and one 10 % fewer than two.
+const MAX_IN_FLIGHT: usize = 2;
 
 /// The operations that change the queue and tick its clock: concurrent ones go to Redis
 /// combined, in one call (`multi`), as if each had been its own call at the same time.
