@@ -96,7 +96,7 @@ where
 /// The groups the first three cells spread their jobs over: `PACELINE_BENCH_GROUPS`,
 /// default 100.
 fn cell_groups() -> u64 {
-    env_number("PACELINE_BENCH_GROUPS", 100.0) as u64
+    (env_number("PACELINE_BENCH_GROUPS", 100.0) as u64).max(1)
 }
 
 async fn enqueue_one(url: &str, length: Duration) -> f64 {

@@ -88,16 +88,18 @@ local unpack_config = PL.memo(64, function(raw)
   return cmsgpack.unpack(raw)
 end)
 
--- Group records written by earlier calls, by their bytes: a group read again as the last
--- call wrote it (a busy group, from call to call) costs a lookup instead of an unpack, its
--- bytes being all the record holds. A call takes the table it finds out of the cache (it
--- may change it), and `flush` puts back each group record it wrote with its table, so a
--- call that fails half-way leaves nothing changed behind. At most GROUPS_KEPT, all
--- dropped when full: kept small, because records kept alive cost the Lua collector more
--- than their unpacking saves once a queue's busy groups outnumber them (measured with
--- 10,000 groups: a cache of 4,096 slowed every cell by a tenth to a quarter, one of 256
--- changed none), and job records, each read once or twice, are not kept at all (kept,
--- they slowed the single enqueues by a fifth).
+-- Group records changed by earlier calls, unpacked, by their bytes: a group read again as
+-- the last call that changed it wrote it (a busy group, from call to call) costs a lookup
+-- instead of an unpack, its bytes being all the record holds. A call takes the table it
+-- finds out of the cache (it may change it), and `flush` puts back each group record it
+-- changed and wrote, with its table, so a call that fails half-way leaves nothing changed
+-- behind; groups only read (a `stats` of every group) are not put back, so they do not
+-- push the busy ones out. Up to GROUPS_KEPT, all dropped when full: kept small, because
+-- records kept alive cost the Lua collector more than their unpacking saves once a
+-- queue's busy groups outnumber them (measured with 10,000 groups: a cache of 4,096
+-- slowed every cell by a tenth to a quarter, one of 256 changed none), and job records,
+-- each read once or twice, are not kept at all (kept, they slowed the single enqueues by
+-- a fifth; kept only when leased, for the ack that follows, they saved nothing).
 local GROUPS_KEPT = 256
 local records, records_kept = {}, 0
 
@@ -197,9 +199,9 @@ local function write_back(cache, prefix, removed, remove)
       local record = cmsgpack.pack(object)
       if record ~= read_as[prefix .. key] then
         redis.call('SET', base .. prefix .. key, record)
-      end
-      if prefix == 'g:' then
-        keep_group(record, object)
+        if prefix == 'g:' then
+          keep_group(record, object)
+        end
       end
     elseif removed[key] then
       remove(key)

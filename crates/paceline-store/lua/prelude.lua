@@ -13,7 +13,9 @@
 -- the Unix epoch, `op` one of 'pace', 'limit', 'peek', `cost` a positive integer and
 -- `max_wait` the longest acceptable delay of a `pace` in µs (nil: any; `max_wait_us` is the
 -- same in whole µs, rounded down, for twins of Rust code that uses `Duration::as_micros`).
--- `new_state` is the state to store, or nil when the request changes nothing. `idle_at`,
+-- `new_state` is the state to store, or nil when the request changes nothing: a table of its
+-- own, shared with nothing (not `p`, not a table kept between calls), which the caller may
+-- keep and change (the queue keeps groups' states between calls). `idle_at`,
 -- given with a new state by an algorithm whose state has no expiry of its own (`gcra`), is
 -- the time in µs from which that state is idle: its record lives at least until then.
 -- Every twin repeats the float operations of its Rust original in the same order, so both
