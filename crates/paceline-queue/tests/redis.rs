@@ -1644,11 +1644,6 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
     });
 }
 
-/// A cancelled job leaves its entry in the group's list until the entry reaches the head
-/// (finding it at once would scan the list): a lease drops such entries on its way, at
-/// most a thousand a call, so a call after many cancels may answer fewer jobs than memory
-/// does and the next calls go on; the jobs started, their order and the counts are the
-/// same.
 /// Enqueues `n` jobs to group `g` in one batch on both queues at `now`, checking that they
 /// answer alike; the jobs' ids.
 async fn enqueue_both(
@@ -1671,6 +1666,11 @@ async fn enqueue_both(
         .collect()
 }
 
+/// A cancelled job leaves its entry in the group's list until the entry reaches the head
+/// (finding it at once would scan the list): a lease drops such entries on its way, at
+/// most a thousand a call, so a call after many cancels may answer fewer jobs than memory
+/// does and the next calls go on; the jobs started, their order and the counts are the
+/// same.
 #[test]
 fn cancelled_jobs_entries_are_dropped_a_bounded_number_a_call() {
     runtime().block_on(async {
@@ -1748,5 +1748,56 @@ fn cancelled_jobs_entries_are_dropped_a_bounded_number_a_call() {
         );
         assert_eq!(a, b);
         assert_eq!(ids_of(&a), ["next"]);
+    });
+}
+
+/// More groups than the Redis twin keeps unpacked between calls (256): calls that go round
+/// all of them, so that its cache of group records fills, empties and fills again, answer
+/// as memory does: the same estimates, starts, acknowledgements and counts.
+#[test]
+fn more_groups_than_the_twin_keeps_answer_as_in_memory() {
+    runtime().block_on(async {
+        let (clock, mut core, opener) = unlimited_twins("groups");
+        let redis = Queue::new(opener.open().await);
+        let groups = 300u32;
+        for round in 0..3u32 {
+            let jobs: Vec<NewJob> = (0..groups * 2)
+                .map(|n| NewJob::new(format!("g{}", (n * 7 + round) % groups), vec![round as u8]))
+                .collect();
+            let now = clock.now_micros();
+            for chunk in jobs.chunks(100) {
+                let answers = redis.enqueue_batch(chunk.to_vec()).await;
+                for (answer, job) in answers.into_iter().zip(chunk) {
+                    assert_eq!(answer, core.enqueue(now, job.clone()));
+                }
+            }
+            clock.advance(Duration::from_millis(1));
+            let now = clock.now_micros();
+            let (leased, expected) = (
+                redis.lease("w", 1_000, None, Duration::ZERO).await.unwrap(),
+                core.lease(now, "w", 1_000, None).unwrap(),
+            );
+            assert_eq!(leased, expected);
+            // The new jobs and those released in the round before (at most 1,000 a call).
+            assert!(leased.len() >= (groups * 2) as usize, "{}", leased.len());
+            // Every other job acknowledged, one at a time; the rest go back to their groups.
+            for (i, job) in leased.iter().enumerate() {
+                let now = clock.now_micros();
+                if i % 2 == 0 {
+                    assert_eq!(
+                        redis.ack(&job.id, job.lease).await,
+                        core.ack(now, &job.id, job.lease)
+                    );
+                } else {
+                    assert_eq!(
+                        redis.fail(&job.id, job.lease, Failure::Release).await,
+                        core.fail(now, &job.id, job.lease, Failure::Release, 0.5)
+                    );
+                }
+            }
+            clock.advance(Duration::from_millis(1));
+            let now = clock.now_micros();
+            assert_eq!(redis.stats().await.unwrap(), core.stats(now).unwrap());
+        }
     });
 }
