@@ -375,6 +375,19 @@ async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), Test
     Ok(())
 }
 
+/// A handle on the Redis queue `name` at `url`, opened with `config` on `clock` (None: the
+/// server's).
+async fn open_at(
+    url: &str,
+    name: &str,
+    config: QueueConfig,
+    clock: Option<Arc<dyn Clock>>,
+) -> RedisQueue {
+    RedisQueue::open(connect(url).await, name, config, clock)
+        .await
+        .unwrap()
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -400,16 +413,8 @@ proptest! {
 fn a_group_backlog_gets_the_seed_estimates_in_redis() {
     runtime().block_on(async {
         let config = QueueConfig::new("fixed_window:limit=10,window=10s".parse().unwrap());
-        let q = Queue::new(
-            RedisQueue::open(
-                connect(&shared_server().url()).await,
-                &unique_name("seed"),
-                config,
-                None,
-            )
-            .await
-            .unwrap(),
-        );
+        let q =
+            Queue::new(open_at(&shared_server().url(), &unique_name("seed"), config, None).await);
         // One call: one time for all 25.
         let jobs = (0..25u8).map(|n| NewJob::new("guild:1", vec![n])).collect();
         let estimates: Vec<u64> = q
@@ -600,14 +605,7 @@ fn queues_on_different_cluster_slots_work_side_by_side() {
         );
         let mut queues = Vec::new();
         for at in &placed {
-            let q = RedisQueue::open(
-                connect(&cluster.url()).await,
-                &at.name,
-                config.clone(),
-                None,
-            )
-            .await
-            .unwrap();
+            let q = open_at(&cluster.url(), &at.name, config.clone(), None).await;
             assert_keys_placed(cluster, &q, at);
             queues.push(Queue::new(q));
         }
@@ -678,23 +676,16 @@ fn queues_on_every_cluster_primary_wake_fail_pause_expire_and_keep_their_dead() 
             .lease(Duration::from_secs(10));
         let mut queues = Vec::new();
         for at in placed {
-            let worker = RedisQueue::open(
-                connect(&url).await,
+            let worker = open_at(
+                &url,
                 &at.name,
                 config.clone(),
                 Some(Arc::new(gated.clone())),
             )
-            .await
-            .unwrap();
+            .await;
             assert_keys_placed(cluster, &worker, &at);
-            let producer = RedisQueue::open(
-                connect(&url).await,
-                &at.name,
-                config.clone(),
-                Some(Arc::new(time.clone())),
-            )
-            .await
-            .unwrap();
+            let producer =
+                open_at(&url, &at.name, config.clone(), Some(Arc::new(time.clone()))).await;
             queues.push(ClusterQueue {
                 at,
                 worker: Queue::new(worker),
@@ -956,11 +947,7 @@ fn a_redis_restart_with_persistence_loses_nothing_acknowledged() {
         let name = unique_name("restart");
         let config = QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().unwrap())
             .lease(Duration::from_secs(60));
-        let q = Queue::new(
-            RedisQueue::open(connect(&server.url()).await, &name, config.clone(), None)
-                .await
-                .unwrap(),
-        );
+        let q = Queue::new(open_at(&server.url(), &name, config.clone(), None).await);
         let jobs = (0..20u8)
             .map(|n| NewJob::new(format!("g{}", n % 2), vec![n]).id(format!("job-{n}")))
             .collect();
@@ -1004,11 +991,7 @@ fn a_redis_restart_with_persistence_loses_nothing_acknowledged() {
             q.ack(&job.id, job.lease).await.unwrap();
         }
         // A new handle after the restart, and the rest of the jobs.
-        let other = Queue::new(
-            RedisQueue::open(connect(&server.url()).await, &name, config, None)
-                .await
-                .unwrap(),
-        );
+        let other = Queue::new(open_at(&server.url(), &name, config, None).await);
         let rest = other.lease("w2", 100, None, Duration::ZERO).await.unwrap();
         assert_eq!(rest.len(), 10);
         for job in rest {
@@ -1243,11 +1226,7 @@ fn workers_share_a_queue_and_survive_a_sigkill() {
     let rt = runtime();
     let q = rt.block_on(async {
         let config = QueueConfig::new(policy.clone()).lease(Duration::from_millis(1_000));
-        let q = Queue::new(
-            RedisQueue::open(connect(&server.url()).await, &name, config, None)
-                .await
-                .unwrap(),
-        );
+        let q = Queue::new(open_at(&server.url(), &name, config, None).await);
         let jobs = (0..60u8)
             .map(|n| NewJob::new(format!("g{}", n % 3), vec![n]))
             .collect();
@@ -1373,16 +1352,7 @@ fn a_changed_algorithm_starts_the_group_afresh_as_in_memory() {
         let before = QueueConfig::new("gcra:rate=2/s,burst=2".parse().unwrap());
         let after = QueueConfig::new("fixed_window:limit=3,window=10s".parse().unwrap());
         let mut core = QueueCore::new(before.clone()).unwrap();
-        let first = Queue::new(
-            RedisQueue::open(
-                connect(&url).await,
-                &name,
-                before,
-                Some(Arc::clone(&shared)),
-            )
-            .await
-            .unwrap(),
-        );
+        let first = Queue::new(open_at(&url, &name, before, Some(Arc::clone(&shared))).await);
         for n in 0..8u8 {
             let job = NewJob::new("g", vec![n]);
             let now = clock.now_micros();
@@ -1395,11 +1365,7 @@ fn a_changed_algorithm_starts_the_group_afresh_as_in_memory() {
         );
         // Another process opens the queue with the new policy.
         core.set_config(after.clone()).unwrap();
-        let second = Queue::new(
-            RedisQueue::open(connect(&url).await, &name, after, Some(Arc::clone(&shared)))
-                .await
-                .unwrap(),
-        );
+        let second = Queue::new(open_at(&url, &name, after, Some(Arc::clone(&shared))).await);
         for _ in 0..3 {
             clock.advance(Duration::from_millis(700));
             let now = clock.now_micros();
@@ -1425,11 +1391,7 @@ fn a_lost_configuration_comes_back_and_large_repairs_go_in_chunks() {
         let name = unique_name("chunks");
         let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap());
         let server = shared_server();
-        let q = Queue::new(
-            RedisQueue::open(connect(&server.url()).await, &name, config, None)
-                .await
-                .unwrap(),
-        );
+        let q = Queue::new(open_at(&server.url(), &name, config, None).await);
         let key = format!("paceline:v2:{{q:{name}}}:config");
         assert_eq!(server.command(&["DEL", &key]).unwrap(), ":1");
         let total = 1_100u64;
@@ -1475,14 +1437,13 @@ struct Opener {
 
 impl Opener {
     async fn open(&self) -> RedisQueue {
-        RedisQueue::open(
-            connect(&shared_server().url()).await,
+        open_at(
+            &shared_server().url(),
             &self.name,
             self.config.clone(),
             Some(Arc::clone(&self.clock)),
         )
         .await
-        .unwrap()
     }
 }
 
