@@ -4,6 +4,24 @@ mod common;
 
 use common::{exits_cleanly, http, post, signal, start, write, Reply, Service};
 
+/// Two tests of `$body` (which takes the service's port): the service on the memory store,
+/// and on a Redis of its own.
+macro_rules! on_memory_and_redis {
+    ($body:ident: $memory:ident, $redis:ident) => {
+        #[test]
+        fn $memory() {
+            let (_dir, s) = service();
+            $body(s.port);
+        }
+
+        #[test]
+        fn $redis() {
+            let (_redis, _dir, s) = redis_service();
+            $body(s.port);
+        }
+    };
+}
+
 const CONFIG: &str = r#"
 [queues.roles]
 group_policy = "gcra:rate=1000/s,burst=1000"
@@ -641,17 +659,11 @@ fn stale_leases_change_nothing(p: u16) {
     assert_eq!(counts(p), [Some(1), Some(0), Some(0), Some(0)]);
 }
 
-#[test]
-fn a_stale_lease_can_neither_fail_nor_extend_its_job() {
-    let (_dir, s) = service();
-    stale_leases_change_nothing(s.port);
-}
-
-#[test]
-fn a_stale_lease_can_neither_fail_nor_extend_its_job_in_redis() {
-    let (_redis, _dir, s) = redis_service();
-    stale_leases_change_nothing(s.port);
-}
+on_memory_and_redis!(
+    stale_leases_change_nothing:
+    a_stale_lease_can_neither_fail_nor_extend_its_job,
+    a_stale_lease_can_neither_fail_nor_extend_its_job_in_redis
+);
 
 /// A batch of 1,001 jobs: `400` naming `body`, and not one of them enqueued; 1,000 pass.
 fn a_batch_over_the_most_enqueues_nothing(p: u16) {
@@ -702,17 +714,11 @@ fn a_batch_over_the_most_enqueues_nothing(p: u16) {
     assert_eq!(counts(p), [Some(0), Some(1001), Some(0), Some(0)]);
 }
 
-#[test]
-fn a_batch_of_1001_jobs_is_refused_whole() {
-    let (_dir, s) = service();
-    a_batch_over_the_most_enqueues_nothing(s.port);
-}
-
-#[test]
-fn a_batch_of_1001_jobs_is_refused_whole_in_redis() {
-    let (_redis, _dir, s) = redis_service();
-    a_batch_over_the_most_enqueues_nothing(s.port);
-}
+on_memory_and_redis!(
+    a_batch_over_the_most_enqueues_nothing:
+    a_batch_of_1001_jobs_is_refused_whole,
+    a_batch_of_1001_jobs_is_refused_whole_in_redis
+);
 
 /// `POST .../dead/retry` with `{"ids": [...]}`: the dead jobs named go back in line with
 /// fresh attempts, the other dead jobs stay dead, and ids unknown or of jobs that are not
@@ -785,17 +791,11 @@ fn retrying_dead_jobs_by_id(p: u16) {
     assert_eq!(counts(p), [Some(0), Some(0), Some(3), Some(1)]);
 }
 
-#[test]
-fn retrying_dead_jobs_by_id_retries_only_those() {
-    let (_dir, s) = service();
-    retrying_dead_jobs_by_id(s.port);
-}
-
-#[test]
-fn retrying_dead_jobs_by_id_retries_only_those_in_redis() {
-    let (_redis, _dir, s) = redis_service();
-    retrying_dead_jobs_by_id(s.port);
-}
+on_memory_and_redis!(
+    retrying_dead_jobs_by_id:
+    retrying_dead_jobs_by_id_retries_only_those,
+    retrying_dead_jobs_by_id_retries_only_those_in_redis
+);
 
 /// `paceline_queue_jobs_total` for `failed`, `retried`, `dead` and `lease_expired` after a
 /// failure that is retried, a fatal one, and a lease that expires twice (back in line, then
@@ -849,17 +849,11 @@ fn failures_and_expiries_in_the_metrics(p: u16) {
     assert_eq!(counts(p), [Some(1), Some(0), Some(0), Some(2)]);
 }
 
-#[test]
-fn the_metrics_count_failures_retries_and_lease_expiries() {
-    let (_dir, s) = service();
-    failures_and_expiries_in_the_metrics(s.port);
-}
-
-#[test]
-fn the_metrics_count_failures_retries_and_lease_expiries_in_redis() {
-    let (_redis, _dir, s) = redis_service();
-    failures_and_expiries_in_the_metrics(s.port);
-}
+on_memory_and_redis!(
+    failures_and_expiries_in_the_metrics:
+    the_metrics_count_failures_retries_and_lease_expiries,
+    the_metrics_count_failures_retries_and_lease_expiries_in_redis
+);
 
 /// `not_before_ms`: a Unix time on the store's clock holds the job until then; one more
 /// than 365 days ahead, or not a time, is a `400` naming it and enqueues nothing.
@@ -922,14 +916,8 @@ fn not_before_holds_a_job_until_then(p: u16) {
     assert_eq!(counts(p), before, "nothing enqueued by a refused job");
 }
 
-#[test]
-fn not_before_holds_a_job_until_its_time() {
-    let (_dir, s) = service();
-    not_before_holds_a_job_until_then(s.port);
-}
-
-#[test]
-fn not_before_holds_a_job_until_its_time_in_redis() {
-    let (_redis, _dir, s) = redis_service();
-    not_before_holds_a_job_until_then(s.port);
-}
+on_memory_and_redis!(
+    not_before_holds_a_job_until_then:
+    not_before_holds_a_job_until_its_time,
+    not_before_holds_a_job_until_its_time_in_redis
+);
