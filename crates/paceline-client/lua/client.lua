@@ -18,6 +18,8 @@
 --   m:MAJOR         MessagePack { p = { seq = at }, w = { route = until },
 --                   x = { bucket id = until } }: pioneers in flight, routes of unknown
 --                   bucket waiting to send theirs, known buckets with no call left
+--   call:ID         MessagePack { e, r }: the reply `r` of the call of id ID, kept until
+--                   `e` (the in-flight lease after it) for a repeat of the call
 --
 -- Records carry the time they say nothing more (`e`); one read after it is absent, and
 -- Redis drops it a little later (its time to live is set from it).
@@ -26,8 +28,14 @@
 -- `PL.clock` reads it; then the configuration: the in-flight lease (µs), pioneers per
 -- major, the headerless backoff, the missing retry-after, the longest backoff (µs), the
 -- warning share, the invalid-request budget's limit, then the global policy and the
--- invalid-request budget, each as `PL.read_policy` reads it or '' for none. The rest is the
--- operation's (see `round`). Every reply starts with the time of the call.
+-- invalid-request budget, each as `PL.read_policy` reads it or '' for none. Then the call
+-- id ('' for none), and the rest is the operation's (see `round`). Every reply starts with
+-- the time of the call.
+--
+-- A call that counted something (admitted a request or told an event) under an id is
+-- kept: a repeat of the id within the in-flight lease (its first reply was lost) is
+-- answered with the first reply, the time in it included, and changes nothing. The
+-- `Knowledge::round` of the twin.
 --
 -- Times are µs since the Unix epoch; every number is a whole number below 2^53.
 
@@ -514,6 +522,7 @@ local function admit_queue(major, filed, list, out)
   out[#out + 1] = moved_bucket
   out[#out + 1] = wait_kind
   out[#out + 1] = wait_t
+  return #admitted > 0
 end
 
 -- admit: the number of asks, then per ask its major, its bucket, the number of its
@@ -521,12 +530,12 @@ end
 -- to `out` the invalid-request budget's delay in ns when it is spent (-1: it is not),
 -- then per ask: the number admitted k, k times whether a pioneer (1/0) and the admission,
 -- whether the next request moved (1/0), the route and the bucket it moved to, the wait
--- (0: none, 1: until, 2: a response) and its time.
+-- (0: none, 1: until, 2: a response) and its time. Answers whether it admitted any.
 local function admit(args, a, out)
   local spent = budget_spent()
   if spent then
     out[#out + 1] = spent
-    return
+    return false
   end
   local asks = {}
   local n = tonumber(args[a])
@@ -551,9 +560,13 @@ local function admit(args, a, out)
     end
   end
   out[#out + 1] = -1
+  local any = false
   for _, ask in ipairs(asks) do
-    admit_queue(ask.major, ask.filed, ask.list, out)
+    if admit_queue(ask.major, ask.filed, ask.list, out) then
+      any = true
+    end
   end
+  return any
 end
 
 -- Ends -------------------------------------------------------------------------------
@@ -728,7 +741,8 @@ end
 -- answer's 14 fields (see `answer`), or 'r' and a release's 7 (see `release`); then the
 -- asks (see `admit`; a count of 0 for none). Replies the time, per event when its pause
 -- ends and the budget's use and limit when a warning is due (-1 each for none, and for a
--- release), then the admission (see `admit`: -1 alone when nothing was asked).
+-- release), then the admission (see `admit`: -1 alone when nothing was asked). Answers the
+-- reply, and whether the call counted something (told an event or admitted a request).
 local function round(args, a)
   local out = { now }
   local events = tonumber(args[a])
@@ -750,12 +764,15 @@ local function round(args, a)
       out[#out + 1] = -1
     end
   end
+  local counted = events > 0
   if tonumber(args[a]) > 0 then
-    admit(args, a, out)
+    if admit(args, a, out) then
+      counted = true
+    end
   else
     out[#out + 1] = -1
   end
-  return out
+  return out, counted
 end
 
 local OPS = { round = round }
@@ -773,9 +790,21 @@ local function client_call(KEYS, ARGV)
   cfg = config
   local server_time
   now, server_time, slack = PL.clock(ARGV[2])
+  -- A repeat of a call that counted something answers its first reply.
+  local call_key
+  if ARGV[a] ~= '' then
+    call_key = base .. 'call:' .. ARGV[a]
+    local raw = redis.call('GET', call_key)
+    if raw then
+      local kept = cmsgpack.unpack(raw)
+      if kept.e > now then
+        return kept.r
+      end
+    end
+  end
   buckets, majors, routes = {}, {}, {}
   load_meta()
-  local reply = op(ARGV, a)
+  local reply, counted = op(ARGV, a + 1)
   -- `load` of a bucket that was read for its buckets' sake only writes what it was.
   save_buckets()
   save_majors()
@@ -786,6 +815,10 @@ local function client_call(KEYS, ARGV)
     if type(x) == 'number' then
       reply[i] = int(x)
     end
+  end
+  if call_key and counted then
+    local e = now + cfg.lease
+    redis.call('SET', call_key, cmsgpack.pack({ e = e, r = reply }), 'PX', ttl_ms(e))
   end
   return reply
 end

@@ -24,6 +24,12 @@
 //! Knowledge never waits for anyone: a request in flight whose end is never reported (its
 //! process died) stops counting after [`ClientConfig::in_flight_lease`], and every record
 //! is dropped once it says nothing more (a bucket a window after its reset).
+//!
+//! A process that shares the knowledge through Redis makes one call per
+//! [`round`](Knowledge::round): the events it has to tell, then its asks. A call carries a
+//! [`CallId`], so that a call whose answer was lost on the way (a broken connection, a
+//! time-out after Redis applied it) can be made again: the repeat is answered as the first
+//! call was, and nothing is admitted, ended or learned twice.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -31,7 +37,7 @@ use std::time::Duration;
 
 use paceline_core::{Op, State};
 
-use crate::core::ClientConfig;
+use crate::core::{ClientConfig, Event};
 use crate::headers::{Observation, Refusal, Scope};
 
 /// Two resets less than this apart are the same window (responses travel at different
@@ -167,6 +173,43 @@ pub struct Answered {
     pub paused_until: Option<u64>,
     /// The invalid-request budget passed its warning share: used, of the limit.
     pub warn: Option<(u64, u64)>,
+}
+
+/// The id of one [`round`](Knowledge::round): a round made again under the id of one
+/// that counted something (admitted a request or told an event), within the in-flight
+/// lease of it, is answered as that one was and changes nothing. Ids are drawn at random
+/// (128 bits), one per round; only a repeat of the same round reuses one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CallId(u128);
+
+impl CallId {
+    /// The id of these 128 bits.
+    pub const fn new(bits: u128) -> CallId {
+        CallId(bits)
+    }
+
+    /// The id of these 16 bytes (big-endian).
+    pub const fn from_bytes(bytes: [u8; 16]) -> CallId {
+        CallId(u128::from_be_bytes(bytes))
+    }
+}
+
+/// 32 lowercase hexadecimal digits: the id as the Lua twin keys it.
+impl std::fmt::Display for CallId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// What one [`round`](Knowledge::round) answers: what each event taught (for an answer),
+/// and the admission of the asks.
+pub type RoundAnswer = (Vec<Option<Answered>>, Admission);
+
+/// A round's answer, kept for a repeat of its call until `until` (µs).
+#[derive(Clone, Debug)]
+struct Kept {
+    until: u64,
+    answer: RoundAnswer,
 }
 
 /// What is known of a bucket's limit.
@@ -312,6 +355,10 @@ pub struct Knowledge {
     /// Admissions so far: each admitted request's number.
     pub(crate) admissions: u64,
     pruned_at: u64,
+    /// The answers of the rounds that counted something, by call id, each for the
+    /// in-flight lease.
+    calls: HashMap<CallId, Kept>,
+    calls_pruned_at: u64,
 }
 
 impl Knowledge {
@@ -330,6 +377,8 @@ impl Knowledge {
             missing_in_a_row: 0,
             admissions: 0,
             pruned_at: 0,
+            calls: HashMap::new(),
+            calls_pruned_at: 0,
         }
     }
 
@@ -535,6 +584,64 @@ impl Knowledge {
             b.pioneer = Some(seq);
         }
         b.touched = now;
+    }
+
+    /// One round of a [shared](crate::ClientCore::shared) core, as one call to the
+    /// knowledge (on Redis, one atomic call): tells the `events` in order (each as
+    /// [`Event::apply`] does), then [`admit`](Self::admit)s the `asks` if there are any, at
+    /// `now`. Answers what each event taught (`None` for a release) and the admission (no
+    /// grants and nothing spent when nothing was asked).
+    ///
+    /// Under a `call` id whose round counted something (admitted a request or told an
+    /// event) less than the in-flight lease ago, answers what that round answered, and
+    /// changes nothing: a call repeated because its answer was lost counts once. A repeat
+    /// is made at the same `now` as its first call; the answer's times are the first
+    /// call's. A round that counted nothing is not kept, and a repeat of it is a new
+    /// round.
+    pub fn round(
+        &mut self,
+        call: Option<CallId>,
+        events: &[Event],
+        asks: &[Ask],
+        now: u64,
+    ) -> RoundAnswer {
+        if let Some(kept) = call.and_then(|c| self.calls.get(&c)) {
+            if kept.until > now {
+                return kept.answer.clone();
+            }
+        }
+        let answered: Vec<Option<Answered>> = events.iter().map(|e| e.apply(self, now)).collect();
+        let admission = if asks.is_empty() {
+            Admission {
+                spent: None,
+                grants: Vec::new(),
+            }
+        } else {
+            self.admit(asks, now)
+        };
+        let counted = !events.is_empty() || admission.grants.iter().any(|g| !g.admitted.is_empty());
+        let answer = (answered, admission);
+        if let (Some(call), true) = (call, counted) {
+            self.forget_calls(now);
+            let until = now.saturating_add(self.lease());
+            self.calls.insert(
+                call,
+                Kept {
+                    until,
+                    answer: answer.clone(),
+                },
+            );
+        }
+        answer
+    }
+
+    /// Drops the kept answers whose lease ended, at most once a second.
+    fn forget_calls(&mut self, now: u64) {
+        if now < self.calls_pruned_at.saturating_add(PRUNE_EVERY_US) {
+            return;
+        }
+        self.calls_pruned_at = now;
+        self.calls.retain(|_, kept| kept.until > now);
     }
 
     /// Lets go what may go at `now` of the queues that ask, in order: per queue, its first

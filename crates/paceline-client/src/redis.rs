@@ -7,6 +7,14 @@
 //! share one hash tag, so they live in one cluster slot. The identity is hashed before it
 //! becomes part of a key: a token never reaches Redis.
 //!
+//! Each call carries a random [`CallId`]. A call whose answer is lost (the connection
+//! broke, or the answer did not come within the store's response timeout) is made once
+//! more under the same id: if Redis had applied it, the repeat is answered with the first
+//! answer and nothing is counted twice, so the requests it admitted go and are reported,
+//! rather than counting as in flight until their lease ends (which would hold a route's
+//! pioneer, and with it the route, back for [`ClientConfig::in_flight_lease`]). If the
+//! repeat fails too, the error is returned.
+//!
 //! [`Client::open`](crate::Client::open) uses this when given a `redis://`,
 //! `rediss://` or `redis-cluster://` URL; use it directly to drive a
 //! [shared](crate::ClientCore::shared) [`ClientCore`](crate::ClientCore) yourself.
@@ -41,7 +49,9 @@ use paceline_store::redis::RedisStore;
 
 use crate::core::{ClientConfig, Event};
 use crate::headers::Scope;
-use crate::knowledge::{micros, Admission, Admitted, Answered, Ask, Grant, Wait};
+use crate::knowledge::{
+    micros, Admission, Admitted, Answered, Ask, CallId, Grant, RoundAnswer, Wait,
+};
 
 static LIBRARY: LazyLock<Extension> =
     LazyLock::new(|| Extension::new("client", include_str!("../lua/client.lua"), "client_call"));
@@ -86,6 +96,30 @@ fn protocol(what: &str, reply: &impl std::fmt::Debug) -> StoreError {
     StoreError::new(
         StoreErrorKind::Protocol,
         format!("the client limiter's Redis function answered {what} unexpectedly: {reply:?}"),
+    )
+}
+
+/// A fresh call id from the system's random source.
+fn fresh_call() -> Result<CallId, StoreError> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .map_err(|_| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                "the client limiter drew no call id: the system's random source failed",
+            )
+        })?;
+    Ok(CallId::from_bytes(bytes))
+}
+
+/// Whether a call that failed with `error` may have been applied with its answer lost on
+/// the way: the connection broke, or the answer did not come in time.
+fn maybe_applied(error: &StoreError) -> bool {
+    matches!(
+        error.kind(),
+        StoreErrorKind::Unavailable | StoreErrorKind::Timeout
     )
 }
 
@@ -196,7 +230,9 @@ impl RedisKnowledge {
     }
 
     /// [`Knowledge::admit`](crate::knowledge::Knowledge::admit) in Redis, at `now` on the
-    /// caller's clock; the times of the answer are on the caller's clock too.
+    /// caller's clock; the times of the answer are on the caller's clock too. A
+    /// [`round`](Self::round) that only asks: made once more under its id if its answer is
+    /// lost.
     pub async fn admit(&self, asks: &[Ask], now: u64) -> Result<Admission, StoreError> {
         Ok(self.round(&[], asks, now).await?.1)
     }
@@ -209,15 +245,41 @@ impl RedisKnowledge {
     }
 
     /// One atomic call: tells the knowledge the `events` in order, then asks it what of
-    /// `asks` may go, at `now` on the caller's clock. Answers what each event taught (for
-    /// an answer) and the admission (no grants when nothing was asked).
+    /// `asks` may go, at `now` on the caller's clock
+    /// ([`Knowledge::round`](crate::knowledge::Knowledge::round)). Answers what each
+    /// event taught (for an answer) and the admission (no grants when nothing was asked).
+    ///
+    /// The call carries a fresh [`CallId`]; when the connection breaks or the answer does
+    /// not come in time, it is made once more under the same id (see the
+    /// [module docs](self)), and the second failure is returned.
     pub async fn round(
         &self,
         events: &[Event],
         asks: &[Ask],
         now: u64,
-    ) -> Result<(Vec<Option<Answered>>, Admission), StoreError> {
-        let mut rest = vec![text(events.len() as u64)];
+    ) -> Result<RoundAnswer, StoreError> {
+        let call = fresh_call()?;
+        match self.round_as(call, events, asks, now).await {
+            Err(error) if maybe_applied(&error) => {
+                tracing::debug!(%error, "the client limiter's call to Redis failed; made once more under its id");
+                self.round_as(call, events, asks, now).await
+            }
+            answered => answered,
+        }
+    }
+
+    /// One attempt of [`round`](Self::round) under the id `call`, made once: a repeat of a
+    /// call id whose round counted something answers as the first did and changes nothing
+    /// (see [`Knowledge::round`](crate::knowledge::Knowledge::round)). For callers that
+    /// make their own repeats; a repeat is made at the same `now` as its first call.
+    pub async fn round_as(
+        &self,
+        call: CallId,
+        events: &[Event],
+        asks: &[Ask],
+        now: u64,
+    ) -> Result<RoundAnswer, StoreError> {
+        let mut rest = vec![call.to_string().into_bytes(), text(events.len() as u64)];
         for event in events {
             push_event(&mut rest, event, now);
         }

@@ -3,7 +3,10 @@
 //! - The twins: random sequences of submissions, polls, answers of every kind, failures,
 //!   cancellations and clock steps, run by one core whose knowledge is in memory and one
 //!   whose knowledge is in Redis, on one virtual clock, give the same answers step by
-//!   step.
+//!   step; both make some of their calls twice under one call id (a lost answer), and a
+//!   third core, in memory, that never does, answers the same too.
+//! - A call made twice under one id admits, ends and learns once, and answers the same
+//!   both times, in memory and in Redis alike.
 //! - Four processes on one Redis (and on a Redis Cluster) against the strict mock API:
 //!   every request answered once, no 429, nearly all the throughput the limits allow.
 //! - The async client on Redis: two clients share what either learns.
@@ -14,10 +17,10 @@ use std::time::Duration;
 
 use http::HeaderMap;
 use paceline_client::headers::{Dialect, Discord, Observation, Refusal, Response, Scope};
-use paceline_client::knowledge::Knowledge;
+use paceline_client::knowledge::{Ask, CallId, Knowledge, RoundAnswer, Wait};
 use paceline_client::redis::RedisKnowledge;
 use paceline_client::{
-    After, Client, ClientConfig, ClientCore, ClientError, Completion, Poll, RequestId, Route,
+    After, Client, ClientConfig, ClientCore, ClientError, Completion, Event, Poll, RequestId, Route,
 };
 use paceline_store::redis::RedisStore;
 use paceline_testkit::mock_api::{Limit, MockApi, SECOND};
@@ -33,10 +36,56 @@ enum Brain {
     Redis(RedisKnowledge),
 }
 
+impl Brain {
+    /// One round under the id `call`, made once.
+    async fn round(
+        &mut self,
+        call: CallId,
+        events: &[Event],
+        asks: &[Ask],
+        now: u64,
+    ) -> RoundAnswer {
+        match self {
+            Brain::Memory(k) => k.round(Some(call), events, asks, now),
+            Brain::Redis(r) => r
+                .round_as(call, events, asks, now)
+                .await
+                .expect("Redis answers"),
+        }
+    }
+
+    /// One round under the id `call`, made a second time when `twice` (as after a lost
+    /// answer): the second answers as the first did.
+    async fn round_twice(
+        &mut self,
+        call: CallId,
+        events: &[Event],
+        asks: &[Ask],
+        now: u64,
+        twice: bool,
+    ) -> RoundAnswer {
+        let first = self.round(call, events, asks, now).await;
+        if twice {
+            let again = self.round(call, events, asks, now).await;
+            assert_eq!(again, first, "a call made again answers as it did");
+        }
+        first
+    }
+}
+
 /// A shared core and its knowledge: one process.
 struct Process {
     core: ClientCore,
     brain: Brain,
+}
+
+/// A call id no other call of this test binary has (processes of one identity must never
+/// share one).
+fn next_call() -> CallId {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    CallId::new(u128::from(
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+    ))
 }
 
 impl Process {
@@ -54,27 +103,43 @@ impl Process {
         }
     }
 
-    /// Tells the knowledge what happened; answers what it concluded of each answer.
-    async fn tell(&mut self, now: u64) -> Vec<Option<(Option<u64>, Option<(u64, u64)>)>> {
-        let mut out = Vec::new();
-        for event in self.core.take_events() {
-            let answered = match &mut self.brain {
-                Brain::Memory(k) => event.apply(k, now),
-                Brain::Redis(r) => r.tell(&event, now).await.expect("Redis answers"),
-            };
-            out.push(answered.map(|a| (a.paused_until, a.warn)));
+    /// Tells the knowledge what happened, in one call (made twice when `twice`); answers
+    /// what it concluded of each answer.
+    async fn tell_twice(
+        &mut self,
+        now: u64,
+        twice: bool,
+    ) -> Vec<Option<(Option<u64>, Option<(u64, u64)>)>> {
+        let events = self.core.take_events();
+        if events.is_empty() {
+            return Vec::new();
         }
-        out
+        let call = next_call();
+        let (answered, _) = self.brain.round_twice(call, &events, &[], now, twice).await;
+        answered
+            .into_iter()
+            .map(|a| a.map(|a| (a.paused_until, a.warn)))
+            .collect()
+    }
+
+    async fn tell(&mut self, now: u64) -> Vec<Option<(Option<u64>, Option<(u64, u64)>)>> {
+        self.tell_twice(now, false).await
+    }
+
+    /// Tells what happened and asks what may go, in one call (made twice when `twice`).
+    async fn poll_twice(&mut self, now: u64, twice: bool) -> Poll {
+        let events = self.core.take_events();
+        let asks = self.core.asks(now);
+        let call = next_call();
+        let (_, admission) = self
+            .brain
+            .round_twice(call, &events, &asks.asks, now, twice)
+            .await;
+        self.core.granted(asks, admission, now)
     }
 
     async fn poll(&mut self, now: u64) -> Poll {
-        self.tell(now).await;
-        let asks = self.core.asks(now);
-        let admission = match &mut self.brain {
-            Brain::Memory(k) => k.admit(&asks.asks, now),
-            Brain::Redis(r) => r.admit(&asks.asks, now).await.expect("Redis answers"),
-        };
-        self.core.granted(asks, admission, now)
+        self.poll_twice(now, false).await
     }
 }
 
@@ -86,13 +151,18 @@ enum Step {
         route: u8,
         max_wait_ms: Option<u16>,
     },
-    Poll,
+    /// A poll; its call made twice when `twice`.
+    Poll {
+        twice: bool,
+    },
+    /// A response to a request in flight; the call telling of it made twice when `twice`.
     Answer {
         pick: u8,
         kind: u8,
         remaining: u8,
         reset_ms: u16,
         bucket: u8,
+        twice: bool,
     },
     Fail {
         pick: u8,
@@ -110,16 +180,19 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => (0u8..6, proptest::option::of(0u16..3000))
             .prop_map(|(route, max_wait_ms)| Step::Submit { route, max_wait_ms }),
-        3 => Just(Step::Poll),
-        3 => (any::<u8>(), 0u8..10, 0u8..6, 1u16..3000, 0u8..3).prop_map(
-            |(pick, kind, remaining, reset_ms, bucket)| Step::Answer {
+        3 => proptest::bool::weighted(0.3).prop_map(|twice| Step::Poll { twice }),
+        3 => (
+            (any::<u8>(), 0u8..10, 0u8..6, 1u16..3000, 0u8..3),
+            proptest::bool::weighted(0.3)
+        )
+            .prop_map(|((pick, kind, remaining, reset_ms, bucket), twice)| Step::Answer {
                 pick,
                 kind,
                 remaining,
                 reset_ms,
-                bucket
-            }
-        ),
+                bucket,
+                twice,
+            }),
         1 => any::<u8>().prop_map(|pick| Step::Fail { pick }),
         1 => (any::<u8>(), any::<bool>()).prop_map(|(pick, sent)| Step::Cancel { pick, sent }),
         2 => (0u16..2500).prop_map(|ms| Step::Advance { ms }),
@@ -219,6 +292,9 @@ async fn twins_agree(steps: Vec<Step>, url: String) -> Result<(), TestCaseError>
     let store = connect(&url).await;
     let mut memory = Process::memory(&config);
     let mut redis = Process::redis(&config, store, &unique_name("twins"));
+    // Never makes a call twice: a twin that counted a repeated call again would part from
+    // it.
+    let mut once = Process::memory(&config);
     let routes = twin_routes();
     let mut now = T0;
     let mut flying: Vec<RequestId> = Vec::new();
@@ -230,15 +306,19 @@ async fn twins_agree(steps: Vec<Step>, url: String) -> Result<(), TestCaseError>
                 let max_wait = max_wait_ms.map(|ms| Duration::from_millis(u64::from(ms)));
                 let a = memory.core.submit(route.clone(), now, max_wait);
                 let b = redis.core.submit(route.clone(), now, max_wait);
+                let c = once.core.submit(route.clone(), now, max_wait);
                 prop_assert_eq!(&a, &b, "step {}: submit", i);
+                prop_assert_eq!(&a, &c, "step {}: submit", i);
                 if a.is_ok() {
                     submitted += 1;
                 }
             }
-            Step::Poll => {
-                let a = memory.poll(now).await;
-                let b = redis.poll(now).await;
+            Step::Poll { twice } => {
+                let a = memory.poll_twice(now, twice).await;
+                let b = redis.poll_twice(now, twice).await;
+                let c = once.poll(now).await;
                 prop_assert_eq!(&a, &b, "step {}: poll", i);
+                prop_assert_eq!(&a, &c, "step {}: poll made once", i);
                 flying.extend(a.go);
             }
             Step::Answer {
@@ -247,6 +327,7 @@ async fn twins_agree(steps: Vec<Step>, url: String) -> Result<(), TestCaseError>
                 remaining,
                 reset_ms,
                 bucket,
+                twice,
             } => {
                 if flying.is_empty() {
                     continue;
@@ -255,10 +336,14 @@ async fn twins_agree(steps: Vec<Step>, url: String) -> Result<(), TestCaseError>
                 let (status, seen) = observation(kind, remaining, reset_ms, bucket);
                 let a = memory.core.complete(id, status, &seen, now);
                 let b = redis.core.complete(id, status, &seen, now);
+                let c = once.core.complete(id, status, &seen, now);
                 prop_assert_eq!(a, b, "step {}: completion", i);
-                let a = memory.tell(now).await;
-                let b = redis.tell(now).await;
-                prop_assert_eq!(a, b, "step {}: what the answer taught", i);
+                prop_assert_eq!(a, c, "step {}: completion", i);
+                let a = memory.tell_twice(now, twice).await;
+                let b = redis.tell_twice(now, twice).await;
+                let c = once.tell(now).await;
+                prop_assert_eq!(&a, &b, "step {}: what the answer taught", i);
+                prop_assert_eq!(&a, &c, "step {}: what the answer taught, told once", i);
             }
             Step::Fail { pick } => {
                 if flying.is_empty() {
@@ -267,6 +352,7 @@ async fn twins_agree(steps: Vec<Step>, url: String) -> Result<(), TestCaseError>
                 let id = flying.remove(usize::from(pick) % flying.len());
                 memory.core.failed(id, now);
                 redis.core.failed(id, now);
+                once.core.failed(id, now);
             }
             Step::Cancel { pick, sent } => {
                 // Any request submitted: waiting, in flight or already done.
@@ -277,11 +363,14 @@ async fn twins_agree(steps: Vec<Step>, url: String) -> Result<(), TestCaseError>
                 flying.retain(|&f| f != id);
                 memory.core.cancel(id, sent, now);
                 redis.core.cancel(id, sent, now);
+                once.core.cancel(id, sent, now);
             }
             Step::Advance { ms } => now += u64::from(ms) * 1_000,
         }
         prop_assert_eq!(memory.core.waiting(), redis.core.waiting());
         prop_assert_eq!(memory.core.in_flight(), redis.core.in_flight());
+        prop_assert_eq!(memory.core.waiting(), once.core.waiting());
+        prop_assert_eq!(memory.core.in_flight(), once.core.in_flight());
     }
     Ok(())
 }
@@ -304,6 +393,125 @@ proptest! {
         let url = shared_server().url();
         runtime().block_on(twins_agree(steps, url))?;
     }
+}
+
+// A call made twice -----------------------------------------------------------------------
+
+/// What a response said: bucket `b1`, `left` of 5 calls for a minute.
+fn minute_of_five(left: u64) -> Observation {
+    Observation {
+        bucket: Some("b1".into()),
+        limit: Some(5),
+        remaining: Some(left),
+        reset_after: Some(Duration::from_secs(60)),
+        ..Observation::default()
+    }
+}
+
+/// Polls `core` through `brain` at `now` until it has nothing more to ask now (a queue
+/// refiled under its route's learned bucket asks again at once), each round under a new
+/// id; answers the requests that go.
+async fn settle(brain: &mut Brain, core: &mut ClientCore, now: u64) -> Vec<RequestId> {
+    let mut go = Vec::new();
+    for _ in 0..4 {
+        let events = core.take_events();
+        let asks = core.asks(now);
+        let (_, admission) = brain.round(next_call(), &events, &asks.asks, now).await;
+        let poll = core.granted(asks, admission, now);
+        go.extend(poll.go);
+        if poll.next.is_none_or(|t| t > now) {
+            break;
+        }
+    }
+    go
+}
+
+/// Two processes of one identity on `brain`, making some of their calls twice under one
+/// id; answers every round's answer, for the twins to compare.
+async fn calls_made_twice(mut brain: Brain) -> Vec<RoundAnswer> {
+    let config = ClientConfig::new();
+    let mut a = ClientCore::shared(config.clone());
+    let mut b = ClientCore::shared(config);
+    let route = Route::discord("GET", "/channels/1/messages");
+    let mut answers = Vec::new();
+
+    // A's pioneer, its call made twice: one admission, the same answer both times.
+    let pioneer = a.submit(route.clone(), T0, None).unwrap();
+    let asks = a.asks(T0);
+    let answer = brain
+        .round_twice(next_call(), &[], &asks.asks, T0, true)
+        .await;
+    answers.push(answer.clone());
+    assert_eq!(a.granted(asks, answer.1, T0).go, vec![pioneer]);
+
+    // B's request waits for the pioneer's answer.
+    let held = b.submit(route.clone(), T0 + 1, None).unwrap();
+    let asks = b.asks(T0 + 1);
+    let answer = brain.round(next_call(), &[], &asks.asks, T0 + 1).await;
+    answers.push(answer.clone());
+    assert_eq!(answer.1.grants[0].admitted, vec![]);
+    assert_eq!(answer.1.grants[0].wait, Wait::Event);
+    b.granted(asks, answer.1, T0 + 1);
+
+    // The pioneer's answer, told twice: 4 of the bucket's 5 calls are left.
+    a.complete(pioneer, 200, &minute_of_five(4), T0 + 2);
+    let events = a.take_events();
+    let answer = brain
+        .round_twice(next_call(), &events, &[], T0 + 2, true)
+        .await;
+    answers.push(answer);
+
+    // Two more of A's, their call made twice: two calls spent, not four.
+    let two = vec![
+        a.submit(route.clone(), T0 + 3, None).unwrap(),
+        a.submit(route.clone(), T0 + 3, None).unwrap(),
+    ];
+    let asks = a.asks(T0 + 3);
+    let repeated = asks.asks.clone();
+    let fourth = next_call();
+    let answer = brain
+        .round_twice(fourth, &[], &asks.asks, T0 + 3, true)
+        .await;
+    answers.push(answer.clone());
+    assert_eq!(a.granted(asks, answer.1.clone(), T0 + 3).go, two);
+    let first_of_two = answer;
+
+    // B asks for three: two calls are left.
+    let more = [
+        b.submit(route.clone(), T0 + 4, None).unwrap(),
+        b.submit(route.clone(), T0 + 4, None).unwrap(),
+    ];
+    let go = settle(&mut brain, &mut b, T0 + 4).await;
+    assert_eq!(go, vec![held, more[0]], "two calls left");
+
+    // A gives one of its two back unsent, told twice: one call comes back, not two. (B
+    // asks again a second later.)
+    let t1 = T0 + 2_000_000;
+    a.cancel(two[0], false, t1);
+    let events = a.take_events();
+    let answer = brain.round_twice(next_call(), &events, &[], t1, true).await;
+    answers.push(answer);
+    let last = b.submit(route.clone(), t1, None).unwrap();
+    let go = settle(&mut brain, &mut b, t1).await;
+    assert_eq!(go, vec![more[1]], "one call came back");
+    assert_eq!(b.waiting(), 1, "{last} waits for the reset");
+
+    // Past the in-flight lease, the id of a call is free again: a new round.
+    let later = T0 + 3 + 60_000_000;
+    let answer = brain.round(fourth, &[], &repeated, later).await;
+    assert_ne!(answer, first_of_two, "a new round");
+    answers.push(answer);
+    answers
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_call_made_twice_counts_once_in_memory_and_in_redis() {
+    let config = ClientConfig::new();
+    let memory = calls_made_twice(Brain::Memory(Box::new(Knowledge::new(config.clone())))).await;
+    let store = connect(&shared_server().url()).await;
+    let knowledge = RedisKnowledge::new(store, unique_name("Bot twice"), &config).on_caller_clock();
+    let redis = calls_made_twice(Brain::Redis(knowledge)).await;
+    assert_eq!(memory, redis);
 }
 
 #[test]
