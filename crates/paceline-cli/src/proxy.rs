@@ -13,7 +13,10 @@ use crate::serve::{init_logs, log, runtime, stop_signal};
 /// with `_` for `-`); a flag given wins over the file.
 #[derive(clap::Args, Debug)]
 pub(crate) struct ProxyArgs {
-    /// The API to forward to: http:// or https://, with an optional base path.
+    /// The API to forward to: http:// or https://, with an optional base path that every
+    /// request stays below (a path that would leave it, or is ambiguous about it, gets 400);
+    /// no query or fragment. `user:password@` is sent as basic authentication to requests
+    /// without an Authorization header, and never printed.
     #[arg(long, value_name = "URL")]
     upstream: Option<String>,
     /// Where clients connect [default: 127.0.0.1:8081].
@@ -30,7 +33,9 @@ pub(crate) struct ProxyArgs {
     #[arg(long, value_name = "DIALECT")]
     dialect: Option<String>,
     /// A policy every request of a token is held to, e.g. `gcra:rate=50/s,burst=1`
-    /// (Discord's global limit). Default with --dialect discord: that one; else none.
+    /// (Discord's global limit). Default with --dialect discord: that one; else none. Any
+    /// algorithm but `concurrency` (refused: the proxy would take a lease for each request
+    /// and never give it back).
     #[arg(long, value_name = "SPEC")]
     global_limit: Option<String>,
     /// The longest a request may wait for its turn; beyond, it is answered 429 with
@@ -92,11 +97,16 @@ fn settings(args: &ProxyArgs) -> Result<(ProxySettings, bool), String> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("--config: cannot read {}: {e}", path.display()))?;
+            // The message and the line, never the line's text: it may hold a password.
             let file: ProxyFile = toml::from_str(&text).map_err(|e| {
+                let line = e.span().map_or(String::new(), |span| {
+                    let before = text.get(..span.start).unwrap_or_default();
+                    format!(" line {}:", before.matches('\n').count() + 1)
+                });
                 format!(
-                    "{}: {}",
+                    "{}:{line} {}",
                     path.display(),
-                    e.to_string().trim().replace('\n', " ")
+                    e.message().trim().replace('\n', " ")
                 )
             })?;
             (file, path.display().to_string())
@@ -136,8 +146,12 @@ fn settings(args: &ProxyArgs) -> Result<(ProxySettings, bool), String> {
             "--upstream: required: the API to forward to (or `upstream` in --config FILE)".into(),
         );
     };
-    let url = reqwest::Url::parse(&upstream.value)
-        .map_err(|e| upstream.fail(format!("`{}` is not a URL ({e})", upstream.value)))?;
+    let url = reqwest::Url::parse(&upstream.value).map_err(|e| {
+        upstream.fail(format!(
+            "`{}` is not a URL ({e})",
+            paceline_store::without_credentials(&upstream.value)
+        ))
+    })?;
     let mut s = ProxySettings::new(url);
     let store = text(&args.store, file.store, "store", "memory");
     s.store = store.value.clone();
@@ -178,6 +192,10 @@ fn settings(args: &ProxyArgs) -> Result<(ProxySettings, bool), String> {
             origin: "--global-limit".into(),
         })
     });
+    let global_origin = match &global {
+        Some(spec) => spec.origin.clone(),
+        None => "--global-limit".into(),
+    };
     if let Some(spec) = global {
         s.global_limit = Some(
             spec.value
@@ -203,6 +221,7 @@ fn settings(args: &ProxyArgs) -> Result<(ProxySettings, bool), String> {
         let origin = match e.field() {
             "store" => &store.origin,
             "dialect" => &dialect.origin,
+            "global_limit" => &global_origin,
             _ => &upstream.origin,
         };
         format!("{origin}: {}", e.message())
@@ -224,7 +243,7 @@ pub(crate) fn run(args: ProxyArgs) -> ExitCode {
         Err(code) => return code,
     };
     runtime.block_on(async move {
-        let upstream = settings.upstream.clone();
+        let upstream = settings.upstream_shown();
         let store = paceline_store::without_credentials(settings.store.trim());
         let proxy = match Proxy::bind(settings).await {
             Ok(p) => p,

@@ -1,5 +1,6 @@
-//! `paceline proxy` from the outside: bad flags exit 2 naming the flag; two proxy
-//! processes on one Redis share a token's limits.
+//! `paceline proxy` from the outside: bad flags exit 2 naming the flag; credentials in its
+//! URLs are never printed or served; two proxy processes on one Redis share a token's
+//! limits.
 
 use std::process::Command;
 
@@ -47,6 +48,27 @@ fn bad_flags_exit_2_and_name_the_flag() {
                 "mysql://user:pw@127.0.0.1:1",
             ],
             "--store",
+        ),
+        (
+            vec!["--upstream", "ftp://user:pw@example.com"],
+            "--upstream",
+        ),
+        (
+            vec!["--upstream", "http://user:pw@example.com:99999"],
+            "--upstream",
+        ),
+        (
+            vec!["--upstream", "http://example.com/base?key=1"],
+            "--upstream",
+        ),
+        (
+            vec![
+                "--upstream",
+                "http://example.com",
+                "--global-limit",
+                "concurrency:limit=2,lease=1s",
+            ],
+            "--global-limit",
         ),
     ] {
         let (code, stderr) = proxy(&args);
@@ -118,9 +140,110 @@ fn a_config_file_gives_the_settings_and_flags_win() {
     let (code, stderr) = proxy(&["--config", file]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--upstream: required"), "{stderr}");
+    // A line the file cannot be read at is named by its number, never shown: it may hold
+    // a password.
+    std::fs::write(
+        &path,
+        "store = \"memory\"\nupstream = \"http://user:toml-pw@example.com\" oops\n",
+    )
+    .unwrap();
+    let (code, stderr) = proxy(&["--config", file]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("proxy.toml: line 2:"), "{stderr}");
+    assert!(!stderr.contains("toml-pw"), "{stderr}");
+    // The global limit's key in the file is named.
+    std::fs::write(
+        &path,
+        "upstream = \"http://example.com\"\nglobal_limit = \"concurrency:limit=1,lease=1s\"\n",
+    )
+    .unwrap();
+    let (code, stderr) = proxy(&["--config", file]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("proxy.toml: `global_limit`"), "{stderr}");
     let (code, stderr) = proxy(&["--config", "/nonexistent/proxy.toml"]);
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("--config"), "{stderr}");
+}
+
+#[test]
+fn a_concurrency_global_limit_exits_2_naming_the_flag_and_the_algorithms_allowed() {
+    let (code, stderr) = proxy(&[
+        "--upstream",
+        "http://example.com",
+        "--global-limit",
+        "concurrency:limit=4,lease=30s",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--global-limit: `concurrency`"), "{stderr}");
+    for allowed in ["gcra", "fixed_window", "sliding_window", "pacer"] {
+        assert!(stderr.contains(allowed), "{allowed}: {stderr}");
+    }
+    // The flag's help says so too (its words, however the lines wrap).
+    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
+        .args(["proxy", "--help"])
+        .output()
+        .expect("paceline runs");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let words: Vec<&str> = help.split_whitespace().collect();
+    assert!(
+        words.join(" ").contains("Any algorithm but `concurrency`"),
+        "{help}"
+    );
+}
+
+#[test]
+fn credentials_in_the_upstream_and_store_urls_are_never_printed_or_served() {
+    let redis_password = "redis-pw-5ecret";
+    let redis = paceline_testkit::RedisServer::start_with(&["--requirepass", redis_password])
+        .expect("a redis-server");
+    let store = format!("redis://:{redis_password}@{}", redis.addr());
+    // Nothing listens on port 1: every request fails upstream.
+    let upstream = "http://upstream-user:upstream-pw-5ecret@127.0.0.1:1/base";
+    let secrets = ["upstream-user", "upstream-pw-5ecret", redis_password];
+    let shows_none = |what: &str, text: &str| {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{what} shows `{secret}`: {text}");
+        }
+    };
+    let mut command = Command::new(env!("CARGO_BIN_EXE_paceline"));
+    command.args([
+        "proxy",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        "127.0.0.1:0",
+        "--upstream",
+        upstream,
+        "--store",
+        &store,
+    ]);
+    let (mut service, ports) =
+        common::launch(&mut command, &["proxying http://", "admin: http://"]);
+    let (port, admin) = (ports[0], ports[1]);
+    let failed = common::http(port, "GET", "/x", &[], b"");
+    assert_eq!(failed.status, 502, "{}", failed.body);
+    assert_eq!(failed.json()["error"], "upstream");
+    shows_none("an upstream error", &failed.body);
+    let refused = common::http(port, "GET", "/%2e%2e/x", &[], b"");
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    assert_eq!(refused.error(), ("invalid_argument".into(), "path".into()));
+    shows_none("a refused path", &refused.body);
+    for page in ["/healthz", "/metrics", "/dashboard", "/v1/dashboard"] {
+        let answer = common::http(admin, "GET", page, &[], b"");
+        assert_eq!(answer.status, 200, "{page}");
+        shows_none(page, &answer.body);
+    }
+    let data = common::http(admin, "GET", "/v1/dashboard", &[], b"").json();
+    assert_eq!(data["proxy"]["upstream"], "http://127.0.0.1:1/base");
+    common::signal(&service, "TERM");
+    let _ = service.child.wait();
+    let log = service.log();
+    assert!(
+        log.contains("to http://127.0.0.1:1/base, limits kept in redis://127.0.0.1:"),
+        "{log}"
+    );
+    assert!(log.contains("stopped"), "{log}");
+    shows_none("the log", &log);
 }
 
 /// Starts `paceline proxy` with `args` on a port the system picks, once it listens (see

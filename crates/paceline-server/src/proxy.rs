@@ -3,9 +3,11 @@
 //!
 //! A request to `http://PROXY/PATH?QUERY` goes to `UPSTREAM/PATH?QUERY` with its method,
 //! headers (less hop-by-hop ones) and body, once the limiter admits it; the upstream's
-//! answer comes back as it is, streamed. Limits are kept per `Authorization` header value
-//! (one [`Client`] per token; tokens are never logged or put in metrics). A request that
-//! cannot be sent within `max_wait` is answered `429` with `Retry-After` and
+//! answer comes back as it is, streamed. Every request stays below the upstream's base
+//! path: one whose path would leave it, or is ambiguous about it, is answered `400` and
+//! never sent (`proxy/target.rs` holds the rules). Limits are kept per `Authorization`
+//! header value (one [`Client`] per token; tokens are never logged or put in metrics). A
+//! request that cannot be sent within `max_wait` is answered `429` with `Retry-After` and
 //! `x-paceline-proxy: wait-exceeded`, so clients that handle 429 need nothing new; one the
 //! invalid-request budget refuses gets `429` with `x-paceline-proxy: invalid-budget`.
 //!
@@ -16,6 +18,9 @@
 //! `/healthz`, `/metrics` and the dashboard (`/dashboard`, and its data `/v1/dashboard`:
 //! requests by outcome, the upstream's 429s by scope, the buckets learned) are served on a
 //! separate admin address, so they never collide with upstream paths.
+//!
+//! No credential of the URLs the proxy is given (`user:password@` of the upstream or the
+//! store) appears in its logs, metrics, dashboard or answers.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -41,18 +46,24 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
+use crate::api::ApiError;
 use crate::config::ConnectionLimits;
 use crate::ServerError;
+
+mod target;
 
 /// The largest request body the proxy keeps in memory so that it can send the request
 /// again after a refusal: 1 MiB.
 pub const RETRY_BODY_MAX: usize = 1 << 20;
 
-/// What `paceline proxy` is told.
-#[derive(Clone, Debug)]
+/// What `paceline proxy` is told. Its `Debug` shows the URLs without their credentials.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ProxySettings {
-    /// Where requests go: `http://` or `https://`, with an optional base path.
+    /// Where requests go: `http://` or `https://`, with an optional base path that every
+    /// request stays below, and no query or fragment. `user:password@` in it is sent as
+    /// basic authentication to a request without an `Authorization` header, and never
+    /// shown.
     pub upstream: reqwest::Url,
     /// Where clients connect.
     pub listen: SocketAddr,
@@ -60,7 +71,8 @@ pub struct ProxySettings {
     pub admin_listen: Option<SocketAddr>,
     /// The header dialect: `discord`, `ietf`, `github`, `retry-after` or `auto`.
     pub dialect: String,
-    /// Applied to every request of a token (Discord: `gcra:rate=50/s,burst=1`).
+    /// Applied to every request of a token (Discord: `gcra:rate=50/s,burst=1`). Any
+    /// algorithm but `concurrency`, whose lease per request the limiter never gives back.
     pub global_limit: Option<Policy>,
     /// The longest a request may wait for its turn (`None`: as long as it takes).
     pub max_wait: Option<Duration>,
@@ -100,20 +112,81 @@ impl ProxySettings {
         }
     }
 
-    /// Checks the settings: the upstream's scheme and the dialect's name.
+    /// Checks the settings: the upstream's scheme and that it has no query or fragment, the
+    /// store's URL, the dialect's name and the global limit's algorithm.
     pub fn validate(&self) -> Result<(), paceline_core::InputError> {
+        use paceline_core::InputError;
+        let upstream = shown(&self.upstream);
         if !matches!(self.upstream.scheme(), "http" | "https") {
-            return Err(paceline_core::InputError::new(
+            return Err(InputError::new(
+                "upstream",
+                format!("`{upstream}` is not an http:// or https:// URL"),
+            ));
+        }
+        if self.upstream.query().is_some() || self.upstream.fragment().is_some() {
+            return Err(InputError::new(
                 "upstream",
                 format!(
-                    "`{}` is not an http:// or https:// URL",
-                    self.upstream.as_str()
+                    "`{upstream}` has a query or a fragment: give the base URL only, \
+                     requests bring their own query"
                 ),
             ));
         }
         paceline_store::check_store_url(&self.store)?;
-        dialects::dialect(&self.dialect).map(|_| ())
+        dialects::dialect(&self.dialect)?;
+        if let Some(policy @ Policy::Concurrency(_)) = &self.global_limit {
+            let allowed: Vec<&str> = paceline_core::ALGORITHMS
+                .iter()
+                .copied()
+                .filter(|a| *a != policy.algorithm())
+                .collect();
+            return Err(InputError::new(
+                "global_limit",
+                format!(
+                    "`{}` cannot be the global limit: the proxy takes a lease for each \
+                     request and never gives it back; use one of {}",
+                    policy.algorithm(),
+                    allowed.join(", ")
+                ),
+            ));
+        }
+        Ok(())
     }
+
+    /// The upstream as logs and the dashboard show it: without `user:password@`.
+    pub fn upstream_shown(&self) -> String {
+        shown(&self.upstream)
+    }
+}
+
+impl std::fmt::Debug for ProxySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxySettings")
+            .field("upstream", &shown(&self.upstream))
+            .field("listen", &self.listen)
+            .field("admin_listen", &self.admin_listen)
+            .field("dialect", &self.dialect)
+            .field("global_limit", &self.global_limit)
+            .field("max_wait", &self.max_wait)
+            .field("upstream_timeout", &self.upstream_timeout)
+            .field("connections", &self.connections)
+            .field("max_identities", &self.max_identities)
+            .field(
+                "store",
+                &paceline_store::without_credentials(self.store.trim()),
+            )
+            .finish()
+    }
+}
+
+/// `url` without `user:password@`. (The URL's own parts, not its text: a `@` in its path
+/// stays.)
+fn shown(url: &reqwest::Url) -> String {
+    let mut url = url.clone();
+    // Only a URL without a host (never http:// or https://) refuses these.
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.to_string()
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -245,13 +318,6 @@ impl ProxyState {
         } else {
             Route::generic(method, path)
         }
-    }
-
-    /// The upstream URL of a request for `path_and_query`: the upstream's base path, then
-    /// the request's.
-    fn target(&self, path_and_query: &str) -> Result<reqwest::Url, String> {
-        let base = self.upstream.as_str().trim_end_matches('/');
-        reqwest::Url::parse(&format!("{base}{path_and_query}")).map_err(|e| e.to_string())
     }
 }
 
@@ -492,7 +558,7 @@ async fn dashboard(State(state): State<Arc<ProxyState>>) -> Response {
         "refused_keys": [],
         "queues": [],
         "proxy": {
-            "upstream": paceline_store::without_credentials(state.upstream.as_str()),
+            "upstream": shown(&state.upstream),
             "identities": clients.len(),
             "waiting": waiting,
             "in_flight": in_flight,
@@ -591,6 +657,15 @@ fn refused(state: &ProxyState, e: &ClientError) -> Response {
 
 async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
+    // Before anything else: a path that would leave the base creates no identity and
+    // waits for no turn.
+    let target = match target::upstream_target(&state.upstream, &parts.uri) {
+        Ok(t) => t,
+        Err(refusal) => {
+            state.metrics.count("bad_request");
+            return ApiError::invalid("path", refusal).into_response();
+        }
+    };
     let token = parts
         .headers
         .get(header::AUTHORIZATION)
@@ -617,19 +692,7 @@ async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Resp
             );
         }
     };
-    let path_and_query = parts
-        .uri
-        .path_and_query()
-        .map_or("/", |p| p.as_str())
-        .to_string();
-    let target = match state.target(&path_and_query) {
-        Ok(t) => t,
-        Err(e) => {
-            state.metrics.count("bad_request");
-            return own_answer(StatusCode::BAD_REQUEST, "path", &e, &[]);
-        }
-    };
-    let route = state.route(parts.method.as_str(), parts.uri.path());
+    let route = state.route(parts.method.as_str(), &target.path);
     let headers = end_to_end(&parts.headers);
     // A body small enough to keep is kept, so that a refused request can be sent again.
     let length = parts
@@ -672,15 +735,14 @@ async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Resp
         permit.sent();
         let sending = state
             .http
-            .request(parts.method.clone(), target.clone())
+            .request(parts.method.clone(), target.url.clone())
             .headers(headers.clone())
             .body(body)
             .send();
         let failure = match tokio::time::timeout(state.upstream_timeout, sending).await {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) if e.is_timeout() => Err((StatusCode::GATEWAY_TIMEOUT, e.to_string())),
-            // The error's text may hold the URL, never the token.
-            Ok(Err(e)) => Err((StatusCode::BAD_GATEWAY, e.to_string())),
+            Ok(Err(e)) if e.is_timeout() => Err((StatusCode::GATEWAY_TIMEOUT, upstream_failure(e))),
+            Ok(Err(e)) => Err((StatusCode::BAD_GATEWAY, upstream_failure(e))),
             Err(_) => Err((
                 StatusCode::GATEWAY_TIMEOUT,
                 format!(
@@ -742,6 +804,20 @@ async fn forward(State(state): State<Arc<ProxyState>>, request: Request) -> Resp
             }
         }
     }
+}
+
+/// What went wrong sending a request upstream: reqwest's message and its causes, without
+/// the URL (which may hold the upstream's credentials) and never the token.
+fn upstream_failure(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// The largest refusal body the proxy reads to show the dialect: 64 KiB.

@@ -1,7 +1,11 @@
 //! `paceline proxy` in front of the strict mock API, over real HTTP on loopback. These
 //! tests count answers and refusals; they assert no timings.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 use paceline_server::proxy::{Proxy, ProxySettings};
 use paceline_testkit::mock_api::{Limit, MockApi, MockServer, SECOND};
@@ -446,4 +450,275 @@ async fn the_admin_dashboard_shows_outcomes_429s_and_the_buckets_learned() {
     }
     assert_eq!(proxy["buckets_in_redis"], false);
     p.stop().await;
+}
+
+/// An upstream that records the request target of every request it reads, as the bytes
+/// came, and answers `200` with the body `ok`.
+struct Recorder {
+    url: String,
+    /// The targets received, in order.
+    seen: Arc<Mutex<Vec<String>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    async fn start() -> Recorder {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let log = Arc::clone(&log);
+                tokio::spawn(async move {
+                    let _ = Recorder::answer(stream, &log).await;
+                });
+            }
+        });
+        Recorder { url, seen, task }
+    }
+
+    /// Reads one request (its head, then a body of its `content-length`), records its
+    /// target and answers.
+    async fn answer(mut stream: TcpStream, log: &Mutex<Vec<String>>) -> std::io::Result<()> {
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            if stream.read(&mut byte).await? == 0 {
+                return Ok(());
+            }
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let target = head.split(' ').nth(1).unwrap_or_default().to_string();
+        let length = head
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(name, _)| name.eq_ignore_ascii_case("content-length"))
+            .and_then(|(_, v)| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut body = vec![0u8; length];
+        stream.read_exact(&mut body).await?;
+        log.lock().unwrap().push(target);
+        stream
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+            .await?;
+        stream.shutdown().await
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Writes `GET TARGET HTTP/1.1` to the proxy at `url` byte for byte (no client in between
+/// to normalise it): the answer's status and body.
+async fn raw_get(url: &str, target: &[u8]) -> (u16, String) {
+    let addr = url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let mut request = b"GET ".to_vec();
+    request.extend_from_slice(target);
+    request.extend_from_slice(b" HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n\r\n");
+    stream.write_all(&request).await.unwrap();
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).await.unwrap();
+    let reply = String::from_utf8_lossy(&reply).into_owned();
+    let status = reply
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {reply:?}"));
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_stays_below_the_upstreams_base_path() {
+    let upstream = Recorder::start().await;
+    let p = proxy(&format!("{}/base", upstream.url), "auto", None).await;
+    // Sent as they are, less their dot segments, below the base.
+    let forwarded = [
+        ("/x/y", "/base/x/y"),
+        ("/base/x/y", "/base/base/x/y"),
+        ("/x/./y", "/base/x/y"),
+        ("/x/%2e/y", "/base/x/y"),
+        ("/x/../y", "/base/y"),
+        ("/x/y/", "/base/x/y/"),
+        ("/", "/base/"),
+        ("/a%20b/c", "/base/a%20b/c"),
+        ("/x?q=1&r=%2e%2e", "/base/x?q=1&r=%2e%2e"),
+        ("/x?next=/../../secret", "/base/x?next=/../../secret"),
+        ("/group%2Fproject/issues", "/base/group%2Fproject/issues"),
+        ("/@evil.example/x", "/base/@evil.example/x"),
+        ("/v1.2/.well-known/a..b", "/base/v1.2/.well-known/a..b"),
+    ];
+    for (target, _) in forwarded {
+        let (status, body) = raw_get(&p.url, target.as_bytes()).await;
+        assert_eq!((status, body.as_str()), (200, "ok"), "{target}");
+    }
+    let refused = [
+        "/../secret",
+        "/..",
+        "/%2e%2e/secret",
+        "/%2E%2E/secret",
+        "/%2e%2E/secret",
+        "/.%2e/secret",
+        "/%2E./secret",
+        "/a/../../secret",
+        "/./../secret",
+        "/a/%2e%2e/%2e%2e/secret",
+        "/..?x=/base/",
+        "/..%2fsecret",
+        "/..%2Fsecret",
+        "/a%2f..%2f..%2fsecret",
+        "/..%5csecret",
+        "/..\\secret",
+        "/a\\..\\..\\secret",
+        "/%252e%252e/secret",
+        "/..;/secret",
+        "/.../secret",
+        "/%00/secret",
+        "/secret%00.json",
+        "/a%0d%0ax-injected:%201",
+        "/%zz",
+        "//evil.example/secret",
+        "//127.0.0.1/secret",
+        "/a/..//evil.example/secret",
+        "http://evil.example/secret",
+        &format!("{}/base/x", upstream.url),
+        "*",
+    ];
+    for target in refused {
+        let (status, body) = raw_get(&p.url, target.as_bytes()).await;
+        assert_eq!(status, 400, "{target}: {body}");
+        let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(problem["error"]["code"], "invalid_argument", "{target}");
+        assert_eq!(problem["error"]["field"], "path", "{target}");
+        assert!(problem["error"]["message"].is_string(), "{target}");
+    }
+    // A raw NUL never gets past the HTTP parser.
+    let (status, _) = raw_get(&p.url, b"/a\0/../../secret").await;
+    assert_eq!(status, 400);
+    let seen = upstream.seen();
+    let expected: Vec<String> = forwarded.iter().map(|(_, up)| up.to_string()).collect();
+    assert_eq!(
+        seen, expected,
+        "only the forwarded paths, each below the base"
+    );
+    assert!(
+        seen.iter().all(|path| path.starts_with("/base/")),
+        "{seen:?}"
+    );
+    let metrics = get_text(&http(), format!("{}/metrics", p.admin)).await;
+    let line = format!(
+        "paceline_proxy_requests_total{{outcome=\"bad_request\"}} {}",
+        refused.len()
+    );
+    assert!(metrics.contains(&line), "{metrics}");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_in_the_proxys_urls_are_never_shown() {
+    let redis_password = "redis-pw-5ecret";
+    let redis = paceline_testkit::RedisServer::start_with(&["--requirepass", redis_password])
+        .expect("a redis-server");
+    let store = format!("redis://:{redis_password}@{}", redis.addr());
+    // Nothing listens on port 1: every request fails upstream.
+    let upstream = "http://upstream-user:upstream-pw-5ecret@127.0.0.1:1/base";
+    let secrets = ["upstream-user", "upstream-pw-5ecret", redis_password];
+    let shows_none = |what: &str, text: &str| {
+        for secret in secrets {
+            assert!(!text.contains(secret), "{what} shows `{secret}`: {text}");
+        }
+    };
+    let mut s = ProxySettings::new(upstream.parse().unwrap());
+    s.store = store;
+    s.listen = "127.0.0.1:0".parse().unwrap();
+    s.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    shows_none("Debug of the settings", &format!("{s:?}"));
+    assert_eq!(s.upstream_shown(), "http://127.0.0.1:1/base");
+    let mut bad = s.clone();
+    bad.upstream = "ftp://upstream-user:upstream-pw-5ecret@127.0.0.1:1"
+        .parse()
+        .unwrap();
+    shows_none(
+        "a bad upstream's error",
+        bad.validate().unwrap_err().message(),
+    );
+    let p = Proxy::bind(s).await.unwrap();
+    let (url, admin) = (
+        format!("http://{}", p.local_addr()),
+        format!("http://{}", p.admin_addr().unwrap()),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(p.run(async move {
+        let _ = stopped.await;
+    }));
+    let client = http();
+    let failed = client.get(format!("{url}/x")).send().await.unwrap();
+    assert_eq!(failed.status(), 502);
+    let body = failed.text().await.unwrap();
+    shows_none("an upstream error", &body);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"], "upstream");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("error sending request")),
+        "{body}"
+    );
+    let (status, body) = raw_get(&url, b"/../x").await;
+    assert_eq!(status, 400);
+    shows_none("a refused path", &body);
+    for page in ["/healthz", "/metrics", "/dashboard", "/v1/dashboard"] {
+        let answer = client.get(format!("{admin}{page}")).send().await.unwrap();
+        assert_eq!(answer.status(), 200, "{page}");
+        shows_none(page, &answer.text().await.unwrap());
+    }
+    let data: serde_json::Value = client
+        .get(format!("{admin}/v1/dashboard"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(data["proxy"]["upstream"], "http://127.0.0.1:1/base");
+    assert_eq!(
+        data["service"]["store"],
+        format!("redis://{}", redis.addr())
+    );
+    let _ = stop.send(());
+    let _ = task.await;
+}
+
+#[tokio::test]
+async fn a_concurrency_global_limit_is_refused_naming_the_algorithms_allowed() {
+    let mut s = ProxySettings::new("http://example.com".parse().unwrap());
+    s.global_limit = Some("concurrency:limit=2,lease=1s".parse().unwrap());
+    let e = s.validate().unwrap_err();
+    assert_eq!(e.field(), "global_limit");
+    assert!(e.message().contains("gcra"), "{}", e.message());
+    assert!(e.message().contains("sliding_window"), "{}", e.message());
+    let mut s = ProxySettings::new("http://example.com".parse().unwrap());
+    s.global_limit = Some("sliding_window:limit=5,window=1s".parse().unwrap());
+    assert_eq!(s.validate(), Ok(()));
+}
+
+#[tokio::test]
+async fn an_upstream_with_a_query_or_fragment_is_refused() {
+    for upstream in ["http://example.com/base?key=1", "http://example.com/#x"] {
+        let s = ProxySettings::new(upstream.parse().unwrap());
+        assert_eq!(s.validate().unwrap_err().field(), "upstream", "{upstream}");
+    }
 }
