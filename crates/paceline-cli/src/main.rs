@@ -13,18 +13,13 @@ use clap::{Parser, Subcommand};
 use paceline_store::{open, Clock, FailurePolicy, ManualClock, Policy, StoreOptions, SystemClock};
 use std::sync::Arc;
 
+mod allocator;
 mod plot;
 mod proxy;
 mod queue_admin;
 mod serve;
 mod simulate;
 mod simulate_queue;
-
-/// The service allocates a few small buffers per request on every core; mimalloc's
-/// per-thread free lists serve them without the locking and consolidation of glibc's
-/// allocator.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Distributed rate limiting and pacing: may I act now, and if not, when?
 #[derive(Parser, Debug)]
@@ -200,8 +195,14 @@ struct ServeArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Serve(args) => serve::run(args),
-        Command::Proxy(args) => proxy::run(args),
+        Command::Serve(args) => {
+            allocator::spawn_trimmer();
+            serve::run(args)
+        }
+        Command::Proxy(args) => {
+            allocator::spawn_trimmer();
+            proxy::run(args)
+        }
         Command::Queue { action } => queue_admin::run(action),
         Command::Simulate {
             policy,
