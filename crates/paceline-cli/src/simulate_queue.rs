@@ -314,7 +314,8 @@ impl Sim<'_> {
         let token = self.take_lease(id)?;
         let event = match self.queue.ack(self.now, id, token) {
             Ok(()) => "acked",
-            Err(QueueError::LeaseLost { .. }) => "lease_lost",
+            // A job gone (acknowledged through another lease) is a lease lost to the script.
+            Err(QueueError::LeaseLost { .. } | QueueError::UnknownJob { .. }) => "lease_lost",
             Err(e) => return Err(queue_err(e)),
         };
         self.emit(json!({"event": event, "id": id}));
@@ -352,7 +353,12 @@ impl Sim<'_> {
             Ok(FailOutcome::Released) => {
                 json!({"event": "failed", "id": id, "outcome": "released"})
             }
-            Err(QueueError::LeaseLost { .. }) => json!({"event": "lease_lost", "id": id}),
+            Ok(FailOutcome::Repeated) => {
+                json!({"event": "failed", "id": id, "outcome": "repeated"})
+            }
+            Err(QueueError::LeaseLost { .. } | QueueError::UnknownJob { .. }) => {
+                json!({"event": "lease_lost", "id": id})
+            }
             Err(e) => return Err(queue_err(e)),
         };
         self.emit(record);

@@ -545,6 +545,14 @@ fn the_queue_command_shows_and_repairs_a_redis_queue() {
     assert_eq!((code, out.trim()), (0, r#"{"purged":0}"#));
     assert_eq!(get(s.port, "/v1/queues/roles").json()["waiting"], 2);
 
+    // A payload no recursive parser could hand back is shown as it was enqueued.
+    let deep = format!("{}1e400{}", "[".repeat(100_000), "]".repeat(100_000));
+    let body = format!(r#"{{"group": "guild:2", "id": "deep", "payload": {deep}}}"#);
+    assert_eq!(post(s.port, "/v1/queues/roles/jobs", &body).status, 201);
+    let (code, out, err) = queue_command(&["jobs", "--store", &url, "roles", "deep"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(&format!(r#""payload":{deep}"#)), "the payload as sent");
+
     // A queue the store does not hold, a bad URL: input errors; an unreachable store: 3.
     let (code, _, err) = queue_command(&["stats", "--store", &url, "elsewhere"]);
     assert_eq!(code, 2, "{err}");

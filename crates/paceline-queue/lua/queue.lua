@@ -23,7 +23,10 @@
 --                the group ranks below all of it, having been the line's first when it
 --                was leased). A cancelled job's entry stays until it reaches the head,
 --                where it is dropped: its job is gone or has another rank
---   j:ID         MessagePack of the job (see `enqueue_one`)
+--   j:ID         MessagePack of the job (see `enqueue_one`); `ended`: the fence of the
+--                last lease whose failure a worker reported
+--   r:REQUEST    MessagePack of what a lease call with that request id took (see
+--                `ops.lease`), expiring a second after its leases
 --   ready        sorted set of the groups with a job waiting: score the time the group is
 --                eligible, member its order (20 digits) then its name
 --   scheduled    jobs waiting for a time: score the time, member the order then the id
@@ -827,13 +830,33 @@ function ops.enqueue(ARGV)
   return out
 end
 
--- lease WORKER MAX_JOBS LEASE: answers now, then per job: id, group, payload, attempt,
--- token, started, eligible, lease expiry.
+-- lease WORKER MAX_JOBS LEASE REQUEST: answers now, then per job: id, group, payload,
+-- attempt, token, started, eligible, lease expiry. REQUEST ('' for none) is the caller's id
+-- of this call: a repeat of it while its leases last answers what it took (`r:REQUEST`).
 function ops.lease(ARGV)
-  local worker, max_jobs, lease = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5])
+  local worker, max_jobs, lease, request = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
   maintain(now)
   drops_left = MAINTENANCE_BATCH
   local out = { now }
+  local request_key = request ~= '' and (base .. 'r:' .. request) or nil
+  if request_key then
+    local raw = redis.call('GET', request_key)
+    local taken = raw and cmsgpack.unpack(raw)
+    if taken and taken[1] > now then
+      -- A repeated call: the jobs the first took that its leases still hold, as it
+      -- answered them.
+      for i = 2, #taken, 3 do
+        local id, fence, eligible = taken[i], taken[i + 1], taken[i + 2]
+        local job = load_job(id)
+        if job and job.place == 'active' and job.token == fence and job.expires > now then
+          local n = #out
+          out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, job.group, job.payload, job.attempts
+          out[n + 5], out[n + 6], out[n + 7], out[n + 8] = fence, job.started, eligible, job.expires
+        end
+      end
+      return out
+    end
+  end
   if not first_due(base .. 'ready', now) then
     -- No group is eligible: nothing to take out of `ready` and put back.
     return out
@@ -910,6 +933,17 @@ function ops.lease(ARGV)
       end
     end
   end
+  if request_key and count > 0 then
+    -- What this call took, for a repeat of it while its leases last: the lease's end,
+    -- then id, fence and eligible time per job. Kept in Redis a second past the lease (by
+    -- Redis's clock), and read only while the queue's clock is before the lease's end.
+    local taken = { now + lease }
+    for i = 2, #out, 8 do
+      local n = #taken
+      taken[n + 1], taken[n + 2], taken[n + 3] = out[i], out[i + 4], out[i + 6]
+    end
+    redis.call('SET', request_key, cmsgpack.pack(taken), 'PX', int(floor(lease / 1000) + 1000))
+  end
   return out
 end
 
@@ -928,10 +962,13 @@ local function held(id, token)
 end
 
 
--- ack ID TOKEN: answers now, then 'ok' or 'lost'.
+-- ack ID TOKEN: answers now, then 'ok', 'lost', or 'gone' (no such job).
 function ops.ack(ARGV)
   local id = ARGV[3]
   maintain(now)
+  if not load_job(id) then
+    return { now, 'gone' }
+  end
   if not held(id, ARGV[4]) then
     return { now, 'lost' }
   end
@@ -967,11 +1004,19 @@ end
 -- fail ID TOKEN KIND ERROR_FLAG ERROR AFTER PAUSE JITTER: KIND 'fatal', 'retry', 'pause' or
 -- 'release'; ERROR_FLAG 1 if ERROR is given; AFTER the retry's delay in µs ('' for the
 -- backoff); PAUSE the pause in µs, rounded up. Answers now, then the outcome ('lost',
--- 'dead', 'retrying', 'paused', 'released') and its time (0 for none).
+-- 'gone', 'repeated', 'dead', 'retrying', 'paused', 'released') and its time (0 for none).
 function ops.fail(ARGV)
   local id, kind = ARGV[3], ARGV[5]
   local error = ARGV[6] == '1' and ARGV[7] or nil
   maintain(now)
+  local found = load_job(id)
+  if not found then
+    return { now, 'gone', 0 }
+  end
+  if found.place ~= 'active' and found.ended and int(found.ended) == ARGV[4] then
+    -- A repeat of this lease's failure report, whose answer was lost.
+    return { now, 'repeated', 0 }
+  end
   if not held(id, ARGV[4]) then
     return { now, 'lost', 0 }
   end
@@ -980,6 +1025,7 @@ function ops.fail(ARGV)
     return { now, 'lost', 0 }
   end
   local job = load_job(id)
+  job.ended = job.token
   local backoff = backoff_for(job, tonumber(ARGV[10]))
   local outcome, at = nil, 0
   if kind == 'fatal' then

@@ -53,9 +53,10 @@ use paceline_core::{round_to_micros, InputError, Op, Policy, State, StoreError, 
 use crate::config::QueueConfig;
 use crate::error::QueueError;
 use crate::job::{
-    check_lease_length, not_before_too_late, Enqueued, FailOutcome, Failure, GroupStats, JobInfo,
-    JobState, Leased, NewJob, Stats, Totals, MAX_DELAY,
+    check_lease_length, check_request_id, not_before_too_late, Enqueued, FailOutcome, Failure,
+    GroupStats, JobInfo, JobState, Leased, NewJob, Stats, Totals, MAX_DELAY,
 };
+use crate::token::LeaseToken;
 
 /// The most expired leases, due jobs and idle groups each call handles before its own work;
 /// the rest wait for the next call (which [`QueueCore::next_event`] says is due at once).
@@ -86,6 +87,11 @@ pub struct QueueCore {
     /// Groups with nothing waiting or active, dropped once their policy state is idle:
     /// (droppable at, group).
     retiring: BTreeSet<(u64, String)>,
+    /// The jobs each lease call with a request id took, until their leases end: request
+    /// id -> (when the leases end, what the call took).
+    requests: HashMap<String, (u64, Vec<Taken>)>,
+    /// The same, by expiry: (expires, request id).
+    request_expiry: BTreeSet<(u64, String)>,
     /// The source of every order number and lease token.
     seq: u64,
     /// The last number given as a job id.
@@ -94,6 +100,10 @@ pub struct QueueCore {
     now: u64,
     totals: Totals,
 }
+
+/// A job a lease call with a request id took: its id, its lease's fence, and since when
+/// its group could have started it; kept until the call's leases end, with their end.
+type Taken = (String, u64, u64);
 
 #[derive(Debug)]
 struct Job {
@@ -109,6 +119,9 @@ struct Job {
     enqueued_at: u64,
     estimated_start: u64,
     place: Place,
+    /// The fence of the last lease that ended in a failure report (a retried report of it
+    /// answers [`FailOutcome::Repeated`]).
+    ended: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -209,6 +222,8 @@ impl QueueCore {
             leases: BTreeSet::new(),
             dead: BTreeSet::new(),
             retiring: BTreeSet::new(),
+            requests: HashMap::new(),
+            request_expiry: BTreeSet::new(),
             seq: 0,
             last_id: 0,
             now: 0,
@@ -326,6 +341,7 @@ impl QueueCore {
                 enqueued_at: now,
                 estimated_start,
                 place,
+                ended: None,
             },
         );
         Ok(Enqueued {
@@ -448,6 +464,16 @@ impl QueueCore {
     /// most [`MAINTENANCE_BATCH`] of each.
     fn maintain(&mut self, now: u64) {
         for _ in 0..MAINTENANCE_BATCH {
+            let Some(first) = self.request_expiry.first().cloned() else {
+                break;
+            };
+            if first.0 > now {
+                break;
+            }
+            self.request_expiry.remove(&first);
+            self.requests.remove(&first.1);
+        }
+        for _ in 0..MAINTENANCE_BATCH {
             let Some((expires, _, id)) = self.leases.first().cloned() else {
                 break;
             };
@@ -542,9 +568,89 @@ impl QueueCore {
         max_jobs: usize,
         lease: Option<Duration>,
     ) -> Result<Vec<Leased>, QueueError> {
+        self.lease_request(now, worker, max_jobs, lease, None)
+    }
+
+    /// [`lease`](Self::lease), made safe to retry: the first call with `request` (an id of
+    /// the caller's, 1 to 128 bytes of `A-Z a-z 0-9 - _ . :`) takes jobs as `lease` does
+    /// and remembers which; a later call with the same id, while those leases last, takes
+    /// nothing and answers the jobs it took that are still held by those leases. A caller
+    /// whose answer was lost (a timeout, a broken connection) asks again with the same id
+    /// and gets its jobs, instead of leaving them held by no one until their leases run
+    /// out.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, QueueConfig, QueueCore};
+    /// let mut queue = QueueCore::new(QueueConfig::new("gcra:rate=10/s,burst=10".parse().unwrap())).unwrap();
+    /// queue.enqueue(0, NewJob::new("g", b"a".to_vec())).unwrap();
+    /// queue.enqueue(0, NewJob::new("g", b"b".to_vec())).unwrap();
+    /// let first = queue.lease_request(0, "w", 1, None, Some("call-1")).unwrap();
+    /// let again = queue.lease_request(5, "w", 1, None, Some("call-1")).unwrap();
+    /// assert_eq!(first, again); // the same job, not the next one
+    /// ```
+    pub fn lease_request(
+        &mut self,
+        now: u64,
+        worker: &str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        request: Option<&str>,
+    ) -> Result<Vec<Leased>, QueueError> {
         let lease_us = check_lease_request(&self.config, worker, max_jobs, lease)?;
+        if let Some(request) = request {
+            check_request_id(request)?;
+        }
         let now = self.tick(now)?;
         self.maintain(now);
+        if let Some(request) = request {
+            if let Some((_, taken)) = self.requests.get(request) {
+                let taken = taken.clone();
+                return Ok(self.replay(now, &taken));
+            }
+        }
+        let out = self.take(now, worker, max_jobs, lease_us);
+        if let (Some(request), false) = (request, out.is_empty()) {
+            let expires = now.saturating_add(lease_us);
+            let taken = out.iter().map(|l| (l.id.clone(), l.lease, l.eligible));
+            self.requests
+                .insert(request.to_string(), (expires, taken.collect()));
+            self.request_expiry.insert((expires, request.to_string()));
+        }
+        Ok(out)
+    }
+
+    /// The jobs of an earlier lease call (`taken`: id, fence, eligible) still held by the
+    /// leases it gave, as it answered them.
+    fn replay(&self, now: u64, taken: &[Taken]) -> Vec<Leased> {
+        taken
+            .iter()
+            .filter_map(|(id, fence, eligible)| {
+                let job = self.jobs.get(id)?;
+                match &job.place {
+                    Place::Active {
+                        token,
+                        started,
+                        expires,
+                        ..
+                    } if token == fence && *expires > now => Some(Leased {
+                        id: id.clone(),
+                        group: job.group.clone(),
+                        payload: job.payload.clone(),
+                        attempt: job.attempts,
+                        lease: *fence,
+                        token: LeaseToken::default(),
+                        started: *started,
+                        eligible: *eligible,
+                        lease_expires: *expires,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Takes up to `max_jobs` eligible jobs for `worker`, each leased for `lease_us`.
+    fn take(&mut self, now: u64, worker: &str, max_jobs: usize, lease_us: u64) -> Vec<Leased> {
         let mut out = Vec::new();
         while out.len() < max_jobs {
             let Some(first) = self.ready.first().cloned() else {
@@ -614,6 +720,7 @@ impl QueueCore {
                 payload: job.payload.clone(),
                 attempt: job.attempts,
                 lease: token,
+                token: LeaseToken::default(),
                 started: now,
                 eligible: first.0,
                 lease_expires: expires,
@@ -621,7 +728,7 @@ impl QueueCore {
             // Behind every other eligible group.
             self.refresh(&name);
         }
-        Ok(out)
+        out
     }
 
     /// The job `id` leased with `token`, if that lease is live at `now`; an expired one is
@@ -661,6 +768,9 @@ impl QueueCore {
     pub fn ack(&mut self, now: u64, id: &str, lease: u64) -> Result<(), QueueError> {
         let now = self.tick(now)?;
         self.maintain(now);
+        if !self.jobs.contains_key(id) {
+            return Err(QueueError::UnknownJob { id: id.to_string() });
+        }
         self.held(now, id, lease)?;
         if let Some(group) = self.release(id) {
             self.jobs.remove(id);
@@ -684,6 +794,12 @@ impl QueueCore {
         check_failure(&failure)?;
         let now = self.tick(now)?;
         self.maintain(now);
+        let Some(job) = self.jobs.get(id) else {
+            return Err(QueueError::UnknownJob { id: id.to_string() });
+        };
+        if job.ended == Some(lease) && !matches!(job.place, Place::Active { .. }) {
+            return Ok(FailOutcome::Repeated);
+        }
         self.held(now, id, lease)?;
         let Some(group) = self.release(id) else {
             return Err(QueueError::LeaseLost { id: id.to_string() });
@@ -692,6 +808,7 @@ impl QueueCore {
         let Some(job) = self.jobs.get_mut(id) else {
             return Err(QueueError::LeaseLost { id: id.to_string() });
         };
+        job.ended = Some(lease);
         let outcome = match failure {
             Failure::Fatal { error } => {
                 job.last_error = cut(error);
@@ -718,7 +835,7 @@ impl QueueCore {
             }
         };
         match outcome {
-            FailOutcome::Released => {}
+            FailOutcome::Released | FailOutcome::Repeated => {}
             FailOutcome::Dead => self.totals.failed += 1,
             FailOutcome::Retrying { .. } => {
                 self.totals.failed += 1;
@@ -758,7 +875,7 @@ impl QueueCore {
                 }
                 self.join_head(&group, id);
             }
-            FailOutcome::Released => {
+            FailOutcome::Released | FailOutcome::Repeated => {
                 job.place = Place::Waiting;
                 self.join_head(&group, id);
             }

@@ -162,6 +162,28 @@ pub fn check_id(id: &str) -> Result<(), InputError> {
     Ok(())
 }
 
+/// Request ids of lease calls ([`QueueCore::lease_request`](crate::QueueCore::lease_request)):
+/// 1 to [`MAX_ID`] bytes of `A-Z a-z 0-9 - _ . :`.
+///
+/// ```
+/// use paceline_queue::job::check_request_id;
+/// assert!(check_request_id("worker-7:call-42").is_ok());
+/// assert_eq!(check_request_id("").unwrap_err().field(), "request_id");
+/// assert_eq!(check_request_id("a b").unwrap_err().field(), "request_id");
+/// ```
+pub fn check_request_id(id: &str) -> Result<(), InputError> {
+    let charset = id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
+    if id.is_empty() || id.len() > MAX_ID || !charset {
+        return Err(InputError::new(
+            "request_id",
+            format!("must be 1 to {MAX_ID} bytes of A-Z a-z 0-9 - _ . :"),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a requested lease length.
 pub fn check_lease_length(lease: Duration) -> Result<(), InputError> {
     check_lease("lease_ms", lease)
@@ -237,8 +259,14 @@ pub struct Leased {
     pub payload: Vec<u8>,
     /// This start's number: 1 for the first.
     pub attempt: u32,
-    /// The fencing token: only this lease may ack, fail or extend the job.
+    /// The lease's fence: a number that counts up across the queue, so that a later lease
+    /// of any job has a larger one. Use it to fence writes downstream; it authorises
+    /// nothing (anyone may guess it).
     pub lease: u64,
+    /// What authorises this lease's ack, fail and extend: see [`LeaseToken`]. A
+    /// [`Queue`](crate::Queue) fills it in; a [`QueueCore`](crate::QueueCore) or a
+    /// [`QueueBackend`](crate::QueueBackend) leaves it empty and takes the fence instead.
+    pub token: crate::LeaseToken,
     /// When the job started (µs since the epoch).
     pub started: u64,
     /// Since when its group could have started it (µs since the epoch): `started -
@@ -335,6 +363,9 @@ pub enum FailOutcome {
     },
     /// Back at the head of its group.
     Released,
+    /// This lease's failure was reported already, and this report is a retry of it (its
+    /// first answer was lost): nothing changed.
+    Repeated,
 }
 
 /// Everything the queue knows of one job.

@@ -32,6 +32,7 @@ pub mod memory;
 pub mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod token;
 pub mod worker;
 
 pub use crate::config::QueueConfig;
@@ -44,4 +45,5 @@ pub use crate::memory::MemoryQueue;
 pub use crate::queue::{Queue, QueueBackend, QueueFuture};
 #[cfg(feature = "redis")]
 pub use crate::redis::RedisQueue;
+pub use crate::token::LeaseToken;
 pub use crate::worker::{Report, Worker};

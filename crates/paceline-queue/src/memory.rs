@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use paceline_core::{Clock, InputError};
+use paceline_store::secret::TokenKey;
 use paceline_store::SystemClock;
 use tokio::sync::Notify;
 
@@ -25,6 +26,8 @@ pub struct MemoryQueue {
     clock: Arc<dyn Clock>,
     /// The state of the jitter's random numbers (xorshift).
     random: Jitter,
+    /// Signs the leases' tokens: drawn for this queue alone.
+    key: TokenKey,
 }
 
 impl std::fmt::Debug for MemoryQueue {
@@ -50,6 +53,7 @@ impl MemoryQueue {
         check_queue_name(name)?;
         let core = QueueCore::new(config.clone())?;
         let seed = clock.now_micros();
+        let key = TokenKey::random().map_err(|e| InputError::new("queue", e.to_string()))?;
         Ok(MemoryQueue {
             name: name.to_string(),
             config,
@@ -57,7 +61,16 @@ impl MemoryQueue {
             changed: Notify::new(),
             clock,
             random: Jitter::seeded(seed),
+            key,
         })
+    }
+
+    /// Signs lease tokens with `key` instead of one drawn for this queue: for a queue whose
+    /// tokens must be another's (a test comparing this queue with a Redis one).
+    #[must_use]
+    pub fn with_token_key(mut self, key: TokenKey) -> MemoryQueue {
+        self.key = key;
+        self
     }
 
     fn core(&self) -> MutexGuard<'_, QueueCore> {
@@ -130,9 +143,17 @@ impl QueueBackend for MemoryQueue {
         worker: &'a str,
         max_jobs: usize,
         lease: Option<Duration>,
+        request: Option<&'a str>,
     ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
         let now = self.now();
-        ready(self.core().lease(now, worker, max_jobs, lease))
+        ready(
+            self.core()
+                .lease_request(now, worker, max_jobs, lease, request),
+        )
+    }
+
+    fn token_key(&self) -> &TokenKey {
+        &self.key
     }
 
     fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {

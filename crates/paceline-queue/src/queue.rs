@@ -5,13 +5,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use paceline_core::StoreErrorKind;
 use paceline_core::{Clock, InputError};
+use paceline_store::secret::TokenKey;
 use paceline_store::{SharedStore, StoreOptions, SystemClock};
 
 use crate::config::QueueConfig;
 use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
 use crate::memory::MemoryQueue;
+use crate::token::{self, LeaseToken};
 
 /// A boxed future of a queue operation.
 pub type QueueFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -33,13 +36,20 @@ pub trait QueueBackend: Send + Sync + 'static {
     fn clock(&self) -> &dyn Clock;
     /// Adds jobs, each on its own: one refused job does not stop the others.
     fn enqueue(&self, jobs: Vec<NewJob>) -> QueueFuture<'_, Vec<Result<Enqueued, QueueError>>>;
-    /// Starts up to `max_jobs` jobs now (none if no group may start one).
+    /// Starts up to `max_jobs` jobs now (none if no group may start one). With a
+    /// `request` id, a call repeated with the same id answers the jobs the first took
+    /// instead of taking more: see [`QueueCore::lease_request`](crate::QueueCore::lease_request).
+    /// The jobs' [`token`](Leased::token)s are left empty: [`Queue`] signs them.
     fn lease<'a>(
         &'a self,
         worker: &'a str,
         max_jobs: usize,
         lease: Option<Duration>,
+        request: Option<&'a str>,
     ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>>;
+    /// The key that signs this queue's lease tokens (see [`crate::token`]): the same in
+    /// every process that shares the queue.
+    fn token_key(&self) -> &TokenKey;
     /// Acknowledges a job.
     fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>>;
     /// Fails a job.
@@ -110,7 +120,7 @@ fn remote_without_redis(name: &str) -> QueueError {
 /// let job = queue.enqueue(NewJob::new("guild:1", b"grant 42 7".to_vec())).await?;
 /// let leased = queue.lease("worker-1", 10, None, Duration::from_secs(1)).await?;
 /// assert_eq!(leased[0].id, job.id);
-/// queue.ack(&leased[0].id, leased[0].lease).await?;
+/// queue.ack(&leased[0].id, &leased[0].token).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -269,6 +279,12 @@ impl Queue {
     /// group may start one now. It does not poll: it sleeps until the next group becomes
     /// eligible, a scheduled job is due or a lease expires, or until the queue changes.
     /// An empty answer means `wait` passed with nothing to start.
+    ///
+    /// Each job comes with its [`token`](Leased::token), which its ack, fail and extend
+    /// need. A call whose store call fails on the connection or times out is made once
+    /// more with the same request id, so jobs the first attempt took are answered, not
+    /// left held by no one: see [`lease_request`](Self::lease_request) to make a retry of
+    /// your own just as safe.
     pub async fn lease(
         &self,
         worker: &str,
@@ -276,18 +292,72 @@ impl Queue {
         lease: Option<Duration>,
         wait: Duration,
     ) -> Result<Vec<Leased>, QueueError> {
+        self.lease_request(worker, max_jobs, lease, wait, None)
+            .await
+    }
+
+    /// [`lease`](Self::lease) with a request id of the caller's (1 to 128 bytes of
+    /// `A-Z a-z 0-9 - _ . :`; `None`: one drawn for this call): a call that failed (its
+    /// answer lost to a timeout or a broken connection) and is made again with the same id
+    /// while the leases it took last answers the jobs the first took, and takes no more.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, Queue, QueueConfig};
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_queue::QueueError> {
+    /// let queue = Queue::in_memory("q", QueueConfig::new("gcra:rate=100/s,burst=10".parse()?))?;
+    /// queue.enqueue(NewJob::new("g", b"a".to_vec())).await?;
+    /// queue.enqueue(NewJob::new("g", b"b".to_vec())).await?;
+    /// let first = queue.lease_request("w", 1, None, Duration::ZERO, Some("w-call-1")).await?;
+    /// let again = queue.lease_request("w", 1, None, Duration::ZERO, Some("w-call-1")).await?;
+    /// assert_eq!(first[0].id, again[0].id);
+    /// assert_eq!(first[0].token, again[0].token);
+    /// # Ok(()) }
+    /// ```
+    pub async fn lease_request(
+        &self,
+        worker: &str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        wait: Duration,
+        request: Option<&str>,
+    ) -> Result<Vec<Leased>, QueueError> {
         if wait > MAX_LEASE_WAIT {
             return Err(InputError::new("wait_ms", "must be at most 300000 (5 minutes)").into());
         }
+        let drawn;
+        let request = match request {
+            Some(request) => request,
+            None => {
+                drawn = random_request_id()?;
+                drawn.as_str()
+            }
+        };
         let clock = self.backend.clock();
         let deadline = clock
             .now_micros()
             .saturating_add(paceline_core::round_to_micros(wait));
         loop {
             let changed = self.backend.changed();
-            let jobs = self.backend.lease(worker, max_jobs, lease).await?;
+            let mut jobs = match self
+                .backend
+                .lease(worker, max_jobs, lease, Some(request))
+                .await
+            {
+                Err(e) if lost_on_the_way(&e) => {
+                    self.backend
+                        .lease(worker, max_jobs, lease, Some(request))
+                        .await?
+                }
+                answer => answer?,
+            };
             let now = clock.now_micros();
             if !jobs.is_empty() || now >= deadline {
+                let key = self.backend.token_key();
+                for job in &mut jobs {
+                    job.token = token::sign(key, self.name(), &job.id, job.lease);
+                }
                 return Ok(jobs);
             }
             let until = self
@@ -308,24 +378,64 @@ impl Queue {
         }
     }
 
+    /// The fence `token` was signed for as job `id`'s lease, or `LeaseLost`: a token this
+    /// queue did not sign for this job is answered as a lease that is no longer the job's.
+    fn fence(&self, id: &str, token: &LeaseToken) -> Result<u64, QueueError> {
+        token::open(self.backend.token_key(), self.name(), id, token)
+            .ok_or_else(|| QueueError::LeaseLost { id: id.to_string() })
+    }
+
     /// Acknowledges a job: it is done and leaves the queue.
-    pub async fn ack(&self, id: &str, lease: u64) -> Result<(), QueueError> {
-        self.backend.ack(id, lease).await
+    ///
+    /// Safe to repeat: the job of a genuine token that has left the queue answers `Ok`, so a
+    /// call made again after its answer was lost answers as the first did. (A late ack by
+    /// a holder whose lease ran out answers `Ok` too once the job is gone, done by another
+    /// holder; while another holder has it, `LeaseLost`.)
+    pub async fn ack(&self, id: &str, token: &LeaseToken) -> Result<(), QueueError> {
+        let fence = self.fence(id, token)?;
+        let answer = match self.backend.ack(id, fence).await {
+            Err(e) if lost_on_the_way(&e) => self.backend.ack(id, fence).await,
+            answer => answer,
+        };
+        match answer {
+            Err(QueueError::UnknownJob { .. }) => Ok(()),
+            answer => answer,
+        }
     }
 
     /// Fails a job: see [`Failure`].
+    ///
+    /// Safe to repeat: a report made again with the same token after its answer was lost
+    /// answers [`FailOutcome::Repeated`] and changes nothing.
     pub async fn fail(
         &self,
         id: &str,
-        lease: u64,
+        token: &LeaseToken,
         failure: Failure,
     ) -> Result<FailOutcome, QueueError> {
-        self.backend.fail(id, lease, failure).await
+        let fence = self.fence(id, token)?;
+        let answer = match self.backend.fail(id, fence, failure.clone()).await {
+            Err(e) if lost_on_the_way(&e) => self.backend.fail(id, fence, failure).await,
+            answer => answer,
+        };
+        match answer {
+            Err(QueueError::UnknownJob { .. }) => Ok(FailOutcome::Repeated),
+            answer => answer,
+        }
     }
 
     /// Extends a lease by `length` from now; answers when it now expires.
-    pub async fn extend(&self, id: &str, lease: u64, length: Duration) -> Result<u64, QueueError> {
-        self.backend.extend(id, lease, length).await
+    pub async fn extend(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        length: Duration,
+    ) -> Result<u64, QueueError> {
+        let fence = self.fence(id, token)?;
+        match self.backend.extend(id, fence, length).await {
+            Err(e) if lost_on_the_way(&e) => self.backend.extend(id, fence, length).await,
+            answer => answer,
+        }
     }
 
     /// Removes a job no worker holds.
@@ -363,6 +473,25 @@ impl Queue {
     pub async fn purge_dead(&self) -> Result<usize, QueueError> {
         self.backend.purge_dead().await
     }
+}
+
+/// Whether a store call failed on its way (the connection, or no answer in time), so that
+/// it may have been applied with its answer lost: the calls the queue makes again once.
+fn lost_on_the_way(e: &QueueError) -> bool {
+    matches!(e, QueueError::Store(e) if matches!(e.kind(), StoreErrorKind::Unavailable | StoreErrorKind::Timeout))
+}
+
+/// A request id drawn for one lease call: 128 random bits, in hex.
+fn random_request_id() -> Result<String, QueueError> {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut bytes = [0u8; 16];
+    SystemRandom::new().fill(&mut bytes).map_err(|_| {
+        QueueError::Store(paceline_core::StoreError::new(
+            StoreErrorKind::Unavailable,
+            "the operating system's random source failed",
+        ))
+    })?;
+    Ok(paceline_store::secret::to_hex(&bytes))
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ use futures_util::StreamExt;
 use paceline_core::{Clock, InputError, Sleep, StoreError, StoreErrorKind};
 use paceline_store::redis::extension::{fingerprint, policy_args, Extension};
 use paceline_store::redis::RedisStore;
+use paceline_store::secret::TokenKey;
 use paceline_store::SystemClock;
 use redis::Value;
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -37,11 +38,12 @@ use crate::core::{
 };
 use crate::error::QueueError;
 use crate::job::{
-    check_lease_length, not_before_too_late, Enqueued, FailOutcome, Failure, GroupStats, JobInfo,
-    JobState, Leased, NewJob, Stats, Totals,
+    check_lease_length, check_request_id, not_before_too_late, Enqueued, FailOutcome, Failure,
+    GroupStats, JobInfo, JobState, Leased, NewJob, Stats, Totals,
 };
 use crate::memory::check_queue_name;
 use crate::queue::{QueueBackend, QueueFuture};
+use crate::token::{LeaseToken, LEASE_KEY};
 
 static LIBRARY: LazyLock<Extension> =
     LazyLock::new(|| Extension::new("queue", include_str!("../lua/queue.lua"), "queue_call"));
@@ -57,6 +59,8 @@ pub struct RedisQueue {
     changed: Arc<Notify>,
     listener: tokio::task::JoinHandle<()>,
     random: Jitter,
+    /// Signs the leases' tokens: the store's, shared by every process opening this Redis.
+    key: TokenKey,
 }
 
 /// What every call of the queue's function needs.
@@ -445,6 +449,7 @@ impl RedisQueue {
         check_queue_name(name)?;
         config.validate()?;
         let base = format!("{}{{q:{name}}}:", store.key_prefix());
+        let key = store.token_key(LEASE_KEY).await?;
         let changed = Arc::new(Notify::new());
         let messages = store.subscribe(&format!("{base}changed")).await?;
         let listener = tokio::spawn(listen(
@@ -483,6 +488,7 @@ impl RedisQueue {
             changed,
             listener,
             random: Jitter::seeded(seed),
+            key,
         })
     }
 
@@ -653,10 +659,22 @@ impl RedisQueue {
         worker: &str,
         max_jobs: usize,
         lease: Option<Duration>,
+        request: Option<&str>,
     ) -> Result<Vec<Leased>, QueueError> {
         let lease_us = check_lease_request(&self.config, worker, max_jobs, lease)?;
+        if let Some(request) = request {
+            check_request_id(request)?;
+        }
         let reply = self
-            .call("lease", vec![arg(worker), arg(max_jobs), arg(lease_us)])
+            .call(
+                "lease",
+                vec![
+                    arg(worker),
+                    arg(max_jobs),
+                    arg(lease_us),
+                    arg(request.unwrap_or("")),
+                ],
+            )
             .await?;
         let mut r = Reader::new(&reply)?;
         r.u64()?;
@@ -668,6 +686,7 @@ impl RedisQueue {
                 payload: r.bytes()?,
                 attempt: r.u32()?,
                 lease: r.u64()?,
+                token: LeaseToken::default(),
                 started: r.u64()?,
                 eligible: r.u64()?,
                 lease_expires: r.u64()?,
@@ -689,6 +708,7 @@ impl RedisQueue {
         match Self::status(&reply)?.0.as_str() {
             "ok" => Ok(()),
             "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
+            "gone" => Err(QueueError::UnknownJob { id: id.to_string() }),
             _ => Err(protocol("ack", &reply)),
         }
     }
@@ -732,6 +752,8 @@ impl RedisQueue {
             "retrying" => Ok(FailOutcome::Retrying { at }),
             "paused" => Ok(FailOutcome::Paused { until: at }),
             "released" => Ok(FailOutcome::Released),
+            "repeated" => Ok(FailOutcome::Repeated),
+            "gone" => Err(QueueError::UnknownJob { id: id.to_string() }),
             _ => Err(protocol("fail", &reply)),
         }
     }
@@ -900,8 +922,13 @@ impl QueueBackend for RedisQueue {
         worker: &'a str,
         max_jobs: usize,
         lease: Option<Duration>,
+        request: Option<&'a str>,
     ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
-        Box::pin(self.lease_now(worker, max_jobs, lease))
+        Box::pin(self.lease_now(worker, max_jobs, lease, request))
+    }
+
+    fn token_key(&self) -> &TokenKey {
+        &self.key
     }
 
     fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {

@@ -235,7 +235,7 @@ where
     F: Future<Output = Result<(), Failure>>,
 {
     let id = job.id.clone();
-    let token = job.lease;
+    let token = job.token.clone();
     let length = Duration::from_micros(job.lease_expires.saturating_sub(job.started).max(3));
     let work = handler(job);
     tokio::pin!(work);
@@ -248,20 +248,20 @@ where
         tokio::select! {
             answer = &mut work => {
                 let reported = match answer {
-                    Ok(()) => queue.ack(&id, token).await.map(|()| Ending::Acked),
-                    Err(failure) => queue.fail(&id, token, failure).await.map(|_| Ending::Failed),
+                    Ok(()) => queue.ack(&id, &token).await.map(|()| Ending::Acked),
+                    Err(failure) => queue.fail(&id, &token, failure).await.map(|_| Ending::Failed),
                 };
                 return reported.unwrap_or(Ending::Lost);
             }
             () = queue.sleep(length / 3) => {
                 // Extended, or the store failed this once (the next beat tries again), or
                 // lost: the handler is dropped.
-                if let Err(QueueError::LeaseLost { .. }) = queue.extend(&id, token, length).await {
+                if let Err(QueueError::LeaseLost { .. }) = queue.extend(&id, &token, length).await {
                     return Ending::Lost;
                 }
             }
             () = &mut stop => {
-                return match queue.fail(&id, token, Failure::Release).await {
+                return match queue.fail(&id, &token, Failure::Release).await {
                     Ok(_) => Ending::HandedBack,
                     Err(_) => Ending::Lost,
                 };

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, UNIX_EPOCH};
 
 use paceline_core::{Op, Policy};
-use paceline_queue::{Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError};
+use paceline_queue::{FailOutcome, Failure, JobState, NewJob, QueueConfig, QueueCore, QueueError};
 use proptest::prelude::*;
 
 mod common;
@@ -181,7 +181,7 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
                             gone.insert(h.id.clone());
                             live.remove(&h.id);
                         }
-                        Err(QueueError::LeaseLost { .. }) => {
+                        Err(QueueError::LeaseLost { .. } | QueueError::UnknownJob { .. }) => {
                             prop_assert!(h.expires <= now, "a live lease refused")
                         }
                         Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
@@ -216,7 +216,9 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
                             prop_assert!(h.expires > now);
                             live.remove(&h.id);
                         }
-                        Err(QueueError::LeaseLost { .. }) => prop_assert!(h.expires <= now),
+                        Err(QueueError::LeaseLost { .. } | QueueError::UnknownJob { .. }) => {
+                            prop_assert!(h.expires <= now)
+                        }
                         Err(e) => return Err(TestCaseError::fail(format!("{e}"))),
                     }
                     stale.push(h);
@@ -251,18 +253,27 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
             Step::Stale { pick: p } => {
                 if let Some(h) = pick(&stale, p) {
-                    // A token once used up or outlived is refused, whatever the job's state
-                    // and whichever call uses it.
+                    // A token once used up or outlived changes nothing, whatever the job's
+                    // state and whichever call uses it: refused as lost, the job gone, or
+                    // (a failure report repeated with the token that made it) answered as a
+                    // repeat.
+                    let mark =
+                        |j: Option<paceline_queue::JobInfo>| j.map(|j| (j.attempts, j.last_error));
+                    let before = mark(q.job(&h.id));
                     let answer = match p % 3 {
-                        0 => q.ack(now, &h.id, h.token),
+                        0 => q.ack(now, &h.id, h.token).map(|()| None),
                         1 => q
                             .extend(now, &h.id, h.token, Duration::from_millis(500))
-                            .map(drop),
+                            .map(|_| None),
                         _ => q
                             .fail(now, &h.id, h.token, Failure::Fatal { error: None }, 0.5)
-                            .map(drop),
+                            .map(Some),
                     };
-                    let refused = matches!(answer, Err(QueueError::LeaseLost { .. }));
+                    let refused = match answer {
+                        Err(QueueError::LeaseLost { .. } | QueueError::UnknownJob { .. }) => true,
+                        Ok(Some(FailOutcome::Repeated)) => mark(q.job(&h.id)) == before,
+                        _ => false,
+                    };
                     prop_assert!(refused, "stale lease {} of {} accepted", h.token, h.id);
                 }
             }

@@ -16,6 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use paceline_store::redis::cross_slot_error;
+use paceline_store::secret::TokenKey;
 use paceline_store::{
     Decision, Error, InputError, Op, Policy, Request, SharedStore, StoreErrorKind, MAX_LIMITS,
 };
@@ -134,6 +135,9 @@ pub(crate) struct AppState {
     /// The settings the service started with (flags and file); a reload lays the file's
     /// policies and access rules over them. The lock also makes reloads one at a time.
     pub(crate) base: Mutex<Settings>,
+    /// Signs concurrency leases' tokens ([`crate::leases`]): the store's key, shared by
+    /// every instance on the same Redis.
+    pub(crate) lease_key: TokenKey,
 }
 
 impl AppState {
@@ -174,6 +178,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
                 "this endpoint does not take that method",
             )
         })
+        .layer(axum::middleware::from_fn(crate::catch_panic::catch_panic))
         .with_state(state)
 }
 
@@ -395,9 +400,9 @@ impl Ask<'_> {
     }
 
     /// The token of lease `id` this request's decision took (see [`crate::leases`]).
-    fn lease_token(&self, id: u64) -> String {
+    fn lease_token(&self, signer: &TokenKey, id: u64) -> String {
         let namespace = self.store_key.get(..self.namespace_len).unwrap_or_default();
-        crate::leases::token(namespace, self.key(), id)
+        crate::leases::token(signer, namespace, self.key(), id)
     }
 }
 
@@ -878,7 +883,7 @@ async fn decision(
         Ok(d) => {
             // Serialising a struct of numbers and strings into a Vec cannot fail.
             let mut body = DecisionBody::new(ask.name, &d, None);
-            body.lease = d.lease.map(|id| ask.lease_token(id));
+            body.lease = d.lease.map(|id| ask.lease_token(&state.lease_key, id));
             let body = serde_json::to_vec(&body).unwrap_or_default();
             let content_type = [(header::CONTENT_TYPE, APPLICATION_JSON)];
             let mut response = (status_of(&d), content_type, body).into_response();
@@ -936,9 +941,9 @@ async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
                 allowed: d.allowed,
                 delay_ms: ms(d.delay),
                 key: &part.key,
-                lease: d
-                    .lease
-                    .map(|id| crate::leases::token(&part.namespace, &part.key, id)),
+                lease: d.lease.map(|id| {
+                    crate::leases::token(&state.lease_key, &part.namespace, &part.key, id)
+                }),
                 limit: d.limit,
                 policy: &part.name,
                 remaining: d.remaining,
@@ -1007,8 +1012,10 @@ async fn batch(
             let outcome = outcomes.next().unwrap_or_else(|| {
                 Err(paceline_store::StoreError::new(StoreErrorKind::Protocol, "no answer").into())
             });
-            settle(&state, ask.metrics, ask.key(), outcome)
-                .map(|d| (ask.name, d, d.lease.map(|id| ask.lease_token(id))))
+            settle(&state, ask.metrics, ask.key(), outcome).map(|d| {
+                let lease = d.lease.map(|id| ask.lease_token(&state.lease_key, id));
+                (ask.name, d, lease)
+            })
         })
         .collect();
     // The answers borrow from the results above.

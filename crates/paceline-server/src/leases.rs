@@ -8,16 +8,20 @@
 //! | `DELETE /v1/leases/{lease}` | `204` |
 //!
 //! A lease that is unknown, given back already or reclaimed (not given back by its expiry),
-//! or whose policy is no longer configured as a `concurrency` one, is `404 unknown_lease`; a
-//! token that is not one this service wrote is `400` naming `lease` (an inline spec's
-//! token while inline specs are turned off, `403`). Tokens are not secret: any client the
-//! service accepts can give back or extend any lease whose token it knows (or guesses: ids
-//! count up from the time); where clients do not trust each other, put the lease calls
-//! behind your own authorization. A lease token is `ID.NAMESPACE.KEY`: the lease's id on its key, then the
-//! policy's namespace (its configured name, or `~SPEC` for an inline spec) and the key, both
+//! or whose policy is no longer configured as a `concurrency` one, is `404 unknown_lease`,
+//! and so is a token of the right shape that this service did not sign; a token that is
+//! not of that shape is `400` naming `lease` (an inline spec's token while inline specs are
+//! turned off, `403`).
+//!
+//! A lease token is `ID.NAMESPACE.KEY.TAG`: the lease's id on its key, then the policy's
+//! namespace (its configured name, or `~SPEC` for an inline spec) and the key, both
 //! hex-encoded, so that any instance sharing the store finds the key and its policy again
-//! from the token alone. `POST /v1/decisions` with a `concurrency` policy takes a lease too,
-//! and answers its token as `lease`.
+//! from the token alone, and last a 128-bit tag of all three under the store's secret key
+//! ([`paceline_store::secret`]; in Redis, one key shared by every instance). The id is no
+//! secret (ids count up from the time, and a `429`'s `Retry-After` tells when the oldest
+//! lease ends), but without the tag it is useless: only the client the service answered
+//! can give back or extend a lease. `POST /v1/decisions` with a `concurrency` policy takes
+//! a lease too, and answers its token as `lease`.
 
 use std::sync::Arc;
 
@@ -28,6 +32,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
+use paceline_store::secret::{from_hex, to_hex, Tag, TokenKey, TAG_LEN};
 use paceline_store::Op;
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
@@ -46,18 +51,29 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
         .route("/v1/leases/{lease}/extend", post(extend))
 }
 
-/// The token of lease `id` of `key` under the policy of `namespace`.
-pub(crate) fn token(namespace: &str, key: &str, id: u64) -> String {
-    let mut text = String::with_capacity(24 + 2 * (namespace.len() + key.len()));
+/// What a concurrency lease's tag signs first: keeps it from passing as another kind.
+const PURPOSE: &[u8] = b"paceline concurrency lease";
+
+/// The tag of lease `id` of `key` under the policy of `namespace`.
+fn tag(signer: &TokenKey, namespace: &str, key: &str, id: u64) -> Tag {
+    signer.tag(&[
+        PURPOSE,
+        namespace.as_bytes(),
+        key.as_bytes(),
+        &id.to_be_bytes(),
+    ])
+}
+
+/// The token of lease `id` of `key` under the policy of `namespace`, signed by `signer`.
+pub(crate) fn token(signer: &TokenKey, namespace: &str, key: &str, id: u64) -> String {
+    let mut text = String::with_capacity(24 + 2 * (namespace.len() + key.len() + TAG_LEN));
     text.push_str(itoa::Buffer::new().format(id));
-    for part in [namespace, key] {
+    for part in [namespace.as_bytes(), key.as_bytes()] {
         text.push('.');
-        for byte in part.bytes() {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            text.push(char::from(HEX[usize::from(byte >> 4)]));
-            text.push(char::from(HEX[usize::from(byte & 15)]));
-        }
+        text.push_str(&to_hex(part));
     }
+    text.push('.');
+    text.push_str(&to_hex(&tag(signer, namespace, key, id)));
     text
 }
 
@@ -68,7 +84,9 @@ struct Token {
     key: String,
 }
 
-fn parse(token: &str) -> Result<Token, ApiError> {
+/// The lease a token names, once its tag checks out: a well-formed token this service did
+/// not sign is answered as an unknown lease, telling a guesser nothing.
+fn parse(signer: &TokenKey, token: &str) -> Result<Token, ApiError> {
     let bad = || {
         ApiError::invalid(
             "lease",
@@ -76,11 +94,19 @@ fn parse(token: &str) -> Result<Token, ApiError> {
         )
     };
     let mut parts = token.split('.');
-    let (Some(id), Some(namespace), Some(key), None) =
-        (parts.next(), parts.next(), parts.next(), parts.next())
-    else {
+    let (Some(id), Some(namespace), Some(key), Some(signed), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
         return Err(bad());
     };
+    let mut given = [0u8; TAG_LEN];
+    if !from_hex(signed, &mut given) {
+        return Err(bad());
+    }
     let unhex = |text: &str| -> Option<String> {
         if text.is_empty() || !text.len().is_multiple_of(2) {
             return None;
@@ -91,17 +117,31 @@ fn parse(token: &str) -> Result<Token, ApiError> {
             .collect();
         String::from_utf8(bytes?).ok()
     };
-    Ok(Token {
+    let token = Token {
         id: id.parse().map_err(|_| bad())?,
         namespace: unhex(namespace).ok_or_else(bad)?,
         key: unhex(key).ok_or_else(bad)?,
-    })
+    };
+    let parts: [&[u8]; 4] = [
+        PURPOSE,
+        token.namespace.as_bytes(),
+        token.key.as_bytes(),
+        &token.id.to_be_bytes(),
+    ];
+    if !signer.verify(&parts, &given) {
+        return Err(unknown_lease());
+    }
+    Ok(token)
 }
 
 /// The lease a token names: its id, and its key's policy as the live configuration has it.
 /// A policy no longer configured makes the lease unknown.
-fn find<'a>(live: &'a Live, token: &str) -> Result<(u64, Resolved<'a>), ApiError> {
-    let Token { id, namespace, key } = parse(token)?;
+fn find<'a>(
+    live: &'a Live,
+    signer: &TokenKey,
+    token: &str,
+) -> Result<(u64, Resolved<'a>), ApiError> {
+    let Token { id, namespace, key } = parse(signer, token)?;
     let spec = namespace.strip_prefix('~').unwrap_or(&namespace);
     match resolve(live, spec, &key, "lease") {
         // A policy that is no longer a concurrency one (a reload changed it) holds no lease.
@@ -201,12 +241,20 @@ async fn take_lease(state: &AppState, live: &Live, body: Body) -> Result<Respons
         .decide(&resolved.policy, &resolved.store_key, Op::Limit, cost)
         .await;
     let d = settle(state, resolved.metrics, key, outcome)?;
-    let namespace = &resolved.store_key[..resolved.store_key.len() - key.len() - 1];
+    // The store key is `NAMESPACE:KEY`.
+    let namespace = resolved
+        .store_key
+        .len()
+        .checked_sub(key.len() + 1)
+        .and_then(|end| resolved.store_key.get(..end))
+        .unwrap_or_default();
     let mut response = if d.allowed {
         let body = LeaseBody {
             expires_ms: ms(lease),
             fallback: d.fallback.map(|f| f.name()),
-            lease: d.lease.map(|id| token(namespace, key, id)),
+            lease: d
+                .lease
+                .map(|id| token(&state.lease_key, namespace, key, id)),
             limit: d.limit,
             policy: name,
             remaining: d.remaining,
@@ -282,7 +330,7 @@ where
     Fut: std::future::Future<Output = Result<Option<T>, paceline_store::Error>>,
 {
     let token = path_parts(path, "the lease")?;
-    let (id, resolved) = find(live, &token)?;
+    let (id, resolved) = find(live, &state.lease_key, &token)?;
     match call(&state.store, resolved, id).await {
         Ok(Some(answer)) => Ok((token, answer)),
         Ok(None) => Err(unknown_lease()),
@@ -296,21 +344,23 @@ mod tests {
 
     #[test]
     fn tokens_read_back_and_anything_else_is_refused() {
+        let signer = TokenKey::random().expect("a key");
         for (namespace, key, id) in [
             ("db-slots", "tenant:42", 1_700_000_000_000_000),
             ("~concurrency:limit=2,lease=30s", "{t}.é\u{1}", 0),
         ] {
-            let t = token(namespace, key, id);
+            let t = token(&signer, namespace, key, id);
             assert!(
                 t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.'),
                 "{t}"
             );
-            let back = parse(&t).unwrap_or_else(|e| panic!("{t}: {e:?}"));
+            let back = parse(&signer, &t).unwrap_or_else(|e| panic!("{t}: {e:?}"));
             assert_eq!(
                 (back.id, back.namespace.as_str(), back.key.as_str()),
                 (id, namespace, key)
             );
         }
+        let tag = "00112233445566778899aabbccddeeff";
         for bad in [
             "",
             "1",
@@ -321,9 +371,38 @@ mod tests {
             "1.61.61.61",
             "1..61",
             "1.ff.61",
+            &format!("1.61.61.{tag}.61"),
+            &format!("x.61.61.{tag}"),
+            "1.61.61.0011",
         ] {
-            let e = parse(bad).err().unwrap_or_else(|| panic!("{bad} was read"));
+            let e = parse(&signer, bad)
+                .err()
+                .unwrap_or_else(|| panic!("{bad} was read"));
             assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_token_another_key_signed_or_a_neighbour_id_is_an_unknown_lease() {
+        let signer = TokenKey::random().expect("a key");
+        let t = token(&signer, "db-slots", "tenant:42", 1_700_000_000_000_000);
+        let elsewhere = token(
+            &TokenKey::random().expect("a key"),
+            "db-slots",
+            "tenant:42",
+            1_700_000_000_000_000,
+        );
+        let (id, rest) = t.split_once('.').expect("an id");
+        let neighbours = [
+            format!("{}.{rest}", 1_700_000_000_000_001u64),
+            format!("{}.{rest}", 1_699_999_999_999_999u64),
+        ];
+        assert_eq!(id, "1700000000000000");
+        for forged in neighbours.iter().chain([&elsewhere]) {
+            let e = parse(&signer, forged)
+                .err()
+                .unwrap_or_else(|| panic!("{forged} was read"));
+            assert_eq!(e.status(), StatusCode::NOT_FOUND, "{forged}");
         }
     }
 }

@@ -30,7 +30,11 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+/// The name of the store's key that signs concurrency leases' tokens.
+const LEASE_KEY: &str = "concurrency-lease";
+
 mod api;
+mod catch_panic;
 pub mod config;
 mod conn;
 mod dashboard;
@@ -195,6 +199,10 @@ impl Server {
         });
         Ok(Server {
             listener,
+        let lease_key = store
+            .token_key(LEASE_KEY)
+            .await
+            .map_err(ServerError::Store)?;
             state,
             store: store_description,
         })
@@ -209,6 +217,7 @@ impl Server {
 
     /// The store, as shown at start-up (without credentials).
     pub fn store_description(&self) -> &str {
+            lease_key,
         &self.store
     }
 

@@ -15,7 +15,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use paceline_queue::{Enqueued, Failure, JobInfo, Leased, NewJob, Queue, QueueError, Stats};
+use paceline_queue::{
+    Enqueued, Failure, JobInfo, LeaseToken, Leased, NewJob, Queue, QueueError, Stats,
+};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -136,22 +138,19 @@ fn millis(field: &str, n: Option<&Number>, max_ms: f64) -> Result<Option<Duratio
     )
 }
 
-/// A lease token: the string a lease answered.
-fn token(lease: Option<&str>) -> Result<u64, ApiError> {
+/// A lease token: the string a lease answered. One that parses but that this queue did
+/// not sign for the job is answered by the queue as a lost lease (`409`), like any lease
+/// that is no longer the job's.
+fn token(lease: Option<&str>) -> Result<LeaseToken, ApiError> {
     let lease = lease.ok_or_else(|| {
         ApiError::invalid(
             "lease",
             "is required: the `lease` string the job was leased with",
         )
     })?;
-    lease.parse().map_err(|_| {
-        ApiError::invalid(
-            "lease",
-            format!(
-                "`{lease}` is not a lease token; send the `lease` string the job was leased with"
-            ),
-        )
-    })
+    lease
+        .parse()
+        .map_err(|e: paceline_queue::token::NotAToken| ApiError::invalid("lease", e.to_string()))
 }
 
 /// A job to enqueue, as sent.
@@ -311,6 +310,7 @@ async fn enqueue_batch(
 #[serde(deny_unknown_fields)]
 struct LeaseBody {
     worker: Option<String>,
+    request_id: Option<String>,
     max_jobs: Option<u64>,
     lease_ms: Option<Number>,
     wait_ms: Option<Number>,
@@ -329,16 +329,37 @@ fn payload(bytes: &[u8]) -> Box<RawValue> {
     })
 }
 
-fn leased(job: &Leased) -> Value {
-    json!({
-        "id": job.id,
-        "group": job.group,
-        "payload": payload(&job.payload),
-        "attempt": job.attempt,
-        "lease": job.lease.to_string(),
-        "started_ms": ms(job.started),
-        "lease_expires_ms": ms(job.lease_expires),
-    })
+/// A leased job as the API answers it. The payload goes out as the JSON text it came in as,
+/// never parsed again: whatever enqueue accepted (any depth, any number), a lease hands back.
+#[derive(Serialize)]
+struct LeasedBody<'a> {
+    id: &'a str,
+    group: &'a str,
+    payload: Box<RawValue>,
+    attempt: u32,
+    lease: &'a str,
+    fence: u64,
+    started_ms: u64,
+    lease_expires_ms: u64,
+}
+
+fn leased(job: &Leased) -> LeasedBody<'_> {
+    LeasedBody {
+        id: &job.id,
+        group: &job.group,
+        payload: payload(&job.payload),
+        attempt: job.attempt,
+        lease: job.token.as_str(),
+        fence: job.lease,
+        started_ms: ms(job.started),
+        lease_expires_ms: ms(job.lease_expires),
+    }
+}
+
+/// `{"jobs": [...]}`: the answer of a lease call and of the dead list.
+#[derive(Serialize)]
+struct JobsBody<T> {
+    jobs: Vec<T>,
 }
 
 async fn lease(
@@ -362,16 +383,40 @@ async fn lease(
     // A lease waiting for a job ends, with what it has, when the service shuts down.
     let mut stopping = state.stopping.subscribe();
     let _waiting = (!wait.is_zero()).then(|| state.metrics.worker_waiting(&name));
-    let jobs = tokio::select! {
-        biased;
-        jobs = queue.lease(&worker, max_jobs, lease, wait) => jobs.map_err(queue_error)?,
-        _ = stopping.wait_for(|&stopping| stopping) => Vec::new(),
-    };
+    // The call runs in a task of its own, so that it ends even when this request does not
+    // (the client went away): jobs it took that no one can be answered with go back to
+    // their groups at once, costing no attempt, instead of waiting out their leases.
+    let (answer, answered) = tokio::sync::oneshot::channel();
+    let request = body.request_id;
+    let caller = queue.clone();
+    tokio::spawn(async move {
+        let jobs = tokio::select! {
+            biased;
+            jobs = caller.lease_request(&worker, max_jobs, lease, wait, request.as_deref()) => jobs,
+            _ = stopping.wait_for(|&stopping| stopping) => Ok(Vec::new()),
+        };
+        if let Err(Ok(jobs)) = answer.send(jobs) {
+            for job in jobs {
+                let _ = caller.fail(&job.id, &job.token, Failure::Release).await;
+            }
+        }
+    });
+    let jobs = answered
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "request",
+                "the lease call ended without an answer; no job was taken for it",
+            )
+        })?
+        .map_err(queue_error)?;
     for job in &jobs {
         state.metrics.queue_started(&name, job);
     }
-    let jobs: Vec<Value> = jobs.iter().map(leased).collect();
-    Ok(Json(json!({ "jobs": jobs })).into_response())
+    let jobs: Vec<LeasedBody<'_>> = jobs.iter().map(leased).collect();
+    Ok(Json(JobsBody { jobs }).into_response())
 }
 
 /// A request about one job: its queue, its id, and its body read into `T`.
@@ -400,7 +445,7 @@ async fn ack(
 ) -> Result<Response, ApiError> {
     let (queue, id, body): (Queue, String, AckBody) = about_job(&state, ids, body).await?;
     queue
-        .ack(&id, token(body.lease.as_deref())?)
+        .ack(&id, &token(body.lease.as_deref())?)
         .await
         .map_err(queue_error)?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -428,7 +473,10 @@ async fn fail(
     let pause = millis("pause_group_ms", body.pause_group_ms.as_ref(), MAX_PAUSE_MS)?;
     let failure = Failure::from_parts(body.error, body.fatal.unwrap_or(false), retry_after, pause)
         .map_err(|e| ApiError::input(&e))?;
-    queue.fail(&id, lease, failure).await.map_err(queue_error)?;
+    queue
+        .fail(&id, &lease, failure)
+        .await
+        .map_err(queue_error)?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -450,41 +498,58 @@ async fn extend(
     let length =
         millis("lease_ms", body.lease_ms.as_ref(), MAX_LEASE_MS)?.unwrap_or(queue.config().lease);
     let expires = queue
-        .extend(&id, lease, length)
+        .extend(&id, &lease, length)
         .await
         .map_err(queue_error)?;
     Ok(Json(json!({ "lease_expires_ms": ms(expires) })).into_response())
 }
 
-/// A job as the HTTP API (and `paceline queue`) shows it.
-pub fn job_body(job: &JobInfo) -> Value {
-    let mut body = json!({
-        "id": job.id,
-        "group": job.group,
-        "state": job.state.name(),
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "last_error": job.last_error,
-        "enqueued_ms": ms(job.enqueued_at),
-        "payload": payload(&job.payload),
-    });
-    let extra = [
-        ("not_before_ms", job.not_before.map(ms).map(Value::from)),
-        ("started_ms", job.started.map(ms).map(Value::from)),
-        (
-            "lease_expires_ms",
-            job.lease_expires.map(ms).map(Value::from),
-        ),
-        ("worker", job.worker.clone().map(Value::from)),
-    ];
-    if let Value::Object(map) = &mut body {
-        for (key, value) in extra {
-            if let Some(value) = value {
-                map.insert(key.to_string(), value);
-            }
-        }
+/// A job as the HTTP API (and `paceline queue`) shows it: `Display` prints it as one line
+/// of JSON. Its payload is the JSON text it was enqueued as, written out unparsed.
+#[derive(Serialize)]
+pub struct JobBody<'a> {
+    id: &'a str,
+    group: &'a str,
+    state: &'static str,
+    attempts: u32,
+    max_attempts: u32,
+    last_error: Option<&'a str>,
+    enqueued_ms: u64,
+    payload: Box<RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_before_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_expires_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker: Option<&'a str>,
+}
+
+impl std::fmt::Display for JobBody<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Strings, whole numbers and JSON text already checked: it always serialises.
+        let text = serde_json::to_string(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(&text)
     }
-    body
+}
+
+/// A job as the HTTP API (and `paceline queue`) shows it.
+pub fn job_body(job: &JobInfo) -> JobBody<'_> {
+    JobBody {
+        id: &job.id,
+        group: &job.group,
+        state: job.state.name(),
+        attempts: job.attempts,
+        max_attempts: job.max_attempts,
+        last_error: job.last_error.as_deref(),
+        enqueued_ms: ms(job.enqueued_at),
+        payload: payload(&job.payload),
+        not_before_ms: job.not_before.map(ms),
+        started_ms: job.started.map(ms),
+        lease_expires_ms: job.lease_expires.map(ms),
+        worker: job.worker.as_deref(),
+    }
 }
 
 async fn job(
@@ -574,8 +639,8 @@ async fn dead(
         .dead(query.offset.unwrap_or(0), limit)
         .await
         .map_err(queue_error)?;
-    let jobs: Vec<Value> = jobs.iter().map(job_body).collect();
-    Ok(Json(json!({ "jobs": jobs })).into_response())
+    let jobs: Vec<JobBody<'_>> = jobs.iter().map(job_body).collect();
+    Ok(Json(JobsBody { jobs }).into_response())
 }
 
 #[derive(Deserialize)]

@@ -399,6 +399,13 @@ impl Store for CachedRefusals {
         self.inner.ready()
     }
 
+    fn token_key<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> StoreFuture<'a, Result<crate::secret::TokenKey, Error>> {
+        self.inner.token_key(name)
+    }
+
     fn sleep(&self, duration: Duration) -> Sleep {
         self.inner.sleep(duration)
     }

@@ -49,6 +49,7 @@ mod memory;
 mod open;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod secret;
 pub mod set;
 
 /// Installs rustls's `ring` crypto provider as the process's default, unless one is
@@ -189,6 +190,26 @@ pub trait Store: Send + Sync + 'static {
     /// timeout), for readiness probes. The memory store is always ready.
     fn ready(&self) -> StoreFuture<'_, Result<(), Error>> {
         StoreFuture::ready(Ok(()))
+    }
+
+    /// The key that signs tokens of kind `name` (a job's lease, a concurrency lease): the
+    /// same for every process that shares this store's state, so that a token one process
+    /// signed is accepted by another (Redis: drawn once and kept in Redis under the store's
+    /// prefix; a store of this process alone: drawn once per process). See
+    /// [`secret`](crate::secret).
+    ///
+    /// ```
+    /// use paceline_store::{open, StoreOptions};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_store::Error> {
+    /// let store = open("memory", &StoreOptions::new()).await?;
+    /// let key = store.token_key("doc-example").await?;
+    /// let again = store.token_key("doc-example").await?;
+    /// assert_eq!(key.tag(&[b"lease-7"]), again.tag(&[b"lease-7"]));
+    /// # Ok(()) }
+    /// ```
+    fn token_key<'a>(&'a self, name: &'a str) -> StoreFuture<'a, Result<secret::TokenKey, Error>> {
+        StoreFuture::ready(secret::process_key(name).map_err(Error::Store))
     }
 
     /// Waits `duration` in the store's time: a real sleep, or an advance of a virtual clock.

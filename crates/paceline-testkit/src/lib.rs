@@ -13,6 +13,7 @@
 //! [`mock_api`] is a strict mock of a Discord-like API for the API client limiter and the
 //! proxy.
 
+pub mod lost_reply;
 pub mod mock_api;
 
 use std::io::{self, BufRead, BufReader, Read, Write};

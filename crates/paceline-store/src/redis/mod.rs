@@ -32,6 +32,7 @@ mod routing;
 mod script;
 mod store;
 mod transport;
+mod secret;
 
 pub use batch::MAX_IN_FLIGHT as MAX_BATCHES_IN_FLIGHT;
 pub use routing::MAX_DECISIONS_PER_CALL;
