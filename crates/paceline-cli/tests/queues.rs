@@ -551,7 +551,10 @@ fn the_queue_command_shows_and_repairs_a_redis_queue() {
     assert_eq!(post(s.port, "/v1/queues/roles/jobs", &body).status, 201);
     let (code, out, err) = queue_command(&["jobs", "--store", &url, "roles", "deep"]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains(&format!(r#""payload":{deep}"#)), "the payload as sent");
+    assert!(
+        out.contains(&format!(r#""payload":{deep}"#)),
+        "the payload as sent"
+    );
 
     // A queue the store does not hold, a bad URL: input errors; an unreachable store: 3.
     let (code, _, err) = queue_command(&["stats", "--store", &url, "elsewhere"]);
