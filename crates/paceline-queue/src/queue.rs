@@ -406,7 +406,8 @@ impl Queue {
     /// Fails a job: see [`Failure`].
     ///
     /// Safe to repeat: a report made again with the same token after its answer was lost
-    /// answers [`FailOutcome::Repeated`] and changes nothing.
+    /// answers [`FailOutcome::Repeated`] and changes nothing. A job that has left the
+    /// queue since (acknowledged, or dead and purged) answers `LeaseLost`.
     pub async fn fail(
         &self,
         id: &str,
@@ -419,7 +420,8 @@ impl Queue {
             answer => answer,
         };
         match answer {
-            Err(QueueError::UnknownJob { .. }) => Ok(FailOutcome::Repeated),
+            // Gone: acknowledged, or dead and purged, since. Not this report's doing.
+            Err(QueueError::UnknownJob { id }) => Err(QueueError::LeaseLost { id }),
             answer => answer,
         }
     }
