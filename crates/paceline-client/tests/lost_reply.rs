@@ -1,15 +1,12 @@
 //! A call to Redis whose answer is lost after Redis applied it.
 //!
-//! A small TCP forwarder sits between one process and a private `redis-server`: when told
-//! to, it forwards a call of the client limiter's function to Redis, waits for Redis to
-//! answer, drops the answer and closes the process's connection. The process makes the
+//! The test kit's relay ([`LostReplies`]) sits between one process and a private
+//! `redis-server`: when told to, it passes a call of the client limiter's function on to
+//! Redis, waits for Redis to answer, drops the answer and closes the process's connection. The process makes the
 //! call once more under the same id and gets the first answer: what it admitted counts
 //! once, and a second process of the same identity is held back only as long as the
 //! request really is in flight, not for the in-flight lease.
 
-use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use paceline_client::headers::Observation;
@@ -17,126 +14,13 @@ use paceline_client::knowledge::Wait;
 use paceline_client::redis::RedisKnowledge;
 use paceline_client::{ClientConfig, ClientCore, Poll, Route};
 use paceline_core::StoreErrorKind;
+use paceline_testkit::lost_reply::LostReplies;
 use paceline_testkit::{connect, RedisServer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
 
 const T0: u64 = 1_700_000_000_000_000;
 
-/// A forwarder to a Redis server that can lose the answers of function calls.
-struct LossyProxy {
-    addr: SocketAddr,
-    /// How many of the next function calls lose their answer.
-    to_lose: Arc<AtomicUsize>,
-    /// How many answers it has lost.
-    lost: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl LossyProxy {
-    async fn start(redis: SocketAddr) -> LossyProxy {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a free local port");
-        let addr = listener.local_addr().expect("a bound address");
-        let to_lose = Arc::new(AtomicUsize::new(0));
-        let lost = Arc::new(AtomicUsize::new(0));
-        let (l, n) = (Arc::clone(&to_lose), Arc::clone(&lost));
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                tokio::spawn(forward(client, redis, Arc::clone(&l), Arc::clone(&n)));
-            }
-        });
-        LossyProxy {
-            addr,
-            to_lose,
-            lost,
-            task,
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://{}", self.addr)
-    }
-
-    /// The answers of the next `n` function calls are lost.
-    fn lose_next(&self, n: usize) {
-        self.to_lose.store(n, Ordering::SeqCst);
-    }
-
-    fn lost(&self) -> usize {
-        self.lost.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for LossyProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// Whether `chunk` holds a function call (`FCALL`, as redis-rs sends it).
-fn is_function_call(chunk: &[u8]) -> bool {
-    chunk.windows(9).any(|w| w == b"\r\nFCALL\r\n")
-}
-
-/// Forwards one connection both ways; when a function call is to lose its answer, passes
-/// the call on, drops what Redis answers and closes both connections. One call at a time
-/// is in flight in these tests, so what Redis sends next is that call's answer.
-async fn forward(
-    client: TcpStream,
-    redis: SocketAddr,
-    to_lose: Arc<AtomicUsize>,
-    lost: Arc<AtomicUsize>,
-) {
-    let Ok(server) = TcpStream::connect(redis).await else {
-        return;
-    };
-    let (mut client_in, mut client_out) = client.into_split();
-    let (mut server_in, mut server_out) = server.into_split();
-    let losing = AtomicBool::new(false);
-    let up = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match client_in.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            if is_function_call(&buf[..n])
-                && to_lose
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| k.checked_sub(1))
-                    .is_ok()
-            {
-                losing.store(true, Ordering::SeqCst);
-            }
-            if server_out.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    };
-    let down = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match server_in.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            if losing.load(Ordering::SeqCst) {
-                // Redis applied the call and answered: the answer goes nowhere.
-                lost.fetch_add(1, Ordering::SeqCst);
-                return;
-            }
-            if client_out.write_all(&buf[..n]).await.is_err() {
-                return;
-            }
-        }
-    };
-    // Whichever way ends first ends the connection: both sockets close here.
-    tokio::select! {
-        () = up => {}
-        () = down => {}
-    }
-}
+/// What a call of the limiter's function holds, as redis-rs sends it.
+const FCALL: &[u8] = b"\r\nFCALL\r\n";
 
 /// What a response said: bucket `b1`, `left` of 5 calls for a minute.
 fn minute_of_five(left: u64) -> Observation {
@@ -173,8 +57,7 @@ async fn poll(knowledge: &RedisKnowledge, core: &mut ClientCore, now: u64) -> Po
 #[tokio::test(flavor = "current_thread")]
 async fn an_admission_whose_answer_was_lost_counts_once() {
     let server = RedisServer::start().expect("a private redis-server");
-    let redis: SocketAddr = server.addr().parse().expect("the server's address");
-    let proxy = LossyProxy::start(redis).await;
+    let proxy = LostReplies::start(server.port()).await.expect("a relay");
     let config = ClientConfig::new();
     let identity = "Bot lost-answers";
     // Process A reaches Redis through the proxy, B directly.
@@ -187,7 +70,7 @@ async fn an_admission_whose_answer_was_lost_counts_once() {
     a.admit(&[], T0).await.expect("Redis answers");
 
     // A's pioneer: the answer to its admission is lost once.
-    proxy.lose_next(1);
+    proxy.lose_next(FCALL, 1);
     let pioneer = core_a.submit(route.clone(), T0, None).unwrap();
     let went = poll(&a, &mut core_a, T0).await;
     assert_eq!(proxy.lost(), 1, "the answer was lost");
@@ -210,7 +93,7 @@ async fn an_admission_whose_answer_was_lost_counts_once() {
 
     // Two more of A's, the answer to their admission lost: they spend two calls of the
     // three left, not four.
-    proxy.lose_next(1);
+    proxy.lose_next(FCALL, 1);
     let two = vec![
         core_a.submit(route.clone(), T0 + 4, None).unwrap(),
         core_a.submit(route.clone(), T0 + 4, None).unwrap(),
@@ -231,15 +114,14 @@ async fn an_admission_whose_answer_was_lost_counts_once() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_call_whose_answer_is_lost_twice_fails() {
     let server = RedisServer::start().expect("a private redis-server");
-    let redis: SocketAddr = server.addr().parse().expect("the server's address");
-    let proxy = LossyProxy::start(redis).await;
+    let proxy = LostReplies::start(server.port()).await.expect("a relay");
     let config = ClientConfig::new();
     let a = RedisKnowledge::new(connect(&proxy.url()).await, "Bot lost", &config).on_caller_clock();
     a.admit(&[], T0).await.expect("Redis answers");
     let mut core = ClientCore::shared(config);
     core.submit(Route::discord("GET", "/channels/1/messages"), T0, None)
         .unwrap();
-    proxy.lose_next(2);
+    proxy.lose_next(FCALL, 2);
     let asks = core.asks(T0);
     let error = a
         .admit(&asks.asks, T0)
