@@ -142,12 +142,18 @@ pub(crate) fn not_before_too_late(now: u64) -> InputError {
     )
 }
 
+/// Whether `id` is 1 to [`MAX_ID`] bytes of `A-Z a-z 0-9 - _ . :`.
+fn id_like(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_ID
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
 /// Producer ids: 1 to [`MAX_ID`] bytes of `A-Z a-z 0-9 - _ . :`, not all digits.
 pub fn check_id(id: &str) -> Result<(), InputError> {
-    let charset = id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
-    if id.is_empty() || id.len() > MAX_ID || !charset {
+    if !id_like(id) {
         return Err(InputError::new(
             "id",
             format!("must be 1 to {MAX_ID} bytes of A-Z a-z 0-9 - _ . :"),
@@ -172,10 +178,7 @@ pub fn check_id(id: &str) -> Result<(), InputError> {
 /// assert_eq!(check_request_id("a b").unwrap_err().field(), "request_id");
 /// ```
 pub fn check_request_id(id: &str) -> Result<(), InputError> {
-    let charset = id
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
-    if id.is_empty() || id.len() > MAX_ID || !charset {
+    if !id_like(id) {
         return Err(InputError::new(
             "request_id",
             format!("must be 1 to {MAX_ID} bytes of A-Z a-z 0-9 - _ . :"),

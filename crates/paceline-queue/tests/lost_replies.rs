@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use paceline_queue::{
-    FailOutcome, Failure, LeaseToken, NewJob, Queue, QueueConfig, QueueError, RedisQueue,
+    FailOutcome, Failure, LeaseToken, Leased, NewJob, Queue, QueueConfig, QueueError, RedisQueue,
 };
 use paceline_testkit::lost_reply::LostReplies;
 use paceline_testkit::{connect, unique_name, RedisServer};
@@ -28,6 +28,20 @@ async fn queues(redis: &RedisServer, relay: &LostReplies) -> (Queue, Queue) {
         .await
         .expect("open directly");
     (Queue::new(through), Queue::new(direct))
+}
+
+/// A relay in front of `redis`, the queues through it and beside it, and job `a` leased
+/// through the relay.
+async fn one_leased(redis: &RedisServer) -> (LostReplies, Queue, Queue, Leased) {
+    let relay = LostReplies::start(redis.port()).await.expect("relay");
+    let (queue, direct) = queues(redis, &relay).await;
+    enqueue(&direct, &["a"]).await;
+    let job = queue
+        .lease("w", 1, None, Duration::ZERO)
+        .await
+        .expect("lease")
+        .remove(0);
+    (relay, queue, direct, job)
 }
 
 async fn enqueue(queue: &Queue, ids: &[&str]) {
@@ -105,14 +119,7 @@ async fn a_lease_failed_twice_is_recovered_by_its_request_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_whose_reply_is_lost_answers_ok_and_acks_once() {
     let redis = RedisServer::start().expect("redis");
-    let relay = LostReplies::start(redis.port()).await.expect("relay");
-    let (queue, direct) = queues(&redis, &relay).await;
-    enqueue(&direct, &["a"]).await;
-    let job = queue
-        .lease("w", 1, None, Duration::ZERO)
-        .await
-        .expect("lease")
-        .remove(0);
+    let (relay, queue, direct, job) = one_leased(&redis).await;
 
     relay.lose_next(b"ack", 1);
     queue.ack(&job.id, &job.token).await.expect("the ack");
@@ -126,14 +133,7 @@ async fn an_ack_whose_reply_is_lost_answers_ok_and_acks_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_report_whose_reply_is_lost_is_applied_once() {
     let redis = RedisServer::start().expect("redis");
-    let relay = LostReplies::start(redis.port()).await.expect("relay");
-    let (queue, direct) = queues(&redis, &relay).await;
-    enqueue(&direct, &["a"]).await;
-    let job = queue
-        .lease("w", 1, None, Duration::ZERO)
-        .await
-        .expect("lease")
-        .remove(0);
+    let (relay, queue, direct, job) = one_leased(&redis).await;
 
     relay.lose_next(b"fail", 1);
     let retry = Failure::Retry {
