@@ -323,6 +323,31 @@ impl Queue {
         wait: Duration,
         request: Option<&str>,
     ) -> Result<Vec<Leased>, QueueError> {
+        self.lease_until(
+            worker,
+            max_jobs,
+            lease,
+            wait,
+            request,
+            std::future::pending(),
+        )
+        .await
+    }
+
+    /// [`lease_request`](Self::lease_request) that stops waiting, with no job, once `stop`
+    /// completes (the caller went away, the service shuts down). It stops only between calls
+    /// to the store, never during one, so it never leaves a job it took unanswered: stop
+    /// may still answer the jobs of a call that was under way.
+    pub async fn lease_until(
+        &self,
+        worker: &str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        wait: Duration,
+        request: Option<&str>,
+        stop: impl Future<Output = ()>,
+    ) -> Result<Vec<Leased>, QueueError> {
+        tokio::pin!(stop);
         if wait > MAX_LEASE_WAIT {
             return Err(InputError::new("wait_ms", "must be at most 300000 (5 minutes)").into());
         }
@@ -372,6 +397,8 @@ impl Queue {
             }
             let sleep = clock.sleep(Duration::from_micros(until - now));
             tokio::select! {
+                biased;
+                () = &mut stop => return Ok(Vec::new()),
                 () = changed => {}
                 () = sleep => {}
             }

@@ -383,18 +383,24 @@ async fn lease(
     // A lease waiting for a job ends, with what it has, when the service shuts down.
     let mut stopping = state.stopping.subscribe();
     let _waiting = (!wait.is_zero()).then(|| state.metrics.worker_waiting(&name));
-    // The call runs in a task of its own, so that it ends even when this request does not
-    // (the client went away): jobs it took that no one can be answered with go back to
-    // their groups at once, costing no attempt, instead of waiting out their leases.
-    let (answer, answered) = tokio::sync::oneshot::channel();
+    // The call runs in a task of its own, so that a call to the store under way ends even
+    // when this request does not (the client went away): it stops waiting once the client
+    // or the service goes, between calls to the store only, and jobs it took that no one
+    // can be answered with go back to their groups at once, costing no attempt, instead of
+    // waiting out their leases.
+    let (mut answer, answered) = tokio::sync::oneshot::channel();
     let request = body.request_id;
     let caller = queue.clone();
     tokio::spawn(async move {
-        let jobs = tokio::select! {
-            biased;
-            jobs = caller.lease_request(&worker, max_jobs, lease, wait, request.as_deref()) => jobs,
-            _ = stopping.wait_for(|&stopping| stopping) => Ok(Vec::new()),
+        let gone = async {
+            tokio::select! {
+                () = answer.closed() => {}
+                _ = stopping.wait_for(|&stopping| stopping) => {}
+            }
         };
+        let jobs = caller
+            .lease_until(&worker, max_jobs, lease, wait, request.as_deref(), gone)
+            .await;
         if let Err(Ok(jobs)) = answer.send(jobs) {
             for job in jobs {
                 let _ = caller.fail(&job.id, &job.token, Failure::Release).await;
@@ -408,7 +414,7 @@ async fn lease(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
                 "request",
-                "the lease call ended without an answer; no job was taken for it",
+                "the lease call failed before it answered; retry it with the same request_id",
             )
         })?
         .map_err(queue_error)?;

@@ -245,3 +245,79 @@ async fn lease_tokens_are_unguessable_and_a_request_id_makes_a_lease_safe_to_ret
     let _ = stop.send(());
     let _ = task.await;
 }
+
+/// The value of the metric line that starts with `name` in the service's `/metrics`.
+async fn metric(url: &str, name: &str) -> Option<f64> {
+    let (_, text) = send(
+        reqwest::Method::GET,
+        &format!("{url}/metrics"),
+        String::new(),
+    )
+    .await;
+    text.lines()
+        .find(|line| line.starts_with(name))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Polls `what` until it holds (a condition, not a time: the deadline only ends a hung test).
+async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_lease_whose_client_went_away_takes_no_job() {
+    use tokio::io::AsyncWriteExt;
+    let (url, task, stop) = serve("memory").await;
+    let addr = url.trim_start_matches("http://").to_string();
+    let body = r#"{"worker":"gone","wait_ms":120000}"#;
+    let mut client = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let request = format!(
+        "POST /v1/queues/q/leases HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(request.as_bytes()).await.expect("send");
+    let waiting = r#"paceline_queue_waiting_leases{queue="q"}"#;
+    until("the lease waits", async || {
+        metric(&url, waiting).await == Some(1.0)
+    })
+    .await;
+    drop(client);
+    until("the lease stops waiting", async || {
+        metric(&url, waiting).await == Some(0.0)
+    })
+    .await;
+    // A job now: the call of the client that went away takes none of it.
+    let job = r#"{"group":"g","id":"after","payload":1}"#;
+    let (status, _) = send(
+        reqwest::Method::POST,
+        &format!("{url}/v1/queues/q/jobs"),
+        job.into(),
+    )
+    .await;
+    assert_eq!(status, 201);
+    let lease = r#"{"worker":"here","wait_ms":10000}"#;
+    let (_, text) = send(
+        reqwest::Method::POST,
+        &format!("{url}/v1/queues/q/leases"),
+        lease.into(),
+    )
+    .await;
+    let leased: Jobs = serde_json::from_str(&text).expect("jobs");
+    assert_eq!(leased.jobs.len(), 1, "{text}");
+    let started = r#"paceline_queue_jobs_total{queue="q",event="started"}"#;
+    assert_eq!(
+        metric(&url, started).await,
+        Some(1.0),
+        "started once, by `here`"
+    );
+    let _ = stop.send(());
+    let _ = task.await;
+}
