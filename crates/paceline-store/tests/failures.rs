@@ -597,3 +597,111 @@ async fn leases_taken_from_the_local_stand_in_are_given_back_to_it() {
         .await
         .is_err());
 }
+
+/// The first decision after Redis restarted (the store idle meanwhile, its connection dead
+/// since the old server died) is answered by the new server: the store learns the server
+/// was restarted (a new run id) and sends the call again on a fresh connection, rather than
+/// failing it. With and without auto-batching, as functions and as a script.
+#[tokio::test]
+async fn the_first_decision_after_an_idle_restart_succeeds() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let stores = [
+        store(&server, FailurePolicy::FailClosed).await,
+        builder(&server, FailurePolicy::FailClosed)
+            .auto_batch(Duration::ZERO)
+            .connect()
+            .await
+            .expect("connect"),
+        builder(&server, FailurePolicy::FailClosed)
+            .scripts_only()
+            .connect()
+            .await
+            .expect("connect"),
+    ];
+    let limiters: Vec<_> = stores.into_iter().map(limiter).collect();
+    for (i, limiter) in limiters.iter().enumerate() {
+        let key = format!("k{i}");
+        assert_eq!(limiter.limit(&key, 1).await.expect("up").remaining, 1);
+    }
+    server.kill();
+    server.restart().expect("restart");
+    for (i, limiter) in limiters.iter().enumerate() {
+        let d = bounded(limiter.limit(&format!("k{i}"), 1))
+            .await
+            .unwrap_or_else(|e| panic!("store {i}: the first call after a restart: {e}"));
+        // The restarted server holds nothing: the key is new again.
+        assert_eq!((d.remaining, d.fallback), (1, None), "store {i}");
+        assert!(limiter.store().outages().is_empty(), "store {i}");
+    }
+}
+
+/// Calls during an outage fail (by the failure policy), and the store counts them in one
+/// outage, readable while it lasts; the first decision once Redis is back is answered by
+/// Redis (the connection attempt that failed while it was down is not the answer), and
+/// ends the outage. On worker threads, so that the store's attempts to connect again run
+/// (and fail) while Redis is down, as they would in a service.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_is_counted_and_ends_with_the_first_decision_redis_answers() {
+    let mut server = RedisServer::start().expect("redis-server");
+    let limiter = limiter(store(&server, FailurePolicy::FailClosed).await);
+    assert!(limiter.limit("k", 1).await.expect("up").allowed);
+    assert!(limiter.store().outages().is_empty());
+
+    server.kill();
+    for _ in 0..3 {
+        assert!(bounded(limiter.limit("k", 1)).await.is_err());
+    }
+    let outages = limiter.store().outages();
+    assert_eq!(outages.len(), 1, "{outages:?}");
+    assert_eq!(outages[0].node, server.url());
+    assert_eq!(outages[0].failed, 3);
+    assert!(!outages[0].cause.is_empty());
+
+    server.restart().expect("restart");
+    let d = bounded(limiter.limit("k", 1))
+        .await
+        .expect("the first call after the restart is answered by Redis");
+    assert_eq!((d.remaining, d.fallback), (1, None));
+    assert!(limiter.store().outages().is_empty());
+}
+
+/// A connection cut while the server lives on (here `CLIENT KILL`) may have carried a
+/// decision the server applied: such a call is never sent again (the server's run id is
+/// the one known before), and fails by the failure policy. The next call goes on a fresh
+/// connection.
+#[tokio::test]
+async fn a_call_on_a_connection_cut_from_a_live_server_is_not_sent_again() {
+    let server = RedisServer::start().expect("redis-server");
+    let limiter = limiter(store(&server, FailurePolicy::FailClosed).await);
+    assert_eq!(limiter.limit("k", 1).await.expect("up").remaining, 1);
+    let killed = server
+        .command(&["CLIENT", "KILL", "TYPE", "normal"])
+        .expect("CLIENT KILL");
+    assert_eq!(killed, ":1", "the store's one connection");
+    match bounded(limiter.limit("k", 1)).await {
+        Err(Error::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e}"),
+        other => panic!("expected a store error, got {other:?}"),
+    }
+    let d = bounded(limiter.limit("k", 1)).await.expect("reconnected");
+    // Not sent again: only this call counted.
+    assert_eq!((d.remaining, d.fallback), (0, None));
+}
+
+/// Readiness of a single server: ready while it answers `PING`, unavailable (naming it)
+/// while it does not.
+#[tokio::test]
+async fn readiness_of_a_single_server() {
+    use paceline_store::redis::Readiness;
+    let mut server = RedisServer::start().expect("redis-server");
+    let store = store(&server, FailurePolicy::FailOpen).await;
+    let health = store.health().await;
+    assert_eq!((health.readiness, health.nodes), (Readiness::Ready, 1));
+    server.kill();
+    let health = bounded(store.health()).await;
+    assert_eq!(health.readiness, Readiness::Unavailable, "{health:?}");
+    assert_eq!(health.failing.len(), 1);
+    assert_eq!(health.failing[0].node, server.url());
+    server.restart().expect("restart");
+    let health = bounded(store.health()).await;
+    assert_eq!(health.readiness, Readiness::Ready, "{health:?}");
+}

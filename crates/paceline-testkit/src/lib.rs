@@ -308,6 +308,20 @@ impl RedisServer {
         self.signal("-CONT");
     }
 
+    /// Freezes the server (SIGSTOP) until the returned guard is dropped, which thaws it
+    /// (SIGCONT), also when the test fails while it is frozen.
+    ///
+    /// ```no_run
+    /// # let server = paceline_testkit::RedisServer::start().unwrap();
+    /// let frozen = server.freeze();
+    /// // ... calls to the server now wait ...
+    /// drop(frozen); // answered again
+    /// ```
+    pub fn freeze(&self) -> Frozen<'_> {
+        self.pause();
+        Frozen(self)
+    }
+
     fn signal(&self, signal: &str) {
         if let Some(pid) = self.pid() {
             let _ = Command::new("kill")
@@ -356,6 +370,16 @@ impl Drop for RedisServer {
     }
 }
 
+/// A server frozen by [`RedisServer::freeze`]: thawed when dropped.
+#[must_use = "the server thaws when the guard is dropped"]
+pub struct Frozen<'a>(&'a RedisServer);
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
+    }
+}
+
 /// A Redis Cluster of three private primaries (no replicas).
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
@@ -370,16 +394,25 @@ impl RedisCluster {
 
     /// A cluster of `primaries` nodes (1 or more; the slots are split evenly).
     pub fn start_with(primaries: usize) -> io::Result<RedisCluster> {
+        RedisCluster::start_configured(primaries, &[])
+    }
+
+    /// A cluster of `primaries` nodes, each started with `extra` settings too, e.g.
+    /// `["--cluster-require-full-coverage", "no"]` (the healthy primaries keep serving
+    /// their slots while another is down).
+    pub fn start_configured(primaries: usize, extra: &[&str]) -> io::Result<RedisCluster> {
         let mut nodes = Vec::with_capacity(primaries);
         for _ in 0..primaries {
-            nodes.push(RedisServer::start_with(&[
+            let mut settings = vec![
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-node-timeout",
                 "2000",
-            ])?);
+            ];
+            settings.extend_from_slice(extra);
+            nodes.push(RedisServer::start_with(&settings)?);
         }
         if primaries >= 3 {
             let mut create = Command::new(cli_binary());

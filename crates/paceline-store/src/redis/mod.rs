@@ -27,13 +27,17 @@ mod args;
 mod batch;
 #[doc(hidden)]
 pub mod extension;
+mod health;
+mod outage;
 mod resilience;
 mod routing;
 mod script;
+mod secret;
 mod store;
 mod transport;
-mod secret;
 
 pub use batch::MAX_IN_FLIGHT as MAX_BATCHES_IN_FLIGHT;
+pub use health::{Health, NodeProblem, Readiness};
+pub use outage::Outage;
 pub use routing::MAX_DECISIONS_PER_CALL;
 pub use store::{cross_slot_error, RedisStore, RedisStoreBuilder};

@@ -1,13 +1,16 @@
 //! Resilience: what a decision answers when Redis fails. The [`FailurePolicy`] chosen for
-//! the store, and a failure backoff per node group (every key on a single server, a slot in
-//! a cluster) during which calls answer by that policy at once instead of trying Redis.
+//! the store, a failure backoff per node group (every key on a single server, a slot in
+//! a cluster) during which calls answer by that policy at once instead of trying Redis,
+//! and the nodes' [outages](super::outage), logged as they begin and end.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use paceline_core::{Decision, Error, Fallback, StoreError, StoreErrorKind};
 
+use super::outage::{Outage, Outages};
+use super::routing::Router;
 use crate::{FailurePolicy, MemoryStore, Request, SetDecision, SyncStore};
 
 pub(crate) struct Resilience {
@@ -18,9 +21,8 @@ pub(crate) struct Resilience {
     /// Per node group: microseconds after `started` before which Redis is not tried again
     /// for those keys.
     down_until: Box<[AtomicU64]>,
-    /// True from a failure until Redis answers again; the `local` stand-in starts afresh
-    /// at each new outage.
-    outage: AtomicBool,
+    /// The nodes failing now; the `local` stand-in starts afresh when a first one fails.
+    outages: Outages,
     /// The failure that started the current backoff, quoted by calls that skip Redis.
     last_failure: Mutex<Option<StoreError>>,
     started: Instant,
@@ -40,7 +42,7 @@ impl Resilience {
             local,
             backoff,
             down_until: (0..groups).map(|_| AtomicU64::new(0)).collect(),
-            outage: AtomicBool::new(false),
+            outages: Outages::new(failure),
             last_failure: Mutex::new(None),
             started: Instant::now(),
         }
@@ -66,21 +68,27 @@ impl Resilience {
             .is_some_and(|until| self.elapsed_us() < until.load(Ordering::Relaxed))
     }
 
-    /// A request's outcome from Redis (its node in `group`): the decision, or the failure
-    /// policy's answer.
+    /// The outages going on now.
+    pub(crate) fn outages(&self) -> Vec<Outage> {
+        self.outages.list()
+    }
+
+    /// A request's outcome from Redis (its node in `group`, routed by `router`): the
+    /// decision, or the failure policy's answer.
     pub(crate) fn settle(
         &self,
         outcome: Result<Decision, StoreError>,
         request: &Request<'_>,
         group: usize,
+        router: &Router,
     ) -> Result<Decision, Error> {
         match outcome {
             Ok(decision) => {
-                self.answered();
+                self.outages.answered(router, group);
                 Ok(decision)
             }
             Err(e) => {
-                self.mark_down(group, &e);
+                self.mark_down(group, &e, router);
                 self.fall_back(e, request)
             }
         }
@@ -93,39 +101,37 @@ impl Resilience {
         outcome: Result<Option<(bool, Vec<Decision>)>, StoreError>,
         requests: &[Request<'_>],
         group: usize,
+        router: &Router,
     ) -> Result<SetDecision, Error> {
         match outcome {
             Ok(Some((admitted, limits))) => {
-                self.answered();
+                self.outages.answered(router, group);
                 Ok(SetDecision::new(admitted, limits))
             }
             Ok(None) => {
-                self.answered();
+                self.outages.answered(router, group);
                 Err(crate::set::unmet().into())
             }
             Err(e) => {
-                self.mark_down(group, &e);
+                self.mark_down(group, &e, router);
                 self.fall_back_all(e, requests)
             }
         }
     }
 
-    /// Redis answered: an outage, if any, is over.
-    fn answered(&self) {
-        if self.outage.load(Ordering::Relaxed) {
-            self.outage.store(false, Ordering::Relaxed);
-        }
+    /// The error of a call for `group` that skips Redis during the backoff (quoting the
+    /// failure), counted in its node's outage.
+    pub(crate) fn skip(&self, group: usize, router: &Router) -> StoreError {
+        self.outages.skipped(router, group);
+        self.backoff_error()
     }
 
-    fn mark_down(&self, group: usize, error: &StoreError) {
+    fn mark_down(&self, group: usize, error: &StoreError, router: &Router) {
         // A script or reply error is not an outage: retrying at once is right.
-        if !matches!(
-            error.kind(),
-            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
-        ) {
+        if !Outages::is_outage(error) {
             return;
         }
-        if !self.outage.swap(true, Ordering::Relaxed) {
+        if self.outages.failed(router, group, error) {
             // A new outage: the stand-in starts from idle keys, as documented, rather than
             // from what it saw during an earlier one.
             if let Some(local) = &self.local {
@@ -143,7 +149,7 @@ impl Resilience {
     }
 
     /// The error of a call that skipped Redis during the backoff, quoting the failure.
-    pub(crate) fn backoff_error(&self) -> StoreError {
+    fn backoff_error(&self) -> StoreError {
         let last = self
             .last_failure
             .lock()

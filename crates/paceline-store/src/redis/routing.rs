@@ -1,13 +1,15 @@
 //! Routing: which Redis node runs which decision. On a single server, all of them; in a
 //! cluster, each key's hash slot names its node. Batches are grouped by node (one call per
 //! node, across its slots, when the slot map is known) and sent again per slot when the map
-//! proved stale.
+//! proved stale. Each node's call answers its own requests as soon as it ends: a slow or
+//! dead node delays only the requests it must run.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crc16::{State, XMODEM};
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use paceline_core::{Decision, StoreError, StoreErrorKind};
 use redis::{ErrorKind, ServerErrorKind, Value};
 use tokio::time::Instant;
@@ -30,11 +32,42 @@ const NO_NODE: u16 = u16::MAX;
 const REROUTE: &str = "PLREROUTE";
 
 /// Which calls a request can share: one server, one cluster slot, or one cluster node.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+/// Also the lane a request waits in for auto-batching (see [`Router::lane_of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) enum Group {
     Single,
     Slot(u16),
     Node(u16),
+}
+
+/// A cluster's slot map as `CLUSTER SLOTS` gave it: which node (a small number) serves
+/// each slot, and each node's address.
+pub(crate) struct NodeMap {
+    slots: Box<[u16]>,
+    /// Each node's host and port, by its number.
+    nodes: Vec<(String, u16)>,
+    /// Each node's `host:port`, by its number (what logs and readiness name).
+    names: Vec<Arc<str>>,
+}
+
+impl NodeMap {
+    /// The number of the node serving `slot`, if one does.
+    fn node(&self, slot: u16) -> Option<u16> {
+        self.slots
+            .get(usize::from(slot))
+            .copied()
+            .filter(|&n| n != NO_NODE)
+    }
+
+    /// Every primary's host and port.
+    pub(crate) fn primaries(&self) -> &[(String, u16)] {
+        &self.nodes
+    }
+
+    /// How many slots no primary serves.
+    pub(crate) fn uncovered(&self) -> usize {
+        self.slots.iter().filter(|&&n| n == NO_NODE).count()
+    }
 }
 
 /// Sends decisions to the node that must run them, over a [`Transport`].
@@ -42,18 +75,30 @@ pub(crate) struct Router {
     transport: Transport,
     /// The CRC16 state after the key prefix, so a key's slot needs no joined string.
     prefix_crc: State<XMODEM>,
-    /// In a cluster run with functions: which node (a small number) serves each slot.
-    nodes: RwLock<Option<Arc<[u16]>>>,
+    /// In a cluster: the last slot map read (kept when a later read fails), for the
+    /// auto-batching lanes, the names of failing nodes and readiness.
+    map: RwLock<Option<Arc<NodeMap>>>,
+    /// True while `map` is fresh enough to send one call per node (a cluster running the
+    /// library as functions); false after a refresh failed: calls go per slot until the
+    /// next refresh succeeds.
+    spread: AtomicBool,
+    /// What the store is connected to, without credentials: names the failing node of a
+    /// single server (or of a cluster whose map is unknown).
+    name: Arc<str>,
 }
 
 impl Router {
-    pub(crate) async fn new(transport: Transport) -> Router {
+    /// Routes over `transport`, to the store described as `name` (its URL without
+    /// credentials).
+    pub(crate) async fn new(transport: Transport, name: String) -> Router {
         let mut prefix_crc = State::<XMODEM>::new();
         prefix_crc.update(transport.key_prefix().as_bytes());
         let router = Router {
             transport,
             prefix_crc,
-            nodes: RwLock::new(None),
+            map: RwLock::new(None),
+            spread: AtomicBool::new(false),
+            name: name.into(),
         };
         router.refresh_node_map().await;
         router
@@ -90,6 +135,50 @@ impl Router {
         }
     }
 
+    /// The name of the node serving failure group `group` (see
+    /// [`group_of`](Self::group_of)): `host:port` of a cluster node whose slot map is
+    /// known, else what the store is connected to (its URL without credentials).
+    pub(crate) fn node_name(&self, group: usize) -> Arc<str> {
+        if self.is_cluster() {
+            if let Some(map) = self.last_map() {
+                let node = u16::try_from(group).ok().and_then(|slot| map.node(slot));
+                if let Some(name) = node.and_then(|n| map.names.get(usize::from(n))) {
+                    return Arc::clone(name);
+                }
+            }
+        }
+        Arc::clone(&self.name)
+    }
+
+    /// True if `name` (see [`node_name`](Self::node_name)) is a primary serving slots in
+    /// the last slot map read; always on a single server.
+    pub(crate) fn serves_slots(&self, name: &str) -> bool {
+        if !self.is_cluster() {
+            return true;
+        }
+        self.last_map()
+            .is_some_and(|map| map.names.iter().any(|n| &**n == name))
+    }
+
+    /// What the store is connected to, without credentials.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The auto-batching lane of `key` by `map` (the last slot map read, if any): the node
+    /// that serves its slot, or the slot itself when no node is known for it; the one
+    /// server's. A lane holds its own calls in flight, so a slow node delays only its own.
+    pub(crate) fn lane_of(&self, key: &str, map: Option<&NodeMap>) -> Group {
+        if !self.is_cluster() {
+            return Group::Single;
+        }
+        let slot = self.slot_of(key);
+        match map.and_then(|m| m.node(slot)) {
+            Some(node) => Group::Node(node),
+            None => Group::Slot(slot),
+        }
+    }
+
     /// Runs validated requests in as few calls as possible: grouped by the node that must
     /// run them (by slot in a cluster whose node map is unknown), in order, at most
     /// [`MAX_DECISIONS_PER_CALL`] per call. Groups run concurrently; a group's calls run
@@ -101,30 +190,51 @@ impl Router {
         now: Option<u64>,
         deadline: Instant,
     ) -> Vec<Result<Decision, StoreError>> {
+        let mut results: Vec<Option<Result<Decision, StoreError>>> = vec![None; requests.len()];
+        self.run_each(requests, now, deadline, |i, outcome| {
+            if let Some(result) = results.get_mut(i) {
+                *result = Some(outcome);
+            }
+        })
+        .await;
+        collect(results)
+    }
+
+    /// [`run_valid`](Self::run_valid), handing each request's outcome to `answer` (with
+    /// its index in `requests`) as soon as the calls of its node have ended, whatever the
+    /// other nodes' calls still wait for.
+    pub(crate) async fn run_each(
+        &self,
+        requests: &[&Request<'_>],
+        now: Option<u64>,
+        deadline: Instant,
+        mut answer: impl FnMut(usize, Result<Decision, StoreError>),
+    ) {
         // In a cluster whose slot map is known, one call per node: the library may touch
         // several slots of the node it runs on. Otherwise one call per slot.
-        let nodes = self.node_map();
+        let nodes = self.spread_map();
         let groups = self.groups(requests, nodes.as_deref());
         let stale = AtomicBool::new(false);
-        let outcomes =
-            futures_util::future::join_all(groups.into_iter().map(|(group, indices)| {
-                self.run_group(requests, group, indices, now, deadline, &stale)
-            }))
-            .await;
+        let mut running: FuturesUnordered<_> = groups
+            .into_iter()
+            .map(|(group, indices)| self.run_group(requests, group, indices, now, deadline, &stale))
+            .collect();
+        while let Some(outcomes) = running.next().await {
+            for (i, outcome) in outcomes {
+                answer(i, outcome);
+            }
+        }
+        drop(running);
+        // Every request is answered by now: a refresh delays none of them.
         if stale.load(Ordering::Relaxed)
             && tokio::time::timeout_at(deadline, self.refresh_node_map())
                 .await
                 .is_err()
         {
-            // Within the callers' deadline too. Cut short, the map is forgotten, as a failed
-            // refresh forgets it: calls go per slot until the next refresh.
-            *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = None;
+            // Within the callers' deadline too. Cut short, the map is no longer trusted,
+            // as after a failed refresh: calls go per slot until the next refresh.
+            self.spread.store(false, Ordering::Relaxed);
         }
-        let mut results: Vec<Option<Result<Decision, StoreError>>> = vec![None; requests.len()];
-        for (i, outcome) in outcomes.into_iter().flatten() {
-            results[i] = Some(outcome);
-        }
-        collect(results)
     }
 
     /// Runs one group's requests (`indices` into `requests`), in order, at most
@@ -176,19 +286,19 @@ impl Router {
     }
 
     /// `requests`' indices by the group that must run them, each in order: by node when
-    /// `nodes` (the slot-to-node map) is given, else by slot; one group on a single server.
+    /// `nodes` (the slot map) is given, else by slot; one group on a single server.
     fn groups(
         &self,
         requests: &[&Request<'_>],
-        nodes: Option<&[u16]>,
+        nodes: Option<&NodeMap>,
     ) -> BTreeMap<Group, Vec<usize>> {
         let mut groups: BTreeMap<Group, Vec<usize>> = BTreeMap::new();
         for (i, r) in requests.iter().enumerate() {
             let group = if self.is_cluster() {
                 let slot = self.slot_of(r.key);
-                match nodes.map(|n| n[usize::from(slot)]) {
-                    Some(node) if node != NO_NODE => Group::Node(node),
-                    _ => Group::Slot(slot),
+                match nodes.and_then(|n| n.node(slot)) {
+                    Some(node) => Group::Node(node),
+                    None => Group::Slot(slot),
                 }
             } else {
                 Group::Single
@@ -198,37 +308,53 @@ impl Router {
         groups
     }
 
-    /// The cluster's slot-to-node map, if known (cluster with functions only).
-    fn node_map(&self) -> Option<Arc<[u16]>> {
-        self.nodes
+    /// The last slot map read from the cluster, if any.
+    pub(crate) fn last_map(&self) -> Option<Arc<NodeMap>> {
+        self.map
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
 
-    /// Reads the slot-to-node map from the cluster (`CLUSTER SLOTS`); on failure, forgets
-    /// it, so calls go per slot until the next refresh.
-    async fn refresh_node_map(&self) {
-        if !self.is_cluster() || !self.transport.runs_as_functions() {
+    /// The slot map, if calls may span the slots of a node (a cluster with functions whose
+    /// last map read is trusted).
+    fn spread_map(&self) -> Option<Arc<NodeMap>> {
+        if !self.spread.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.last_map()
+    }
+
+    /// Reads the slot map from the cluster (`CLUSTER SLOTS`). On failure the last map is
+    /// kept for lanes and names, but no longer trusted for calls spanning a node's slots:
+    /// they go per slot until the next refresh.
+    pub(crate) async fn refresh_node_map(&self) {
+        if !self.is_cluster() {
             return;
         }
         let reply: Result<Value, StoreError> = self
             .transport
             .query(redis::cmd("CLUSTER").arg("SLOTS"), "CLUSTER SLOTS")
             .await;
-        let map = reply.ok().and_then(|v| slot_map(&v));
-        *self.nodes.write().unwrap_or_else(PoisonError::into_inner) = map;
+        match reply.ok().and_then(|v| slot_map(&v)) {
+            Some(map) => {
+                *self.map.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(map));
+                self.spread
+                    .store(self.transport.runs_as_functions(), Ordering::Relaxed);
+            }
+            None => self.spread.store(false, Ordering::Relaxed),
+        }
     }
 }
 
-/// The slot-to-node map from a `CLUSTER SLOTS` reply: `[start, end, [host, port, ...],
+/// The slot map from a `CLUSTER SLOTS` reply: `[start, end, [host, port, ...],
 /// replicas...]` per range; nodes are numbered in order of first appearance.
-fn slot_map(reply: &Value) -> Option<Arc<[u16]>> {
+fn slot_map(reply: &Value) -> Option<NodeMap> {
     let Value::Array(ranges) = reply else {
         return None;
     };
-    let mut map = vec![NO_NODE; usize::from(SLOTS)];
-    let mut nodes: Vec<(Vec<u8>, i64)> = Vec::new();
+    let mut slots = vec![NO_NODE; usize::from(SLOTS)];
+    let mut nodes: Vec<(String, u16)> = Vec::new();
     for range in ranges {
         let Value::Array(fields) = range else {
             return None;
@@ -243,21 +369,40 @@ fn slot_map(reply: &Value) -> Option<Arc<[u16]>> {
         else {
             return None;
         };
-        let node = match nodes.iter().position(|(h, p)| h == host && p == port) {
+        let host = String::from_utf8_lossy(host).into_owned();
+        let port = u16::try_from(*port).ok()?;
+        let node = match nodes.iter().position(|(h, p)| *h == host && *p == port) {
             Some(i) => i,
             None => {
-                nodes.push((host.clone(), *port));
+                nodes.push((host, port));
                 nodes.len() - 1
             }
         };
-        let node = u16::try_from(node).ok()?;
+        let node = u16::try_from(node).ok().filter(|&n| n != NO_NODE)?;
         let start = usize::try_from(*start).ok()?;
         let end = usize::try_from(*end).ok()?;
-        for slot in map.get_mut(start..=end)? {
+        for slot in slots.get_mut(start..=end)? {
             *slot = node;
         }
     }
-    Some(map.into())
+    let names = nodes
+        .iter()
+        .map(|(host, port)| Arc::from(node_address(host, *port)))
+        .collect();
+    Some(NodeMap {
+        slots: slots.into(),
+        nodes,
+        names,
+    })
+}
+
+/// `host:port`, an IPv6 host in brackets.
+pub(crate) fn node_address(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 /// True if Redis refused a call because its keys are not (all) served by the node it
@@ -365,12 +510,17 @@ mod tests {
         ]);
         let map = slot_map(&reply).expect("a valid reply");
         assert_eq!(
-            (map[0], map[5460], map[5461], map[10923], map[16383]),
-            (0, 0, 1, 0, 0)
+            [0, 5460, 5461, 10923, 16383].map(|slot| map.node(slot)),
+            [Some(0), Some(0), Some(1), Some(0), Some(0)]
         );
+        assert_eq!(&*map.names[1], "127.0.0.1:7001");
+        assert_eq!(map.primaries()[0], ("127.0.0.1".to_string(), 7000));
+        assert_eq!(map.uncovered(), 0);
         // Slots nobody serves stay unknown; malformed replies give no map.
-        let partial = slot_map(&Value::Array(vec![range(0, 99, "h", 1)])).expect("valid");
-        assert_eq!((partial[99], partial[100]), (0, NO_NODE));
+        let partial = slot_map(&Value::Array(vec![range(0, 99, "::1", 1)])).expect("valid");
+        assert_eq!((partial.node(99), partial.node(100)), (Some(0), None));
+        assert_eq!(partial.uncovered(), 16384 - 100);
+        assert_eq!(&*partial.names[0], "[::1]:1");
         assert!(slot_map(&Value::Array(vec![range(0, 16384, "h", 1)])).is_none());
         assert!(slot_map(&Value::Nil).is_none());
     }

@@ -13,6 +13,8 @@ use paceline_core::{
 };
 
 use super::batch::Queue;
+use super::health::Readiness;
+use super::outage::Outage;
 use super::resilience::{Resilience, LOCAL_LEASE};
 use super::routing::{collect, Router};
 use super::transport::{Connection, Target, Transport};
@@ -59,6 +61,17 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 ///   policy at once, then try it again. A call that timed out after its command was sent
 ///   may still be applied by a slow or frozen Redis later, so its reservation may count
 ///   although the caller saw a failure (never the reverse: nothing admitted is lost).
+///   A call whose connection could not be made, or whose connection had died with a
+///   server since restarted, is sent again once on a fresh connection, so the first call
+///   after a restart is answered; a call whose connection was cut while its server lives
+///   on is not (it may have been applied).
+/// * **Outages** (a node failing decisions for want of Redis) are logged once as they
+///   begin (a warning) and once as they end (a note with their length and the decisions
+///   answered without Redis meanwhile), and read by [`outages`](RedisStore::outages);
+///   [`health`](RedisStore::health) asks every node whether it serves its keys (for
+///   readiness probes). In a cluster each primary fails on its own: the others' keys are
+///   still decided by Redis, and with auto-batching a node that does not answer delays
+///   only its own keys' calls.
 /// * **Requirements**: Redis 5 or newer (tested with 7.0). The store belongs to the tokio
 ///   runtime it was connected in: its connection (and batching) tasks run there.
 ///
@@ -169,8 +182,9 @@ impl RedisStore {
         self.queue.as_ref().map(|_| self.inner.linger)
     }
 
-    /// Checks that Redis answers a `PING` within the response timeout (for readiness
-    /// probes).
+    /// Checks that Redis answers a `PING` within the response timeout (in a cluster, every
+    /// primary the connection knows; see [`health`](Self::health) for a readiness that
+    /// tells a degraded cluster from an unavailable one).
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.transport()
             .query::<String>(&redis::cmd("PING"), "PING")
@@ -180,6 +194,28 @@ impl RedisStore {
 
     pub(super) fn transport(&self) -> &Transport {
         self.inner.router.transport()
+    }
+
+    pub(super) fn router(&self) -> &Router {
+        &self.inner.router
+    }
+
+    /// The outages going on now: each Redis node that failed the store's last decision for
+    /// its keys for want of Redis (unreachable, no answer within the response timeout,
+    /// loading, a cluster down), with how long ago that began and how many decisions were
+    /// answered without Redis since. Empty while every node answers. An outage's beginning
+    /// and end are also logged (see `paceline::store` in the logs), once each.
+    ///
+    /// ```no_run
+    /// # use paceline_store::{redis::RedisStore, FailurePolicy};
+    /// # async fn f(store: RedisStore) {
+    /// for outage in store.outages() {
+    ///     eprintln!("{} failing for {:?}: {}", outage.node, outage.lasted, outage.cause);
+    /// }
+    /// # }
+    /// ```
+    pub fn outages(&self) -> Vec<Outage> {
+        self.inner.resilience.outages()
     }
 
     /// Clients for connections of their own (subscriptions): the server's, or one per
@@ -256,11 +292,9 @@ impl RedisStore {
         let (waiting, to_send): (Vec<usize>, Vec<usize>) = valid
             .into_iter()
             .partition(|&i| resilience.in_backoff(groups[i]));
-        if !waiting.is_empty() {
-            let error = resilience.backoff_error();
-            for i in waiting {
-                results[i] = Some(resilience.fall_back(error.clone(), &requests[i]));
-            }
+        for i in waiting {
+            let error = resilience.skip(groups[i], router);
+            results[i] = Some(resilience.fall_back(error, &requests[i]));
         }
         let batch: Vec<&Request> = to_send.iter().map(|&i| &requests[i]).collect();
         let deadline = router.transport().deadline();
@@ -268,7 +302,7 @@ impl RedisStore {
             .iter()
             .zip(router.run_valid(&batch, now, deadline).await)
         {
-            results[i] = Some(resilience.settle(outcome, &requests[i], groups[i]));
+            results[i] = Some(resilience.settle(outcome, &requests[i], groups[i], router));
         }
         collect(results)
     }
@@ -288,7 +322,7 @@ impl RedisStore {
         let now = self.now()?;
         let group = router.group_of(key);
         if resilience.in_backoff(group) {
-            return resilience.fall_back(resilience.backoff_error(), &request);
+            return resilience.fall_back(resilience.skip(group, router), &request);
         }
         let transport = router.transport();
         let outcome = match (&self.queue, transport.single_entry(policy)) {
@@ -303,7 +337,7 @@ impl RedisStore {
                     })
                 }),
         };
-        resilience.settle(outcome, &request, group)
+        resilience.settle(outcome, &request, group, router)
     }
 
     /// Decides a set of limits as one (see [`Store::decide_all`]): one call of the Lua
@@ -326,11 +360,11 @@ impl RedisStore {
         let now = self.now()?;
         let group = router.group_of(first);
         if resilience.in_backoff(group) {
-            return resilience.fall_back_all(resilience.backoff_error(), requests);
+            return resilience.fall_back_all(resilience.skip(group, router), requests);
         }
         let batch: Vec<&Request> = requests.iter().collect();
         let outcome = router.transport().call_all(&batch, now).await;
-        resilience.settle_all(outcome, requests, group)
+        resilience.settle_all(outcome, requests, group, router)
     }
 
     /// In a Redis Cluster, the position of the first of `keys` whose hash slot is not the
@@ -465,7 +499,8 @@ impl RedisStoreBuilder {
     /// `linger` (at most 10 ms) for others to join its batch; with zero it leaves with those
     /// already queued. Batches also form by themselves under load, while earlier ones are in
     /// flight (at most [`MAX_BATCHES_IN_FLIGHT`](crate::redis::MAX_BATCHES_IN_FLIGHT) at
-    /// once), so zero is the usual choice. A queued decision is answered within twice the
+    /// once per Redis node, so a node that does not answer holds only its own keys' calls),
+    /// so zero is the usual choice. A queued decision is answered within twice the
     /// response timeout plus the linger. tokio's timers count whole milliseconds, so a
     /// linger under a millisecond may wait up to about one. Decisions are exactly
     /// those of sequential calls. Off by default: the lowest latency for a single caller is
@@ -565,7 +600,7 @@ impl RedisStoreBuilder {
             self.scripts_only,
         )
         .await;
-        let router = Arc::new(Router::new(transport).await);
+        let router = Arc::new(Router::new(transport, target.describe()).await);
         let resilience = Resilience::new(
             self.failure,
             local,
@@ -642,8 +677,32 @@ impl Store for RedisStore {
         StoreFuture::boxed(RedisStore::reset(self, key))
     }
 
+    /// Ready unless no node serves any key ([`Readiness::Unavailable`] by
+    /// [`health`](RedisStore::health)): a degraded cluster still decides most keys.
     fn ready(&self) -> StoreFuture<'_, Result<(), Error>> {
-        StoreFuture::boxed(async move { Ok(self.ping().await?) })
+        StoreFuture::boxed(async move {
+            let health = self.health().await;
+            if health.readiness != Readiness::Unavailable {
+                return Ok(());
+            }
+            let why: Vec<String> = health
+                .failing
+                .iter()
+                .map(|f| format!("{}: {}", f.node, f.problem))
+                .collect();
+            Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("no Redis node serves keys now ({})", why.join("; ")),
+            )
+            .into())
+        })
+    }
+
+    fn token_key<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> StoreFuture<'a, Result<crate::secret::TokenKey, Error>> {
+        StoreFuture::boxed(RedisStore::token_key(self, name))
     }
 
     fn sleep(&self, duration: Duration) -> Sleep {

@@ -2,12 +2,15 @@
 //! calls are encoded and sent (the Lua library as functions or as a script, loaded when a
 //! server lacks it), within what time, and how Redis's errors are classified.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::PoisonError;
 use std::time::Duration;
 
 use paceline_core::{Decision, InputError, Policy, StoreError, StoreErrorKind};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
     Cmd, ErrorKind, FromRedisValue, Pipeline, RedisError, RedisFuture, RedisResult,
     ServerErrorKind, Value,
@@ -97,6 +100,19 @@ impl Target {
         }
     }
 
+    /// What the target names, without credentials: the server's URL, or the seed nodes'
+    /// URLs joined by commas.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Target::Single(url) => without_credentials(url),
+            Target::Cluster(nodes) => nodes
+                .iter()
+                .map(|n| without_credentials(n))
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+
     pub(crate) fn uses_tls(&self) -> bool {
         match self {
             Target::Single(url) => url.starts_with("rediss://"),
@@ -143,23 +159,20 @@ impl Connection {
             crate::install_tls_provider();
         }
         // Error messages name the server, never the credentials.
-        let what = match target {
-            Target::Single(url) => without_credentials(url),
-            Target::Cluster(nodes) => nodes
-                .iter()
-                .map(|n| without_credentials(n))
-                .collect::<Vec<_>>()
-                .join(","),
-        };
+        let what = target.describe();
         let opened = async {
             match target {
                 Target::Single(url) => {
                     let client = Target::client_of(url, root_certificate)?;
+                    // One attempt per connect: a call whose connection cannot be made
+                    // fails at once (by its failure policy) rather than waiting through
+                    // attempts with pauses between them, and the store sends it again once
+                    // on a fresh connection (see `Resend`), so the first call after a
+                    // restart finds Redis.
                     let config = ConnectionManagerConfig::new()
                         .set_connection_timeout(Some(connect_timeout))
                         .set_response_timeout(Some(response_timeout))
-                        .set_number_of_retries(2)
-                        .set_max_delay(Duration::from_secs(1));
+                        .set_number_of_retries(0);
                     let mut manager = ConnectionManager::new_with_config(client, config).await?;
                     // A cluster node behind a plain URL would answer MOVED for most keys.
                     let info: String = redis::cmd("INFO")
@@ -280,6 +293,51 @@ pub(crate) fn redis_cause(e: &StoreError) -> Option<&RedisError> {
     std::error::Error::source(e).and_then(|source| source.downcast_ref::<RedisError>())
 }
 
+/// Whether a call that failed may be sent again, once, on a fresh connection, inside the
+/// store (callers see only the second attempt's outcome).
+///
+/// Sending a call again is safe only if the first attempt cannot have changed anything in
+/// Redis: a decision applied twice counts twice. By case, on a single server (a cluster's
+/// connection follows redis-rs's own rules):
+///
+/// * [`Unsent`](Resend::Unsent): the connection could not be made (refused; also the
+///   manager's attempt that failed while Redis was down, which it answers until it tries
+///   again). Nothing was written: sent again once the server answers on a fresh
+///   connection.
+/// * [`IfRestarted`](Resend::IfRestarted): the connection closed before an answer (broken
+///   pipe, reset, end of stream, or "connection closed" from a multiplexed connection whose
+///   reader had already stopped). Either the request was never written (the connection had
+///   died with its server while the store was idle: the usual first call after a restart)
+///   or it was, and the server may have applied it. The store asks the server on a fresh
+///   connection for its run id (`INFO server`): a new one means the server the connection
+///   led to is gone, with what it held in memory, so the call goes to the new one; the
+///   run id known before means that server lives on (the connection was cut: `CLIENT KILL`,
+///   an idle `timeout`, a network fault) and may have applied the call, so it fails as it
+///   did. A restarted server that had persisted the call's write in its last moment (AOF
+///   with `appendfsync always`) counts it twice: an over-count, as for a call that timed
+///   out and was applied late, never a lost admission. Without `INFO` (not allowed by the
+///   server's ACL) the run id is unknown and such a call is never sent again.
+/// * [`Never`](Resend::Never): a time out (the call may still be applied), any reply from
+///   Redis (the call reached it), anything else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    Unsent,
+    IfRestarted,
+    Never,
+}
+
+impl Resend {
+    fn of(e: &RedisError) -> Resend {
+        if e.is_connection_refusal() {
+            Resend::Unsent
+        } else if e.is_connection_dropped() && !e.is_timeout() {
+            Resend::IfRestarted
+        } else {
+            Resend::Never
+        }
+    }
+}
+
 /// How paceline's calls travel: the connection, the key prefix, the response timeout, and
 /// whether the server runs the Lua library as functions or as a script.
 pub(crate) struct Transport {
@@ -292,6 +350,18 @@ pub(crate) struct Transport {
     /// True when the server runs paceline's Lua as a Redis function (`FCALL`, Redis 7+);
     /// false: as a script (`EVALSHA`).
     functions: bool,
+    /// A single server's identity, for sending a call again after its connection closed
+    /// (see [`Resend`]).
+    server: ServerIdentity,
+}
+
+/// The run id (`INFO server`) of the single server a store last saw, and how many times
+/// it changed: a restarted server has a new one.
+#[derive(Default)]
+struct ServerIdentity {
+    run_id: std::sync::Mutex<Option<String>>,
+    /// Bumped each time the store learns that the run id changed.
+    epoch: AtomicU64,
 }
 
 impl Transport {
@@ -305,13 +375,21 @@ impl Transport {
         scripts_only: bool,
     ) -> Transport {
         let functions = !scripts_only && load_library(&mut connection.clone()).await.is_ok();
-        Transport {
+        let transport = Transport {
             connection,
             key_prefix,
             ttl_slack_ms,
             response_timeout,
             functions,
+            server: ServerIdentity::default(),
+        };
+        if !transport.is_cluster() {
+            let run_id = tokio::time::timeout(response_timeout, transport.run_id()).await;
+            if let Ok(Some(run_id)) = run_id {
+                transport.learn(run_id);
+            }
         }
+        transport
     }
 
     pub(crate) fn is_cluster(&self) -> bool {
@@ -335,15 +413,107 @@ impl Transport {
         Instant::now() + self.response_timeout
     }
 
-    /// Sends `command`, expecting a `T`, answered within the response timeout.
+    /// Sends `command`, expecting a `T`, answered within the response timeout (sent again
+    /// once where [`Resend`] allows).
     pub(crate) async fn query<T: FromRedisValue>(
         &self,
         command: &Cmd,
         what: &str,
     ) -> Result<T, StoreError> {
+        let sent =
+            self.send(|mut connection| async move { command.query_async(&mut connection).await });
+        self.bounded_until(self.deadline(), sent, what).await
+    }
+
+    /// Sends `command` to the cluster's primary at `host:port` only, expecting a `T`,
+    /// answered within the response timeout; on a single server, to the server.
+    pub(crate) async fn query_node<T: FromRedisValue>(
+        &self,
+        command: &Cmd,
+        host: &str,
+        port: u16,
+        what: &str,
+    ) -> Result<T, StoreError> {
+        let Connection::Cluster(cluster) = &self.connection else {
+            return self.query(command, what).await;
+        };
+        let mut cluster = cluster.clone();
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: host.to_string(),
+            port,
+        });
+        let reply = async move {
+            let value = cluster.route_command(command.clone(), routing).await?;
+            T::from_redis_value(value).map_err(RedisError::from)
+        };
+        self.bounded_until(self.deadline(), reply, what).await
+    }
+
+    /// Runs `attempt` on the connection and, if it failed in a way [`Resend`] allows, once
+    /// more on a fresh one.
+    async fn send<T, F, Fut>(&self, mut attempt: F) -> RedisResult<T>
+    where
+        F: FnMut(Connection) -> Fut,
+        Fut: std::future::Future<Output = RedisResult<T>>,
+    {
+        let epoch = self.server.epoch.load(Ordering::Relaxed);
+        let first = attempt(self.connection.clone()).await;
+        match &first {
+            Err(e) if self.may_send_again(e, epoch).await => attempt(self.connection.clone()).await,
+            _ => first,
+        }
+    }
+
+    /// Whether a call started at identity epoch `epoch` and failed with `e` may be sent
+    /// again (see [`Resend`]). On a single server only: a cluster's connection sends again
+    /// by its own rules (redis-rs retries a request whose connection dropped, or whose
+    /// node moved, up to twice).
+    async fn may_send_again(&self, e: &RedisError, epoch: u64) -> bool {
+        if self.is_cluster() {
+            return false;
+        }
+        let resend = Resend::of(e);
+        if resend == Resend::Never {
+            return false;
+        }
+        // The connection failed: the manager is connecting again. Whose server answers?
+        let Some(run_id) = self.run_id().await else {
+            // Not reachable yet (or `INFO` is not allowed): the call fails as it did.
+            return false;
+        };
+        let restarted = self.learn(run_id) || self.server.epoch.load(Ordering::Relaxed) != epoch;
+        resend == Resend::Unsent || restarted
+    }
+
+    /// The server's run id (`INFO server`), if it answers.
+    async fn run_id(&self) -> Option<String> {
         let mut connection = self.connection.clone();
-        self.bounded_until(self.deadline(), command.query_async(&mut connection), what)
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut connection)
             .await
+            .ok()?;
+        info.lines()
+            .find_map(|line| line.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_string())
+    }
+
+    /// Records the server's `run_id`; true if it differs from a run id known before (the
+    /// server restarted: the epoch moves on). The first one learned is no restart.
+    fn learn(&self, run_id: String) -> bool {
+        let mut known = self
+            .server
+            .run_id
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match known.replace(run_id) {
+            None => false,
+            Some(before) if Some(&before) == known.as_ref() => false,
+            Some(_) => {
+                self.server.epoch.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+        }
     }
 
     /// Awaits `f` until `deadline` at the latest.
@@ -401,11 +571,13 @@ impl Transport {
         push_clock(now, self.ttl_slack_ms, &mut call);
         push_request(r.op, r.cost, &mut call);
         push_params(r.policy, &mut call);
-        let mut connection = self.connection.clone();
         let reply = self
             .bounded_until(
                 self.deadline(),
-                run_decide(&mut connection, &call, self.functions, &DECIDE),
+                self.send(|mut c| {
+                    let call = &call;
+                    async move { run_decide(&mut c, call, self.functions, &DECIDE).await }
+                }),
                 "a decision",
             )
             .await?;
@@ -443,11 +615,13 @@ impl Transport {
             call
         };
         self.push_batch(&mut call, batch, now, spread, &policies, &numbers);
-        let mut connection = self.connection.clone();
         let reply = self
             .bounded_until(
                 deadline,
-                run_decide(&mut connection, &call, self.functions, &DECIDE),
+                self.send(|mut c| {
+                    let call = &call;
+                    async move { run_decide(&mut c, call, self.functions, &DECIDE).await }
+                }),
                 "a decision",
             )
             .await?;
@@ -528,11 +702,13 @@ impl Transport {
         push_clock(now, self.ttl_slack_ms, &mut call);
         call.arg(if extend { "extend" } else { "release" }).arg(id);
         push_policy(policy, &mut call);
-        let mut connection = self.connection.clone();
         let reply = self
             .bounded_until(
                 self.deadline(),
-                run_decide(&mut connection, &call, self.functions, &LEASE),
+                self.send(|mut c| {
+                    let call = &call;
+                    async move { run_decide(&mut c, call, self.functions, &LEASE).await }
+                }),
                 "a lease call",
             )
             .await?;
@@ -564,11 +740,13 @@ impl Transport {
             call
         };
         self.push_batch(&mut call, batch, now, false, &policies, &numbers);
-        let mut connection = self.connection.clone();
         let reply = self
             .bounded_until(
                 self.deadline(),
-                run_decide(&mut connection, &call, self.functions, &DECIDE_ALL),
+                self.send(|mut c| {
+                    let call = &call;
+                    async move { run_decide(&mut c, call, self.functions, &DECIDE_ALL).await }
+                }),
                 "a set decision",
             )
             .await?;
