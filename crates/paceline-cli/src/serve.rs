@@ -129,11 +129,9 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             else {
                 return;
             };
+            // The service logs each reload: at INFO, or at WARN when the file is refused.
             while hangups.recv().await.is_some() {
-                match reloader.reload() {
-                    Ok(message) => log(&format!("reloaded: {message}")),
-                    Err(message) => log(&format!("reload failed: {message}")),
-                }
+                let _ = reloader.reload();
             }
         });
         let shutdown = stop_signal();

@@ -1071,8 +1071,10 @@ async fn policies(Authorized(live): Authorized) -> Json<Value> {
     Json(json!({"policies": policies, "allow_inline_policies": live.allow_inline_policies}))
 }
 
+/// `POST /v1/reload`: re-reads the config file; logged at INFO, or at WARN when the file is
+/// refused (see `AppState::reload`).
 async fn reload(State(state): State<Arc<AppState>>, _: Authorized) -> Response {
-    match state.reload() {
+    match state.reload("POST /v1/reload") {
         Ok(message) => Json(json!({"reloaded": true, "message": message})).into_response(),
         Err(message) => ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -1084,15 +1086,79 @@ async fn reload(State(state): State<Arc<AppState>>, _: Authorized) -> Response {
     }
 }
 
+/// `GET /readyz`: whether this instance can decide now, as its store answers.
+///
+/// * `200 {"status": "ready", "degraded": false}`: every Redis node (the one server, or each
+///   cluster primary) serves its keys; the memory store is always ready.
+/// * `200 {"status": "degraded", "degraded": true, "failing": [...], ...}`: some cluster
+///   primaries do not serve their keys (down, unreachable, or a cluster that refuses them),
+///   or some slots have no primary. Their keys are answered by the failure policy, the
+///   others by Redis. Still ready: every instance shares the same Redis, so taking this one
+///   out of rotation would not help.
+/// * `503 {"status": "unavailable", "message", "failing": [...]}`: no node serves any key;
+///   every decision is answered by the failure policy.
+///
+/// With Redis the body also says how many nodes were asked (`nodes`), each failing node and
+/// why (`failing`: `node`, `error`), the slots without a primary (`uncovered_slots`), and
+/// the outages this instance's decisions met that go on (`outages`: `node`, `lasted_ms`,
+/// `failed_decisions`, `error`).
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
-    match state.store.ready().await {
-        Ok(()) => Json(json!({"status": "ready"})).into_response(),
-        Err(why) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "unavailable", "message": why.to_string()})),
-        )
-            .into_response(),
+    use paceline_store::redis::Readiness;
+    let Some(redis) = state.store.as_redis() else {
+        return match state.store.ready().await {
+            Ok(()) => Json(json!({"status": "ready", "degraded": false})).into_response(),
+            Err(why) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(
+                    json!({"status": "unavailable", "degraded": false, "message": why.to_string()}),
+                ),
+            )
+                .into_response(),
+        };
+    };
+    let health = redis.health().await;
+    let failing: Vec<Value> = health
+        .failing
+        .iter()
+        .map(|f| json!({"node": f.node, "error": f.problem}))
+        .collect();
+    let outages: Vec<Value> = health
+        .outages
+        .iter()
+        .map(|o| {
+            json!({
+                "node": o.node,
+                "lasted_ms": u64::try_from(o.lasted.as_millis()).unwrap_or(u64::MAX),
+                "failed_decisions": o.failed,
+                "error": o.cause,
+            })
+        })
+        .collect();
+    let (status, name) = match health.readiness {
+        Readiness::Ready => (StatusCode::OK, "ready"),
+        Readiness::Degraded => (StatusCode::OK, "degraded"),
+        Readiness::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+    };
+    let mut body = json!({
+        "status": name,
+        "degraded": health.readiness == Readiness::Degraded,
+        "nodes": health.nodes,
+        "failing": failing,
+        "uncovered_slots": health.uncovered_slots,
+        "outages": outages,
+    });
+    if health.readiness == Readiness::Unavailable {
+        let why: Vec<String> = health
+            .failing
+            .iter()
+            .map(|f| format!("{}: {}", f.node, f.problem))
+            .collect();
+        body["message"] = json!(format!(
+            "no Redis node serves keys now ({})",
+            why.join("; ")
+        ));
     }
+    (status, Json(body)).into_response()
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {

@@ -15,7 +15,7 @@
 //! | `GET /v1/policies` | the configured policies |
 //! | `POST /v1/reload` | re-read the config file (also on SIGHUP) |
 //! | `/v1/queues/{queue}/...` | the job queues of the config file: enqueue, lease, ack, fail, extend, stats, dead jobs |
-//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness, store reachability, Prometheus |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness; readiness (`200` ready, `200` with `"degraded": true` while some Redis Cluster primaries fail, `503` while no Redis node serves); Prometheus |
 //! | `GET /dashboard`, `GET /v1/dashboard` | a live dashboard in the browser, and the JSON it polls |
 //!
 //! ```no_run
@@ -104,15 +104,32 @@ pub struct Reloader {
 }
 
 impl Reloader {
-    /// Reloads; on an invalid file the running configuration stays and the error says why.
+    /// Reloads, on SIGHUP; on an invalid file the running configuration stays and the error
+    /// says why. Logged as `POST /v1/reload` is: a reload at INFO, a failed one at WARN
+    /// (target `paceline`, field `trigger = "SIGHUP"`).
     pub fn reload(&self) -> Result<String, String> {
-        self.state.reload()
+        self.state.reload("SIGHUP")
     }
 }
 
 impl AppState {
+    /// Re-reads the config file and applies its policies and access rules, for `trigger`
+    /// (`SIGHUP`, `POST /v1/reload`), and logs the outcome: `reloaded: ...` at INFO, or
+    /// `reload failed: ...; the previous configuration stays` at WARN (an operator who
+    /// sent a bad file must see it among the warnings).
+    pub(crate) fn reload(&self, trigger: &str) -> Result<String, String> {
+        let outcome = self.reload_file();
+        match &outcome {
+            Ok(message) => tracing::info!(target: "paceline", trigger, "reloaded: {message}"),
+            Err(message) => {
+                tracing::warn!(target: "paceline", trigger, "reload failed: {message}")
+            }
+        }
+        outcome
+    }
+
     /// Re-reads the config file and applies its policies and access rules.
-    pub(crate) fn reload(&self) -> Result<String, String> {
+    fn reload_file(&self) -> Result<String, String> {
         let base = self.base.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(path) = &base.config_file else {
             return Err(
