@@ -199,6 +199,10 @@ impl Server {
                 .map_err(|e| ServerError::Queues(format!("queue `{name}`: {e}")))?;
             queues.insert(name.clone(), queue);
         }
+        let lease_key = store
+            .token_key(LEASE_KEY)
+            .await
+            .map_err(ServerError::Store)?;
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(ServerError::Listen)?;
@@ -213,13 +217,10 @@ impl Server {
             stopping: tokio::sync::watch::Sender::new(false),
             groups: dashboard::GroupsCache::default(),
             base: Mutex::new(settings),
+            lease_key,
         });
         Ok(Server {
             listener,
-        let lease_key = store
-            .token_key(LEASE_KEY)
-            .await
-            .map_err(ServerError::Store)?;
             state,
             store: store_description,
         })
@@ -234,7 +235,6 @@ impl Server {
 
     /// The store, as shown at start-up (without credentials).
     pub fn store_description(&self) -> &str {
-            lease_key,
         &self.store
     }
 
