@@ -178,7 +178,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
                 "this endpoint does not take that method",
             )
         })
-        .layer(axum::middleware::from_fn(crate::catch_panic::catch_panic))
+        .layer(crate::catch_panic::CatchPanicLayer)
         .with_state(state)
 }
 
