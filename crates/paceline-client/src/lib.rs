@@ -1,4 +1,4 @@
-//! # paceline's API client limiter (seed 002)
+//! # paceline's API client limiter
 //!
 //! For clients of an API whose limits the client learns from response headers (Discord,
 //! GitHub, any API speaking the IETF `RateLimit` fields or plain `Retry-After`): requests

@@ -268,7 +268,7 @@ impl QueueCore {
     ///
     /// `estimated_start` is when the job starts if workers take every job as soon as its
     /// group's policy allows: the policy is run forward over the jobs ahead of it in its
-    /// group. For `fixed_window` this is the seed's `nextWindowStart + floor(waiting /
+    /// group. For `fixed_window` this is `nextWindowStart + floor(waiting /
     /// limit) * window`. It is exact while that holds; jobs ahead that are retried, returned
     /// by an expired lease or held by a pause, a concurrency cap or a lack of workers make
     /// the real start later. A delayed job's estimate is its not-before time, or later if

@@ -434,13 +434,20 @@ proptest! {
     }
 }
 
-/// The seed's scenario through Redis on the server's clock: ids and estimates as in memory.
+/// Discord's role grants (10 per 10 s per server) through Redis on the server's clock: ids and estimates as in memory.
 #[test]
 fn a_group_backlog_gets_the_seed_estimates_in_redis() {
     runtime().block_on(async {
         let config = QueueConfig::new("fixed_window:limit=10,window=10s".parse().unwrap());
-        let q =
-            Queue::new(open_at(&shared_server().url(), &unique_name("seed"), config, None).await);
+        let q = Queue::new(
+            open_at(
+                &shared_server().url(),
+                &unique_name("discord"),
+                config,
+                None,
+            )
+            .await,
+        );
         // One call: one time for all 25.
         let jobs = (0..25u8).map(|n| NewJob::new("guild:1", vec![n])).collect();
         let estimates: Vec<u64> = q
@@ -449,7 +456,7 @@ fn a_group_backlog_gets_the_seed_estimates_in_redis() {
             .into_iter()
             .map(|e| e.unwrap().estimated_start)
             .collect();
-        // The seed's formula: windows aligned to the epoch, 10 jobs in each.
+        // Windows aligned to the epoch, 10 jobs in each.
         let window = 10_000_000;
         let now = estimates[0];
         let next_window = (now / window + 1) * window;

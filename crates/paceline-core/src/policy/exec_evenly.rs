@@ -1,5 +1,5 @@
 //! `exec_evenly`: a window of `points` whose admitted actions are spread over the rest of it
-//! (rate-limiter-flexible's `execEvenly`, seed 003).
+//! (rate-limiter-flexible's `execEvenly`).
 //!
 //! Points are consumed at once, but each admitted action after the first of a window is
 //! delayed so that the actions of the window run evenly until it ends, "a kind of FIFO queue"
@@ -47,7 +47,7 @@
 //!
 //! ```
 //! use paceline_core::{Op, Policy};
-//! // The seed's example: 10 points per second, so min_delay defaults to 100 ms.
+//! // 10 points per second, so min_delay defaults to 100 ms.
 //! let p: Policy = "exec_evenly:points=10,duration=1s".parse().unwrap();
 //! let mut s = None;
 //! let first = p.apply(&mut s, 0, Op::Limit, 1).unwrap();
@@ -442,7 +442,7 @@ mod tests {
 
     #[test]
     fn pace_with_max_wait_rejects_without_side_effects_and_retry_after_is_exact() {
-        // Seed example (a) up to the fifth request, which would wait ceil(999 / 7) = 143 ms.
+        // rate-limiter-flexible's example (a) up to the fifth request, which would wait ceil(999 / 7) = 143 ms.
         let p = policy("exec_evenly:points=10,duration=1s");
         let mut s = None;
         delays_ms(&p, &mut s, T0, 1);

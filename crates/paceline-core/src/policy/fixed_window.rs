@@ -1,4 +1,4 @@
-//! `fixed_window`: aligned windows with a count each, the per-group windows of seed 000.
+//! `fixed_window`: aligned windows with a count each, the per-group windows of the job queue.
 //!
 //! Time is cut into aligned windows of length `W`: window `i` spans `[i*W, (i+1)*W)`
 //! microseconds since the Unix epoch, and `now` falls in window `floor(now / W)`. Each window
@@ -36,7 +36,7 @@
 //! ```
 //!
 //! For unit costs, the `k`-th request (from 0) paced while the current window is full gets
-//! exactly the seed's `readyTimestamp = nextWindowStart + floor(k / limit) * W`. A cost above
+//! exactly `readyTimestamp = nextWindowStart + floor(k / limit) * W`. A cost above
 //! `limit` can never be admitted (an input error, for every op).
 //!
 //! Live parameter changes: a new `limit` keeps the counts (a lower limit may leave windows

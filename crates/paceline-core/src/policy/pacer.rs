@@ -1,4 +1,5 @@
-//! `pacer`: the distributed pacer of seed 001, with its burst allowance.
+//! `pacer`: a distributed pacer with a burst allowance (a leaky bucket that books each
+//! request's slot).
 //!
 //! Every `pace(weight)` books the earliest moment at which the request keeps all workers
 //! together at `rate`, and returns the delay to sleep until then ("booking a meeting in a
@@ -15,16 +16,16 @@
 //! 1. defaults: `watermark = 0`, `last_drip = now`; `next_shot = max(stored next_shot, now)`;
 //! 2. only if nothing is booked in the future (`next_shot <= now`):
 //!    `watermark = max(0, watermark - (now - max(last_drip, stored next_shot)) * rate * factor)`,
-//!    so the bucket leaks only over idle time, as the seed says ("only when the pacer is
-//!    idle"): booked time pays for the booking and does not also drain the bucket (leaking
-//!    from `last_drip` alone would let `limit` admit up to twice the rate). Then
+//!    so the bucket leaks only over idle time: booked time pays for the booking and does
+//!    not also drain the bucket (leaking from `last_drip` alone would let `limit` admit up
+//!    to twice the rate). Then
 //!    `last_drip = now`;
 //! 3. `watermark += w`; if `watermark <= max_burst` the shot is `now`, otherwise the shot is
 //!    `next_shot` and `next_shot = shot + w / rate`;
 //! 4. `watermark = min(max_burst, watermark)`;
 //! 5. `delay = shot - now`. `pace` always saves; `limit` saves only when `delay == 0`.
 //!
-//! As in the seed, with `max_burst = N` there are N+1 requests that pass at once from idle
+//! With `max_burst = N` there are N+1 requests that pass at once from idle
 //! (the last one books the next slot), so the decision's `limit` is `floor(max_burst) + 1`.
 //!
 //! ```

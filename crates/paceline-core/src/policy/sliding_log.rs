@@ -1,11 +1,12 @@
-//! `sliding_log`: an exact sliding window over a log of requests (seed 004's sorted set).
+//! `sliding_log`: an exact sliding window over a log of requests (in Redis, a sorted
+//! set of their times).
 //!
 //! Every admitted request is logged with its time and cost. A request of cost `n` at time
 //! `t` is blocked if the log already holds more than `limit - n` cost units inside the window
 //! ending at `t`, or if it comes sooner than `min_interval` after the newest logged request.
 //! `pace` books the earliest time at which the request would not be blocked and logs it at
 //! that (future) time. With `count_blocked`, a blocked `limit` request is logged too, so a
-//! client that keeps hammering stays blocked until it pauses (the seed's behaviour).
+//! client that keeps hammering stays blocked until it pauses.
 //!
 //! Parameters: `limit` (an integer >= 1), `window` (a duration > 0), `min_interval` (a
 //! duration >= 0, default 0) and `count_blocked` (`true` or `false`, default `false`).

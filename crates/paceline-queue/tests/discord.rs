@@ -1,5 +1,5 @@
-//! Seed 000's scenario and the backlog case, on a virtual clock: the queue holds each
-//! group's *starts* to its policy.
+//! Discord's role grants (10 per 10 s per server) and the backlog case, on a virtual clock:
+//! the queue holds each group's *starts* to its policy.
 
 use std::collections::BTreeMap;
 
@@ -64,7 +64,7 @@ fn three_groups_of_a_hundred_at_ten_per_ten_seconds() {
             let e = q
                 .enqueue(t0, NewJob::new(g, i.to_le_bytes().to_vec()))
                 .expect("enqueue");
-            // The seed: jobs that fit the current window run now; the others at
+            // Jobs that fit the current window run now; the others at
             // nextWindowStart + floor(waiting / perWindow) * window.
             let seed = if i < 10 {
                 t0
