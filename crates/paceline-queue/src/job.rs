@@ -266,7 +266,7 @@ pub struct Leased {
     /// of any job has a larger one. Use it to fence writes downstream; it authorises
     /// nothing (anyone may guess it).
     pub lease: u64,
-    /// What authorises this lease's ack, fail and extend: see [`LeaseToken`]. A
+    /// What authorises this lease's ack, fail and extend: see [`LeaseToken`](crate::LeaseToken). A
     /// [`Queue`](crate::Queue) fills it in; a [`QueueCore`](crate::QueueCore) or a
     /// [`QueueBackend`](crate::QueueBackend) leaves it empty and takes the fence instead.
     pub token: crate::LeaseToken,

@@ -196,7 +196,7 @@ pub trait Store: Send + Sync + 'static {
     /// same for every process that shares this store's state, so that a token one process
     /// signed is accepted by another (Redis: drawn once and kept in Redis under the store's
     /// prefix; a store of this process alone: drawn once per process). See
-    /// [`secret`](crate::secret).
+    /// [`secret`].
     ///
     /// ```
     /// use paceline_store::{open, StoreOptions};
