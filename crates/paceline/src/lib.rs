@@ -129,7 +129,7 @@ pub use paceline_store::{
 /// let job = queue.enqueue(NewJob::new("guild:1", b"grant 42 7".to_vec())).await?;
 /// println!("expected to start at {} µs", job.estimated_start);
 /// let leased = queue.lease("worker-1", 10, None, Duration::from_secs(1)).await?;
-/// queue.ack(&leased[0].id, leased[0].lease).await?;
+/// queue.ack(&leased[0].id, &leased[0].token).await?;
 /// # Ok(()) }
 /// ```
 #[cfg(feature = "queue")]
