@@ -99,6 +99,10 @@ mod glibc {
         level: i64,
         /// The lowest `level` since the last trim (or the first sample).
         lowest: i64,
+        /// True once the free memory moved by more than [`QUIET`] since the last trim: the
+        /// first quiet check after that trims once more, whatever was freed, so that what
+        /// the last trim could not hand back (a burst still ending as it ran) goes too.
+        active: bool,
     }
 
     impl FreeMemory {
@@ -107,6 +111,7 @@ mod glibc {
                 last: sample,
                 level: 0,
                 lowest: 0,
+                active: false,
             }
         }
 
@@ -117,11 +122,15 @@ mod glibc {
             self.last = sample;
             self.lowest = self.lowest.min(self.level);
             let freed = self.level - self.lowest;
-            freed >= TRIM_AFTER_FREED || (freed >= TRIM_WHEN_QUIET && change.abs() <= QUIET)
+            let quiet = change.abs() <= QUIET;
+            let settled = quiet && self.active;
+            self.active |= !quiet;
+            freed >= TRIM_AFTER_FREED || (freed >= TRIM_WHEN_QUIET && quiet) || settled
         }
 
         /// A trim handed the free memory back: count what is freed from here.
         fn trimmed(&mut self) {
+            self.active = false;
             self.lowest = self.level;
         }
     }
@@ -155,7 +164,16 @@ mod glibc {
             assert!(!free.sample(42 * MIB), "still changing");
             assert!(free.sample(42 * MIB));
             free.trimmed();
-            assert!(!free.sample(42 * MIB + MIB / 2), "less than 1 MiB freed");
+            assert!(
+                !free.sample(42 * MIB + MIB / 2),
+                "less than 1 MiB freed, still changing"
+            );
+            assert!(
+                free.sample(42 * MIB + MIB / 2),
+                "it moved since the last trim, and has settled: one trim more"
+            );
+            free.trimmed();
+            assert!(!free.sample(42 * MIB + MIB / 2), "idle: no trim after trim");
             assert!(!free.sample(42 * MIB + MIB / 2));
         }
 
