@@ -93,18 +93,25 @@ impl RedisStore {
             call.arg(arg);
         }
         let first = transport.query::<Value>(&call, "a function call").await;
-        match first {
+        let answer = match first {
             Err(e) if is_missing_function(&e) => {
-                transport
+                match transport
                     .query::<Value>(
                         &load_command(&extension.code),
                         "loading paceline's functions",
                     )
-                    .await?;
-                transport.query::<Value>(&call, "a function call").await
+                    .await
+                {
+                    Ok(_) => transport.query::<Value>(&call, "a function call").await,
+                    Err(e) => Err(e),
+                }
             }
             other => other,
+        };
+        if let Some(key) = keys.first() {
+            self.observe_call(key, answer.as_ref().map(|_| ()));
         }
+        answer
     }
 
     /// Subscribes to `channel` on a connection of its own: to the server, or to the first

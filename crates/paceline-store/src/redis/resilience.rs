@@ -126,6 +126,16 @@ impl Resilience {
         self.backoff_error()
     }
 
+    /// The outcome of a call of a function-host extension (the job queue's, the API
+    /// client's) for `group`: counted in its node's outage like a decision's, so that an
+    /// outage only queue calls meet is logged as it begins and ends too.
+    pub(crate) fn observe(&self, outcome: Result<(), &StoreError>, group: usize, router: &Router) {
+        match outcome {
+            Ok(()) => self.outages.answered(router, group),
+            Err(e) => self.mark_down(group, e, router),
+        }
+    }
+
     fn mark_down(&self, group: usize, error: &StoreError, router: &Router) {
         // A script or reply error is not an outage: retrying at once is right.
         if !Outages::is_outage(error) {

@@ -200,6 +200,15 @@ impl RedisStore {
         &self.inner.router
     }
 
+    /// Counts a function-host call on `key` (a full Redis key with its hash tag) in its
+    /// node's outage, as decisions are.
+    pub(super) fn observe_call(&self, key: &str, outcome: Result<(), &StoreError>) {
+        let router = &self.inner.router;
+        self.inner
+            .resilience
+            .observe(outcome, router.group_of(key), router);
+    }
+
     /// The outages going on now: each Redis node that failed the store's last decision for
     /// its keys for want of Redis (unreachable, no answer within the response timeout,
     /// loading, a cluster down), with how long ago that began and how many decisions were
