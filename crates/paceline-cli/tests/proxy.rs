@@ -193,18 +193,10 @@ fn a_concurrency_global_limit_exits_2_naming_the_flag_and_the_algorithms_allowed
 
 #[test]
 fn credentials_in_the_upstream_and_store_urls_are_never_printed_or_served() {
-    let redis_password = "redis-pw-5ecret";
-    let redis = paceline_testkit::RedisServer::start_with(&["--requirepass", redis_password])
-        .expect("a redis-server");
-    let store = format!("redis://:{redis_password}@{}", redis.addr());
-    // Nothing listens on port 1: every request fails upstream.
-    let upstream = "http://upstream-user:upstream-pw-5ecret@127.0.0.1:1/base";
-    let secrets = ["upstream-user", "upstream-pw-5ecret", redis_password];
-    let shows_none = |what: &str, text: &str| {
-        for secret in secrets {
-            assert!(!text.contains(secret), "{what} shows `{secret}`: {text}");
-        }
-    };
+    // Nothing listens on the upstream's port: every request fails upstream.
+    let urls = paceline_testkit::secrets::SecretUrls::start().expect("a redis-server");
+    let (store, upstream) = (urls.store.clone(), urls.upstream.as_str());
+    let shows_none = |what: &str, text: &str| urls.assert_hidden(what, text);
     let mut command = Command::new(env!("CARGO_BIN_EXE_paceline"));
     command.args([
         "proxy",

@@ -629,18 +629,10 @@ async fn every_request_stays_below_the_upstreams_base_path() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_in_the_proxys_urls_are_never_shown() {
-    let redis_password = "redis-pw-5ecret";
-    let redis = paceline_testkit::RedisServer::start_with(&["--requirepass", redis_password])
-        .expect("a redis-server");
-    let store = format!("redis://:{redis_password}@{}", redis.addr());
-    // Nothing listens on port 1: every request fails upstream.
-    let upstream = "http://upstream-user:upstream-pw-5ecret@127.0.0.1:1/base";
-    let secrets = ["upstream-user", "upstream-pw-5ecret", redis_password];
-    let shows_none = |what: &str, text: &str| {
-        for secret in secrets {
-            assert!(!text.contains(secret), "{what} shows `{secret}`: {text}");
-        }
-    };
+    // Nothing listens on the upstream's port: every request fails upstream.
+    let urls = paceline_testkit::secrets::SecretUrls::start().expect("a redis-server");
+    let (store, upstream) = (urls.store.clone(), urls.upstream.as_str());
+    let shows_none = |what: &str, text: &str| urls.assert_hidden(what, text);
     let mut s = ProxySettings::new(upstream.parse().unwrap());
     s.store = store;
     s.listen = "127.0.0.1:0".parse().unwrap();
@@ -696,7 +688,7 @@ async fn credentials_in_the_proxys_urls_are_never_shown() {
     assert_eq!(data["proxy"]["upstream"], "http://127.0.0.1:1/base");
     assert_eq!(
         data["service"]["store"],
-        format!("redis://{}", redis.addr())
+        format!("redis://{}", urls.redis.addr())
     );
     let _ = stop.send(());
     let _ = task.await;

@@ -15,6 +15,7 @@
 
 pub mod lost_reply;
 pub mod mock_api;
+pub mod secrets;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
