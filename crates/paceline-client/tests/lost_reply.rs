@@ -7,9 +7,10 @@
 //! once, and a second process of the same identity is held back only as long as the
 //! request really is in flight, not for the in-flight lease.
 
-use std::time::Duration;
+mod common;
+use common::minute_of_five;
 
-use paceline_client::headers::Observation;
+
 use paceline_client::knowledge::Wait;
 use paceline_client::redis::RedisKnowledge;
 use paceline_client::{ClientConfig, ClientCore, Poll, Route};
@@ -21,17 +22,6 @@ const T0: u64 = 1_700_000_000_000_000;
 
 /// What a call of the limiter's function holds, as redis-rs sends it.
 const FCALL: &[u8] = b"\r\nFCALL\r\n";
-
-/// What a response said: bucket `b1`, `left` of 5 calls for a minute.
-fn minute_of_five(left: u64) -> Observation {
-    Observation {
-        bucket: Some("b1".into()),
-        limit: Some(5),
-        remaining: Some(left),
-        reset_after: Some(Duration::from_secs(60)),
-        ..Observation::default()
-    }
-}
 
 /// Tells `knowledge` what `core` has to tell and asks what may go, at `now`, until nothing
 /// more can be asked now (a queue refiled under its route's learned bucket asks again at

@@ -11,6 +11,9 @@
 //!   every request answered once, no 429, nearly all the throughput the limits allow.
 //! - The async client on Redis: two clients share what either learns.
 
+mod common;
+use common::minute_of_five;
+
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::time::Duration;
@@ -396,17 +399,6 @@ proptest! {
 }
 
 // A call made twice -----------------------------------------------------------------------
-
-/// What a response said: bucket `b1`, `left` of 5 calls for a minute.
-fn minute_of_five(left: u64) -> Observation {
-    Observation {
-        bucket: Some("b1".into()),
-        limit: Some(5),
-        remaining: Some(left),
-        reset_after: Some(Duration::from_secs(60)),
-        ..Observation::default()
-    }
-}
 
 /// Polls `core` through `brain` at `now` until it has nothing more to ask now (a queue
 /// refiled under its route's learned bucket asks again at once), each round under a new
