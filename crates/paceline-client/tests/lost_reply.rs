@@ -10,7 +10,6 @@
 mod common;
 use common::minute_of_five;
 
-
 use paceline_client::knowledge::Wait;
 use paceline_client::redis::RedisKnowledge;
 use paceline_client::{ClientConfig, ClientCore, Poll, Route};
