@@ -365,18 +365,9 @@ impl Queue {
             .saturating_add(paceline_core::round_to_micros(wait));
         loop {
             let changed = self.backend.changed();
-            let mut jobs = match self
-                .backend
-                .lease(worker, max_jobs, lease, Some(request))
-                .await
-            {
-                Err(e) if lost_on_the_way(&e) => {
-                    self.backend
-                        .lease(worker, max_jobs, lease, Some(request))
-                        .await?
-                }
-                answer => answer?,
-            };
+            let mut jobs =
+                once_more_if_lost(|| self.backend.lease(worker, max_jobs, lease, Some(request)))
+                    .await?;
             let now = clock.now_micros();
             if !jobs.is_empty() || now >= deadline {
                 let key = self.backend.token_key();
@@ -420,11 +411,7 @@ impl Queue {
     /// holder; while another holder has it, `LeaseLost`.)
     pub async fn ack(&self, id: &str, token: &LeaseToken) -> Result<(), QueueError> {
         let fence = self.fence(id, token)?;
-        let answer = match self.backend.ack(id, fence).await {
-            Err(e) if lost_on_the_way(&e) => self.backend.ack(id, fence).await,
-            answer => answer,
-        };
-        match answer {
+        match once_more_if_lost(|| self.backend.ack(id, fence)).await {
             Err(QueueError::UnknownJob { .. }) => Ok(()),
             answer => answer,
         }
@@ -442,11 +429,7 @@ impl Queue {
         failure: Failure,
     ) -> Result<FailOutcome, QueueError> {
         let fence = self.fence(id, token)?;
-        let answer = match self.backend.fail(id, fence, failure.clone()).await {
-            Err(e) if lost_on_the_way(&e) => self.backend.fail(id, fence, failure).await,
-            answer => answer,
-        };
-        match answer {
+        match once_more_if_lost(|| self.backend.fail(id, fence, failure.clone())).await {
             // Gone: acknowledged, or dead and purged, since. Not this report's doing.
             Err(QueueError::UnknownJob { id }) => Err(QueueError::LeaseLost { id }),
             answer => answer,
@@ -461,10 +444,7 @@ impl Queue {
         length: Duration,
     ) -> Result<u64, QueueError> {
         let fence = self.fence(id, token)?;
-        match self.backend.extend(id, fence, length).await {
-            Err(e) if lost_on_the_way(&e) => self.backend.extend(id, fence, length).await,
-            answer => answer,
-        }
+        once_more_if_lost(|| self.backend.extend(id, fence, length)).await
     }
 
     /// Removes a job no worker holds.
@@ -504,10 +484,24 @@ impl Queue {
     }
 }
 
-/// Whether a store call failed on its way (the connection, or no answer in time), so that
-/// it may have been applied with its answer lost: the calls the queue makes again once.
-fn lost_on_the_way(e: &QueueError) -> bool {
-    matches!(e, QueueError::Store(e) if matches!(e.kind(), StoreErrorKind::Unavailable | StoreErrorKind::Timeout))
+/// Makes `call` once more if it failed on its way (the connection, or no answer in time):
+/// it may have been applied with its answer lost, and every call made through this is one
+/// that answers a repeat as the first (a request id, a token).
+async fn once_more_if_lost<T, F>(mut call: impl FnMut() -> F) -> Result<T, QueueError>
+where
+    F: Future<Output = Result<T, QueueError>>,
+{
+    match call().await {
+        Err(QueueError::Store(e))
+            if matches!(
+                e.kind(),
+                StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+            ) =>
+        {
+            call().await
+        }
+        answer => answer,
+    }
 }
 
 /// A request id drawn for one lease call: 128 random bits, in hex.
