@@ -108,14 +108,9 @@ fn parse(signer: &TokenKey, token: &str) -> Result<Token, ApiError> {
         return Err(bad());
     }
     let unhex = |text: &str| -> Option<String> {
-        if text.is_empty() || !text.len().is_multiple_of(2) {
-            return None;
-        }
-        let bytes: Option<Vec<u8>> = (0..text.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
-            .collect();
-        String::from_utf8(bytes?).ok()
+        let mut bytes = vec![0u8; text.len() / 2];
+        (!text.is_empty() && from_hex(text, &mut bytes)).then_some(())?;
+        String::from_utf8(bytes).ok()
     };
     let token = Token {
         id: id.parse().map_err(|_| bad())?,
