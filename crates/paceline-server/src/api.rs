@@ -25,8 +25,9 @@ use serde_json::{json, Map, Value};
 use subtle::ConstantTimeEq as _;
 
 use crate::config::Settings;
+use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::metrics::{Metrics, PolicyMetrics};
-use crate::request::{self, BodyError, RawAsk};
+use crate::request::{self, RawAsk};
 
 /// The largest body of `POST /v1/decisions`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -164,92 +165,20 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .route("/metrics", get(metrics))
         .fallback(|| async {
             ApiError::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
+                ErrorCode::NotFound,
                 "path",
                 "no such endpoint; see GET /v1/policies, POST /v1/decisions",
             )
         })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
+                ErrorCode::MethodNotAllowed,
                 "method",
                 "this endpoint does not take that method",
             )
         })
         .layer(crate::catch_panic::CatchPanicLayer)
         .with_state(state)
-}
-
-/// A JSON error: `{"error": {"code", "field", "message"}}` with its status.
-#[derive(Debug)]
-pub(crate) struct ApiError {
-    pub(crate) status: StatusCode,
-    code: &'static str,
-    field: String,
-    message: String,
-}
-
-impl ApiError {
-    pub(crate) fn new(
-        status: StatusCode,
-        code: &'static str,
-        field: impl Into<String>,
-        message: impl Into<String>,
-    ) -> ApiError {
-        ApiError {
-            status,
-            code,
-            field: field.into(),
-            message: message.into(),
-        }
-    }
-
-    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::BAD_REQUEST, "invalid_argument", field, message)
-    }
-
-    /// Bad input, named by its field.
-    pub(crate) fn input(e: &InputError) -> ApiError {
-        ApiError::invalid(e.field(), e.message())
-    }
-
-    fn unknown_policy(name: &str, field: &str) -> ApiError {
-        ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_policy",
-            field,
-            format!("no policy named `{name}`; see GET /v1/policies"),
-        )
-    }
-
-    /// The status it answers with.
-    pub(crate) fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    pub(crate) fn body(&self) -> ErrorBody<'_> {
-        ErrorBody {
-            code: self.code,
-            field: &self.field,
-            message: &self.message,
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(json!({ "error": self.body() }))).into_response()
-    }
-}
-
-/// `{"code", "field", "message"}` of an error (fields in the order JSON objects print).
-#[derive(Serialize)]
-pub(crate) struct ErrorBody<'a> {
-    code: &'static str,
-    field: &'a str,
-    message: &'a str,
 }
 
 /// One decision's JSON body (fields in alphabetical order, as the API has always printed
@@ -332,12 +261,12 @@ enum BatchItem<'a> {
 pub(crate) struct Authorized(pub(crate) Arc<Live>);
 
 impl FromRequestParts<Arc<AppState>> for Authorized {
-    type Rejection = Response;
+    type Rejection = ApiError;
 
     async fn from_request_parts(
         parts: &mut Parts,
         state: &Arc<AppState>,
-    ) -> Result<Authorized, Response> {
+    ) -> Result<Authorized, ApiError> {
         let live = state.live();
         if let Some(token) = &live.auth_token {
             let given = parts
@@ -346,17 +275,11 @@ impl FromRequestParts<Arc<AppState>> for Authorized {
                 .and_then(|v| bearer_token(v.as_bytes()));
             let accepted = given.is_some_and(|g| bool::from(g.ct_eq(token.as_bytes())));
             if !accepted {
-                let mut response = ApiError::new(
-                    StatusCode::UNAUTHORIZED,
-                    "unauthenticated",
+                return Err(ApiError::new(
+                    ErrorCode::Unauthenticated,
                     "authorization",
                     "send the service's token as `Authorization: Bearer TOKEN`",
-                )
-                .into_response();
-                response
-                    .headers_mut()
-                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-                return Err(response);
+                ));
             }
         }
         Ok(Authorized(live))
@@ -429,8 +352,7 @@ pub(crate) async fn read_body(
         Ok(Err(e)) => {
             if e.into_inner().is::<http_body_util::LengthLimitError>() {
                 Err(ApiError::new(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "payload_too_large",
+                    ErrorCode::PayloadTooLarge,
                     "body",
                     format!("the body is over {limit} bytes"),
                 ))
@@ -442,8 +364,7 @@ pub(crate) async fn read_body(
             }
         }
         Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
+            ErrorCode::RequestTimeout,
             "body",
             format!("the body did not arrive within {timeout:?} (the service's body_read_timeout)"),
         )),
@@ -454,12 +375,6 @@ pub(crate) async fn read_body(
 pub(crate) fn utf8(bytes: &[u8]) -> Result<&str, ApiError> {
     std::str::from_utf8(bytes)
         .map_err(|e| ApiError::invalid("body", format!("not valid UTF-8, which JSON is: {e}")))
-}
-
-impl From<BodyError> for ApiError {
-    fn from(e: BodyError) -> ApiError {
-        ApiError::invalid(e.field, e.message)
-    }
 }
 
 /// Validates one request's fields against the live policies.
@@ -539,8 +454,7 @@ pub(crate) fn resolve<'a>(
     }
     if !live.allow_inline_policies {
         return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "inline_policies_disabled",
+            ErrorCode::InlinePoliciesDisabled,
             field,
             "inline policy specs are turned off on this service; use a configured policy's name (GET /v1/policies)",
         ));
@@ -780,32 +694,6 @@ pub(crate) fn ms(d: Duration) -> f64 {
     paceline_core::round_to_micros(d) as f64 / 1000.0
 }
 
-/// The API error for a store call that failed.
-pub(crate) fn store_failure(e: Error) -> ApiError {
-    match e {
-        Error::Input(e) => ApiError::input(&e),
-        Error::Store(e) => {
-            let code = if e.kind() == StoreErrorKind::Capacity {
-                "store_full"
-            } else {
-                "store_unavailable"
-            };
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                code,
-                "store",
-                e.message().to_string(),
-            )
-        }
-        other => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "store",
-            other.to_string(),
-        ),
-    }
-}
-
 /// Counts a decision in the metrics and turns a failure into its API error.
 pub(crate) fn settle(
     state: &AppState,
@@ -823,13 +711,13 @@ pub(crate) fn settle(
         }
         // Bad input (a cost the policy can never admit) is the request's fault, not a
         // failed decision.
-        Err(e @ Error::Input(_)) => Err(store_failure(e)),
+        Err(e @ Error::Input(_)) => Err(ApiError::from(e)),
         Err(e) => {
             metrics.failed();
             if matches!(e, Error::Store(_)) {
                 state.metrics.store_errors.inc();
             }
-            Err(store_failure(e))
+            Err(ApiError::from(e))
         }
     }
 }
@@ -915,7 +803,7 @@ async fn decide_set(state: &AppState, set: &SetAsk<'_>) -> Response {
             if matches!(e, Error::Store(_)) {
                 state.metrics.store_errors.inc();
             }
-            return store_failure(e).into_response();
+            return ApiError::from(e).into_response();
         }
     };
     if decided.decision.fallback.is_some() {
@@ -1029,7 +917,7 @@ async fn batch(
             }
             Err(e) => BatchItem::Error {
                 error: e.body(),
-                status: e.status.as_u16(),
+                status: e.status().as_u16(),
             },
         })
         .collect();
@@ -1053,7 +941,7 @@ async fn reset_key(
     }
     match state.store.reset(&store_key(&policy, &key)).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(e) => store_failure(e).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
     }
 }
 
@@ -1076,13 +964,7 @@ async fn policies(Authorized(live): Authorized) -> Json<Value> {
 async fn reload(State(state): State<Arc<AppState>>, _: Authorized) -> Response {
     match state.reload("POST /v1/reload") {
         Ok(message) => Json(json!({"reloaded": true, "message": message})).into_response(),
-        Err(message) => ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_config",
-            "config",
-            message,
-        )
-        .into_response(),
+        Err(message) => ApiError::new(ErrorCode::InvalidConfig, "config", message).into_response(),
     }
 }
 

@@ -18,12 +18,12 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::{Method, StatusCode};
+use axum::http::Method;
 use axum::response::{IntoResponse, Response};
 use futures_util::future::CatchUnwind;
 use futures_util::FutureExt;
 
-use crate::api::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// The layer: wraps each route's service in a [`CatchPanic`].
 #[derive(Clone, Copy, Debug, Default)]
@@ -100,8 +100,7 @@ fn internal(method: &Method, route: Option<&MatchedPath>, panic: &(dyn Any + Sen
         "a handler panicked; answered 500 and kept serving"
     );
     ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "internal",
+        ErrorCode::Internal,
         "request",
         "the service failed on this request and logged it at ERROR; it goes on serving other requests",
     )
@@ -120,6 +119,7 @@ fn panic_message(panic: &(dyn Any + Send)) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
     use axum::routing::get;
     use tower::ServiceExt;
 

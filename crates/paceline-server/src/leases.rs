@@ -39,9 +39,9 @@ use serde_json::Number;
 
 use crate::api::{
     add_rate_limit_headers, check_key, cost_field, ms, path_parts, read_body, resolve, settle,
-    status_of, store_failure, utf8, ApiError, AppState, Authorized, DecisionBody, Live, Resolved,
-    MAX_BODY,
+    status_of, utf8, AppState, Authorized, DecisionBody, Live, Resolved, MAX_BODY,
 };
+use crate::error::{ApiError, ErrorCode};
 use crate::request::{self, Text};
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
@@ -149,8 +149,7 @@ fn find<'a>(
 
 fn unknown_lease() -> ApiError {
     ApiError::new(
-        StatusCode::NOT_FOUND,
-        "unknown_lease",
+        ErrorCode::UnknownLease,
         "lease",
         "no such live lease: it was given back already, or reclaimed when it expired; take a new one",
     )
@@ -329,7 +328,7 @@ where
     match call(&state.store, resolved, id).await {
         Ok(Some(answer)) => Ok((token, answer)),
         Ok(None) => Err(unknown_lease()),
-        Err(e) => Err(store_failure(e)),
+        Err(e) => Err(ApiError::from(e)),
     }
 }
 

@@ -38,6 +38,7 @@ mod catch_panic;
 pub mod config;
 mod conn;
 mod dashboard;
+mod error;
 mod leases;
 mod metrics;
 pub mod proxy;

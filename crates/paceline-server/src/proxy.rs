@@ -46,8 +46,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
-use crate::api::ApiError;
 use crate::config::ConnectionLimits;
+use crate::error::ApiError;
 use crate::ServerError;
 
 mod target;

@@ -23,9 +23,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Number, Value};
 
-use crate::api::{
-    number_field, path_parts, read_body, store_failure, utf8, ApiError, AppState, Authorized,
-};
+use crate::api::{number_field, path_parts, read_body, utf8, AppState, Authorized};
+use crate::error::{ApiError, ErrorCode};
 use crate::request;
 
 /// The largest body of a queue request, a batch's included (a job's payload is at most
@@ -67,29 +66,25 @@ fn queue_error(e: QueueError) -> ApiError {
         // The core names the fields the API has (the delay is checked as `delay_ms` before).
         QueueError::Input(e) => ApiError::input(&e),
         QueueError::LeaseLost { id } => ApiError::new(
-            StatusCode::CONFLICT,
-            "lease_lost",
+            ErrorCode::LeaseLost,
             "lease",
             format!(
                 "job `{id}`: this lease is not the job's current one (it expired, or the job was already acknowledged or failed); stop working on it"
             ),
         ),
         QueueError::UnknownJob { id } => ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_job",
+            ErrorCode::UnknownJob,
             "id",
             format!("no job `{id}` in this queue (acknowledged, cancelled, purged or never enqueued)"),
         ),
         QueueError::Conflict { id, state, message } => ApiError::new(
-            StatusCode::CONFLICT,
-            "conflict",
+            ErrorCode::Conflict,
             "id",
             format!("job `{id}` is {state}: {message}"),
         ),
-        QueueError::Store(e) => store_failure(paceline_store::Error::Store(e)),
+        QueueError::Store(e) => ApiError::from(paceline_store::Error::Store(e)),
         other => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "queue",
             other.to_string(),
         ),
@@ -106,8 +101,7 @@ fn queue(state: &AppState, name: &str) -> Result<Queue, ApiError> {
     state.queues.get(name).cloned().ok_or_else(|| {
         let known: Vec<&str> = state.queues.keys().map(String::as_str).collect();
         ApiError::new(
-            StatusCode::NOT_FOUND,
-            "unknown_queue",
+            ErrorCode::UnknownQueue,
             "queue",
             if known.is_empty() {
                 format!("no queue named `{name}`: this service has no queues; add [queues.NAME] tables to its config file")
@@ -411,8 +405,7 @@ async fn lease(
         .await
         .map_err(|_| {
             ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
+                ErrorCode::Internal,
                 "request",
                 "the lease call failed before it answered; retry it with the same request_id",
             )
