@@ -1,8 +1,7 @@
 //! The HTTP API: routes, request validation, responses.
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -24,10 +23,12 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 use subtle::ConstantTimeEq as _;
 
-use crate::config::Settings;
 use crate::error::{ApiError, ErrorBody, ErrorCode};
-use crate::metrics::{Metrics, PolicyMetrics};
+use crate::fields::{check_key, cost_field, number_field};
+use crate::metrics::PolicyMetrics;
 use crate::request::{self, RawAsk};
+use crate::state::{AppState, Live, Resolved, INLINE};
+use crate::units::ms;
 
 /// The largest body of `POST /v1/decisions`.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -35,117 +36,6 @@ pub const MAX_BODY: usize = 64 * 1024;
 pub const MAX_BATCH_BODY: usize = 1024 * 1024;
 /// The most requests in one batch.
 pub const MAX_BATCH: usize = 1_000;
-/// The longest key, in bytes.
-pub const MAX_KEY: usize = 512;
-
-/// The name of inline specs in responses and metrics.
-const INLINE: &str = "inline";
-
-/// The most inline specs remembered parsed; beyond, the memory starts over.
-const INLINE_CACHE: usize = 1_024;
-
-/// A configured policy and its metrics.
-pub(crate) struct Configured {
-    policy: Policy,
-    metrics: PolicyMetrics,
-}
-
-impl Configured {
-    /// The policy.
-    pub(crate) fn policy(&self) -> &Policy {
-        &self.policy
-    }
-}
-
-/// What a reload can change: the policies and the access rules.
-pub(crate) struct Live {
-    pub(crate) policies: BTreeMap<String, Configured>,
-    pub(crate) auth_token: Option<String>,
-    pub(crate) allow_inline_policies: bool,
-    /// The metrics of decisions by inline specs, all named `inline`.
-    inline_metrics: PolicyMetrics,
-    /// Inline specs already parsed: the policy and its key namespace.
-    inline: RwLock<HashMap<String, (Policy, String)>>,
-}
-
-impl Live {
-    pub(crate) fn new(settings: &Settings, metrics: &Metrics) -> Live {
-        Live {
-            policies: settings
-                .policies
-                .iter()
-                .map(|(name, policy)| {
-                    let metrics = metrics.policy(name);
-                    (
-                        name.clone(),
-                        Configured {
-                            policy: policy.clone(),
-                            metrics,
-                        },
-                    )
-                })
-                .collect(),
-            auth_token: settings.auth_token.clone(),
-            allow_inline_policies: settings.allow_inline_policies,
-            inline_metrics: metrics.policy(INLINE),
-            inline: RwLock::new(HashMap::new()),
-        }
-    }
-
-    /// An inline spec's policy, parsed once, and the store's key for `key` under it.
-    /// Errors name `field`, the request's field holding the spec.
-    fn inline(&self, spec: &str, key: &str, field: &str) -> Result<(Policy, String), ApiError> {
-        if let Some((policy, namespace)) = self
-            .inline
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(spec)
-        {
-            return Ok((policy.clone(), store_key(namespace, key)));
-        }
-        let policy: Policy = spec.parse().map_err(|e: InputError| {
-            ApiError::invalid(format!("{field}.{}", e.field()), e.message().to_string())
-        })?;
-        // The canonical spec keeps equal policies on the same keys.
-        let namespace = format!("~{policy}");
-        let store_key = store_key(&namespace, key);
-        let mut cache = self.inline.write().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= INLINE_CACHE {
-            cache.clear();
-        }
-        cache.insert(spec.to_string(), (policy.clone(), namespace));
-        Ok((policy, store_key))
-    }
-}
-
-/// Shared by every request.
-pub(crate) struct AppState {
-    pub(crate) live: RwLock<Arc<Live>>,
-    /// Where keys' state lives: any store, opened from the configured URL.
-    pub(crate) store: SharedStore,
-    pub(crate) metrics: Metrics,
-    /// How long a request's body may take to arrive.
-    pub(crate) body_read_timeout: Duration,
-    /// The job queues of the config file, by name.
-    pub(crate) queues: BTreeMap<String, paceline_queue::Queue>,
-    /// Becomes true when the service starts shutting down: lease calls waiting for a job
-    /// answer with what they have instead of holding the shutdown.
-    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
-    /// The dashboard's listing of each queue's groups.
-    pub(crate) groups: crate::dashboard::GroupsCache,
-    /// The settings the service started with (flags and file); a reload lays the file's
-    /// policies and access rules over them. The lock also makes reloads one at a time.
-    pub(crate) base: Mutex<Settings>,
-    /// Signs concurrency leases' tokens ([`crate::leases`]): the store's key, shared by
-    /// every instance on the same Redis.
-    pub(crate) lease_key: TokenKey,
-}
-
-impl AppState {
-    fn live(&self) -> Arc<Live> {
-        Arc::clone(&self.live.read().unwrap_or_else(PoisonError::into_inner))
-    }
-}
 
 /// The service's routes.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
@@ -410,7 +300,7 @@ fn validate<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<Ask<'a>, ApiError
         metrics,
         policy,
         store_key,
-    } = resolve(live, spec, key, "policy")?;
+    } = live.resolve(spec, key, "policy")?;
     // The cost is checked against the policy by the store, once, as it decides.
     Ok(Ask {
         name: name.unwrap_or(INLINE),
@@ -420,61 +310,6 @@ fn validate<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<Ask<'a>, ApiError
         store_key,
         op,
         cost,
-    })
-}
-
-/// A policy named by a request, found in the live configuration.
-pub(crate) struct Resolved<'a> {
-    /// The configured name; `None` for an inline spec.
-    pub(crate) name: Option<&'a str>,
-    pub(crate) metrics: &'a PolicyMetrics,
-    pub(crate) policy: Policy,
-    /// The key in the store: namespaced by policy.
-    pub(crate) store_key: String,
-}
-
-/// Finds `spec` (a configured name, or an inline spec where allowed) for `key`; errors name
-/// `field`, the request's field holding the spec.
-pub(crate) fn resolve<'a>(
-    live: &'a Live,
-    spec: &str,
-    key: &str,
-    field: &str,
-) -> Result<Resolved<'a>, ApiError> {
-    if let Some((name, c)) = live.policies.get_key_value(spec) {
-        return Ok(Resolved {
-            name: Some(name.as_str()),
-            metrics: &c.metrics,
-            policy: c.policy.clone(),
-            store_key: store_key(spec, key),
-        });
-    }
-    if !spec.contains(':') {
-        return Err(ApiError::unknown_policy(spec, field));
-    }
-    if !live.allow_inline_policies {
-        return Err(ApiError::new(
-            ErrorCode::InlinePoliciesDisabled,
-            field,
-            "inline policy specs are turned off on this service; use a configured policy's name (GET /v1/policies)",
-        ));
-    }
-    let (policy, store_key) = live.inline(spec, key, field)?;
-    Ok(Resolved {
-        name: None,
-        metrics: &live.inline_metrics,
-        policy,
-        store_key,
-    })
-}
-
-/// A request's cost (`field`): a whole number of at least 1, if given.
-pub(crate) fn cost_field(
-    cost: Option<&serde_json::Number>,
-    field: &str,
-) -> Result<Option<u64>, ApiError> {
-    number_field(cost, field, "use a whole number of at least 1", |n| {
-        n.as_u64().filter(|&c| c >= 1)
     })
 }
 
@@ -592,7 +427,7 @@ fn validate_set<'a>(live: &'a Live, fields: &RawAsk<'_>) -> Result<SetAsk<'a>, A
             .ok_or_else(|| ApiError::invalid(field("key"), "is required"))?;
         check_key(key, &field("key"))?;
         let cost = cost_field(raw.cost.as_ref(), &field("cost"))?.unwrap_or(cost);
-        let resolved = resolve(live, spec, key, &field("policy"))?;
+        let resolved = live.resolve(spec, key, &field("policy"))?;
         // A cost this limit can never admit is its own entry's fault.
         resolved
             .policy
@@ -647,51 +482,6 @@ pub(crate) fn path_parts<T>(
             ),
         )
     })
-}
-
-/// A number field of a request: `None` if absent or null, else what `convert` makes of it,
-/// which refuses a number by returning `None` (the error then says what is `allowed`).
-pub(crate) fn number_field<T>(
-    field: Option<&serde_json::Number>,
-    name: &str,
-    allowed: &str,
-    convert: impl Fn(&serde_json::Number) -> Option<T>,
-) -> Result<Option<T>, ApiError> {
-    let Some(n) = field else {
-        return Ok(None);
-    };
-    match convert(n) {
-        Some(value) => Ok(Some(value)),
-        None => Err(ApiError::invalid(
-            name,
-            format!("{n} is not allowed; {allowed}"),
-        )),
-    }
-}
-
-/// Keys are 1 to [`MAX_KEY`] bytes; errors name `field`.
-pub(crate) fn check_key(key: &str, field: &str) -> Result<(), ApiError> {
-    if key.is_empty() || key.len() > MAX_KEY {
-        return Err(ApiError::invalid(
-            field,
-            format!("must be 1 to {MAX_KEY} bytes long"),
-        ));
-    }
-    Ok(())
-}
-
-/// The store's key for `key` under a policy's namespace (its name, or `~SPEC` inline).
-pub(crate) fn store_key(namespace: &str, key: &str) -> String {
-    let mut out = String::with_capacity(namespace.len() + 1 + key.len());
-    out.push_str(namespace);
-    out.push(':');
-    out.push_str(key);
-    out
-}
-
-/// Milliseconds with microsecond precision.
-pub(crate) fn ms(d: Duration) -> f64 {
-    paceline_core::round_to_micros(d) as f64 / 1000.0
 }
 
 /// Counts a decision in the metrics and turns a failure into its API error.
@@ -939,7 +729,11 @@ async fn reset_key(
     if let Err(e) = check_key(&key, "key") {
         return e.into_response();
     }
-    match state.store.reset(&store_key(&policy, &key)).await {
+    match state
+        .store
+        .reset(&crate::state::store_key(&policy, &key))
+        .await
+    {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => ApiError::from(e).into_response(),
     }
@@ -949,7 +743,8 @@ async fn policies(Authorized(live): Authorized) -> Json<Value> {
     let policies: Map<String, Value> = live
         .policies
         .iter()
-        .map(|(name, Configured { policy: p, .. })| {
+        .map(|(name, c)| {
+            let p = c.policy();
             (
                 name.clone(),
                 json!({"spec": p.to_string(), "algorithm": p.algorithm(), "limit": p.limit()}),

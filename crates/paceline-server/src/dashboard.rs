@@ -42,148 +42,159 @@
 //! queue with its counts and its 10 groups with the most jobs waiting (the groups listed at
 //! most every 5 s: listing them reads every group).
 
-use std::collections::HashMap;
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, PoisonError};
 
 use axum::extract::State;
-use axum::http::{header, HeaderValue};
+use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
-use base64::Engine as _;
-use serde_json::{json, Value};
+use serde::Serialize;
 
-use crate::api::{AppState, Authorized};
-use crate::metrics::Snapshot;
-
-/// The page.
-const PAGE: &str = include_str!("dashboard.html");
+use crate::api::Authorized;
+use crate::dashboard_page::page;
+use crate::groups_cache::{GroupRow, GroupsListing};
+use crate::metrics::{PolicyCounts, Snapshot};
+use crate::state::AppState;
+use crate::top_keys::Counted;
 
 /// Keys refused most, and groups per queue, that the data lists.
 const TOP: usize = 10;
 
-/// How long the groups of a queue are kept for the dashboard: listing them reads every
-/// group (on Redis, one script over all of them), so many open pages cost one listing a
-/// while.
-const GROUPS_TTL: Duration = Duration::from_secs(5);
-
-/// What the page may do: run its own script (by its hash: an injected one would not run),
-/// use its inline style, and ask this service.
-static CSP: LazyLock<HeaderValue> = LazyLock::new(|| {
-    let hashes: Vec<String> = inline_scripts(PAGE)
-        .map(|script| {
-            let digest = ring::digest::digest(&ring::digest::SHA256, script.as_bytes());
-            let encoded = base64::engine::general_purpose::STANDARD.encode(digest.as_ref());
-            format!("'sha256-{encoded}'")
-        })
-        .collect();
-    let policy = format!(
-        "default-src 'none'; script-src {}; style-src 'unsafe-inline'; connect-src 'self'; \
-         img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
-        hashes.join(" ")
-    );
-    // Base64 and ASCII punctuation: always a valid header value.
-    HeaderValue::from_str(&policy).unwrap_or(HeaderValue::from_static("default-src 'none'"))
-});
-
-/// The text of each `<script>` element of `page`.
-fn inline_scripts(page: &str) -> impl Iterator<Item = &str> {
-    page.split("<script>")
-        .skip(1)
-        .filter_map(|rest| rest.split("</script>").next())
-}
-
-/// The groups of each queue as the dashboard lists them, and when they were listed.
-#[derive(Default)]
-pub(crate) struct GroupsCache(Mutex<HashMap<String, (Instant, Value)>>);
-
+/// The dashboard's routes: the page and its data.
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/dashboard", get(page))
         .route("/v1/dashboard", get(data))
 }
 
-/// The page (also on `paceline proxy`'s admin address, whose data has a `proxy` part).
-pub(crate) async fn page() -> Response {
-    (
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/html; charset=utf-8"),
-            ),
-            (header::CONTENT_SECURITY_POLICY, CSP.clone()),
-            (
-                header::X_CONTENT_TYPE_OPTIONS,
-                HeaderValue::from_static("nosniff"),
-            ),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-store")),
-            (
-                header::REFERRER_POLICY,
-                HeaderValue::from_static("no-referrer"),
-            ),
-        ],
-        PAGE,
-    )
-        .into_response()
+/// `GET /v1/dashboard` (fields of every object in the order JSON objects print).
+#[derive(Serialize)]
+struct DashboardBody<'a> {
+    policies: Vec<PolicyRow>,
+    queues: Vec<QueueRow<'a>>,
+    refusals_not_sampled: u64,
+    refused_keys: Vec<RefusedRow>,
+    service: ServiceBody,
 }
 
-/// Quantiles of a histogram of seconds, in milliseconds (to the microsecond).
-fn quantiles_ms(histogram: &Snapshot, qs: &[(&str, f64)]) -> Value {
-    let mut out = serde_json::Map::new();
-    out.insert("count".into(), json!(histogram.counts.iter().sum::<u64>()));
-    for &(name, q) in qs {
-        let value = histogram.quantile(q).map(|s| (s * 1e6).round() / 1e3);
-        out.insert(name.into(), json!(value));
+/// The service's own state.
+#[derive(Serialize)]
+struct ServiceBody {
+    now_ms: u64,
+    ready: bool,
+    store: String,
+    store_errors: u64,
+    store_latency_ms: LatencyMs,
+    store_message: Option<String>,
+    uptime_s: f64,
+}
+
+/// One policy's counts since the start, and its delays.
+#[derive(Serialize)]
+struct PolicyRow {
+    allowed: u64,
+    delay_ms: DelayMs,
+    error: u64,
+    fail_open: u64,
+    local: u64,
+    local_rejected: u64,
+    name: String,
+    rejected: u64,
+    /// The configured policy's spec; `null` for `inline` (and for a policy a reload
+    /// removed).
+    spec: Option<String>,
+}
+
+/// One of the keys refused most.
+#[derive(Serialize)]
+struct RefusedRow {
+    key: String,
+    overcount: u64,
+    policy: String,
+    refusals: u64,
+}
+
+/// One queue: its counts and its groups with the most jobs waiting, or why not.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum QueueRow<'a> {
+    Counted {
+        active: u64,
+        dead: u64,
+        groups: &'a [GroupRow],
+        groups_total: usize,
+        queue: &'a str,
+        scheduled: u64,
+        waiting: u64,
+    },
+    Unanswered {
+        error: &'static str,
+        queue: &'a str,
+    },
+}
+
+/// Quantiles of decisions' delays, in milliseconds (`null` before the first).
+#[derive(Serialize)]
+struct DelayMs {
+    count: u64,
+    p50: Option<f64>,
+    p90: Option<f64>,
+    p99: Option<f64>,
+}
+
+/// Quantiles of the store's latency, in milliseconds (`null` before the first call).
+#[derive(Serialize)]
+struct LatencyMs {
+    count: u64,
+    p50: Option<f64>,
+    p99: Option<f64>,
+}
+
+/// Quantile `q` of a histogram of seconds, in milliseconds (to the microsecond).
+fn quantile_ms(histogram: &Snapshot, q: f64) -> Option<f64> {
+    histogram.quantile(q).map(|s| (s * 1e6).round() / 1e3)
+}
+
+/// How many values a histogram holds.
+fn count(histogram: &Snapshot) -> u64 {
+    histogram.counts.iter().sum()
+}
+
+impl PolicyRow {
+    fn new(name: String, c: PolicyCounts, spec: Option<String>) -> PolicyRow {
+        let delay = &c.delay;
+        PolicyRow {
+            allowed: c.allowed,
+            delay_ms: DelayMs {
+                count: count(delay),
+                p50: quantile_ms(delay, 0.5),
+                p90: quantile_ms(delay, 0.9),
+                p99: quantile_ms(delay, 0.99),
+            },
+            error: c.error,
+            fail_open: c.fail_open,
+            local: c.local,
+            local_rejected: c.local_rejected,
+            name,
+            rejected: c.rejected,
+            spec,
+        }
     }
-    Value::Object(out)
 }
 
-/// A queue's [`TOP`] groups with the most jobs waiting, and how many it has, listed at most
-/// every [`GROUPS_TTL`]; `None` when the store does not answer.
-async fn groups(state: &AppState, name: &str, queue: &paceline_queue::Queue) -> Option<Value> {
-    let now = Instant::now();
-    let cached = state
-        .groups
-        .0
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .get(name)
-        .filter(|(at, _)| now.duration_since(*at) < GROUPS_TTL)
-        .map(|(_, groups)| groups.clone());
-    if cached.is_some() {
-        return cached;
+impl From<Counted> for RefusedRow {
+    fn from(c: Counted) -> RefusedRow {
+        RefusedRow {
+            key: c.key,
+            overcount: c.overcount,
+            policy: c.policy,
+            refusals: c.refusals,
+        }
     }
-    let mut stats = queue.stats().await.ok()?;
-    let total = stats.groups.len();
-    stats.groups.sort_by(|a, b| {
-        b.waiting
-            .cmp(&a.waiting)
-            .then_with(|| a.group.cmp(&b.group))
-    });
-    let listed: Vec<Value> = stats
-        .groups
-        .iter()
-        .take(TOP)
-        .map(|g| {
-            json!({
-                "group": g.group,
-                "waiting": g.waiting,
-                "active": g.active,
-                "next_eligible_ms": g.next_eligible.map(|us| us / 1_000),
-            })
-        })
-        .collect();
-    let groups = json!({"groups_total": total, "groups": listed});
-    state
-        .groups
-        .0
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .insert(name.to_string(), (now, groups.clone()));
-    Some(groups)
 }
 
+/// `GET /v1/dashboard`: the data the page polls (see the module docs).
 async fn data(State(state): State<Arc<AppState>>, Authorized(live): Authorized) -> Response {
     // The counts and the clock the page divides them by, read together (the store's
     // answers below take their time).
@@ -192,112 +203,81 @@ async fn data(State(state): State<Arc<AppState>>, Authorized(live): Authorized) 
     let uptime_s = metrics.started.elapsed().as_secs_f64();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     let ready = state.store.ready().await;
     let store = {
         let base = state.base.lock().unwrap_or_else(PoisonError::into_inner);
         paceline_store::without_credentials(&base.store)
     };
-    let policies: Vec<Value> = counts
+    let policies: Vec<PolicyRow> = counts
         .into_iter()
         .map(|(name, c)| {
             let spec = live
                 .policies
                 .get(&name)
                 .map(|configured| configured.policy().to_string());
-            json!({
-                "name": name,
-                "spec": spec,
-                "allowed": c.allowed,
-                "rejected": c.rejected,
-                "fail_open": c.fail_open,
-                "local": c.local,
-                "local_rejected": c.local_rejected,
-                "error": c.error,
-                "delay_ms": quantiles_ms(&c.delay, &[("p50", 0.5), ("p90", 0.9), ("p99", 0.99)]),
-            })
+            PolicyRow::new(name, c, spec)
         })
         .collect();
-    let refused: Vec<Value> = metrics
+    let refused_keys: Vec<RefusedRow> = metrics
         .refused
         .top(TOP)
         .into_iter()
-        .map(|c| {
-            json!({
-                "policy": c.policy,
-                "key": c.key,
-                "refusals": c.refusals,
-                "overcount": c.overcount,
-            })
+        .map(RefusedRow::from)
+        .collect();
+    // The counts every time (cheap, as for `/metrics`); the groups from the cache.
+    let mut listed: Vec<(&str, Option<(paceline_queue::Stats, Arc<GroupsListing>)>)> =
+        Vec::with_capacity(state.queues.len());
+    for (name, queue) in &state.queues {
+        let counted = queue.counts().await;
+        let groups = state.groups.listing(name, queue, TOP).await;
+        let answered = match (counted, groups) {
+            (Ok(stats), Some(groups)) => {
+                metrics.queue_stats(name, &stats);
+                Some((stats, groups))
+            }
+            _ => None,
+        };
+        listed.push((name, answered));
+    }
+    let queues = listed
+        .iter()
+        .map(|(queue, answered)| match answered {
+            Some((stats, groups)) => QueueRow::Counted {
+                active: stats.active,
+                dead: stats.dead,
+                groups: &groups.top,
+                groups_total: groups.total,
+                queue,
+                scheduled: stats.scheduled,
+                waiting: stats.waiting,
+            },
+            None => QueueRow::Unanswered {
+                error: "the store did not answer",
+                queue,
+            },
         })
         .collect();
-    let mut queues = Vec::new();
-    for (name, queue) in &state.queues {
-        // The counts every time (cheap, as for `/metrics`); the groups from the cache.
-        let counted = queue.counts().await;
-        let listed = groups(&state, name, queue).await;
-        let (Ok(stats), Some(groups)) = (counted, listed) else {
-            queues.push(json!({"queue": name, "error": "the store did not answer"}));
-            continue;
-        };
-        metrics.queue_stats(name, &stats);
-        queues.push(json!({
-            "queue": name,
-            "scheduled": stats.scheduled,
-            "waiting": stats.waiting,
-            "active": stats.active,
-            "dead": stats.dead,
-            "groups_total": groups["groups_total"],
-            "groups": groups["groups"],
-        }));
-    }
     let latency = metrics.store_latency.snapshot();
-    let body = json!({
-        "service": {
-            "now_ms": now_ms,
-            "uptime_s": uptime_s,
-            "store": store,
-            "ready": ready.is_ok(),
-            "store_message": ready.err().map(|e| e.to_string()),
-            "store_errors": metrics.store_errors.get(),
-            "store_latency_ms": quantiles_ms(&latency, &[("p50", 0.5), ("p99", 0.99)]),
+    let body = DashboardBody {
+        policies,
+        queues,
+        refusals_not_sampled: metrics.refused.skipped(),
+        refused_keys,
+        service: ServiceBody {
+            now_ms,
+            ready: ready.is_ok(),
+            store,
+            store_errors: metrics.store_errors.get(),
+            store_latency_ms: LatencyMs {
+                count: count(&latency),
+                p50: quantile_ms(&latency, 0.5),
+                p99: quantile_ms(&latency, 0.99),
+            },
+            store_message: ready.err().map(|e| e.to_string()),
+            uptime_s,
         },
-        "policies": policies,
-        "refused_keys": refused,
-        "refusals_not_sampled": metrics.refused.skipped(),
-        "queues": queues,
-    });
+    };
+    // The body borrows the queues' listings: it is written out here.
     ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_policy_lets_the_pages_own_script_run_and_nothing_else() {
-        let csp = CSP.to_str().unwrap_or_default();
-        let scripts: Vec<&str> = inline_scripts(PAGE).collect();
-        assert_eq!(scripts.len(), 1, "the page has one script");
-        let directive = |name: &str| {
-            csp.split(';')
-                .map(str::trim)
-                .find(|d| d.starts_with(name))
-                .unwrap_or_default()
-                .to_string()
-        };
-        let script_src = directive("script-src");
-        assert!(script_src.starts_with("script-src 'sha256-"), "{csp}");
-        assert!(!script_src.contains("unsafe"), "{csp}");
-        assert_eq!(directive("default-src"), "default-src 'none'");
-        assert_eq!(directive("connect-src"), "connect-src 'self'");
-        // The hash is the script's own.
-        let own = ring::digest::digest(&ring::digest::SHA256, scripts[0].as_bytes());
-        let own = base64::engine::general_purpose::STANDARD.encode(own.as_ref());
-        assert_eq!(script_src, format!("script-src 'sha256-{own}'"));
-        // The hash of a changed script is another.
-        let other = ring::digest::digest(&ring::digest::SHA256, b"alert(1)");
-        let other = base64::engine::general_purpose::STANDARD.encode(other.as_ref());
-        assert!(!csp.contains(&other));
-    }
 }

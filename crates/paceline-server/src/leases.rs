@@ -38,11 +38,14 @@ use serde::{Deserialize, Serialize};
 use serde_json::Number;
 
 use crate::api::{
-    add_rate_limit_headers, check_key, cost_field, ms, path_parts, read_body, resolve, settle,
-    status_of, utf8, AppState, Authorized, DecisionBody, Live, Resolved, MAX_BODY,
+    add_rate_limit_headers, path_parts, read_body, settle, status_of, utf8, Authorized,
+    DecisionBody, MAX_BODY,
 };
 use crate::error::{ApiError, ErrorCode};
+use crate::fields::{check_key, cost_field};
 use crate::request::{self, Text};
+use crate::state::{AppState, Live, Resolved};
+use crate::units::ms;
 
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()
@@ -138,7 +141,7 @@ fn find<'a>(
 ) -> Result<(u64, Resolved<'a>), ApiError> {
     let Token { id, namespace, key } = parse(signer, token)?;
     let spec = namespace.strip_prefix('~').unwrap_or(&namespace);
-    match resolve(live, spec, &key, "lease") {
+    match live.resolve(spec, &key, "lease") {
         // A policy that is no longer a concurrency one (a reload changed it) holds no lease.
         Ok(resolved) if resolved.policy.concurrency().is_err() => Err(unknown_lease()),
         Ok(resolved) => Ok((id, resolved)),
@@ -223,7 +226,7 @@ async fn take_lease(state: &AppState, live: &Live, body: Body) -> Result<Respons
         .ok_or_else(|| ApiError::invalid("key", "is required"))?;
     check_key(key, "key")?;
     let cost = cost_field(fields.cost.as_ref(), "cost")?.unwrap_or(1);
-    let resolved = resolve(live, spec, key, "policy")?;
+    let resolved = live.resolve(spec, key, "policy")?;
     let lease = resolved
         .policy
         .concurrency()
@@ -235,13 +238,7 @@ async fn take_lease(state: &AppState, live: &Live, body: Body) -> Result<Respons
         .decide(&resolved.policy, &resolved.store_key, Op::Limit, cost)
         .await;
     let d = settle(state, resolved.metrics, key, outcome)?;
-    // The store key is `NAMESPACE:KEY`.
-    let namespace = resolved
-        .store_key
-        .len()
-        .checked_sub(key.len() + 1)
-        .and_then(|end| resolved.store_key.get(..end))
-        .unwrap_or_default();
+    let namespace = resolved.namespace(key);
     let mut response = if d.allowed {
         let body = LeaseBody {
             expires_ms: ms(lease),

@@ -38,13 +38,18 @@ mod catch_panic;
 pub mod config;
 mod conn;
 mod dashboard;
+mod dashboard_page;
 mod error;
+mod fields;
+mod groups_cache;
 mod leases;
 mod metrics;
 pub mod proxy;
 pub mod queues;
 mod request;
+mod state;
 mod top_keys;
+mod units;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -53,10 +58,11 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use paceline_store::{open, StoreOptions};
 use tokio::net::TcpListener;
 
-pub use api::{MAX_BATCH, MAX_BATCH_BODY, MAX_BODY, MAX_KEY};
+pub use api::{MAX_BATCH, MAX_BATCH_BODY, MAX_BODY};
 pub use config::{ConfigError, Settings, DEFAULT_PORT};
+pub use fields::MAX_KEY;
 
-use api::{AppState, Live};
+use state::{AppState, Live};
 
 /// How often the service sweeps a memory store for idle keys, calls or no calls
 /// ([`StoreOptions::sweep_every`]): the keys of a burst that then goes quiet give their memory
@@ -216,7 +222,7 @@ impl Server {
             body_read_timeout: settings.connections.body_read_timeout,
             queues,
             stopping: tokio::sync::watch::Sender::new(false),
-            groups: dashboard::GroupsCache::default(),
+            groups: groups_cache::GroupsCache::default(),
             base: Mutex::new(settings),
             lease_key,
         });

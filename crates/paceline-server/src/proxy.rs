@@ -410,7 +410,7 @@ impl Proxy {
             let router = Router::new()
                 .route("/healthz", get(|| async { "ok\n" }))
                 .route("/metrics", get(metrics))
-                .route("/dashboard", get(crate::dashboard::page))
+                .route("/dashboard", get(crate::dashboard_page::page))
                 .route("/v1/dashboard", get(dashboard))
                 .with_state(Arc::clone(&self.state));
             let mut stopped = stopped.clone();

@@ -23,9 +23,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use serde_json::{json, Number, Value};
 
-use crate::api::{number_field, path_parts, read_body, utf8, AppState, Authorized};
+use crate::api::{path_parts, read_body, utf8, Authorized};
 use crate::error::{ApiError, ErrorCode};
+use crate::fields::number_field;
 use crate::request;
+use crate::state::AppState;
 
 /// The largest body of a queue request, a batch's included (a job's payload is at most
 /// 16 MiB).

@@ -1,0 +1,191 @@
+//! What every request shares: the store, the metrics, the queues, and the live
+//! configuration (the policies and access rules a reload replaces), in which a request's
+//! policy is found.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use paceline_store::secret::TokenKey;
+use paceline_store::{InputError, Policy, SharedStore};
+
+use crate::config::Settings;
+use crate::error::{ApiError, ErrorCode};
+use crate::groups_cache::GroupsCache;
+use crate::metrics::{Metrics, PolicyMetrics};
+
+/// The name of inline specs in responses and metrics.
+pub(crate) const INLINE: &str = "inline";
+
+/// The most inline specs remembered parsed; beyond, the memory starts over.
+const INLINE_CACHE: usize = 1_024;
+
+/// Shared by every request.
+pub(crate) struct AppState {
+    pub(crate) live: RwLock<Arc<Live>>,
+    /// Where keys' state lives: any store, opened from the configured URL.
+    pub(crate) store: SharedStore,
+    pub(crate) metrics: Metrics,
+    /// How long a request's body may take to arrive.
+    pub(crate) body_read_timeout: Duration,
+    /// The job queues of the config file, by name.
+    pub(crate) queues: BTreeMap<String, paceline_queue::Queue>,
+    /// Becomes true when the service starts shutting down: lease calls waiting for a job
+    /// answer with what they have instead of holding the shutdown.
+    pub(crate) stopping: tokio::sync::watch::Sender<bool>,
+    /// The dashboard's listing of each queue's groups.
+    pub(crate) groups: GroupsCache,
+    /// The settings the service started with (flags and file); a reload lays the file's
+    /// policies and access rules over them. The lock also makes reloads one at a time.
+    pub(crate) base: Mutex<Settings>,
+    /// Signs concurrency leases' tokens ([`crate::lease_token`]): the store's key, shared
+    /// by every instance on the same Redis.
+    pub(crate) lease_key: TokenKey,
+}
+
+impl AppState {
+    /// The live configuration now: a request decides all of itself under this one.
+    pub(crate) fn live(&self) -> Arc<Live> {
+        Arc::clone(&self.live.read().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// A configured policy and its metrics.
+pub(crate) struct Configured {
+    policy: Policy,
+    metrics: PolicyMetrics,
+}
+
+impl Configured {
+    /// The policy.
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+/// What a reload can change: the policies and the access rules.
+pub(crate) struct Live {
+    pub(crate) policies: BTreeMap<String, Configured>,
+    pub(crate) auth_token: Option<String>,
+    pub(crate) allow_inline_policies: bool,
+    /// The metrics of decisions by inline specs, all named `inline`.
+    inline_metrics: PolicyMetrics,
+    /// Inline specs already parsed: the policy and its key namespace.
+    inline: RwLock<HashMap<String, (Policy, String)>>,
+}
+
+/// A policy named by a request, found in the live configuration.
+pub(crate) struct Resolved<'a> {
+    /// The configured name; `None` for an inline spec.
+    pub(crate) name: Option<&'a str>,
+    pub(crate) metrics: &'a PolicyMetrics,
+    pub(crate) policy: Policy,
+    /// The key in the store: namespaced by policy (`NAMESPACE:KEY`).
+    pub(crate) store_key: String,
+}
+
+impl Resolved<'_> {
+    /// The policy's namespace of keys at the start of the store's key for `key`: its
+    /// configured name, or `~SPEC` for an inline spec.
+    pub(crate) fn namespace(&self, key: &str) -> &str {
+        self.store_key
+            .len()
+            .checked_sub(key.len() + 1)
+            .and_then(|end| self.store_key.get(..end))
+            .unwrap_or_default()
+    }
+}
+
+impl Live {
+    pub(crate) fn new(settings: &Settings, metrics: &Metrics) -> Live {
+        Live {
+            policies: settings
+                .policies
+                .iter()
+                .map(|(name, policy)| {
+                    let metrics = metrics.policy(name);
+                    (
+                        name.clone(),
+                        Configured {
+                            policy: policy.clone(),
+                            metrics,
+                        },
+                    )
+                })
+                .collect(),
+            auth_token: settings.auth_token.clone(),
+            allow_inline_policies: settings.allow_inline_policies,
+            inline_metrics: metrics.policy(INLINE),
+            inline: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// Finds `spec` (a configured name, or an inline spec where allowed) for `key`; errors
+    /// name `field`, the request's field holding the spec.
+    pub(crate) fn resolve(
+        &self,
+        spec: &str,
+        key: &str,
+        field: &str,
+    ) -> Result<Resolved<'_>, ApiError> {
+        if let Some((name, c)) = self.policies.get_key_value(spec) {
+            return Ok(Resolved {
+                name: Some(name.as_str()),
+                metrics: &c.metrics,
+                policy: c.policy.clone(),
+                store_key: store_key(spec, key),
+            });
+        }
+        if !spec.contains(':') {
+            return Err(ApiError::unknown_policy(spec, field));
+        }
+        if !self.allow_inline_policies {
+            return Err(ApiError::new(
+                ErrorCode::InlinePoliciesDisabled,
+                field,
+                "inline policy specs are turned off on this service; use a configured policy's name (GET /v1/policies)",
+            ));
+        }
+        let (policy, store_key) = self.inline(spec, key, field)?;
+        Ok(Resolved {
+            name: None,
+            metrics: &self.inline_metrics,
+            policy,
+            store_key,
+        })
+    }
+
+    /// An inline spec's policy, parsed once, and the store's key for `key` under it.
+    /// Errors name `field`, the request's field holding the spec.
+    fn inline(&self, spec: &str, key: &str, field: &str) -> Result<(Policy, String), ApiError> {
+        if let Some((policy, namespace)) = self
+            .inline
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(spec)
+        {
+            return Ok((policy.clone(), store_key(namespace, key)));
+        }
+        let policy: Policy = spec.parse().map_err(|e: InputError| {
+            ApiError::invalid(format!("{field}.{}", e.field()), e.message().to_string())
+        })?;
+        // The canonical spec keeps equal policies on the same keys.
+        let namespace = format!("~{policy}");
+        let store_key = store_key(&namespace, key);
+        let mut cache = self.inline.write().unwrap_or_else(PoisonError::into_inner);
+        if cache.len() >= INLINE_CACHE {
+            cache.clear();
+        }
+        cache.insert(spec.to_string(), (policy.clone(), namespace));
+        Ok((policy, store_key))
+    }
+}
+
+/// The store's key for `key` under a policy's namespace (its name, or `~SPEC` inline).
+pub(crate) fn store_key(namespace: &str, key: &str) -> String {
+    let mut out = String::with_capacity(namespace.len() + 1 + key.len());
+    out.push_str(namespace);
+    out.push(':');
+    out.push_str(key);
+    out
+}
