@@ -5,8 +5,8 @@
 //! A connection is served by hyper's HTTP/1 connection with its header read timeout (which
 //! hyper counts from the moment the connection may send a request, so it bounds an idle
 //! connection too). A watchdog beside it closes a connection that has had no request in
-//! flight and no bytes moving for the idle timeout. The body read timeout is the router's
-//! (see `api`), since a body is read by the request's handler.
+//! flight and no bytes moving for the idle timeout. The body read timeout is a layer of the
+//! router's (see `body_timeout`), since a body is read by the request's handler.
 //!
 //! On shutdown, a connection with a request in flight answers it with `Connection: close`;
 //! an idle one closes at once, unless its next request has arrived (bytes of it read, or

@@ -46,14 +46,14 @@ use std::sync::{Arc, PoisonError};
 
 use axum::extract::State;
 use axum::http::header;
-use axum::response::{IntoResponse, Response};
+use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 
-use crate::api::Authorized;
 use crate::dashboard_page::page;
-use crate::groups_cache::{GroupRow, GroupsListing};
+use crate::extract::Authorized;
+use crate::groups_cache::GroupsListing;
 use crate::metrics::{PolicyCounts, Snapshot};
 use crate::state::AppState;
 use crate::top_keys::Counted;
@@ -70,9 +70,9 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 
 /// `GET /v1/dashboard` (fields of every object in the order JSON objects print).
 #[derive(Serialize)]
-struct DashboardBody<'a> {
+struct DashboardBody {
     policies: Vec<PolicyRow>,
-    queues: Vec<QueueRow<'a>>,
+    queues: Vec<QueueRow>,
     refusals_not_sampled: u64,
     refused_keys: Vec<RefusedRow>,
     service: ServiceBody,
@@ -118,20 +118,29 @@ struct RefusedRow {
 /// One queue: its counts and its groups with the most jobs waiting, or why not.
 #[derive(Serialize)]
 #[serde(untagged)]
-enum QueueRow<'a> {
+enum QueueRow {
     Counted {
         active: u64,
         dead: u64,
-        groups: &'a [GroupRow],
+        #[serde(serialize_with = "top_groups")]
+        groups: Arc<GroupsListing>,
         groups_total: usize,
-        queue: &'a str,
+        queue: String,
         scheduled: u64,
         waiting: u64,
     },
     Unanswered {
         error: &'static str,
-        queue: &'a str,
+        queue: String,
     },
+}
+
+/// A queue's listed groups, as the rows the page shows.
+fn top_groups<S: serde::Serializer>(
+    listing: &Arc<GroupsListing>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    listing.top.serialize(serializer)
 }
 
 /// Quantiles of decisions' delays, in milliseconds (`null` before the first).
@@ -195,7 +204,10 @@ impl From<Counted> for RefusedRow {
 }
 
 /// `GET /v1/dashboard`: the data the page polls (see the module docs).
-async fn data(State(state): State<Arc<AppState>>, Authorized(live): Authorized) -> Response {
+async fn data(
+    State(state): State<Arc<AppState>>,
+    Authorized(live): Authorized,
+) -> impl IntoResponse {
     // The counts and the clock the page divides them by, read together (the store's
     // answers below take their time).
     let metrics = &state.metrics;
@@ -226,38 +238,28 @@ async fn data(State(state): State<Arc<AppState>>, Authorized(live): Authorized) 
         .map(RefusedRow::from)
         .collect();
     // The counts every time (cheap, as for `/metrics`); the groups from the cache.
-    let mut listed: Vec<(&str, Option<(paceline_queue::Stats, Arc<GroupsListing>)>)> =
-        Vec::with_capacity(state.queues.len());
+    let mut queues = Vec::with_capacity(state.queues.len());
     for (name, queue) in &state.queues {
         let counted = queue.counts().await;
-        let groups = state.groups.listing(name, queue, TOP).await;
-        let answered = match (counted, groups) {
-            (Ok(stats), Some(groups)) => {
-                metrics.queue_stats(name, &stats);
-                Some((stats, groups))
-            }
-            _ => None,
-        };
-        listed.push((name, answered));
-    }
-    let queues = listed
-        .iter()
-        .map(|(queue, answered)| match answered {
-            Some((stats, groups)) => QueueRow::Counted {
-                active: stats.active,
-                dead: stats.dead,
-                groups: &groups.top,
-                groups_total: groups.total,
-                queue,
-                scheduled: stats.scheduled,
-                waiting: stats.waiting,
-            },
-            None => QueueRow::Unanswered {
+        let listed = state.groups.listing(name, queue, TOP).await;
+        let (Ok(stats), Some(groups)) = (counted, listed) else {
+            queues.push(QueueRow::Unanswered {
                 error: "the store did not answer",
-                queue,
-            },
-        })
-        .collect();
+                queue: name.clone(),
+            });
+            continue;
+        };
+        metrics.queue_stats(name, &stats);
+        queues.push(QueueRow::Counted {
+            active: stats.active,
+            dead: stats.dead,
+            groups_total: groups.total,
+            groups,
+            queue: name.clone(),
+            scheduled: stats.scheduled,
+            waiting: stats.waiting,
+        });
+    }
     let latency = metrics.store_latency.snapshot();
     let body = DashboardBody {
         policies,
@@ -278,6 +280,5 @@ async fn data(State(state): State<Arc<AppState>>, Authorized(live): Authorized) 
             uptime_s,
         },
     };
-    // The body borrows the queues' listings: it is written out here.
-    ([(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
+    ([(header::CACHE_CONTROL, "no-store")], Json(body))
 }

@@ -1,6 +1,9 @@
 //! The checks of a request's fields that more than one endpoint shares: a key's length, a
-//! cost, and any number field with its allowed range.
+//! cost, an op, and any number field with its allowed range.
 
+use std::time::Duration;
+
+use paceline_store::Op;
 use serde_json::Number;
 
 use crate::error::ApiError;
@@ -42,6 +45,33 @@ pub(crate) fn number_field<T>(
         None => Err(ApiError::invalid(
             name,
             format!("{n} is not allowed; {allowed}"),
+        )),
+    }
+}
+
+/// A request's op, with its `max_wait_ms` (for `pace` only).
+pub(crate) fn op_field(name: &str, max_wait_ms: Option<&Number>) -> Result<Op, ApiError> {
+    let max_wait = number_field(
+        max_wait_ms,
+        "max_wait_ms",
+        "use milliseconds from 0 to 1e13",
+        |n| {
+            n.as_f64()
+                .filter(|ms| (0.0..=1e13).contains(ms))
+                .map(|ms| Duration::from_secs_f64(ms / 1000.0))
+        },
+    )?;
+    match (name, max_wait) {
+        ("pace", None) => Ok(Op::pace()),
+        ("pace", Some(w)) => Ok(Op::pace_within(w)),
+        ("limit" | "peek", Some(_)) => {
+            Err(ApiError::invalid("max_wait_ms", "applies to `pace` only"))
+        }
+        ("limit", None) => Ok(Op::Limit),
+        ("peek", None) => Ok(Op::Peek),
+        (other, _) => Err(ApiError::invalid(
+            "op",
+            format!("`{other}` is not an op; use pace, limit or peek"),
         )),
     }
 }

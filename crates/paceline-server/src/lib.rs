@@ -33,20 +33,28 @@
 /// The name of the store's key that signs concurrency leases' tokens.
 const LEASE_KEY: &str = "concurrency-lease";
 
-mod api;
+mod body_timeout;
 mod catch_panic;
 pub mod config;
 mod conn;
 mod dashboard;
 mod dashboard_page;
+mod decisions;
 mod error;
+mod extract;
 mod fields;
 mod groups_cache;
+mod health;
+mod lease_token;
 mod leases;
 mod metrics;
+mod outcome;
+mod policies;
 pub mod proxy;
 pub mod queues;
+mod reload;
 mod request;
+mod router;
 mod state;
 mod top_keys;
 mod units;
@@ -58,8 +66,9 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use paceline_store::{open, StoreOptions};
 use tokio::net::TcpListener;
 
-pub use api::{MAX_BATCH, MAX_BATCH_BODY, MAX_BODY};
 pub use config::{ConfigError, Settings, DEFAULT_PORT};
+pub use decisions::{MAX_BATCH, MAX_BATCH_BODY};
+pub use extract::MAX_BODY;
 pub use fields::MAX_KEY;
 
 use state::{AppState, Live};
@@ -116,56 +125,6 @@ impl Reloader {
     /// (target `paceline`, field `trigger = "SIGHUP"`).
     pub fn reload(&self) -> Result<String, String> {
         self.state.reload("SIGHUP")
-    }
-}
-
-impl AppState {
-    /// Re-reads the config file and applies its policies and access rules, for `trigger`
-    /// (`SIGHUP`, `POST /v1/reload`), and logs the outcome: `reloaded: ...` at INFO, or
-    /// `reload failed: ...; the previous configuration stays` at WARN (an operator who
-    /// sent a bad file must see it among the warnings).
-    pub(crate) fn reload(&self, trigger: &str) -> Result<String, String> {
-        let outcome = self.reload_file();
-        match &outcome {
-            Ok(message) => tracing::info!(target: "paceline", trigger, "reloaded: {message}"),
-            Err(message) => {
-                tracing::warn!(target: "paceline", trigger, "reload failed: {message}")
-            }
-        }
-        outcome
-    }
-
-    /// Re-reads the config file and applies its policies and access rules.
-    fn reload_file(&self) -> Result<String, String> {
-        let base = self.base.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(path) = &base.config_file else {
-            return Err(
-                "the service was started without --config; there is nothing to reload".into(),
-            );
-        };
-        let file = config::read_file(path)
-            .map_err(|e| format!("{e}; the previous configuration stays"))?;
-        let mut notes = Vec::new();
-        if file.store.as_ref().is_some_and(|s| *s != base.store) {
-            notes.push("`store` changed: restart to apply it");
-        }
-        if file.listen.is_some_and(|l| l != base.listen) {
-            notes.push("`listen` changed: restart to apply it");
-        }
-        if file.queues != base.queues {
-            notes.push("`queues` changed: restart to apply them");
-        }
-        let mut next = base.clone();
-        next.apply_live(file);
-        let count = next.policies.len();
-        *self.live.write().unwrap_or_else(PoisonError::into_inner) =
-            Arc::new(Live::new(&next, &self.metrics));
-        let mut message = format!("{count} policies loaded from {}", path.display());
-        for note in notes {
-            message.push_str("; ");
-            message.push_str(note);
-        }
-        Ok(message)
     }
 }
 
@@ -264,7 +223,7 @@ impl Server {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .connections;
-        let app = api::router(Arc::clone(&self.state));
+        let app = router::router(Arc::clone(&self.state));
         let state = Arc::clone(&self.state);
         let shutdown = async move {
             shutdown.await;

@@ -1,6 +1,6 @@
 //! Request bodies as sent: a decision request's fields read by serde's derive straight
-//! from the bytes (strings borrowed where they hold no escapes), before [`crate::api`]
-//! checks their values against the policies.
+//! from the bytes (strings borrowed where they hold no escapes), before the route modules
+//! check their values against the policies (`decisions`, `leases`, `queues`).
 //!
 //! A body that does not read is read a second time through `serde_path_to_error`, which
 //! finds the field the error belongs to, so that only failing bodies pay for tracking it.

@@ -1,0 +1,159 @@
+//! Decisions over HTTP: `POST /v1/decisions` (one decision, or a set of limits decided as
+//! one) and `POST /v1/decisions/batch` (up to [`MAX_BATCH`] single decisions, answered in
+//! order).
+//!
+//! A decision answers `200` admitted or `429` refused, with its JSON body and the headers
+//! `RateLimit-Policy`, `RateLimit` and, for a refusal, `Retry-After` ([`crate::outcome`]).
+//! A batch answers `200` with one entry per request, each with its own `status`: a
+//! decision's body, or `{"error": {...}, "status"}` for a request that has none.
+
+mod ask;
+mod set;
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use paceline_store::{Decision, Request, StoreError, StoreErrorKind};
+use serde::Serialize;
+
+use crate::error::{ApiError, ErrorBody};
+use crate::extract::{Authorized, JsonBody, JsonSchema, MAX_BODY};
+use crate::outcome::{rate_limited, settle, status_of, DecisionBody};
+use crate::request::{self, BodyError, RawAsk};
+use crate::state::AppState;
+use ask::Ask;
+use set::SetAsk;
+
+/// The largest body of `POST /v1/decisions/batch`.
+pub const MAX_BATCH_BODY: usize = 1024 * 1024;
+/// The most requests in one batch.
+pub const MAX_BATCH: usize = 1_000;
+
+/// The decision routes.
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/decisions", post(decide))
+        .route("/v1/decisions/batch", post(batch))
+}
+
+/// `POST /v1/decisions`'s body: one request's fields, at most [`MAX_BODY`] bytes.
+enum AskSchema {}
+
+impl JsonSchema for AskSchema {
+    const LIMIT: usize = MAX_BODY;
+    type Value<'a> = RawAsk<'a>;
+
+    fn read(json: &str) -> Result<RawAsk<'_>, ApiError> {
+        Ok(request::ask(json)?)
+    }
+}
+
+/// `POST /v1/decisions/batch`'s body: an array of at most [`MAX_BATCH`] requests, each
+/// read on its own (a bad one is its own entry's error), at most [`MAX_BATCH_BODY`] bytes.
+enum BatchSchema {}
+
+impl JsonSchema for BatchSchema {
+    const LIMIT: usize = MAX_BATCH_BODY;
+    type Value<'a> = Vec<Result<RawAsk<'a>, BodyError>>;
+
+    fn read(json: &str) -> Result<Vec<Result<RawAsk<'_>, BodyError>>, ApiError> {
+        let items = request::batch(json)?;
+        if items.len() > MAX_BATCH {
+            return Err(ApiError::invalid(
+                "body",
+                format!("{} requests; at most {MAX_BATCH} per batch", items.len()),
+            ));
+        }
+        Ok(items)
+    }
+}
+
+/// `POST /v1/decisions`: one decision, or (with `limits`) a set of limits decided as one.
+async fn decide(
+    State(state): State<Arc<AppState>>,
+    Authorized(live): Authorized,
+    body: JsonBody<AskSchema>,
+) -> Result<Response, ApiError> {
+    let fields = body.read()?;
+    if fields.limits.is_some() {
+        return SetAsk::validate(&live, &fields)?.decide(&state).await;
+    }
+    let ask = Ask::validate(&live, &fields)?;
+    let request = ask.request();
+    let started = quanta::Instant::now();
+    let outcome = state
+        .store
+        .decide(request.policy, request.key, request.op, request.cost)
+        .await;
+    state.metrics.observe_store(started.elapsed());
+    let d = settle(&state, ask.metrics, ask.key(), outcome)?;
+    let lease = d.lease.map(|id| ask.lease_token(&state.lease_key, id));
+    let body = DecisionBody::new(ask.name, &d, None).with_lease(lease);
+    Ok(rate_limited(status_of(&d), body, &[(ask.name, &d)], &d))
+}
+
+/// A batch request's decision: the policy's name, the decision and its lease's token.
+type Settled<'a> = (&'a str, Decision, Option<String>);
+
+/// One answer of a batch: a decision, or an error, each with its status.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum BatchItem<'a> {
+    Decision(DecisionBody<'a>),
+    Error { error: ErrorBody<'a>, status: u16 },
+}
+
+/// `POST /v1/decisions/batch`: every valid request decided in one call to the store, the
+/// answers in the requests' order.
+async fn batch(
+    State(state): State<Arc<AppState>>,
+    Authorized(live): Authorized,
+    body: JsonBody<BatchSchema>,
+) -> Result<Response, ApiError> {
+    let items = body.read()?;
+    let asks: Vec<Result<Ask, ApiError>> = items
+        .iter()
+        .map(|item| match item {
+            Ok(fields) => Ask::validate(&live, fields),
+            Err(e) => Err(ApiError::invalid(e.field.clone(), e.message.clone())),
+        })
+        .collect();
+    let valid: Vec<&Ask> = asks.iter().filter_map(|a| a.as_ref().ok()).collect();
+    let started = quanta::Instant::now();
+    let requests: Vec<Request> = valid.iter().map(|a| a.request()).collect();
+    let mut outcomes = state.store.decide_batch(&requests).await.into_iter();
+    if !valid.is_empty() {
+        state.metrics.observe_store(started.elapsed());
+    }
+    // One result per request, in order: its decision, or why it has none.
+    let settled: Vec<Result<Settled, ApiError>> = asks
+        .into_iter()
+        .map(|ask| {
+            let ask = ask?;
+            let outcome = outcomes.next().unwrap_or_else(|| {
+                Err(StoreError::new(StoreErrorKind::Protocol, "no answer").into())
+            });
+            settle(&state, ask.metrics, ask.key(), outcome).map(|d| {
+                let lease = d.lease.map(|id| ask.lease_token(&state.lease_key, id));
+                (ask.name, d, lease)
+            })
+        })
+        .collect();
+    // The answers borrow from the results above, so the body is written out here.
+    let items: Vec<BatchItem> = settled
+        .iter()
+        .map(|result| match result {
+            Ok((name, d, lease)) => BatchItem::Decision(
+                DecisionBody::new(name, d, Some(status_of(d).as_u16())).with_lease(lease.clone()),
+            ),
+            Err(e) => BatchItem::Error {
+                error: e.body(),
+                status: e.status().as_u16(),
+            },
+        })
+        .collect();
+    Ok(Json(items).into_response())
+}

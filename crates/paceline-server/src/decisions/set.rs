@@ -1,0 +1,245 @@
+//! A set of limits decided as one (`POST /v1/decisions` with `limits`): every limit admits
+//! and each counts it, or none changes. The answer is the combined decision with one entry
+//! per limit, and the headers list every limit.
+
+use axum::response::Response;
+use paceline_store::redis::cross_slot_error;
+use paceline_store::{Decision, Error, InputError, Op, Policy, Request, SharedStore, MAX_LIMITS};
+use serde::Serialize;
+
+use crate::error::ApiError;
+use crate::fields::{check_key, cost_field, op_field};
+use crate::lease_token;
+use crate::metrics::PolicyMetrics;
+use crate::outcome::{rate_limited, status_of};
+use crate::request::RawAsk;
+use crate::state::{AppState, Live, INLINE};
+use crate::units::ms;
+
+/// A validated set of limits.
+pub(super) struct SetAsk<'a> {
+    parts: Vec<Part<'a>>,
+}
+
+/// One limit of a set.
+struct Part<'a> {
+    /// Its name in the answer and the headers, distinct within the set: the configured
+    /// policy's name, `inline-N` for an inline spec at position N (from 1), and a name
+    /// already taken gets `#N` added.
+    name: String,
+    /// The key as the request gave it.
+    key: String,
+    /// The policy's namespace of keys: its configured name, or `~SPEC`.
+    namespace: String,
+    metrics: &'a PolicyMetrics,
+    policy: Policy,
+    store_key: String,
+    op: Op,
+    cost: u64,
+}
+
+/// The answer to a set of limits: the combined decision and one entry per limit (fields in
+/// alphabetical order, as in a single decision's answer).
+#[derive(Serialize)]
+struct SetBody<'a> {
+    allowed: bool,
+    delay_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fallback: Option<&'static str>,
+    limit: u64,
+    limits: Vec<PartBody<'a>>,
+    remaining: u64,
+    reset_after_ms: f64,
+}
+
+/// One limit's entry in a set's answer.
+#[derive(Serialize)]
+struct PartBody<'a> {
+    allowed: bool,
+    delay_ms: f64,
+    key: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<String>,
+    limit: u64,
+    policy: &'a str,
+    remaining: u64,
+    reset_after_ms: f64,
+}
+
+impl<'a> SetAsk<'a> {
+    /// Validates a request with `limits`: 1 to [`MAX_LIMITS`] limits, each with a policy
+    /// and a key, no `policy` or `key` beside them; the op defaults to `limit` (a `pace`
+    /// set books the earliest time every limit admits: see `paceline_store::set`).
+    pub(super) fn validate(live: &'a Live, fields: &RawAsk<'_>) -> Result<SetAsk<'a>, ApiError> {
+        let RawAsk {
+            policy,
+            key,
+            op,
+            cost,
+            max_wait_ms,
+            limits,
+        } = fields;
+        let limits = limits.as_deref().unwrap_or_default();
+        for (given, name) in [(policy.is_some(), "policy"), (key.is_some(), "key")] {
+            if given {
+                return Err(ApiError::invalid(
+                    name,
+                    format!("`{name}` and `limits` do not go together: give `policy` and `key` for one limit, or `limits` for a set"),
+                ));
+            }
+        }
+        if limits.is_empty() || limits.len() > MAX_LIMITS {
+            return Err(ApiError::invalid(
+                "limits",
+                format!(
+                    "holds {} limits; give 1 to {MAX_LIMITS}, each {{\"policy\", \"key\"}}",
+                    limits.len()
+                ),
+            ));
+        }
+        let cost = cost_field(cost.as_ref(), "cost")?.unwrap_or(1);
+        let op = op_field(op.as_deref().unwrap_or("limit"), max_wait_ms.as_ref())?;
+        let mut parts: Vec<Part> = Vec::with_capacity(limits.len());
+        for (i, raw) in limits.iter().enumerate() {
+            let field = |name: &str| format!("limits[{i}].{name}");
+            let spec = raw.policy.as_deref().ok_or_else(|| {
+                ApiError::invalid(
+                    field("policy"),
+                    "is required: a configured policy's name or a spec",
+                )
+            })?;
+            let key = raw
+                .key
+                .as_deref()
+                .ok_or_else(|| ApiError::invalid(field("key"), "is required"))?;
+            check_key(key, &field("key"))?;
+            let cost = cost_field(raw.cost.as_ref(), &field("cost"))?.unwrap_or(cost);
+            let resolved = live.resolve(spec, key, &field("policy"))?;
+            // A cost this limit can never admit is its own entry's fault.
+            resolved
+                .policy
+                .check_cost(op, cost)
+                .map_err(|e| ApiError::invalid(field(e.field()), e.message()))?;
+            if let Some(j) = parts.iter().position(|p| p.store_key == resolved.store_key) {
+                return Err(ApiError::invalid(
+                    format!("limits[{i}]"),
+                    format!(
+                        "repeats limits[{j}]: the same policy on the same key counts once; drop one"
+                    ),
+                ));
+            }
+            let mut name = match resolved.name {
+                Some(name) => name.to_string(),
+                None => format!("{INLINE}-{}", i + 1),
+            };
+            if parts.iter().any(|p| p.name == name) {
+                name = format!("{name}#{}", i + 1);
+            }
+            let namespace = resolved.namespace(key).to_string();
+            parts.push(Part {
+                name,
+                key: key.to_string(),
+                namespace,
+                metrics: resolved.metrics,
+                policy: resolved.policy,
+                store_key: resolved.store_key,
+                op,
+                cost,
+            });
+        }
+        Ok(SetAsk { parts })
+    }
+
+    /// Decides the set as one and answers: `200` admitted or `429` refused, with the
+    /// combined decision and one entry per limit, and the headers listing every limit.
+    pub(super) async fn decide(&self, state: &AppState) -> Result<Response, ApiError> {
+        let requests: Vec<Request> = self
+            .parts
+            .iter()
+            .map(|p| Request::new(&p.policy, &p.store_key, p.op, p.cost))
+            .collect();
+        let started = quanta::Instant::now();
+        let outcome = state.store.decide_all(&requests).await;
+        state.metrics.observe_store(started.elapsed());
+        let decided = match outcome {
+            Ok(decided) => decided,
+            Err(Error::Input(e)) => return Err(self.input_error(&state.store, &e)),
+            Err(e) => {
+                for part in &self.parts {
+                    part.metrics.failed();
+                }
+                if matches!(e, Error::Store(_)) {
+                    state.metrics.store_errors.inc();
+                }
+                return Err(ApiError::from(e));
+            }
+        };
+        if decided.decision.fallback.is_some() {
+            state.metrics.store_errors.inc();
+        }
+        for (part, d) in self.parts.iter().zip(&decided.limits) {
+            // A limit that would have admitted a refused set did not admit anything.
+            let mut counted = *d;
+            counted.allowed &= decided.allowed();
+            part.metrics.decided(&counted, &part.key);
+        }
+        let combined = &decided.decision;
+        let body = SetBody {
+            allowed: combined.allowed,
+            delay_ms: ms(combined.delay),
+            fallback: combined.fallback.map(|f| f.name()),
+            limit: combined.limit,
+            limits: self
+                .parts
+                .iter()
+                .zip(&decided.limits)
+                .map(|(part, d)| PartBody {
+                    allowed: d.allowed,
+                    delay_ms: ms(d.delay),
+                    key: &part.key,
+                    lease: d.lease.map(|id| {
+                        lease_token::token(&state.lease_key, &part.namespace, &part.key, id)
+                    }),
+                    limit: d.limit,
+                    policy: &part.name,
+                    remaining: d.remaining,
+                    reset_after_ms: ms(d.reset_after),
+                })
+                .collect(),
+            remaining: combined.remaining,
+            reset_after_ms: ms(combined.reset_after),
+        };
+        let named: Vec<(&str, &Decision)> = self
+            .parts
+            .iter()
+            .map(|p| p.name.as_str())
+            .zip(&decided.limits)
+            .collect();
+        Ok(rate_limited(status_of(combined), body, &named, combined))
+    }
+
+    /// The `400` for the store's refusal of the set's input. Keys in different hash slots
+    /// of a Redis Cluster are named as the request gave them, with the limits whose keys
+    /// they are (the store's keys, `NAMESPACE:KEY`, are the service's own business).
+    fn input_error(&self, store: &SharedStore, e: &InputError) -> ApiError {
+        let keys = self.parts.iter().map(|p| p.store_key.as_str());
+        match key_across_slots(store, keys) {
+            Some(i) => {
+                let named = |at: usize| format!("`{}` (limits[{at}].key)", self.parts[at].key);
+                ApiError::input(&cross_slot_error(&named(0), &named(i)))
+            }
+            None => ApiError::input(e),
+        }
+    }
+}
+
+/// On a Redis Cluster, the position of the first of `keys` in another hash slot than the
+/// first key; `None` on any other store, or when all share one slot.
+fn key_across_slots<'k>(
+    store: &SharedStore,
+    keys: impl IntoIterator<Item = &'k str>,
+) -> Option<usize> {
+    store
+        .as_redis()
+        .and_then(|redis| redis.key_across_slots(keys))
+}

@@ -1,0 +1,82 @@
+//! The configured policies over HTTP: `GET /v1/policies` lists them, and
+//! `DELETE /v1/keys/{policy}/{key}` resets one key of one (`204`), as if it had never been
+//! asked.
+//!
+//! ```json
+//! {"allow_inline_policies": false,
+//!  "policies": {"discord-roles": {"algorithm": "fixed_window", "limit": 10,
+//!                                 "spec": "fixed_window:limit=10,window=10s"}}}
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{delete, get};
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::error::ApiError;
+use crate::extract::{path_parts, Authorized};
+use crate::fields::check_key;
+use crate::state::{store_key, AppState};
+
+/// The policies' routes.
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/policies", get(policies))
+        .route("/v1/keys/{policy}/{key}", delete(reset_key))
+}
+
+/// `GET /v1/policies` (fields in the order JSON objects print).
+#[derive(Serialize)]
+struct PoliciesBody {
+    allow_inline_policies: bool,
+    policies: BTreeMap<String, PolicyBody>,
+}
+
+/// One configured policy.
+#[derive(Serialize)]
+struct PolicyBody {
+    algorithm: &'static str,
+    limit: u64,
+    spec: String,
+}
+
+/// `GET /v1/policies`: the configured policies, by name.
+async fn policies(Authorized(live): Authorized) -> Json<PoliciesBody> {
+    let policies = live
+        .policies
+        .iter()
+        .map(|(name, c)| {
+            let p = c.policy();
+            let body = PolicyBody {
+                algorithm: p.algorithm(),
+                limit: p.limit(),
+                spec: p.to_string(),
+            };
+            (name.clone(), body)
+        })
+        .collect();
+    Json(PoliciesBody {
+        allow_inline_policies: live.allow_inline_policies,
+        policies,
+    })
+}
+
+/// `DELETE /v1/keys/{policy}/{key}`: `204`; `404` for a policy not configured.
+async fn reset_key(
+    State(state): State<Arc<AppState>>,
+    Authorized(live): Authorized,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let (policy, key) = path_parts(path, "the policy and key")?;
+    if !live.policies.contains_key(&policy) {
+        return Err(ApiError::unknown_policy(&policy, "policy"));
+    }
+    check_key(&key, "key")?;
+    state.store.reset(&store_key(&policy, &key)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

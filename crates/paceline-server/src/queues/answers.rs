@@ -1,0 +1,280 @@
+//! What the queues answer: jobs, leased jobs, counts, and the entries of an enqueue batch.
+//!
+//! Times (`*_ms`) are Unix milliseconds on the queue's clock. A job's payload goes out as
+//! the JSON text it came in as, never parsed again: whatever enqueue accepted (any depth,
+//! any number), a lease or a listing hands back.
+
+use std::collections::BTreeMap;
+
+use axum::http::StatusCode;
+use paceline_queue::{Enqueued, JobInfo, Leased, QueueError, Stats};
+use serde::Serialize;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::error::{ApiError, ErrorBody, ErrorCode};
+use crate::units::unix_ms;
+
+/// A queue error as the API answers it.
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> ApiError {
+        match e {
+        // The core's not-before bound depends on the queue's clock: its field is the API's
+        // in milliseconds.
+        QueueError::Input(e) if e.field() == "not_before" => {
+            ApiError::invalid("not_before_ms", e.message())
+        }
+        // The core names the fields the API has (the delay is checked as `delay_ms` before).
+        QueueError::Input(e) => ApiError::input(&e),
+        QueueError::LeaseLost { id } => ApiError::new(
+            ErrorCode::LeaseLost,
+            "lease",
+            format!(
+                "job `{id}`: this lease is not the job's current one (it expired, or the job was already acknowledged or failed); stop working on it"
+            ),
+        ),
+        QueueError::UnknownJob { id } => ApiError::new(
+            ErrorCode::UnknownJob,
+            "id",
+            format!("no job `{id}` in this queue (acknowledged, cancelled, purged or never enqueued)"),
+        ),
+        QueueError::Conflict { id, state, message } => ApiError::new(
+            ErrorCode::Conflict,
+            "id",
+            format!("job `{id}` is {state}: {message}"),
+        ),
+        QueueError::Store(e) => ApiError::from(paceline_store::Error::Store(e)),
+        other => ApiError::new(
+            ErrorCode::Internal,
+            "queue",
+            other.to_string(),
+        ),
+    }
+    }
+}
+
+/// A job enqueued (`201`), or found enqueued already under its id (`200`).
+#[derive(Serialize)]
+pub(super) struct EnqueuedBody<'a> {
+    id: &'a str,
+    state: &'static str,
+    estimated_start_ms: u64,
+}
+
+/// The status and body of an enqueued job.
+pub(super) fn enqueued(e: &Enqueued) -> (StatusCode, EnqueuedBody<'_>) {
+    let status = if e.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    (
+        status,
+        EnqueuedBody {
+            id: &e.id,
+            state: e.state.name(),
+            estimated_start_ms: unix_ms(e.estimated_start),
+        },
+    )
+}
+
+/// One job's entry in an enqueue batch's answer, with its own status (fields in the order
+/// JSON objects print).
+#[derive(Serialize)]
+#[serde(untagged)]
+pub(super) enum BatchEntry<'a> {
+    Enqueued {
+        estimated_start_ms: u64,
+        id: &'a str,
+        state: &'static str,
+        status: u16,
+    },
+    Refused {
+        error: ErrorBody<'a>,
+        status: u16,
+    },
+}
+
+impl<'a> BatchEntry<'a> {
+    /// The entry of a job enqueued, or of one refused.
+    pub(super) fn new(answer: &'a Result<Enqueued, ApiError>) -> BatchEntry<'a> {
+        match answer {
+            Ok(e) => {
+                let (status, body) = enqueued(e);
+                BatchEntry::Enqueued {
+                    estimated_start_ms: body.estimated_start_ms,
+                    id: body.id,
+                    state: body.state,
+                    status: status.as_u16(),
+                }
+            }
+            Err(e) => BatchEntry::Refused {
+                error: e.body(),
+                status: e.status().as_u16(),
+            },
+        }
+    }
+}
+
+/// A payload as JSON: the JSON it was enqueued as, or (bytes a Rust producer gave that are
+/// not JSON) a string of them.
+fn payload(bytes: &[u8]) -> Box<RawValue> {
+    let as_json = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|text| RawValue::from_string(text.to_string()).ok());
+    as_json.unwrap_or_else(|| {
+        let text = String::from_utf8_lossy(bytes);
+        // A JSON string always serialises.
+        serde_json::value::to_raw_value(&text).unwrap_or_default()
+    })
+}
+
+/// A leased job as the API answers it.
+#[derive(Serialize)]
+pub(super) struct LeasedBody<'a> {
+    id: &'a str,
+    group: &'a str,
+    payload: Box<RawValue>,
+    attempt: u32,
+    lease: &'a str,
+    fence: u64,
+    started_ms: u64,
+    lease_expires_ms: u64,
+}
+
+/// A leased job as the API answers it.
+pub(super) fn leased(job: &Leased) -> LeasedBody<'_> {
+    LeasedBody {
+        id: &job.id,
+        group: &job.group,
+        payload: payload(&job.payload),
+        attempt: job.attempt,
+        lease: job.token.as_str(),
+        fence: job.lease,
+        started_ms: unix_ms(job.started),
+        lease_expires_ms: unix_ms(job.lease_expires),
+    }
+}
+
+/// `{"jobs": [...]}`: the answer of a lease call and of the dead list.
+#[derive(Serialize)]
+pub(super) struct JobsBody<T> {
+    pub(super) jobs: Vec<T>,
+}
+
+/// `{"lease_expires_ms"}`: when an extended lease ends.
+#[derive(Serialize)]
+pub(super) struct ExtendedBody {
+    pub(super) lease_expires_ms: u64,
+}
+
+/// `{"retried"}`: how many dead jobs went back to their groups.
+#[derive(Serialize)]
+pub(super) struct RetriedBody {
+    pub(super) retried: usize,
+}
+
+/// `{"purged"}`: how many dead jobs were dropped.
+#[derive(Serialize)]
+pub(super) struct PurgedBody {
+    pub(super) purged: usize,
+}
+
+/// A job as the HTTP API (and `paceline queue`) shows it: `Display` prints it as one line
+/// of JSON. Its payload is the JSON text it was enqueued as, written out unparsed.
+#[derive(Serialize)]
+pub struct JobBody<'a> {
+    id: &'a str,
+    group: &'a str,
+    state: &'static str,
+    attempts: u32,
+    max_attempts: u32,
+    last_error: Option<&'a str>,
+    enqueued_ms: u64,
+    payload: Box<RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    not_before_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    started_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease_expires_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    worker: Option<&'a str>,
+}
+
+impl std::fmt::Display for JobBody<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Strings, whole numbers and JSON text already checked: it always serialises.
+        let text = serde_json::to_string(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(&text)
+    }
+}
+
+/// A job as the HTTP API (and `paceline queue`) shows it.
+pub fn job_body(job: &JobInfo) -> JobBody<'_> {
+    JobBody {
+        id: &job.id,
+        group: &job.group,
+        state: job.state.name(),
+        attempts: job.attempts,
+        max_attempts: job.max_attempts,
+        last_error: job.last_error.as_deref(),
+        enqueued_ms: unix_ms(job.enqueued_at),
+        payload: payload(&job.payload),
+        not_before_ms: job.not_before.map(unix_ms),
+        started_ms: job.started.map(unix_ms),
+        lease_expires_ms: job.lease_expires.map(unix_ms),
+        worker: job.worker.as_deref(),
+    }
+}
+
+/// A queue's counts (fields in the order JSON objects print).
+#[derive(Serialize)]
+pub(super) struct StatsBody<'a> {
+    active: u64,
+    dead: u64,
+    groups: BTreeMap<&'a str, GroupCounts>,
+    queue: &'a str,
+    scheduled: u64,
+    waiting: u64,
+}
+
+/// One group's counts, and when its next job may start (`null` when none waits).
+#[derive(Serialize)]
+struct GroupCounts {
+    active: u64,
+    next_eligible_ms: Option<u64>,
+    waiting: u64,
+}
+
+impl<'a> StatsBody<'a> {
+    /// The counts of queue `name`.
+    pub(super) fn new(name: &'a str, s: &'a Stats) -> StatsBody<'a> {
+        let groups = s
+            .groups
+            .iter()
+            .map(|g| {
+                let counts = GroupCounts {
+                    active: g.active,
+                    next_eligible_ms: g.next_eligible.map(unix_ms),
+                    waiting: g.waiting,
+                };
+                (g.group.as_str(), counts)
+            })
+            .collect();
+        StatsBody {
+            active: s.active,
+            dead: s.dead,
+            groups,
+            queue: name,
+            scheduled: s.scheduled,
+            waiting: s.waiting,
+        }
+    }
+}
+
+/// A queue's counts as the HTTP API (and `paceline queue stats`) shows them.
+pub fn stats_body(name: &str, s: &Stats) -> Value {
+    // Counts and names: always serialisable.
+    serde_json::to_value(StatsBody::new(name, s)).unwrap_or_default()
+}

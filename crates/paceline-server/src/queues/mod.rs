@@ -1,0 +1,315 @@
+//! The job queues over HTTP: `/v1/queues/{queue}/...`, so that producers and workers in any
+//! language share the queues of the config file.
+//!
+//! | endpoint | answer |
+//! |---|---|
+//! | `POST /v1/queues/{queue}/jobs` `{"group", "payload", "id"?, "delay_ms"?, "not_before_ms"?, "max_attempts"?}` | `201` enqueued, `200` enqueued already under that id |
+//! | `POST /v1/queues/{queue}/jobs/batch` `[job, ...]` | `200`, one entry per job with its own `status` |
+//! | `POST /v1/queues/{queue}/leases` `{"worker", "max_jobs"?, "lease_ms"?, "wait_ms"?, "request_id"?}` | `200 {"jobs": [...]}` |
+//! | `POST /v1/queues/{queue}/jobs/{id}/ack`, `.../fail`, `.../extend` `{"lease", ...}` | `204`, `204`, `200 {"lease_expires_ms"}`; `409 lease_lost` for a lease no longer the job's |
+//! | `GET`, `DELETE /v1/queues/{queue}/jobs/{id}` | the job; cancel it (`204`) |
+//! | `GET /v1/queues/{queue}` | the counts, and each group's |
+//! | `GET`, `DELETE /v1/queues/{queue}/dead`, `POST .../dead/retry` | list, purge, retry the dead jobs |
+//!
+//! Times (`*_ms`) are Unix milliseconds on the queue's clock, so `started_ms` of jobs leased
+//! through different instances compare. A lease token travels as a string.
+
+mod answers;
+mod requests;
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use paceline_queue::{Failure, NewJob, Queue, QueueError};
+
+use crate::error::{ApiError, ErrorCode};
+use crate::extract::{path_parts, Authorized, JsonBody};
+use crate::state::AppState;
+use answers::{
+    enqueued, leased, BatchEntry, ExtendedBody, JobsBody, LeasedBody, PurgedBody, RetriedBody,
+    StatsBody,
+};
+pub use answers::{job_body, stats_body, JobBody};
+pub use requests::MAX_ENQUEUE_BATCH;
+use requests::{
+    AckBody, DeadQuery, EnqueueBody, ExtendBody, FailBody, JobsArray, LeaseBody, LeaseCall, Object,
+    RetryBody,
+};
+
+/// The most dead jobs one listing answers.
+const MAX_DEAD_LIST: usize = 1_000;
+
+/// The queue routes.
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new()
+        .route("/v1/queues/{queue}", get(stats))
+        .route("/v1/queues/{queue}/jobs", post(enqueue))
+        .route("/v1/queues/{queue}/jobs/batch", post(enqueue_batch))
+        .route("/v1/queues/{queue}/leases", post(lease))
+        .route("/v1/queues/{queue}/jobs/{id}", get(job).delete(cancel))
+        .route("/v1/queues/{queue}/jobs/{id}/ack", post(ack))
+        .route("/v1/queues/{queue}/jobs/{id}/fail", post(fail))
+        .route("/v1/queues/{queue}/jobs/{id}/extend", post(extend))
+        .route("/v1/queues/{queue}/dead", get(dead).delete(purge_dead))
+        .route("/v1/queues/{queue}/dead/retry", post(retry_dead))
+}
+
+/// What a path's parts must be, as an error says it.
+const PATH_PARTS: &str = "the queue and job id";
+
+/// The queue a path names (`{queue}`): `404 unknown_queue` for one not configured.
+struct QueueAt {
+    name: String,
+    queue: Queue,
+}
+
+impl FromRequestParts<Arc<AppState>> for QueueAt {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<QueueAt, ApiError> {
+        let name: String = path_parts(Path::from_request_parts(parts, state).await, PATH_PARTS)?;
+        let queue = queue(state, &name)?;
+        Ok(QueueAt { name, queue })
+    }
+}
+
+/// A job a path names (`{queue}/jobs/{id}`): its queue, and its id.
+struct JobAt {
+    queue: Queue,
+    id: String,
+}
+
+impl FromRequestParts<Arc<AppState>> for JobAt {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<JobAt, ApiError> {
+        let (name, id): (String, String) =
+            path_parts(Path::from_request_parts(parts, state).await, PATH_PARTS)?;
+        let queue = queue(state, &name)?;
+        Ok(JobAt { queue, id })
+    }
+}
+
+/// The queue called `name`.
+fn queue(state: &AppState, name: &str) -> Result<Queue, ApiError> {
+    state.queues.get(name).cloned().ok_or_else(|| {
+        let known: Vec<&str> = state.queues.keys().map(String::as_str).collect();
+        ApiError::new(
+            ErrorCode::UnknownQueue,
+            "queue",
+            if known.is_empty() {
+                format!("no queue named `{name}`: this service has no queues; add [queues.NAME] tables to its config file")
+            } else {
+                format!("no queue named `{name}`; the queues are {}", known.join(", "))
+            },
+        )
+    })
+}
+
+/// `POST /v1/queues/{queue}/jobs`: `201` enqueued, `200` already enqueued under its id.
+async fn enqueue(
+    _: Authorized,
+    QueueAt { queue, .. }: QueueAt,
+    body: JsonBody<Object<EnqueueBody>>,
+) -> Result<Response, ApiError> {
+    let job = body.read()?.into_job()?;
+    let e = queue.enqueue(job).await?;
+    let (status, body) = enqueued(&e);
+    Ok((status, Json(body)).into_response())
+}
+
+/// `POST /v1/queues/{queue}/jobs/batch`: each job read and enqueued on its own; a bad one
+/// is its own entry's error, and is not enqueued.
+async fn enqueue_batch(
+    _: Authorized,
+    QueueAt { queue, .. }: QueueAt,
+    body: JsonBody<JobsArray>,
+) -> Result<Response, ApiError> {
+    let read: Vec<Result<NewJob, ApiError>> =
+        body.read()?.into_iter().map(EnqueueBody::read).collect();
+    let valid: Vec<NewJob> = read
+        .iter()
+        .filter_map(|r| r.as_ref().ok())
+        .cloned()
+        .collect();
+    let mut answers = queue.enqueue_batch(valid).await.into_iter();
+    let answers: Vec<Result<_, ApiError>> = read
+        .into_iter()
+        .map(|r| {
+            r.and_then(|_| {
+                let answer = answers
+                    .next()
+                    .unwrap_or_else(|| Err(QueueError::UnknownJob { id: String::new() }));
+                Ok(answer?)
+            })
+        })
+        .collect();
+    // The entries borrow the answers above, so the body is written out here.
+    let entries: Vec<BatchEntry> = answers.iter().map(BatchEntry::new).collect();
+    Ok(Json(entries).into_response())
+}
+
+/// `POST /v1/queues/{queue}/leases`: the jobs that may start now (waiting up to `wait_ms`
+/// for one when none may).
+async fn lease(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+    QueueAt { name, queue }: QueueAt,
+    body: JsonBody<Object<LeaseBody>>,
+) -> Result<Response, ApiError> {
+    let LeaseCall {
+        worker,
+        max_jobs,
+        lease,
+        wait,
+        request_id,
+    } = body.read()?.check()?;
+    // A lease waiting for a job ends, with what it has, when the service shuts down.
+    let mut stopping = state.stopping.subscribe();
+    let _waiting = (!wait.is_zero()).then(|| state.metrics.worker_waiting(&name));
+    // The call runs in a task of its own, so that a call to the store under way ends even
+    // when this request does not (the client went away): it stops waiting once the client
+    // or the service goes, between calls to the store only, and jobs it took that no one
+    // can be answered with go back to their groups at once, costing no attempt, instead of
+    // waiting out their leases.
+    let (mut answer, answered) = tokio::sync::oneshot::channel();
+    let caller = queue.clone();
+    tokio::spawn(async move {
+        let gone = async {
+            tokio::select! {
+                () = answer.closed() => {}
+                _ = stopping.wait_for(|&stopping| stopping) => {}
+            }
+        };
+        let jobs = caller
+            .lease_until(&worker, max_jobs, lease, wait, request_id.as_deref(), gone)
+            .await;
+        if let Err(Ok(jobs)) = answer.send(jobs) {
+            for job in jobs {
+                let _ = caller.fail(&job.id, &job.token, Failure::Release).await;
+            }
+        }
+    });
+    let jobs = answered.await.map_err(|_| {
+        ApiError::new(
+            ErrorCode::Internal,
+            "request",
+            "the lease call failed before it answered; retry it with the same request_id",
+        )
+    })??;
+    for job in &jobs {
+        state.metrics.queue_started(&name, job);
+    }
+    let jobs: Vec<LeasedBody<'_>> = jobs.iter().map(leased).collect();
+    Ok(Json(JobsBody { jobs }).into_response())
+}
+
+/// `POST /v1/queues/{queue}/jobs/{id}/ack`: the job is done (`204`).
+async fn ack(
+    _: Authorized,
+    JobAt { queue, id }: JobAt,
+    body: JsonBody<Object<AckBody>>,
+) -> Result<StatusCode, ApiError> {
+    let lease = body.read()?.lease()?;
+    queue.ack(&id, &lease).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/queues/{queue}/jobs/{id}/fail`: the job failed; retried later, or dead
+/// (`204`).
+async fn fail(
+    _: Authorized,
+    JobAt { queue, id }: JobAt,
+    body: JsonBody<Object<FailBody>>,
+) -> Result<StatusCode, ApiError> {
+    let (lease, failure) = body.read()?.check()?;
+    queue.fail(&id, &lease, failure).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/queues/{queue}/jobs/{id}/extend`: the job's lease lives `lease_ms` (the
+/// queue's `lease` unless given) from now.
+async fn extend(
+    _: Authorized,
+    JobAt { queue, id }: JobAt,
+    body: JsonBody<Object<ExtendBody>>,
+) -> Result<Json<ExtendedBody>, ApiError> {
+    let (lease, length) = body.read()?.check()?;
+    let length = length.unwrap_or(queue.config().lease);
+    let expires = queue.extend(&id, &lease, length).await?;
+    Ok(Json(ExtendedBody {
+        lease_expires_ms: crate::units::unix_ms(expires),
+    }))
+}
+
+/// `GET /v1/queues/{queue}/jobs/{id}`: the job.
+async fn job(_: Authorized, JobAt { queue, id }: JobAt) -> Result<Response, ApiError> {
+    match queue.job(&id).await? {
+        Some(job) => Ok(Json(job_body(&job)).into_response()),
+        None => Err(QueueError::UnknownJob { id }.into()),
+    }
+}
+
+/// `DELETE /v1/queues/{queue}/jobs/{id}`: the job is cancelled (`204`).
+async fn cancel(_: Authorized, JobAt { queue, id }: JobAt) -> Result<StatusCode, ApiError> {
+    queue.cancel(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/queues/{queue}`: the queue's counts, and each group's.
+async fn stats(_: Authorized, QueueAt { name, queue }: QueueAt) -> Result<Response, ApiError> {
+    let s = queue.stats().await?;
+    Ok(Json(StatsBody::new(&name, &s)).into_response())
+}
+
+/// `GET /v1/queues/{queue}/dead?offset=0&limit=100`: the dead jobs, oldest first.
+async fn dead(
+    _: Authorized,
+    QueueAt { queue, .. }: QueueAt,
+    query: Result<Query<DeadQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    let limit = query.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_DEAD_LIST {
+        return Err(ApiError::invalid(
+            "limit",
+            format!("must be from 1 to {MAX_DEAD_LIST}"),
+        ));
+    }
+    let jobs = queue.dead(query.offset.unwrap_or(0), limit).await?;
+    let jobs: Vec<JobBody<'_>> = jobs.iter().map(job_body).collect();
+    Ok(Json(JobsBody { jobs }).into_response())
+}
+
+/// `POST /v1/queues/{queue}/dead/retry` `{"ids"?}`: those dead jobs (all without `ids`) go
+/// back to their groups.
+async fn retry_dead(
+    _: Authorized,
+    QueueAt { queue, .. }: QueueAt,
+    body: JsonBody<Object<RetryBody>>,
+) -> Result<Json<RetriedBody>, ApiError> {
+    let body = body.read()?;
+    let retried = queue.retry_dead(body.ids.as_deref()).await?;
+    Ok(Json(RetriedBody { retried }))
+}
+
+/// `DELETE /v1/queues/{queue}/dead`: the dead jobs are dropped.
+async fn purge_dead(
+    _: Authorized,
+    QueueAt { queue, .. }: QueueAt,
+) -> Result<Json<PurgedBody>, ApiError> {
+    let purged = queue.purge_dead().await?;
+    Ok(Json(PurgedBody { purged }))
+}

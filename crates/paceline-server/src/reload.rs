@@ -1,0 +1,94 @@
+//! Live reload: the config file read again (on `POST /v1/reload`, or SIGHUP through
+//! [`crate::Reloader`]) and its policies and access rules applied to the requests that
+//! follow. The listen address, the store and the queues need a restart; a reload says so
+//! when the file changed them. A file that does not load leaves the running configuration
+//! as it is, and the answer (`422 invalid_config`) says why.
+
+use std::sync::{Arc, PoisonError};
+
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Serialize;
+
+use crate::config;
+use crate::error::{ApiError, ErrorCode};
+use crate::extract::Authorized;
+use crate::state::{AppState, Live};
+
+/// The reload route.
+pub(crate) fn routes() -> Router<Arc<AppState>> {
+    Router::new().route("/v1/reload", post(reload))
+}
+
+/// `POST /v1/reload`'s answer: what was loaded, and what needs a restart.
+#[derive(Serialize)]
+struct Reloaded {
+    message: String,
+    reloaded: bool,
+}
+
+/// `POST /v1/reload`: re-reads the config file; logged at INFO, or at WARN when the file is
+/// refused (see `AppState::reload`).
+async fn reload(
+    State(state): State<Arc<AppState>>,
+    _: Authorized,
+) -> Result<Json<Reloaded>, ApiError> {
+    let message = state
+        .reload("POST /v1/reload")
+        .map_err(|message| ApiError::new(ErrorCode::InvalidConfig, "config", message))?;
+    Ok(Json(Reloaded {
+        message,
+        reloaded: true,
+    }))
+}
+
+impl AppState {
+    /// Re-reads the config file and applies its policies and access rules, for `trigger`
+    /// (`SIGHUP`, `POST /v1/reload`), and logs the outcome: `reloaded: ...` at INFO, or
+    /// `reload failed: ...; the previous configuration stays` at WARN (an operator who
+    /// sent a bad file must see it among the warnings).
+    pub(crate) fn reload(&self, trigger: &str) -> Result<String, String> {
+        let outcome = self.reload_file();
+        match &outcome {
+            Ok(message) => tracing::info!(target: "paceline", trigger, "reloaded: {message}"),
+            Err(message) => {
+                tracing::warn!(target: "paceline", trigger, "reload failed: {message}")
+            }
+        }
+        outcome
+    }
+
+    /// Re-reads the config file and applies its policies and access rules.
+    fn reload_file(&self) -> Result<String, String> {
+        let base = self.base.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(path) = &base.config_file else {
+            return Err(
+                "the service was started without --config; there is nothing to reload".into(),
+            );
+        };
+        let file = config::read_file(path)
+            .map_err(|e| format!("{e}; the previous configuration stays"))?;
+        let mut notes = Vec::new();
+        if file.store.as_ref().is_some_and(|s| *s != base.store) {
+            notes.push("`store` changed: restart to apply it");
+        }
+        if file.listen.is_some_and(|l| l != base.listen) {
+            notes.push("`listen` changed: restart to apply it");
+        }
+        if file.queues != base.queues {
+            notes.push("`queues` changed: restart to apply them");
+        }
+        let mut next = base.clone();
+        next.apply_live(file);
+        let count = next.policies.len();
+        *self.live.write().unwrap_or_else(PoisonError::into_inner) =
+            Arc::new(Live::new(&next, &self.metrics));
+        let mut message = format!("{count} policies loaded from {}", path.display());
+        for note in notes {
+            message.push_str("; ");
+            message.push_str(note);
+        }
+        Ok(message)
+    }
+}
