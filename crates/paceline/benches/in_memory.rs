@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use governor::RateLimiter;
-use paceline::{Limiter, MemoryStore, Policy};
+use paceline::store::MemoryStore;
+use paceline::{Limiter, Policy};
 
 mod common;
 use common::{keys, paceline_gcra, quota, KEYS};

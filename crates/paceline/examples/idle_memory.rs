@@ -13,7 +13,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline::{Limiter, ManualClock, MemoryStore};
+use paceline::store::MemoryStore;
+use paceline::time::ManualClock;
+use paceline::Limiter;
 
 const KEYS: usize = 1_000_000;
 

@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use paceline::{Decision, Limiter, ManualClock, MemoryStore, Policy};
+use paceline::store::MemoryStore;
+use paceline::time::ManualClock;
+use paceline::{Decision, Limiter, Policy};
 
 const THREADS: usize = 8;
 /// 2023-11-14 in microseconds since the Unix epoch.

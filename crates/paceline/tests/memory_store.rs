@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline::{Clock, Error, Limiter, ManualClock, MemoryStore, Policy, StoreErrorKind};
+use paceline::store::{MemoryStore, StoreErrorKind};
+use paceline::time::{Clock, ManualClock};
+use paceline::{Error, Limiter, Policy};
 
 fn limiter(spec: &str, store: &Arc<MemoryStore>) -> Limiter {
     let policy: Policy = spec.parse().unwrap();
@@ -149,7 +151,7 @@ fn a_foreign_state_keeps_its_expiry_when_peeked() {
 /// it never returns without a slot.
 #[tokio::test(flavor = "current_thread")]
 async fn acquire_past_the_horizon_waits_then_books() {
-    use paceline::policy::fixed_window::MAX_BOOKED_WINDOWS;
+    use paceline::policy::MAX_BOOKED_WINDOWS;
     let clock = ManualClock::new(0);
     let store = store_on(&clock);
     let l = limiter("fixed_window:limit=1,window=1ms", &store);

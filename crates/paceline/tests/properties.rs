@@ -12,7 +12,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline::{Decision, Limiter, ManualClock, MemoryStore, Op, Policy};
+use paceline::store::{MemoryStore, Op};
+use paceline::time::ManualClock;
+use paceline::{Decision, Limiter, Policy};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 

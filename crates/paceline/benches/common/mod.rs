@@ -4,7 +4,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use governor::Quota;
-use paceline::{Limiter, MemoryStore, Policy};
+use paceline::store::MemoryStore;
+use paceline::{Limiter, Policy};
 
 /// Both limiters admit a million per second with bursts of 1,000: the benchmark measures the
 /// decision, mostly admissions, not a wall of rejections.

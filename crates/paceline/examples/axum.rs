@@ -1,13 +1,12 @@
-//! The README's axum example: per second, per day and in flight per client IP.
-//!
-//! `cargo run -p paceline-tower --example axum`, then `curl -si localhost:3000/`.
-
+// crates/paceline/examples/axum.rs
+// Serves http://127.0.0.1:3000/ with limits per client IP:
+// cargo run -p paceline --example axum -F tower, then: curl -si localhost:3000/
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::{routing::get, Router};
-use paceline_store::MemoryStore;
-use paceline_tower::{Key, RateLimitLayer};
+use paceline::store::MemoryStore; // or paceline::open("redis://...", ...) for every instance
+use paceline::tower::{Key, RateLimitLayer};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
