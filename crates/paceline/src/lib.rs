@@ -357,3 +357,32 @@ pub mod tower {
         RateLimit, RateLimitLayer, ResponseFuture, StoreFailure,
     };
 }
+
+// Every Rust snippet of the README and the guides, compiled and run as a doc test (those
+// that need a Redis or the network are compiled only here, and run by tests/examples.rs).
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "queue",
+    feature = "client",
+    feature = "reqwest",
+    feature = "tower"
+))]
+mod guides {
+    #[doc = include_str!("../../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../../docs/library.md")]
+    pub struct Library;
+    #[doc = include_str!("../../../docs/policies.md")]
+    pub struct Policies;
+    #[doc = include_str!("../../../docs/service.md")]
+    pub struct Service;
+    #[doc = include_str!("../../../docs/queue.md")]
+    pub struct Queue;
+    #[doc = include_str!("../../../docs/client.md")]
+    pub struct Client;
+    #[doc = include_str!("../../../docs/tower.md")]
+    pub struct Tower;
+    #[doc = include_str!("../../../docs/simulate.md")]
+    pub struct Simulate;
+}
