@@ -54,7 +54,8 @@ use serde::Serialize;
 use crate::dashboard_page::page;
 use crate::extract::Authorized;
 use crate::groups_cache::GroupsListing;
-use crate::metrics::{PolicyCounts, Snapshot};
+use crate::histogram::Snapshot;
+use crate::metrics::PolicyCounts;
 use crate::state::AppState;
 use crate::top_keys::Counted;
 

@@ -45,6 +45,7 @@ mod extract;
 mod fields;
 mod groups_cache;
 mod health;
+mod histogram;
 mod lease_token;
 mod leases;
 mod metrics;
@@ -55,6 +56,7 @@ pub mod queues;
 mod reload;
 mod request;
 mod router;
+mod server_error;
 mod state;
 mod top_keys;
 mod units;
@@ -70,6 +72,7 @@ pub use config::{ConfigError, Settings, DEFAULT_PORT};
 pub use decisions::{MAX_BATCH, MAX_BATCH_BODY};
 pub use extract::MAX_BODY;
 pub use fields::MAX_KEY;
+pub use server_error::ServerError;
 
 use state::{AppState, Live};
 
@@ -78,32 +81,6 @@ use state::{AppState, Live};
 /// back about a second after they go idle, even if no request follows. (Redis expires idle
 /// keys itself.)
 const MEMORY_SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// A failure to start the service (settings are validated before, as [`ConfigError`]s).
-#[derive(Debug)]
-pub enum ServerError {
-    /// The store cannot be reached or configured.
-    Store(paceline_store::Error),
-    /// The address cannot be listened on.
-    Listen(std::io::Error),
-    /// The configured queues cannot be opened on this store.
-    Queues(String),
-    /// A setting is invalid: the field and what is allowed.
-    Settings(paceline_core::InputError),
-}
-
-impl std::fmt::Display for ServerError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ServerError::Store(e) => write!(f, "store: {e}"),
-            ServerError::Listen(e) => write!(f, "cannot listen: {e}"),
-            ServerError::Queues(e) => write!(f, "queues: {e}"),
-            ServerError::Settings(e) => write!(f, "{}: {}", e.field(), e.message()),
-        }
-    }
-}
-
-impl std::error::Error for ServerError {}
 
 /// A bound, not yet running service.
 pub struct Server {

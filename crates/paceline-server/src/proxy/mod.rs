@@ -38,7 +38,7 @@ use paceline_client::{Client, ClientConfig};
 use tokio::net::TcpListener;
 
 use crate::config::ConnectionLimits;
-use crate::ServerError;
+use crate::server_error::ServerError;
 pub use forward::RETRY_BODY_MAX;
 pub use settings::ProxySettings;
 pub use state::IDLE_IDENTITY;
