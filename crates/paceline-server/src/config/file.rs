@@ -1,0 +1,266 @@
+//! The config file: TOML read into [`FileSettings`], every value checked, each error naming
+//! the file and the setting.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use paceline_queue::QueueConfig;
+use paceline_store::{FailurePolicy, Policy};
+use serde::Deserialize;
+
+use super::values::{parse_auto_batch, parse_timeout, ConfigError, MAX_CONNECTIONS};
+
+/// The settings a file holds; absent keys leave the defaults.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FileSettings {
+    /// `listen`.
+    pub listen: Option<SocketAddr>,
+    /// `store`.
+    pub store: Option<String>,
+    /// `failure_policy`.
+    pub failure_policy: Option<FailurePolicy>,
+    /// `redis_auto_batch`: `Some(None)` for `"off"`.
+    pub redis_auto_batch: Option<Option<Duration>>,
+    /// `header_read_timeout`.
+    pub header_read_timeout: Option<Duration>,
+    /// `body_read_timeout`.
+    pub body_read_timeout: Option<Duration>,
+    /// `idle_timeout`.
+    pub idle_timeout: Option<Duration>,
+    /// `max_connections`.
+    pub max_connections: Option<usize>,
+    /// `shutdown_timeout`.
+    pub shutdown_timeout: Option<Duration>,
+    /// `auth_token`.
+    pub auth_token: Option<String>,
+    /// `allow_inline_policies`.
+    pub allow_inline_policies: Option<bool>,
+    /// `[policies.NAME]` tables.
+    pub policies: BTreeMap<String, Policy>,
+    /// `[queues.NAME]` tables.
+    pub queues: BTreeMap<String, QueueConfig>,
+}
+
+/// The longest policy name (it appears in URLs, metrics and keys).
+const MAX_POLICY_NAME: usize = 128;
+
+/// Reads and validates a config file.
+pub fn read_file(path: &Path) -> Result<FileSettings, ConfigError> {
+    let source = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        source: source.clone(),
+        field: "file".into(),
+        message: format!("cannot read it: {e}"),
+    })?;
+    parse(&source, &text)
+}
+
+/// A config file as TOML gives it: each setting's type is checked here, its value in
+/// [`parse`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileToml {
+    listen: Option<String>,
+    store: Option<String>,
+    failure_policy: Option<String>,
+    redis_auto_batch: Option<String>,
+    header_read_timeout: Option<String>,
+    body_read_timeout: Option<String>,
+    idle_timeout: Option<String>,
+    max_connections: Option<i64>,
+    shutdown_timeout: Option<String>,
+    auth_token: Option<String>,
+    allow_inline_policies: Option<bool>,
+    #[serde(default)]
+    policies: BTreeMap<String, Policy>,
+    #[serde(default)]
+    queues: BTreeMap<String, QueueToml>,
+}
+
+/// A `[queues.NAME]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QueueToml {
+    group_policy: Policy,
+    group_concurrency: Option<u32>,
+    max_attempts: Option<u32>,
+    lease: Option<String>,
+    retry_backoff: Option<String>,
+    retry_backoff_max: Option<String>,
+    max_payload: Option<usize>,
+    max_jobs: Option<usize>,
+    #[serde(default)]
+    groups: BTreeMap<String, GroupToml>,
+}
+
+/// A `[queues.NAME.groups."GROUP"]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GroupToml {
+    policy: Policy,
+}
+
+impl QueueToml {
+    /// The queue's configuration, or the first setting at fault (named within the queue).
+    fn into_config(self) -> Result<QueueConfig, (String, String)> {
+        let duration = |field: &str, text: Option<String>, default: Duration| match text {
+            None => Ok(default),
+            Some(t) => paceline_store::spec::parse_duration(field, &t)
+                .map(Duration::from_micros)
+                .map_err(|e| (field.to_string(), e.message().to_string())),
+        };
+        let mut config = QueueConfig::new(self.group_policy);
+        config.group_concurrency = self.group_concurrency.unwrap_or(config.group_concurrency);
+        config.max_attempts = self.max_attempts.unwrap_or(config.max_attempts);
+        config.lease = duration("lease", self.lease, config.lease)?;
+        config.retry_backoff = duration("retry_backoff", self.retry_backoff, config.retry_backoff)?;
+        config.retry_backoff_max = duration(
+            "retry_backoff_max",
+            self.retry_backoff_max,
+            config.retry_backoff_max.max(config.retry_backoff),
+        )?;
+        config.max_payload = self.max_payload.unwrap_or(config.max_payload);
+        config.max_jobs = self.max_jobs.unwrap_or(config.max_jobs);
+        config.groups = self
+            .groups
+            .into_iter()
+            .map(|(name, g)| (name, g.policy))
+            .collect();
+        config
+            .validate()
+            .map_err(|e| (e.field().to_string(), e.message().to_string()))?;
+        Ok(config)
+    }
+}
+
+/// What each setting takes, as an error for a value of the wrong type says it.
+const ALLOWED: &[(&str, &str)] = &[
+    ("listen", "HOST:PORT as a string, e.g. \"127.0.0.1:7373\""),
+    ("store", "a store URL as a string, e.g. \"memory\""),
+    (
+        "failure_policy",
+        "a string: fail_closed, fail_open or local",
+    ),
+    (
+        "redis_auto_batch",
+        "a string: a linger such as \"0ms\", or \"off\"",
+    ),
+    (
+        "header_read_timeout",
+        "a duration as a string, e.g. \"10s\"",
+    ),
+    ("body_read_timeout", "a duration as a string, e.g. \"10s\""),
+    ("idle_timeout", "a duration as a string, e.g. \"5s\""),
+    ("max_connections", "a whole number, e.g. 2048"),
+    ("shutdown_timeout", "a duration as a string, e.g. \"10s\""),
+    ("auth_token", "a string"),
+    ("allow_inline_policies", "true or false"),
+    ("policies", "tables: [policies.NAME]"),
+    ("queues", "tables: [queues.NAME]"),
+];
+
+/// Parses and validates config text; `source` names it in errors.
+pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
+    let err = |field: &str, message: String| ConfigError {
+        source: source.to_string(),
+        field: field.to_string(),
+        message,
+    };
+    let one_line = |e: &dyn fmt::Display| e.to_string().trim().replace('\n', " ");
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| err("toml", one_line(&e)))?;
+    let file: FileToml =
+        serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|e| {
+            let field = e.path().to_string();
+            let message = one_line(e.inner());
+            match ALLOWED.iter().find(|(name, _)| *name == field) {
+                Some((_, allowed)) => err(&field, format!("{message}; use {allowed}")),
+                // An unknown setting (serde's message lists the settings), or a policy.
+                None => err(&field, message),
+            }
+        })?;
+    let mut out = FileSettings {
+        store: file.store,
+        ..FileSettings::default()
+    };
+    if let Some(s) = file.listen {
+        out.listen = Some(s.parse().map_err(|_| {
+            err(
+                "listen",
+                format!("`{s}` is not an address; use HOST:PORT, e.g. 127.0.0.1:7373"),
+            )
+        })?);
+    }
+    if let Some(s) = file.failure_policy {
+        out.failure_policy = Some(s.parse().map_err(|e: paceline_store::InputError| {
+            err("failure_policy", e.message().to_string())
+        })?);
+    }
+    if let Some(s) = file.redis_auto_batch {
+        out.redis_auto_batch =
+            Some(parse_auto_batch(&s).map_err(|message| err("redis_auto_batch", message))?);
+    }
+    let timeout = |name: &str, text: Option<String>| {
+        text.map(|t| parse_timeout(name, &t).map_err(|m| err(name, m)))
+            .transpose()
+    };
+    out.header_read_timeout = timeout("header_read_timeout", file.header_read_timeout)?;
+    out.body_read_timeout = timeout("body_read_timeout", file.body_read_timeout)?;
+    out.idle_timeout = timeout("idle_timeout", file.idle_timeout)?;
+    out.shutdown_timeout = timeout("shutdown_timeout", file.shutdown_timeout)?;
+    if let Some(n) = file.max_connections {
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_CONNECTIONS).contains(n));
+        out.max_connections = Some(n.ok_or_else(|| {
+            err(
+                "max_connections",
+                format!("must be a whole number from 1 to {MAX_CONNECTIONS}, e.g. 2048"),
+            )
+        })?);
+    }
+    if let Some(token) = file.auth_token {
+        if token.is_empty() {
+            return Err(err(
+                "auth_token",
+                "must not be empty; remove it to turn auth off".into(),
+            ));
+        }
+        out.auth_token = Some(token);
+    }
+    out.allow_inline_policies = file.allow_inline_policies;
+    for (name, policy) in file.policies {
+        check_policy_name(&name).map_err(|m| err(&format!("policies.{name}"), m))?;
+        out.policies.insert(name, policy);
+    }
+    for (name, queue) in file.queues {
+        paceline_queue::memory::check_queue_name(&name)
+            .map_err(|e| err(&format!("queues.{name}"), e.message().to_string()))?;
+        let config = queue
+            .into_config()
+            .map_err(|(field, message)| err(&format!("queues.{name}.{field}"), message))?;
+        out.queues.insert(name, config);
+    }
+    Ok(out)
+}
+
+/// Policy names: 1 to 128 characters from `A-Z a-z 0-9 - _ .`, so they fit URLs, metric
+/// labels and keys as they are.
+fn check_policy_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_POLICY_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{name}` is not a valid policy name; use 1 to {MAX_POLICY_NAME} of A-Z a-z 0-9 - _ ."
+        ))
+    }
+}
