@@ -65,8 +65,14 @@ where
 
     fn call(&mut self, request: Request) -> S::Future {
         let timeout = self.timeout;
-        self.inner
-            .call(request.map(|body| Body::new(TimedBody::new(body, timeout))))
+        self.inner.call(request.map(|body| {
+            // A request without a body (most GETs) has nothing to wait for.
+            if http_body::Body::is_end_stream(&body) {
+                body
+            } else {
+                Body::new(TimedBody::new(body, timeout))
+            }
+        }))
     }
 }
 
