@@ -18,18 +18,17 @@
 //! open it sets it for all (a changed configuration applies as
 //! [`QueueCore::set_config`](crate::QueueCore::set_config) does).
 
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use paceline_core::{Clock, InputError, Sleep, StoreError, StoreErrorKind};
-use paceline_store::redis::extension::{fingerprint, policy_args, Extension};
-use paceline_store::redis::RedisStore;
+use paceline_core::{Clock, InputError, StoreError, StoreErrorKind};
+use paceline_store::redis::{
+    error_code, fingerprint, policy_args, CallFuture, Combiner, FunctionHost, Library, Messages,
+    Reader, Reply, ServerClock,
+};
 use paceline_store::secret::TokenKey;
-use paceline_store::SystemClock;
-use redis::Value;
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::Notify;
 
 use crate::config::QueueConfig;
 use crate::core::{
@@ -45,17 +44,19 @@ use crate::memory::check_queue_name;
 use crate::queue::{QueueBackend, QueueFuture};
 use crate::token::{LeaseToken, LEASE_KEY};
 
-static LIBRARY: LazyLock<Extension> =
-    LazyLock::new(|| Extension::new("queue", include_str!("../lua/queue.lua"), "queue_call"));
+static LIBRARY: LazyLock<Library> =
+    LazyLock::new(|| Library::new("queue", include_str!("../lua/queue.lua"), "queue_call"));
+
+/// Who answers, in the errors of a reply that does not read.
+const FUNCTION: &str = "the queue's Redis function";
 
 /// A queue in Redis. See the [module docs](self).
 pub struct RedisQueue {
     name: String,
     config: QueueConfig,
     caller: Arc<Caller>,
-    /// The operations waiting for the next combined call (see `combine`).
-    pending: mpsc::UnboundedSender<Pending>,
-    combiner: tokio::task::JoinHandle<()>,
+    /// The operations that change the queue, combined into calls with the concurrent ones.
+    combiner: Combiner<QueueError>,
     changed: Arc<Notify>,
     listener: tokio::task::JoinHandle<()>,
     random: Jitter,
@@ -65,7 +66,7 @@ pub struct RedisQueue {
 
 /// What every call of the queue's function needs.
 struct Caller {
-    store: RedisStore,
+    host: FunctionHost,
     /// `PREFIX{q:NAME}:`, the start of every key of the queue.
     base: String,
     clock: Arc<dyn Clock>,
@@ -76,13 +77,6 @@ struct Caller {
     /// The `config` operation's arguments, sent again to a queue that lost its
     /// configuration (a Redis restarted without persistence, or flushed).
     config: Vec<Vec<u8>>,
-}
-
-/// An operation waiting for the next combined call, and where its answer goes.
-struct Pending {
-    op: &'static str,
-    args: Vec<Vec<u8>>,
-    answer: oneshot::Sender<Result<Value, QueueError>>,
 }
 
 /// The most operations one combined call carries.
@@ -124,16 +118,17 @@ impl std::fmt::Debug for RedisQueue {
 impl Drop for RedisQueue {
     fn drop(&mut self) {
         self.listener.abort();
-        self.combiner.abort();
     }
 }
 
 impl Caller {
     /// Calls the operation `op` with `args`; on a queue that has lost its configuration,
     /// sends this handle's and calls once more.
-    async fn call(&self, op: &str, args: &[Vec<u8>]) -> Result<Value, QueueError> {
+    async fn call(&self, op: &str, args: &[Vec<u8>]) -> Result<Reply, QueueError> {
         match self.call_once(op, args).await {
-            Err(QueueError::Store(e)) if op != "config" && is_unconfigured(&e) => {
+            Err(QueueError::Store(e))
+                if op != "config" && error_code(&e) == Some("PACELINE_UNCONFIGURED") =>
+            {
                 self.call_once("config", &self.config).await?;
                 self.call_once(op, args).await
             }
@@ -142,7 +137,7 @@ impl Caller {
     }
 
     /// Calls the operation `op` with `args` after the clock argument.
-    async fn call_once(&self, op: &str, args: &[Vec<u8>]) -> Result<Value, QueueError> {
+    async fn call_once(&self, op: &str, args: &[Vec<u8>]) -> Result<Reply, QueueError> {
         let clock = if self.injected {
             arg(format!("{} 0", self.clock.now_micros()))
         } else {
@@ -150,117 +145,31 @@ impl Caller {
         };
         let head = [op.as_bytes(), clock.as_slice()];
         let all = head.into_iter().chain(args.iter().map(Vec::as_slice));
-        let reply = self
-            .store
-            .call_extension(&LIBRARY, &[&self.base], all)
-            .await?;
+        let reply = self.host.call(&LIBRARY, &[&self.base], all).await?;
         // Every answer of a ticking operation starts with the server's time (a combined
         // call's, its first operation's).
-        if let (Some(server), Value::Array(values)) = (&self.server_clock, &reply) {
-            let first = match (op, values.first()) {
-                ("multi", Some(Value::Array(first))) => first.first(),
-                (op, first) if ticks(op) => first,
+        if let Some(server) = &self.server_clock {
+            let first = match op {
+                "multi" => reply.head_int(2),
+                op if ticks(op) => reply.head_int(1),
                 _ => None,
             };
-            if let Some(Value::Int(now)) = first {
-                if let Ok(now) = u64::try_from(*now) {
-                    server.observe(now);
-                }
+            if let Some(now) = first.and_then(|n| u64::try_from(n).ok()) {
+                server.observe(now);
             }
         }
         Ok(reply)
     }
-}
 
-/// Whether the queue's function refused a call for want of a configuration (its own error
-/// code, answered before it writes anything).
-fn is_unconfigured(e: &StoreError) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<redis::RedisError>())
-        .is_some_and(|r| r.code() == Some("PACELINE_UNCONFIGURED"))
-}
-
-/// Sends the operations that wait, combined: one call for all that queued up while the
-/// calls before were in flight (at most `MAX_IN_FLIGHT` at once), each answer back to its
-/// caller. A lone operation goes as itself.
-async fn combine(caller: Arc<Caller>, mut pending: mpsc::UnboundedReceiver<Pending>) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
-    while let Some(first) = pending.recv().await {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-            return;
-        };
-        let mut batch = vec![first];
-        while batch.len() < MAX_COMBINED {
-            match pending.try_recv() {
-                Ok(p) => batch.push(p),
-                Err(_) => break,
-            }
+    /// The combining task's call: an operation (or `multi`) made through this caller.
+    fn combined(
+        self: &Arc<Caller>,
+    ) -> impl Fn(&'static str, Vec<Vec<u8>>) -> CallFuture<QueueError> {
+        let caller = Arc::clone(self);
+        move |op, args| {
+            let caller = Arc::clone(&caller);
+            Box::pin(async move { caller.call(op, &args).await })
         }
-        let caller = Arc::clone(&caller);
-        tokio::spawn(async move {
-            let _slot = slot;
-            if batch.len() == 1 {
-                if let Some(p) = batch.pop() {
-                    let answer = caller.call(p.op, &p.args).await;
-                    let _ = p.answer.send(answer);
-                }
-                return;
-            }
-            let mut args = vec![arg(batch.len())];
-            let mut answers = Vec::with_capacity(batch.len());
-            for p in batch {
-                args.push(arg(p.op));
-                args.push(arg(p.args.len()));
-                args.extend(p.args);
-                answers.push(p.answer);
-            }
-            match caller.call("multi", &args).await {
-                Ok(Value::Array(replies)) if replies.len() == answers.len() => {
-                    for (answer, reply) in answers.into_iter().zip(replies) {
-                        let _ = answer.send(Ok(reply));
-                    }
-                }
-                Ok(other) => {
-                    let e = protocol("multi", &other);
-                    for answer in answers {
-                        let _ = answer.send(Err(e.clone()));
-                    }
-                }
-                Err(e) => {
-                    for answer in answers {
-                        let _ = answer.send(Err(e.clone()));
-                    }
-                }
-            }
-        });
-    }
-}
-
-/// The local clock plus the offset to the Redis server's, as the last answer showed it.
-struct ServerClock {
-    local: SystemClock,
-    offset: AtomicI64,
-}
-
-impl ServerClock {
-    fn observe(&self, server_now: u64) {
-        let local = self.local.now_micros();
-        let offset = i64::try_from(server_now).unwrap_or(i64::MAX)
-            - i64::try_from(local).unwrap_or(i64::MAX);
-        // A reply's time is older than its arrival: the largest offset seen is the closest.
-        self.offset.fetch_max(offset, Ordering::Relaxed);
-    }
-}
-
-impl Clock for ServerClock {
-    fn now_micros(&self) -> u64 {
-        self.local
-            .now_micros()
-            .saturating_add_signed(self.offset.load(Ordering::Relaxed))
-    }
-
-    fn sleep(&self, duration: Duration) -> Sleep {
-        self.local.sleep(duration)
     }
 }
 
@@ -297,130 +206,75 @@ fn arg(x: impl ToString) -> Vec<u8> {
     x.to_string().into_bytes()
 }
 
-fn protocol(what: &str, reply: &Value) -> QueueError {
+/// The reader of a reply of the queue's function.
+fn reader(reply: Reply) -> Result<Reader, QueueError> {
+    Ok(reply.reader(FUNCTION)?)
+}
+
+/// A protocol error: the queue's function answered `what` unexpectedly.
+fn protocol(what: &str) -> QueueError {
     QueueError::Store(StoreError::new(
         StoreErrorKind::Protocol,
-        format!("the queue's Redis function answered {what} unexpectedly: {reply:?}"),
+        format!("{FUNCTION} answered {what} unexpectedly"),
     ))
 }
 
-/// A reply's values, read in order.
-struct Reader<'a> {
-    values: std::slice::Iter<'a, Value>,
-    reply: &'a Value,
+fn read_state(r: &mut Reader) -> Result<JobState, QueueError> {
+    let name = r.text()?;
+    JobState::from_name(&name).ok_or_else(|| protocol(&format!("an unknown job state `{name}`")))
 }
 
-impl<'a> Reader<'a> {
-    fn new(reply: &'a Value) -> Result<Reader<'a>, QueueError> {
-        match reply {
-            Value::Array(values) => Ok(Reader {
-                values: values.iter(),
-                reply,
-            }),
-            _ => Err(protocol("not an array", reply)),
-        }
-    }
+fn read_job(r: &mut Reader) -> Result<JobInfo, QueueError> {
+    let id = r.text()?;
+    let group = r.text()?;
+    let state = read_state(r)?;
+    let attempts = r.u32()?;
+    let max_attempts = r.u32()?;
+    let has_error = r.int()? == 1;
+    let error = r.text()?;
+    let enqueued_at = r.u64()?;
+    let not_before = r.time()?;
+    let started = r.time()?;
+    let lease_expires = r.time()?;
+    let worker = r.text()?;
+    let payload = r.bytes()?;
+    Ok(JobInfo {
+        id,
+        group,
+        state,
+        attempts,
+        max_attempts,
+        last_error: has_error.then_some(error),
+        enqueued_at,
+        not_before,
+        started,
+        lease_expires,
+        worker: (state == JobState::Active).then_some(worker),
+        payload,
+    })
+}
 
-    fn is_empty(&self) -> bool {
-        self.values.len() == 0
-    }
-
-    fn next(&mut self) -> Result<&'a Value, QueueError> {
-        self.values
-            .next()
-            .ok_or_else(|| protocol("too few values", self.reply))
-    }
-
-    fn int(&mut self) -> Result<i64, QueueError> {
-        match self.next()? {
-            Value::Int(n) => Ok(*n),
-            _ => Err(protocol("a non-number", self.reply)),
-        }
-    }
-
-    fn u64(&mut self) -> Result<u64, QueueError> {
-        u64::try_from(self.int()?).map_err(|_| protocol("a negative number", self.reply))
-    }
-
-    /// A time, or `None` for -1.
-    fn time(&mut self) -> Result<Option<u64>, QueueError> {
-        let n = self.int()?;
-        Ok(u64::try_from(n).ok())
-    }
-
-    fn u32(&mut self) -> Result<u32, QueueError> {
-        u32::try_from(self.int()?).map_err(|_| protocol("a number out of range", self.reply))
-    }
-
-    fn bytes(&mut self) -> Result<Vec<u8>, QueueError> {
-        match self.next()? {
-            Value::BulkString(b) => Ok(b.clone()),
-            _ => Err(protocol("a non-string", self.reply)),
-        }
-    }
-
-    fn text(&mut self) -> Result<String, QueueError> {
-        String::from_utf8(self.bytes()?).map_err(|_| protocol("text that is not UTF-8", self.reply))
-    }
-
-    fn state(&mut self) -> Result<JobState, QueueError> {
-        let name = self.text()?;
-        JobState::from_name(&name).ok_or_else(|| protocol("an unknown job state", self.reply))
-    }
-
-    fn job(&mut self) -> Result<JobInfo, QueueError> {
-        let id = self.text()?;
-        let group = self.text()?;
-        let state = self.state()?;
-        let attempts = self.u32()?;
-        let max_attempts = self.u32()?;
-        let has_error = self.int()? == 1;
-        let error = self.text()?;
-        let enqueued_at = self.u64()?;
-        let not_before = self.time()?;
-        let started = self.time()?;
-        let lease_expires = self.time()?;
-        let worker = self.text()?;
-        let payload = self.bytes()?;
-        Ok(JobInfo {
-            id,
-            group,
-            state,
-            attempts,
-            max_attempts,
-            last_error: has_error.then_some(error),
-            enqueued_at,
-            not_before,
-            started,
-            lease_expires,
-            worker: (state == JobState::Active).then_some(worker),
-            payload,
-        })
-    }
-
-    fn counts(&mut self) -> Result<Stats, QueueError> {
-        let _now = self.u64()?;
-        let (scheduled, waiting, active, dead) =
-            (self.u64()?, self.u64()?, self.u64()?, self.u64()?);
-        let totals = Totals {
-            enqueued: self.u64()?,
-            started: self.u64()?,
-            acked: self.u64()?,
-            failed: self.u64()?,
-            retried: self.u64()?,
-            dead: self.u64()?,
-            lease_expiries: self.u64()?,
-            pauses: self.u64()?,
-        };
-        Ok(Stats {
-            scheduled,
-            waiting,
-            active,
-            dead,
-            groups: Vec::new(),
-            totals,
-        })
-    }
+fn read_counts(r: &mut Reader) -> Result<Stats, QueueError> {
+    let _now = r.u64()?;
+    let (scheduled, waiting, active, dead) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    let totals = Totals {
+        enqueued: r.u64()?,
+        started: r.u64()?,
+        acked: r.u64()?,
+        failed: r.u64()?,
+        retried: r.u64()?,
+        dead: r.u64()?,
+        lease_expiries: r.u64()?,
+        pauses: r.u64()?,
+    };
+    Ok(Stats {
+        scheduled,
+        waiting,
+        active,
+        dead,
+        groups: Vec::new(),
+        totals,
+    })
 }
 
 impl RedisQueue {
@@ -429,31 +283,31 @@ impl RedisQueue {
     /// time (what production uses); a virtual clock for tests, whose time then goes with
     /// every call.
     pub async fn open(
-        store: RedisStore,
+        store: impl Into<FunctionHost>,
         name: &str,
         config: QueueConfig,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<RedisQueue, QueueError> {
-        let queue = RedisQueue::follow(store, name, config, clock).await?;
+        let queue = RedisQueue::follow(store.into(), name, config, clock).await?;
         queue.set_config().await?;
         Ok(queue)
     }
 
     /// The handle on the queue, following its channel, without setting its configuration.
     async fn follow(
-        store: RedisStore,
+        host: FunctionHost,
         name: &str,
         config: QueueConfig,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<RedisQueue, QueueError> {
         check_queue_name(name)?;
         config.validate()?;
-        let base = format!("{}{{q:{name}}}:", store.key_prefix());
-        let key = store.token_key(LEASE_KEY).await?;
+        let base = format!("{}{{q:{name}}}:", host.key_prefix());
+        let key = host.token_key(LEASE_KEY).await?;
         let changed = Arc::new(Notify::new());
-        let messages = store.subscribe(&format!("{base}changed")).await?;
+        let messages = host.subscribe(&format!("{base}changed")).await?;
         let listener = tokio::spawn(listen(
-            store.clone(),
+            host.clone(),
             format!("{base}changed"),
             messages,
             Arc::clone(&changed),
@@ -461,29 +315,24 @@ impl RedisQueue {
         let (clock, injected, server_clock): (Arc<dyn Clock>, bool, _) = match clock {
             Some(clock) => (clock, true, None),
             None => {
-                let server = Arc::new(ServerClock {
-                    local: SystemClock::new(),
-                    offset: AtomicI64::new(0),
-                });
+                let server = Arc::new(ServerClock::new());
                 (server.clone(), false, Some(server))
             }
         };
         let seed = clock.now_micros();
         let caller = Arc::new(Caller {
-            store,
+            host,
             base,
             clock,
             injected,
             server_clock,
             config: config_args(&config),
         });
-        let (pending, queued) = mpsc::unbounded_channel();
-        let combiner = tokio::spawn(combine(Arc::clone(&caller), queued));
+        let combiner = Combiner::spawn(caller.combined(), MAX_IN_FLIGHT, MAX_COMBINED);
         Ok(RedisQueue {
             name: name.to_string(),
             config,
             caller,
-            pending,
             combiner,
             changed,
             listener,
@@ -495,13 +344,17 @@ impl RedisQueue {
     /// The queue `name` as it is in the Redis behind `store`, with the configuration its
     /// last opener set (for tools that inspect or repair a queue: `paceline queue`). Fails
     /// with an `Input` error on `queue` if the store holds no queue of that name.
-    pub async fn attach(store: RedisStore, name: &str) -> Result<RedisQueue, QueueError> {
+    pub async fn attach(
+        store: impl Into<FunctionHost>,
+        name: &str,
+    ) -> Result<RedisQueue, QueueError> {
         check_queue_name(name)?;
-        let base = format!("{}{{q:{name}}}:", store.key_prefix());
-        let reply = store
-            .call_extension(&LIBRARY, &[&base], [&b"read_config"[..], &[]])
+        let host = store.into();
+        let base = format!("{}{{q:{name}}}:", host.key_prefix());
+        let reply = host
+            .call(&LIBRARY, &[&base], [&b"read_config"[..], &[]])
             .await?;
-        let mut r = Reader::new(&reply)?;
+        let mut r = reader(reply)?;
         if r.is_empty() {
             return Err(InputError::new(
                 "queue",
@@ -510,10 +363,7 @@ impl RedisQueue {
             .into());
         }
         let stored = |what: &str, e: InputError| {
-            protocol(
-                &format!("a stored {what} that does not read back ({e})"),
-                &reply,
-            )
+            protocol(&format!("a stored {what} that does not read back ({e})"))
         };
         let spec = r.text()?;
         let mut config = QueueConfig::new(spec.parse().map_err(|e| stored("policy", e))?)
@@ -530,7 +380,7 @@ impl RedisQueue {
             let policy = r.text()?.parse().map_err(|e| stored("policy", e))?;
             config = config.group(group, policy);
         }
-        RedisQueue::follow(store, name, config, None).await
+        RedisQueue::follow(host, name, config, None).await
     }
 
     /// The Redis key every key of this queue starts with (a hash tag, then `:`).
@@ -541,35 +391,26 @@ impl RedisQueue {
     /// How many groups the queue holds state for; see
     /// [`QueueCore::groups_held`](crate::QueueCore::groups_held).
     pub async fn groups_held(&self) -> Result<usize, QueueError> {
-        match self.call("groups", Vec::new()).await? {
-            Value::Int(n) => Ok(usize::try_from(n).unwrap_or(0)),
-            other => Err(protocol("groups", &other)),
+        match self.call("groups", Vec::new()).await?.int() {
+            Some(n) => Ok(usize::try_from(n).unwrap_or(0)),
+            None => Err(protocol("`groups` with a non-number")),
         }
     }
 
     async fn set_config(&self) -> Result<(), QueueError> {
         let reply = self.caller.call("config", &self.caller.config).await?;
-        Reader::new(&reply)?.u64()?;
+        reader(reply)?.u64()?;
         Ok(())
     }
 
     /// Calls the operation `op` with `args`: combined with the concurrent ones if it
     /// changes the queue, else on its own.
-    async fn call(&self, op: &'static str, args: Vec<Vec<u8>>) -> Result<Value, QueueError> {
-        if !COMBINED.contains(&op) {
-            return self.caller.call(op, &args).await;
+    async fn call(&self, op: &'static str, args: Vec<Vec<u8>>) -> Result<Reply, QueueError> {
+        if COMBINED.contains(&op) {
+            self.combiner.call(op, args).await
+        } else {
+            self.caller.call(op, &args).await
         }
-        let (answer, answered) = oneshot::channel();
-        let gone = || {
-            QueueError::Store(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "the queue's handle is shutting down",
-            ))
-        };
-        self.pending
-            .send(Pending { op, args, answer })
-            .map_err(|_| gone())?;
-        answered.await.map_err(|_| gone())?
     }
 
     async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Vec<Result<Enqueued, QueueError>> {
@@ -594,7 +435,7 @@ impl RedisQueue {
             let mut all = vec![arg(sent)];
             all.extend(args);
             let replies = match self.call("enqueue", all).await {
-                Ok(reply) => self.read_enqueued(&reply, sent),
+                Ok(reply) => self.read_enqueued(reply, sent),
                 Err(e) => Err(e),
             };
             match replies {
@@ -619,10 +460,10 @@ impl RedisQueue {
 
     fn read_enqueued(
         &self,
-        reply: &Value,
+        reply: Reply,
         count: usize,
     ) -> Result<Vec<Result<Enqueued, QueueError>>, QueueError> {
-        let mut r = Reader::new(reply)?;
+        let mut r = reader(reply)?;
         r.u64()?;
         let mut out = Vec::with_capacity(count);
         for _ in 0..count {
@@ -630,16 +471,16 @@ impl RedisQueue {
             let id = r.text()?;
             match status.as_str() {
                 "full" => {
-                    r.next()?;
+                    r.item()?;
                     let max = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
                     out.push(Err(queue_full(max)));
                 }
                 "late" => {
-                    r.next()?;
+                    r.item()?;
                     out.push(Err(not_before_too_late(r.u64()?).into()));
                 }
                 "created" | "exists" => {
-                    let state = r.state()?;
+                    let state = read_state(&mut r)?;
                     let estimated_start = r.u64()?;
                     out.push(Ok(Enqueued {
                         id,
@@ -648,7 +489,7 @@ impl RedisQueue {
                         estimated_start,
                     }));
                 }
-                _ => return Err(protocol("an unknown enqueue status", reply)),
+                other => return Err(protocol(&format!("an unknown enqueue status `{other}`"))),
             }
         }
         Ok(out)
@@ -676,7 +517,7 @@ impl RedisQueue {
                 ],
             )
             .await?;
-        let mut r = Reader::new(&reply)?;
+        let mut r = reader(reply)?;
         r.u64()?;
         let mut jobs = Vec::new();
         while !r.is_empty() {
@@ -696,8 +537,8 @@ impl RedisQueue {
     }
 
     /// An answer of `now` then a status: the status.
-    fn status(reply: &Value) -> Result<(String, Reader<'_>), QueueError> {
-        let mut r = Reader::new(reply)?;
+    fn status(reply: Reply) -> Result<(String, Reader), QueueError> {
+        let mut r = reader(reply)?;
         r.u64()?;
         let status = r.text()?;
         Ok((status, r))
@@ -705,11 +546,11 @@ impl RedisQueue {
 
     async fn ack_job(&self, id: &str, lease: u64) -> Result<(), QueueError> {
         let reply = self.call("ack", vec![arg(id), arg(lease)]).await?;
-        match Self::status(&reply)?.0.as_str() {
+        match Self::status(reply)?.0.as_str() {
             "ok" => Ok(()),
             "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
             "gone" => Err(QueueError::UnknownJob { id: id.to_string() }),
-            _ => Err(protocol("ack", &reply)),
+            other => Err(protocol(&format!("`ack` with the status `{other}`"))),
         }
     }
 
@@ -744,7 +585,7 @@ impl RedisQueue {
                 ],
             )
             .await?;
-        let (status, mut r) = Self::status(&reply)?;
+        let (status, mut r) = Self::status(reply)?;
         let at = r.u64()?;
         match status.as_str() {
             "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
@@ -754,7 +595,7 @@ impl RedisQueue {
             "released" => Ok(FailOutcome::Released),
             "repeated" => Ok(FailOutcome::Repeated),
             "gone" => Err(QueueError::UnknownJob { id: id.to_string() }),
-            _ => Err(protocol("fail", &reply)),
+            other => Err(protocol(&format!("`fail` with the status `{other}`"))),
         }
     }
 
@@ -770,40 +611,40 @@ impl RedisQueue {
                 ],
             )
             .await?;
-        let (status, mut r) = Self::status(&reply)?;
+        let (status, mut r) = Self::status(reply)?;
         let expires = r.u64()?;
         match status.as_str() {
             "ok" => Ok(expires),
             "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
-            _ => Err(protocol("extend", &reply)),
+            other => Err(protocol(&format!("`extend` with the status `{other}`"))),
         }
     }
 
     async fn cancel_job(&self, id: &str) -> Result<(), QueueError> {
         let reply = self.call("cancel", vec![arg(id)]).await?;
-        match Self::status(&reply)?.0.as_str() {
+        match Self::status(reply)?.0.as_str() {
             "ok" => Ok(()),
             "unknown" => Err(QueueError::UnknownJob { id: id.to_string() }),
             "active" => Err(active_conflict(id)),
-            _ => Err(protocol("cancel", &reply)),
+            other => Err(protocol(&format!("`cancel` with the status `{other}`"))),
         }
     }
 
     async fn job_info(&self, id: &str) -> Result<Option<JobInfo>, QueueError> {
         let reply = self.call("job", vec![arg(id)]).await?;
-        let mut r = Reader::new(&reply)?;
+        let mut r = reader(reply)?;
         if r.is_empty() {
             return Ok(None);
         }
-        r.job().map(Some)
+        read_job(&mut r).map(Some)
     }
 
     async fn read_stats(&self, with_groups: bool) -> Result<Stats, QueueError> {
         let reply = self
             .call(if with_groups { "stats" } else { "counts" }, Vec::new())
             .await?;
-        let mut r = Reader::new(&reply)?;
-        let mut stats = r.counts()?;
+        let mut r = reader(reply)?;
+        let mut stats = read_counts(&mut r)?;
         while !r.is_empty() {
             stats.groups.push(GroupStats {
                 group: r.text()?,
@@ -821,10 +662,10 @@ impl RedisQueue {
 
     async fn dead_jobs(&self, offset: usize, limit: usize) -> Result<Vec<JobInfo>, QueueError> {
         let reply = self.call("dead", vec![arg(offset), arg(limit)]).await?;
-        let mut r = Reader::new(&reply)?;
+        let mut r = reader(reply)?;
         let mut jobs = Vec::new();
         while !r.is_empty() {
-            jobs.push(r.job()?);
+            jobs.push(read_job(&mut r)?);
         }
         Ok(jobs)
     }
@@ -840,7 +681,7 @@ impl RedisQueue {
         let mut total = 0;
         loop {
             let reply = self.call("retry_dead", args.clone()).await?;
-            let mut r = Reader::new(&reply)?;
+            let mut r = reader(reply)?;
             r.u64()?;
             let n = r.u64()?;
             total += usize::try_from(n).unwrap_or(usize::MAX);
@@ -855,7 +696,7 @@ impl RedisQueue {
         let mut total = 0;
         loop {
             let reply = self.call("purge_dead", Vec::new()).await?;
-            let mut r = Reader::new(&reply)?;
+            let mut r = reader(reply)?;
             let n = r.u64()?;
             total += usize::try_from(n).unwrap_or(usize::MAX);
             if n < MAINTENANCE_BATCH as u64 {
@@ -865,9 +706,9 @@ impl RedisQueue {
     }
 
     async fn next(&self) -> Result<Option<u64>, QueueError> {
-        match self.call("next_event", Vec::new()).await? {
-            Value::Int(n) => Ok(u64::try_from(n).ok()),
-            other => Err(protocol("next_event", &other)),
+        match self.call("next_event", Vec::new()).await?.int() {
+            Some(n) => Ok(u64::try_from(n).ok()),
+            None => Err(protocol("`next_event` with a non-number")),
         }
     }
 }
@@ -879,18 +720,13 @@ const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(60);
 /// Follows the queue's channel, waking every waiting lease call at each message. After a
 /// lost subscription, or a silence of `RESUBSCRIBE_AFTER`, it subscribes anew and wakes
 /// them (they ask the queue again, missing nothing published meanwhile).
-async fn listen(
-    store: RedisStore,
-    channel: String,
-    mut messages: paceline_store::redis::extension::Messages,
-    changed: Arc<Notify>,
-) {
+async fn listen(host: FunctionHost, channel: String, mut messages: Messages, changed: Arc<Notify>) {
     loop {
         while let Ok(Some(())) = tokio::time::timeout(RESUBSCRIBE_AFTER, messages.next()).await {
             changed.notify_waiters();
         }
         loop {
-            if let Ok(m) = store.subscribe(&channel).await {
+            if let Ok(m) = host.subscribe(&channel).await {
                 messages = m;
                 changed.notify_waiters();
                 break;

@@ -618,9 +618,8 @@ impl SetAsk<'_> {
     /// of a Redis Cluster are named as the request gave them, with the limits whose keys
     /// they are (the store's keys, `NAMESPACE:KEY`, are the service's own business).
     fn input_error(&self, store: &SharedStore, e: &InputError) -> ApiError {
-        let across = store.as_redis().and_then(|redis| {
-            redis.key_across_slots(self.parts.iter().map(|p| p.store_key.as_str()))
-        });
+        let keys: Vec<&str> = self.parts.iter().map(|p| p.store_key.as_str()).collect();
+        let across = store.key_apart(&keys);
         match across {
             Some(i) => {
                 let named = |at: usize| format!("`{}` (limits[{at}].key)", self.parts[at].key);
@@ -1104,7 +1103,7 @@ async fn reload(State(state): State<Arc<AppState>>, _: Authorized) -> Response {
 /// `failed_decisions`, `error`).
 async fn readyz(State(state): State<Arc<AppState>>) -> Response {
     use paceline_store::redis::Readiness;
-    let Some(redis) = state.store.as_redis() else {
+    let Some(health) = state.store.health().await else {
         return match state.store.ready().await {
             Ok(()) => Json(json!({"status": "ready", "degraded": false})).into_response(),
             Err(why) => (
@@ -1116,7 +1115,6 @@ async fn readyz(State(state): State<Arc<AppState>>) -> Response {
                 .into_response(),
         };
     };
-    let health = redis.health().await;
     let failing: Vec<Value> = health
         .failing
         .iter()

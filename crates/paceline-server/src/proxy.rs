@@ -38,7 +38,7 @@ use paceline_client::headers::{self as dialects, Scope};
 use paceline_client::redis::RedisKnowledge;
 use paceline_client::{After, Client, ClientConfig, ClientError, Route};
 use paceline_core::Policy;
-use paceline_store::redis::RedisStore;
+use paceline_store::redis::FunctionHost;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -271,7 +271,7 @@ struct ProxyState {
     metrics: ProxyMetrics,
     upstream_timeout: Duration,
     /// Where the limits' knowledge lives when proxies share it.
-    redis: Option<RedisStore>,
+    redis: Option<FunctionHost>,
     /// The store as the dashboard shows it (without credentials).
     store: String,
     started: Instant,
@@ -361,7 +361,7 @@ impl Proxy {
         let store = paceline_store::open(&settings.store, &paceline_store::StoreOptions::new())
             .await
             .map_err(ServerError::Store)?;
-        let redis = store.as_redis().cloned();
+        let redis = store.functions();
         Ok(Proxy {
             listener,
             admin,

@@ -13,7 +13,8 @@ use paceline_core::{
 };
 
 use super::batch::Queue;
-use super::health::Readiness;
+use super::functions::FunctionHost;
+use super::health::{Health, Readiness};
 use super::outage::Outage;
 use super::resilience::{Resilience, LOCAL_LEASE};
 use super::routing::{collect, Router};
@@ -729,7 +730,15 @@ impl Store for RedisStore {
         true
     }
 
-    fn as_redis(&self) -> Option<&RedisStore> {
-        Some(self)
+    fn functions(&self) -> Option<FunctionHost> {
+        Some(FunctionHost::from(self.clone()))
+    }
+
+    fn health(&self) -> StoreFuture<'_, Option<Health>> {
+        StoreFuture::boxed(async move { Some(RedisStore::health(self).await) })
+    }
+
+    fn key_apart(&self, keys: &[&str]) -> Option<usize> {
+        self.key_across_slots(keys.iter().copied())
     }
 }
