@@ -234,9 +234,9 @@ impl RedisStore {
         &self.inner.subscribers
     }
 
-    /// What every Redis key of this store starts with, e.g. `paceline:v2:`.
-    #[doc(hidden)]
-    pub fn key_prefix(&self) -> &str {
+    /// What every Redis key of this store starts with, e.g. `paceline:v2:` (front ends
+    /// read it from their [`FunctionHost`]).
+    pub(crate) fn key_prefix(&self) -> &str {
         self.transport().key_prefix()
     }
 
