@@ -3,8 +3,9 @@
 //! The [`Store`] seam and what stands on it: the in-process [`MemoryStore`], the Redis and
 //! Redis Cluster store ([`redis::RedisStore`], with the `redis` feature), [`open`] to get
 //! either from a URL as one [`SharedStore`], and the [`Limiter`] that applies one policy
-//! through any of them. Users add the `paceline` crate, which re-exports all of this; the
-//! front ends (the HTTP service, the CLI) build on this crate directly.
+//! through any of them. Users add the `paceline` crate (its root and `paceline::store`
+//! re-export what they need); the front ends (the HTTP service, the CLI) build on this
+//! crate directly.
 //!
 //! A store persists each key's state and applies a policy to it atomically; it holds no
 //! algorithm logic of its own (that is `paceline-core`'s), so every store gives the same
