@@ -291,7 +291,7 @@ impl Client {
 
     /// A client for `identity` whose knowledge is kept by a store the application opened
     /// already: in that store's Redis when it has one
-    /// ([`Store::as_redis`](paceline_store::Store::as_redis)), over the same connection,
+    /// ([`Store::functions`](paceline_store::Store::functions)), over the same connection,
     /// shared as [`Client::open`] says; otherwise in this process, as [`Client::new`] makes.
     /// The client keeps tokio's time (as [`Client::new`] does, a paused tokio clock in
     /// tests), not a clock injected into the store; [`Client::with_clock`] takes one.
@@ -315,8 +315,8 @@ impl Client {
     ) -> Result<Client, paceline_store::Error> {
         let clock: Arc<dyn Clock> = Arc::new(TokioClock::new());
         #[cfg(feature = "redis")]
-        if let Some(redis) = store.as_redis() {
-            let remote = crate::redis::RedisKnowledge::new(redis.clone(), identity, &config);
+        if let Some(host) = store.functions() {
+            let remote = crate::redis::RedisKnowledge::new(host, identity, &config);
             return Ok(Client::build(
                 ClientCore::shared(config),
                 Box::new(dialect),

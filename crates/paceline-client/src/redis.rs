@@ -42,10 +42,8 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use ::redis::Value;
 use paceline_core::{StoreError, StoreErrorKind};
-use paceline_store::redis::extension::{fingerprint, policy_args, Extension};
-use paceline_store::redis::RedisStore;
+use paceline_store::redis::{fingerprint, policy_args, FunctionHost, Library, Reader};
 
 use crate::core::{ClientConfig, Event};
 use crate::headers::Scope;
@@ -53,8 +51,8 @@ use crate::knowledge::{
     micros, Admission, Admitted, Answered, Ask, CallId, Grant, RoundAnswer, Wait,
 };
 
-static LIBRARY: LazyLock<Extension> =
-    LazyLock::new(|| Extension::new("client", include_str!("../lua/client.lua"), "client_call"));
+static LIBRARY: LazyLock<Library> =
+    LazyLock::new(|| Library::new("client", include_str!("../lua/client.lua"), "client_call"));
 
 /// The largest number sent to the Lua twin: Lua's numbers are doubles, exact below 2^53.
 const LUA_EXACT: u64 = (1 << 53) - 1;
@@ -62,7 +60,7 @@ const LUA_EXACT: u64 = (1 << 53) - 1;
 /// An identity's knowledge in Redis: see the [module docs](self).
 #[derive(Clone)]
 pub struct RedisKnowledge {
-    store: RedisStore,
+    host: FunctionHost,
     base: String,
     config: Arc<Vec<Vec<u8>>>,
     injected: bool,
@@ -114,67 +112,19 @@ fn fresh_call() -> Result<CallId, StoreError> {
     Ok(CallId::from_bytes(bytes))
 }
 
-/// Whether a call that failed with `error` may have been applied with its answer lost on
-/// the way: the connection broke, or the answer did not come in time.
-fn maybe_applied(error: &StoreError) -> bool {
-    matches!(
-        error.kind(),
-        StoreErrorKind::Unavailable | StoreErrorKind::Timeout
-    )
-}
-
-/// A reply's values, read in order.
-struct Reader {
-    values: std::vec::IntoIter<Value>,
-}
-
-impl Reader {
-    fn new(reply: Value) -> Result<Reader, StoreError> {
-        match reply {
-            Value::Array(values) => Ok(Reader {
-                values: values.into_iter(),
-            }),
-            other => Err(protocol("a non-list", &other)),
-        }
-    }
-
-    fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
-        match self.values.next() {
-            Some(Value::BulkString(b)) => Ok(b),
-            Some(Value::SimpleString(s)) => Ok(s.into_bytes()),
-            Some(Value::Int(i)) => Ok(i.to_string().into_bytes()),
-            other => Err(protocol("a missing value", &other)),
-        }
-    }
-
-    fn int(&mut self) -> Result<i64, StoreError> {
-        let b = self.bytes()?;
-        std::str::from_utf8(&b)
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| protocol("a non-number", &String::from_utf8_lossy(&b)))
-    }
-
-    fn text(&mut self) -> Result<Arc<str>, StoreError> {
-        let b = self.bytes()?;
-        String::from_utf8(b)
-            .map(Arc::from)
-            .map_err(|e| protocol("text that is not UTF-8", &e))
-    }
-}
-
 impl RedisKnowledge {
     /// The knowledge of `identity` (e.g. the value of the `Authorization` header; only its
     /// hash is kept) in `store`, under `config`'s rules. Every process sharing the identity
     /// must use the same configuration. Times come from the Redis server's clock, so
     /// machines whose clocks differ still agree on every reset.
     pub fn new(
-        store: RedisStore,
+        store: impl Into<FunctionHost>,
         identity: impl AsRef<[u8]>,
         config: &ClientConfig,
     ) -> RedisKnowledge {
+        let host = store.into();
         let id = fingerprint(&[identity.as_ref().to_vec()]);
-        let base = format!("{}{{c:{id}}}:", store.key_prefix());
+        let base = format!("{}{{c:{id}}}:", host.key_prefix());
         let mut args = vec![
             text(micros(config.in_flight_lease)),
             text(u64::from(config.pioneers_per_major)),
@@ -193,7 +143,7 @@ impl RedisKnowledge {
             }
         }
         RedisKnowledge {
-            store,
+            host,
             base,
             config: Arc::new(args),
             injected: false,
@@ -223,10 +173,10 @@ impl RedisKnowledge {
         let head = [op.as_bytes().to_vec(), clock];
         let args = head.iter().chain(self.config.iter()).chain(rest.iter());
         let reply = self
-            .store
-            .call_extension(&LIBRARY, &[&self.base], args.map(Vec::as_slice))
+            .host
+            .call(&LIBRARY, &[&self.base], args.map(Vec::as_slice))
             .await?;
-        Reader::new(reply)
+        reply.reader("the client limiter's Redis function")
     }
 
     /// [`Knowledge::admit`](crate::knowledge::Knowledge::admit) in Redis, at `now` on the
@@ -260,7 +210,7 @@ impl RedisKnowledge {
     ) -> Result<RoundAnswer, StoreError> {
         let call = fresh_call()?;
         match self.round_as(call, events, asks, now).await {
-            Err(error) if maybe_applied(&error) => {
+            Err(error) if error.answer_may_be_lost() => {
                 tracing::debug!(%error, "the client limiter's call to Redis failed; made once more under its id");
                 self.round_as(call, events, asks, now).await
             }
@@ -329,8 +279,8 @@ impl RedisKnowledge {
                 admitted.push(Admitted { pioneer, seq });
             }
             let moved = r.int()? == 1;
-            let route = r.text()?;
-            let bucket = r.text()?;
+            let route = Arc::from(r.text()?);
+            let bucket = Arc::from(r.text()?);
             let moved = moved.then_some((route, bucket));
             let wait = match (r.int()?, r.int()?) {
                 (0, _) => Wait::Nothing,

@@ -119,6 +119,23 @@ impl StoreError {
     pub fn message(&self) -> &str {
         &self.message
     }
+
+    /// Whether the call may have been applied with its answer lost on the way back: the
+    /// connection broke, or the answer did not come in time. Such a call is the one a caller
+    /// may make once more under the same request id (the job queue's leases, the API
+    /// client's rounds); any other failure is the caller's answer.
+    ///
+    /// ```
+    /// use paceline_core::{StoreError, StoreErrorKind};
+    /// assert!(StoreError::new(StoreErrorKind::Timeout, "no answer").answer_may_be_lost());
+    /// assert!(!StoreError::new(StoreErrorKind::Protocol, "garbled").answer_may_be_lost());
+    /// ```
+    pub fn answer_may_be_lost(&self) -> bool {
+        matches!(
+            self.kind,
+            StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+        )
+    }
 }
 
 impl fmt::Display for StoreError {

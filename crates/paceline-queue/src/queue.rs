@@ -168,7 +168,7 @@ impl Queue {
 
     /// The queue `name` on a store the application opened already (with
     /// `paceline_store::open` and whichever settings it chose): in that store's Redis when
-    /// it has one ([`Store::as_redis`](paceline_store::Store::as_redis)), over the same
+    /// it has one ([`Store::functions`](paceline_store::Store::functions)), over the same
     /// connection; otherwise held in this process. Either way the queue keeps the store's
     /// time: Redis's own, or the clock the store was given. A service that decides limits
     /// and runs queues opens one store for both.
@@ -192,9 +192,9 @@ impl Queue {
         config: QueueConfig,
     ) -> Result<Queue, QueueError> {
         #[cfg(feature = "redis")]
-        if let Some(redis) = store.as_redis() {
+        if let Some(host) = store.functions() {
             let clock = store.time_source();
-            let backend = crate::RedisQueue::open(redis.clone(), name, config, clock).await?;
+            let backend = crate::RedisQueue::open(host, name, config, clock).await?;
             return Ok(Queue::new(backend));
         }
         if store.is_remote() {
@@ -212,10 +212,8 @@ impl Queue {
     pub async fn attach(url: &str, name: &str) -> Result<Queue, QueueError> {
         let store = open_store(url).await?;
         #[cfg(feature = "redis")]
-        if let Some(redis) = store.as_redis() {
-            return Ok(Queue::new(
-                crate::RedisQueue::attach(redis.clone(), name).await?,
-            ));
+        if let Some(host) = store.functions() {
+            return Ok(Queue::new(crate::RedisQueue::attach(host, name).await?));
         }
         if store.is_remote() {
             return Err(remote_without_redis(name));
@@ -492,14 +490,7 @@ where
     F: Future<Output = Result<T, QueueError>>,
 {
     match call().await {
-        Err(QueueError::Store(e))
-            if matches!(
-                e.kind(),
-                StoreErrorKind::Unavailable | StoreErrorKind::Timeout
-            ) =>
-        {
-            call().await
-        }
+        Err(QueueError::Store(e)) if e.answer_may_be_lost() => call().await,
         answer => answer,
     }
 }

@@ -9,8 +9,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
-use paceline_store::redis::{Readiness, RedisStore};
-use paceline_store::SharedStore;
+use paceline_store::redis::Readiness;
 use serde::Serialize;
 
 use crate::state::AppState;
@@ -85,7 +84,7 @@ struct OutageBody {
 /// the outages this instance's decisions met that go on (`outages`: `node`, `lasted_ms`,
 /// `failed_decisions`, `error`).
 async fn readyz(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let Some(redis) = redis_of(&state.store) else {
+    let Some(health) = state.store.health().await else {
         let ready = state.store.ready().await;
         let status = if ready.is_ok() {
             StatusCode::OK
@@ -107,7 +106,6 @@ async fn readyz(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         };
         return (status, Json(body));
     };
-    let health = redis.health().await;
     let (status, name) = match health.readiness {
         Readiness::Ready => (StatusCode::OK, "ready"),
         Readiness::Degraded => (StatusCode::OK, "degraded"),
@@ -149,11 +147,6 @@ async fn readyz(State(state): State<Arc<AppState>>) -> impl IntoResponse {
         uncovered_slots: Some(health.uncovered_slots),
     };
     (status, Json(body))
-}
-
-/// The store's Redis, when it is one: its readiness is each node's.
-fn redis_of(store: &SharedStore) -> Option<&RedisStore> {
-    store.as_redis()
 }
 
 /// `GET /metrics`: the service's metrics, with each queue's counts read now.

@@ -419,8 +419,17 @@ impl Store for CachedRefusals {
     }
 
     #[cfg(feature = "redis")]
-    fn as_redis(&self) -> Option<&crate::redis::RedisStore> {
-        self.inner.as_redis()
+    fn functions(&self) -> Option<crate::redis::FunctionHost> {
+        self.inner.functions()
+    }
+
+    #[cfg(feature = "redis")]
+    fn health(&self) -> StoreFuture<'_, Option<crate::redis::Health>> {
+        self.inner.health()
+    }
+
+    fn key_apart(&self, keys: &[&str]) -> Option<usize> {
+        self.inner.key_apart(keys)
     }
 }
 

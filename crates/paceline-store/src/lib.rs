@@ -3,8 +3,9 @@
 //! The [`Store`] seam and what stands on it: the in-process [`MemoryStore`], the Redis and
 //! Redis Cluster store ([`redis::RedisStore`], with the `redis` feature), [`open`] to get
 //! either from a URL as one [`SharedStore`], and the [`Limiter`] that applies one policy
-//! through any of them. Users add the `paceline` crate, which re-exports all of this; the
-//! front ends (the HTTP service, the CLI) build on this crate directly.
+//! through any of them. Users add the `paceline` crate (its root and `paceline::store`
+//! re-export what they need); the front ends (the HTTP service, the CLI) build on this
+//! crate directly.
 //!
 //! A store persists each key's state and applies a policy to it atomically; it holds no
 //! algorithm logic of its own (that is `paceline-core`'s), so every store gives the same
@@ -118,7 +119,8 @@ impl<'a> Request<'a> {
 /// ([`Policy::check_cost`]): an invalid cost is that request's [`Error::Input`].
 ///
 /// The trait is object safe: front ends hold a [`SharedStore`] (`Arc<dyn Store>`) and ask
-/// only what it can do ([`is_remote`](Store::is_remote), [`as_sync`](Store::as_sync)), never
+/// only what it can do ([`is_remote`](Store::is_remote), [`as_sync`](Store::as_sync),
+/// `functions` and `health` with the `redis` feature), never
 /// which kind of store it is. Its futures are [`StoreFuture`]s, which cost no
 /// allocation when the answer is ready at once (the memory store).
 pub trait Store: Send + Sync + 'static {
@@ -236,24 +238,51 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// The Redis store that keeps this store's state, if it is one (or a wrapper of one,
-    /// such as a [`CachedRefusals`]): for front ends that keep more than a key's state in
-    /// the same Redis, calling functions of their own over its connection, timeouts and
-    /// cluster routing (the job queue, the API client's shared knowledge). They take the
-    /// store a user opened, whichever it is, and keep their state in this process when the
-    /// answer is `None`.
+    /// Of `keys`, the first that cannot be decided in one set with `keys[0]`
+    /// ([`decide_all`](Store::decide_all)): on a Redis Cluster, the first in another hash
+    /// slot; `None` when all can (on any store that keeps them in one place). Front ends use
+    /// it to name the offending key in their own terms.
     ///
     /// ```
     /// use paceline_store::{open, StoreOptions};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), paceline_store::Error> {
     /// let store = open("memory", &StoreOptions::new()).await?;
-    /// assert!(store.as_redis().is_none());
+    /// assert_eq!(store.key_apart(&["user:1", "org:7"]), None);
+    /// # Ok(()) }
+    /// ```
+    fn key_apart(&self, keys: &[&str]) -> Option<usize> {
+        let _ = keys;
+        None
+    }
+
+    /// The Redis behind this store as a host of a front end's function libraries, if the
+    /// store keeps its state in Redis (a [`redis::RedisStore`], or a wrapper of one such as
+    /// a [`CachedRefusals`]): for front ends that keep more than a key's state there (the
+    /// job queue, the API client's shared knowledge), over the store's connections,
+    /// timeouts and cluster routing. They take the store a user opened, whichever it is,
+    /// and keep their state in this process when the answer is `None`.
+    ///
+    /// ```
+    /// use paceline_store::{open, StoreOptions};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_store::Error> {
+    /// let store = open("memory", &StoreOptions::new()).await?;
+    /// assert!(store.functions().is_none());
     /// # Ok(()) }
     /// ```
     #[cfg(feature = "redis")]
-    fn as_redis(&self) -> Option<&crate::redis::RedisStore> {
+    fn functions(&self) -> Option<crate::redis::FunctionHost> {
         None
+    }
+
+    /// The health of the Redis nodes behind this store (each node asked, the failing ones
+    /// and why, the slots without a primary, the outages going on), if it keeps its state
+    /// in Redis; `None` for a store of this process alone, which [`ready`](Store::ready)
+    /// describes whole.
+    #[cfg(feature = "redis")]
+    fn health(&self) -> StoreFuture<'_, Option<crate::redis::Health>> {
+        StoreFuture::ready(None)
     }
 }
 

@@ -670,21 +670,18 @@ pub fn unique_name(stem: &str) -> String {
     )
 }
 
-/// A connection to a test's Redis at `url` (failing closed, answers within 5 s), opened as
-/// users open stores, through `paceline_store::open`.
+/// A connection to a test's Redis at `url` (`redis://` or `redis-cluster://`, failing
+/// closed, answers within 5 s), built as `paceline_store::open` builds it.
 ///
 /// # Panics
 ///
 /// When it cannot connect: the test's own server is down, and the test cannot go on.
 pub async fn connect(url: &str) -> paceline_store::redis::RedisStore {
-    let options = paceline_store::StoreOptions::new().response_timeout(Duration::from_secs(5));
-    let store = paceline_store::open(url, &options)
+    paceline_store::redis::RedisStore::builder(url, paceline_store::FailurePolicy::FailClosed)
+        .response_timeout(Duration::from_secs(5))
+        .connect()
         .await
-        .expect("the test's Redis is up");
-    store
-        .as_redis()
-        .cloned()
-        .expect("a redis:// URL opens a Redis store")
+        .expect("the test's Redis is up")
 }
 
 /// A server shared by every test of this test binary, started on first use.
@@ -907,8 +904,8 @@ pub fn whole_response(stream: &mut impl std::io::Read) -> String {
 }
 
 /// A store across the network that is not Redis, or hides the Redis store beneath it: a
-/// memory store that says it is remote ([`Store::is_remote`]) and has no
-/// [`as_redis`](paceline_store::Store::as_redis). For tests that a front end which keeps
+/// memory store that says it is remote ([`Store::is_remote`]) and has no function host
+/// ([`functions`](paceline_store::Store::functions)). For tests that a front end which keeps
 /// state of its own in Redis refuses it, rather than keeping that state in its own process
 /// where no other process sees it.
 ///

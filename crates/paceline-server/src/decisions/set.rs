@@ -222,8 +222,8 @@ impl<'a> SetAsk<'a> {
     /// of a Redis Cluster are named as the request gave them, with the limits whose keys
     /// they are (the store's keys, `NAMESPACE:KEY`, are the service's own business).
     fn input_error(&self, store: &SharedStore, e: &InputError) -> ApiError {
-        let keys = self.parts.iter().map(|p| p.store_key.as_str());
-        match key_across_slots(store, keys) {
+        let keys: Vec<&str> = self.parts.iter().map(|p| p.store_key.as_str()).collect();
+        match store.key_apart(&keys) {
             Some(i) => {
                 let named = |at: usize| format!("`{}` (limits[{at}].key)", self.parts[at].key);
                 ApiError::input(&cross_slot_error(&named(0), &named(i)))
@@ -231,15 +231,4 @@ impl<'a> SetAsk<'a> {
             None => ApiError::input(e),
         }
     }
-}
-
-/// On a Redis Cluster, the position of the first of `keys` in another hash slot than the
-/// first key; `None` on any other store, or when all share one slot.
-fn key_across_slots<'k>(
-    store: &SharedStore,
-    keys: impl IntoIterator<Item = &'k str>,
-) -> Option<usize> {
-    store
-        .as_redis()
-        .and_then(|redis| redis.key_across_slots(keys))
 }

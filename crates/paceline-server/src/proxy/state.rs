@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use paceline_client::headers as dialects;
 use paceline_client::redis::RedisKnowledge;
 use paceline_client::{Client, ClientConfig, Route};
-use paceline_store::redis::RedisStore;
+use paceline_store::redis::FunctionHost;
 use paceline_store::SharedStore;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -105,7 +105,7 @@ pub(super) struct ProxyState {
     pub(super) metrics: ProxyMetrics,
     pub(super) upstream_timeout: Duration,
     /// Where the limits' knowledge lives when proxies share it.
-    pub(super) redis: Option<RedisStore>,
+    pub(super) redis: Option<FunctionHost>,
     /// The store as the dashboard shows it (without credentials).
     pub(super) store: String,
     pub(super) started: Instant,
@@ -159,8 +159,8 @@ impl ProxyState {
     }
 }
 
-/// The store's Redis, when it is one: the identities' knowledge is kept there, shared by
-/// every proxy on it.
-pub(super) fn redis_of(store: &SharedStore) -> Option<RedisStore> {
-    store.as_redis().cloned()
+/// The store's Redis, when it keeps its state there: the identities' knowledge is kept
+/// there too, shared by every proxy on it.
+pub(super) fn redis_of(store: &SharedStore) -> Option<FunctionHost> {
+    store.functions()
 }

@@ -25,19 +25,25 @@
 
 mod args;
 mod batch;
-#[doc(hidden)]
-pub mod extension;
+mod combine;
+mod functions;
 mod health;
 mod outage;
+mod reply;
 mod resilience;
 mod routing;
 mod script;
 mod secret;
+mod server_clock;
 mod store;
 mod transport;
 
 pub use batch::MAX_IN_FLIGHT as MAX_BATCHES_IN_FLIGHT;
+pub use combine::{CallFuture, Combiner};
+pub use functions::{error_code, fingerprint, policy_args, FunctionHost, Library, Messages};
 pub use health::{Health, NodeProblem, Readiness};
 pub use outage::Outage;
+pub use reply::{Reader, Reply};
 pub use routing::MAX_DECISIONS_PER_CALL;
+pub use server_clock::ServerClock;
 pub use store::{cross_slot_error, RedisStore, RedisStoreBuilder};

@@ -13,7 +13,8 @@ use paceline_core::{
 };
 
 use super::batch::Queue;
-use super::health::Readiness;
+use super::functions::FunctionHost;
+use super::health::{Health, Readiness};
 use super::outage::Outage;
 use super::resilience::{Resilience, LOCAL_LEASE};
 use super::routing::{collect, Router};
@@ -233,9 +234,9 @@ impl RedisStore {
         &self.inner.subscribers
     }
 
-    /// What every Redis key of this store starts with, e.g. `paceline:v2:`.
-    #[doc(hidden)]
-    pub fn key_prefix(&self) -> &str {
+    /// What every Redis key of this store starts with, e.g. `paceline:v2:` (front ends
+    /// read it from their [`FunctionHost`]).
+    pub(crate) fn key_prefix(&self) -> &str {
         self.transport().key_prefix()
     }
 
@@ -729,7 +730,15 @@ impl Store for RedisStore {
         true
     }
 
-    fn as_redis(&self) -> Option<&RedisStore> {
-        Some(self)
+    fn functions(&self) -> Option<FunctionHost> {
+        Some(FunctionHost::from(self.clone()))
+    }
+
+    fn health(&self) -> StoreFuture<'_, Option<Health>> {
+        StoreFuture::boxed(async move { Some(RedisStore::health(self).await) })
+    }
+
+    fn key_apart(&self, keys: &[&str]) -> Option<usize> {
+        self.key_across_slots(keys.iter().copied())
     }
 }

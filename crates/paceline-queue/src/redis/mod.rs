@@ -1,0 +1,334 @@
+//! The queue in Redis or Redis Cluster (feature `redis`): shared by every process that
+//! opens it, durable as far as the Redis server is (its persistence settings decide).
+//!
+//! Every operation is one atomic call of a Redis function (`lua/queue.lua`), the Lua twin of
+//! [`QueueCore`](crate::QueueCore): the same rules, the same order, the same numbers, which
+//! a differential test checks on a virtual clock. The groups' policies run on paceline's
+//! algorithm twins inside the same call, so a lease that starts a job has applied the
+//! group's policy in the same atomic step. All of a queue's keys share the hash tag
+//! `{q:NAME}`: a queue lives on one slot of a cluster, and many queues spread over it.
+//!
+//! Times are the Redis server's (`TIME`), so jobs started through different processes and
+//! machines compare; [`QueueBackend::clock`] follows the server's clock (the local clock
+//! plus the offset the last answer showed). Idle workers wait without polling: every call
+//! that may let a job start publishes on the queue's channel, which each process follows
+//! on one connection of its own.
+//!
+//! Every process sharing a queue must open it with the same configuration: the last to
+//! open it sets it for all (a changed configuration applies as
+//! [`QueueCore::set_config`](crate::QueueCore::set_config) does).
+
+mod caller;
+mod decode;
+mod operations;
+
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use paceline_core::{Clock, InputError};
+use paceline_store::redis::{Combiner, FunctionHost, Library, Messages, Reply, ServerClock};
+use paceline_store::secret::TokenKey;
+use tokio::sync::Notify;
+
+use crate::config::QueueConfig;
+use crate::core::Jitter;
+use crate::error::QueueError;
+use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
+use crate::memory::check_queue_name;
+use crate::queue::{QueueBackend, QueueFuture};
+use crate::token::LEASE_KEY;
+
+use caller::{config_args, Caller, COMBINED, MAX_COMBINED, MAX_IN_FLIGHT};
+use decode::{protocol, reader};
+
+static LIBRARY: LazyLock<Library> =
+    LazyLock::new(|| Library::new("queue", include_str!("../../lua/queue.lua"), "queue_call"));
+
+/// A queue in Redis. See the [module docs](self).
+pub struct RedisQueue {
+    name: String,
+    config: QueueConfig,
+    caller: Arc<Caller>,
+    /// The operations that change the queue, combined into calls with the concurrent ones.
+    combiner: Combiner<QueueError>,
+    changed: Arc<Notify>,
+    listener: tokio::task::JoinHandle<()>,
+    random: Jitter,
+    /// Signs the leases' tokens: the store's, shared by every process opening this Redis.
+    key: TokenKey,
+}
+
+impl std::fmt::Debug for RedisQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisQueue")
+            .field("name", &self.name)
+            .field("base", &self.caller.base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RedisQueue {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+impl RedisQueue {
+    /// Opens the queue `name` in the Redis (or Redis Cluster) behind `store`, setting its
+    /// configuration, and follows its channel for wake-ups. `clock`: `None` for the server's
+    /// time (what production uses); a virtual clock for tests, whose time then goes with
+    /// every call.
+    pub async fn open(
+        store: impl Into<FunctionHost>,
+        name: &str,
+        config: QueueConfig,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<RedisQueue, QueueError> {
+        let queue = RedisQueue::follow(store.into(), name, config, clock).await?;
+        queue.set_config().await?;
+        Ok(queue)
+    }
+
+    /// The handle on the queue, following its channel, without setting its configuration.
+    async fn follow(
+        host: FunctionHost,
+        name: &str,
+        config: QueueConfig,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<RedisQueue, QueueError> {
+        check_queue_name(name)?;
+        config.validate()?;
+        let base = format!("{}{{q:{name}}}:", host.key_prefix());
+        let key = host.token_key(LEASE_KEY).await?;
+        let changed = Arc::new(Notify::new());
+        let messages = host.subscribe(&format!("{base}changed")).await?;
+        let listener = tokio::spawn(listen(
+            host.clone(),
+            format!("{base}changed"),
+            messages,
+            Arc::clone(&changed),
+        ));
+        let (clock, injected, server_clock): (Arc<dyn Clock>, bool, _) = match clock {
+            Some(clock) => (clock, true, None),
+            None => {
+                let server = Arc::new(ServerClock::new());
+                (server.clone(), false, Some(server))
+            }
+        };
+        let seed = clock.now_micros();
+        let caller = Arc::new(Caller {
+            host,
+            base,
+            clock,
+            injected,
+            server_clock,
+            config: config_args(&config),
+        });
+        let combiner = Combiner::spawn(caller.combined(), MAX_IN_FLIGHT, MAX_COMBINED);
+        Ok(RedisQueue {
+            name: name.to_string(),
+            config,
+            caller,
+            combiner,
+            changed,
+            listener,
+            random: Jitter::seeded(seed),
+            key,
+        })
+    }
+
+    /// The queue `name` as it is in the Redis behind `store`, with the configuration its
+    /// last opener set (for tools that inspect or repair a queue: `paceline queue`). Fails
+    /// with an `Input` error on `queue` if the store holds no queue of that name.
+    pub async fn attach(
+        store: impl Into<FunctionHost>,
+        name: &str,
+    ) -> Result<RedisQueue, QueueError> {
+        check_queue_name(name)?;
+        let host = store.into();
+        let base = format!("{}{{q:{name}}}:", host.key_prefix());
+        let reply = host
+            .call(&LIBRARY, &[&base], [&b"read_config"[..], &[]])
+            .await?;
+        let mut r = reader(reply)?;
+        if r.is_empty() {
+            return Err(InputError::new(
+                "queue",
+                format!("this store holds no queue `{name}`; a queue is created by the first service or program that opens it with its configuration"),
+            )
+            .into());
+        }
+        let stored = |what: &str, e: InputError| {
+            protocol(&format!("a stored {what} that does not read back ({e})"))
+        };
+        let spec = r.text()?;
+        let mut config = QueueConfig::new(spec.parse().map_err(|e| stored("policy", e))?)
+            .group_concurrency(r.u32()?)
+            .max_attempts(r.u32()?)
+            .lease(Duration::from_micros(r.u64()?));
+        let (first, max) = (r.u64()?, r.u64()?);
+        config = config
+            .retry_backoff(Duration::from_micros(first), Duration::from_micros(max))
+            .max_jobs(usize::try_from(r.u64()?).unwrap_or(usize::MAX))
+            .max_payload(usize::try_from(r.u64()?).unwrap_or(usize::MAX));
+        while !r.is_empty() {
+            let group = r.text()?;
+            let policy = r.text()?.parse().map_err(|e| stored("policy", e))?;
+            config = config.group(group, policy);
+        }
+        RedisQueue::follow(host, name, config, None).await
+    }
+
+    /// The Redis key every key of this queue starts with (a hash tag, then `:`).
+    pub fn key_base(&self) -> &str {
+        &self.caller.base
+    }
+
+    /// How many groups the queue holds state for; see
+    /// [`QueueCore::groups_held`](crate::QueueCore::groups_held).
+    pub async fn groups_held(&self) -> Result<usize, QueueError> {
+        match self.call("groups", Vec::new()).await?.int() {
+            Some(n) => Ok(usize::try_from(n).unwrap_or(0)),
+            None => Err(protocol("`groups` with a non-number")),
+        }
+    }
+
+    async fn set_config(&self) -> Result<(), QueueError> {
+        let reply = self.caller.call("config", &self.caller.config).await?;
+        reader(reply)?.u64()?;
+        Ok(())
+    }
+
+    /// Calls the operation `op` with `args`: combined with the concurrent ones if it
+    /// changes the queue, else on its own.
+    async fn call(&self, op: &'static str, args: Vec<Vec<u8>>) -> Result<Reply, QueueError> {
+        if COMBINED.contains(&op) {
+            self.combiner.call(op, args).await
+        } else {
+            self.caller.call(op, &args).await
+        }
+    }
+}
+
+/// How long the channel may stay silent before its subscription is made anew: a connection
+/// that died without closing delivers nothing, and nothing else would tell.
+const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(60);
+
+/// Follows the queue's channel, waking every waiting lease call at each message. After a
+/// lost subscription, or a silence of `RESUBSCRIBE_AFTER`, it subscribes anew and wakes
+/// them (they ask the queue again, missing nothing published meanwhile).
+async fn listen(host: FunctionHost, channel: String, mut messages: Messages, changed: Arc<Notify>) {
+    loop {
+        while let Ok(Some(())) = tokio::time::timeout(RESUBSCRIBE_AFTER, messages.next()).await {
+            changed.notify_waiters();
+        }
+        loop {
+            if let Ok(m) = host.subscribe(&channel).await {
+                messages = m;
+                changed.notify_waiters();
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+impl QueueBackend for RedisQueue {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    fn clock(&self) -> &dyn Clock {
+        &*self.caller.clock
+    }
+
+    fn enqueue(&self, jobs: Vec<NewJob>) -> QueueFuture<'_, Vec<Result<Enqueued, QueueError>>> {
+        Box::pin(self.enqueue_all(jobs))
+    }
+
+    fn lease<'a>(
+        &'a self,
+        worker: &'a str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        request: Option<&'a str>,
+    ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+        Box::pin(self.lease_now(worker, max_jobs, lease, request))
+    }
+
+    fn token_key(&self) -> &TokenKey {
+        &self.key
+    }
+
+    fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.ack_job(id, lease))
+    }
+
+    fn fail<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        failure: Failure,
+    ) -> QueueFuture<'a, Result<FailOutcome, QueueError>> {
+        Box::pin(self.fail_job(id, lease, failure))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        length: Duration,
+    ) -> QueueFuture<'a, Result<u64, QueueError>> {
+        Box::pin(self.extend_job(id, lease, length))
+    }
+
+    fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.cancel_job(id))
+    }
+
+    fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
+        Box::pin(self.job_info(id))
+    }
+
+    fn stats(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
+        Box::pin(self.read_stats(true))
+    }
+
+    fn counts(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
+        Box::pin(self.read_stats(false))
+    }
+
+    fn dead(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>> {
+        Box::pin(self.dead_jobs(offset, limit))
+    }
+
+    fn retry_dead<'a>(
+        &'a self,
+        ids: Option<&'a [String]>,
+    ) -> QueueFuture<'a, Result<usize, QueueError>> {
+        Box::pin(self.retry_dead_jobs(ids))
+    }
+
+    fn purge_dead(&self) -> QueueFuture<'_, Result<usize, QueueError>> {
+        Box::pin(self.purge())
+    }
+
+    fn next_event(&self) -> QueueFuture<'_, Result<Option<u64>, QueueError>> {
+        Box::pin(self.next())
+    }
+
+    fn changed(&self) -> QueueFuture<'_, ()> {
+        let mut notified = Box::pin(self.changed.notified());
+        notified.as_mut().enable();
+        notified
+    }
+}

@@ -1,0 +1,334 @@
+//! The queue's operations: each one call of the queue's function, its arguments encoded
+//! and its reply decoded.
+
+use std::time::Duration;
+
+use paceline_core::InputError;
+use paceline_store::redis::{Reader, Reply};
+
+use super::caller::arg;
+use super::decode::{protocol, read_counts, read_job, read_state, reader};
+use super::RedisQueue;
+use crate::core::{
+    active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full,
+    MAINTENANCE_BATCH,
+};
+use crate::error::QueueError;
+use crate::job::{
+    check_lease_length, check_request_id, not_before_too_late, Enqueued, FailOutcome, Failure,
+    GroupStats, JobInfo, Leased, NewJob, Stats,
+};
+use crate::token::LeaseToken;
+
+impl RedisQueue {
+    pub(super) async fn enqueue_all(&self, jobs: Vec<NewJob>) -> Vec<Result<Enqueued, QueueError>> {
+        let mut answers: Vec<Option<Result<Enqueued, QueueError>>> = Vec::new();
+        let mut args = Vec::new();
+        let mut sent = 0usize;
+        for job in jobs {
+            if let Err(e) = job.validate(self.config.max_payload) {
+                answers.push(Some(Err(e.into())));
+                continue;
+            }
+            answers.push(None);
+            sent += 1;
+            args.push(job.id.unwrap_or_default().into_bytes());
+            args.push(job.group.into_bytes());
+            args.push(job.payload);
+            args.push(arg(paceline_core::round_to_micros(job.delay)));
+            args.push(job.max_attempts.map(arg).unwrap_or_default());
+            args.push(job.not_before.map(arg).unwrap_or_default());
+        }
+        if sent > 0 {
+            let mut all = vec![arg(sent)];
+            all.extend(args);
+            let replies = match self.call("enqueue", all).await {
+                Ok(reply) => self.read_enqueued(reply, sent),
+                Err(e) => Err(e),
+            };
+            match replies {
+                Ok(mut replies) => {
+                    replies.reverse();
+                    for slot in answers.iter_mut().filter(|a| a.is_none()) {
+                        *slot = replies.pop();
+                    }
+                }
+                Err(e) => {
+                    for slot in answers.iter_mut().filter(|a| a.is_none()) {
+                        *slot = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(InputError::new("jobs", "no answer").into())))
+            .collect()
+    }
+
+    fn read_enqueued(
+        &self,
+        reply: Reply,
+        count: usize,
+    ) -> Result<Vec<Result<Enqueued, QueueError>>, QueueError> {
+        let mut r = reader(reply)?;
+        r.u64()?;
+        let mut out = Vec::with_capacity(count);
+        for _ in 0..count {
+            let status = r.text()?;
+            let id = r.text()?;
+            match status.as_str() {
+                "full" => {
+                    r.item()?;
+                    let max = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
+                    out.push(Err(queue_full(max)));
+                }
+                "late" => {
+                    r.item()?;
+                    out.push(Err(not_before_too_late(r.u64()?).into()));
+                }
+                "created" | "exists" => {
+                    let state = read_state(&mut r)?;
+                    let estimated_start = r.u64()?;
+                    out.push(Ok(Enqueued {
+                        id,
+                        state,
+                        created: status == "created",
+                        estimated_start,
+                    }));
+                }
+                other => return Err(protocol(&format!("an unknown enqueue status `{other}`"))),
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn lease_now(
+        &self,
+        worker: &str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        request: Option<&str>,
+    ) -> Result<Vec<Leased>, QueueError> {
+        let lease_us = check_lease_request(&self.config, worker, max_jobs, lease)?;
+        if let Some(request) = request {
+            check_request_id(request)?;
+        }
+        let reply = self
+            .call(
+                "lease",
+                vec![
+                    arg(worker),
+                    arg(max_jobs),
+                    arg(lease_us),
+                    arg(request.unwrap_or("")),
+                ],
+            )
+            .await?;
+        let mut r = reader(reply)?;
+        r.u64()?;
+        let mut jobs = Vec::new();
+        while !r.is_empty() {
+            jobs.push(Leased {
+                id: r.text()?,
+                group: r.text()?,
+                payload: r.bytes()?,
+                attempt: r.u32()?,
+                lease: r.u64()?,
+                token: LeaseToken::default(),
+                started: r.u64()?,
+                eligible: r.u64()?,
+                lease_expires: r.u64()?,
+            });
+        }
+        Ok(jobs)
+    }
+
+    /// An answer of `now` then a status: the status.
+    fn status(reply: Reply) -> Result<(String, Reader), QueueError> {
+        let mut r = reader(reply)?;
+        r.u64()?;
+        let status = r.text()?;
+        Ok((status, r))
+    }
+
+    pub(super) async fn ack_job(&self, id: &str, lease: u64) -> Result<(), QueueError> {
+        let reply = self.call("ack", vec![arg(id), arg(lease)]).await?;
+        match Self::status(reply)?.0.as_str() {
+            "ok" => Ok(()),
+            "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
+            "gone" => Err(QueueError::UnknownJob { id: id.to_string() }),
+            other => Err(protocol(&format!("`ack` with the status `{other}`"))),
+        }
+    }
+
+    pub(super) async fn fail_job(
+        &self,
+        id: &str,
+        lease: u64,
+        failure: Failure,
+    ) -> Result<FailOutcome, QueueError> {
+        check_failure(&failure)?;
+        let (kind, error, after, pause) = match failure {
+            Failure::Fatal { error } => ("fatal", error, None, 0),
+            Failure::Retry { error, after } => {
+                ("retry", error, after.map(paceline_core::round_to_micros), 0)
+            }
+            Failure::PauseGroup { error, pause } => ("pause", error, None, micros_up(pause)),
+            Failure::Release => ("release", None, None, 0),
+        };
+        let error = cut(error);
+        let reply = self
+            .call(
+                "fail",
+                vec![
+                    arg(id),
+                    arg(lease),
+                    arg(kind),
+                    arg(u8::from(error.is_some())),
+                    error.unwrap_or_default().into_bytes(),
+                    after.map(arg).unwrap_or_default(),
+                    arg(pause),
+                    arg(format!("{:?}", self.random.next())),
+                ],
+            )
+            .await?;
+        let (status, mut r) = Self::status(reply)?;
+        let at = r.u64()?;
+        match status.as_str() {
+            "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
+            "dead" => Ok(FailOutcome::Dead),
+            "retrying" => Ok(FailOutcome::Retrying { at }),
+            "paused" => Ok(FailOutcome::Paused { until: at }),
+            "released" => Ok(FailOutcome::Released),
+            "repeated" => Ok(FailOutcome::Repeated),
+            "gone" => Err(QueueError::UnknownJob { id: id.to_string() }),
+            other => Err(protocol(&format!("`fail` with the status `{other}`"))),
+        }
+    }
+
+    pub(super) async fn extend_job(
+        &self,
+        id: &str,
+        lease: u64,
+        length: Duration,
+    ) -> Result<u64, QueueError> {
+        check_lease_length(length)?;
+        let reply = self
+            .call(
+                "extend",
+                vec![
+                    arg(id),
+                    arg(lease),
+                    arg(paceline_core::round_to_micros(length)),
+                ],
+            )
+            .await?;
+        let (status, mut r) = Self::status(reply)?;
+        let expires = r.u64()?;
+        match status.as_str() {
+            "ok" => Ok(expires),
+            "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
+            other => Err(protocol(&format!("`extend` with the status `{other}`"))),
+        }
+    }
+
+    pub(super) async fn cancel_job(&self, id: &str) -> Result<(), QueueError> {
+        let reply = self.call("cancel", vec![arg(id)]).await?;
+        match Self::status(reply)?.0.as_str() {
+            "ok" => Ok(()),
+            "unknown" => Err(QueueError::UnknownJob { id: id.to_string() }),
+            "active" => Err(active_conflict(id)),
+            other => Err(protocol(&format!("`cancel` with the status `{other}`"))),
+        }
+    }
+
+    pub(super) async fn job_info(&self, id: &str) -> Result<Option<JobInfo>, QueueError> {
+        let reply = self.call("job", vec![arg(id)]).await?;
+        let mut r = reader(reply)?;
+        if r.is_empty() {
+            return Ok(None);
+        }
+        read_job(&mut r).map(Some)
+    }
+
+    pub(super) async fn read_stats(&self, with_groups: bool) -> Result<Stats, QueueError> {
+        let reply = self
+            .call(if with_groups { "stats" } else { "counts" }, Vec::new())
+            .await?;
+        let mut r = reader(reply)?;
+        let mut stats = read_counts(&mut r)?;
+        while !r.is_empty() {
+            stats.groups.push(GroupStats {
+                group: r.text()?,
+                waiting: r.u64()?,
+                active: r.u64()?,
+                next_eligible: r.time()?,
+            });
+        }
+        stats.groups.sort_by(|a, b| a.group.cmp(&b.group));
+        if with_groups {
+            stats.waiting = stats.groups.iter().map(|g| g.waiting).sum();
+        }
+        Ok(stats)
+    }
+
+    pub(super) async fn dead_jobs(
+        &self,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<JobInfo>, QueueError> {
+        let reply = self.call("dead", vec![arg(offset), arg(limit)]).await?;
+        let mut r = reader(reply)?;
+        let mut jobs = Vec::new();
+        while !r.is_empty() {
+            jobs.push(read_job(&mut r)?);
+        }
+        Ok(jobs)
+    }
+
+    pub(super) async fn retry_dead_jobs(
+        &self,
+        ids: Option<&[String]>,
+    ) -> Result<usize, QueueError> {
+        let mut args = vec![arg(u8::from(ids.is_none()))];
+        args.extend(
+            ids.unwrap_or_default()
+                .iter()
+                .map(|id| id.clone().into_bytes()),
+        );
+        // Every dead job goes back in chunks, one call each, so no call holds Redis long.
+        let mut total = 0;
+        loop {
+            let reply = self.call("retry_dead", args.clone()).await?;
+            let mut r = reader(reply)?;
+            r.u64()?;
+            let n = r.u64()?;
+            total += usize::try_from(n).unwrap_or(usize::MAX);
+            if ids.is_some() || n < MAINTENANCE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    pub(super) async fn purge(&self) -> Result<usize, QueueError> {
+        // In chunks, as `retry_dead_jobs`.
+        let mut total = 0;
+        loop {
+            let reply = self.call("purge_dead", Vec::new()).await?;
+            let mut r = reader(reply)?;
+            let n = r.u64()?;
+            total += usize::try_from(n).unwrap_or(usize::MAX);
+            if n < MAINTENANCE_BATCH as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    pub(super) async fn next(&self) -> Result<Option<u64>, QueueError> {
+        match self.call("next_event", Vec::new()).await?.int() {
+            Some(n) => Ok(u64::try_from(n).ok()),
+            None => Err(protocol("`next_event` with a non-number")),
+        }
+    }
+}
