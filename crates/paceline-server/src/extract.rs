@@ -86,8 +86,9 @@ pub(crate) trait JsonSchema {
     fn read(json: &str) -> Result<Self::Value<'_>, ApiError>;
 }
 
-/// A request's JSON body, read whole: at most `S::LIMIT` bytes (else `413`), arrived within
-/// the service's `body_read_timeout` (else `408`, see [`crate::body_timeout`]).
+/// A request's JSON body, read whole: at most `S::LIMIT` bytes (else `413`). The router's
+/// body timeout layer bounds how long its arrival may take (else `408`, see
+/// [`crate::body_timeout`]); a route served without that layer has no such bound.
 /// [`read`](Self::read) checks it is UTF-8 and reads it as `S` says (else `400`), borrowing
 /// from it where `S` does, which is why reading is a step of the handler's own.
 pub(crate) struct JsonBody<S> {

@@ -223,11 +223,16 @@ impl<'a> SetAsk<'a> {
     /// they are (the store's keys, `NAMESPACE:KEY`, are the service's own business).
     fn input_error(&self, store: &SharedStore, e: &InputError) -> ApiError {
         let keys: Vec<&str> = self.parts.iter().map(|p| p.store_key.as_str()).collect();
-        match store.key_apart(&keys) {
-            Some(i) => {
-                let named = |at: usize| format!("`{}` (limits[{at}].key)", self.parts[at].key);
-                ApiError::input(&cross_slot_error(&named(0), &named(i)))
-            }
+        let named = |at: usize| {
+            self.parts
+                .get(at)
+                .map(|p| format!("`{}` (limits[{at}].key)", p.key))
+        };
+        match store
+            .key_apart(&keys)
+            .and_then(|i| Some((named(0)?, named(i)?)))
+        {
+            Some((first, other)) => ApiError::input(&cross_slot_error(&first, &other)),
             None => ApiError::input(e),
         }
     }

@@ -18,38 +18,34 @@ use crate::units::unix_ms;
 /// A queue error as the API answers it.
 impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> ApiError {
+        const LOST: &str = "this lease is not the job's current one (it expired, or the job \
+                            was already acknowledged or failed); stop working on it";
+        const UNKNOWN: &str = "in this queue (acknowledged, cancelled, purged or never enqueued)";
         match e {
-        // The core's not-before bound depends on the queue's clock: its field is the API's
-        // in milliseconds.
-        QueueError::Input(e) if e.field() == "not_before" => {
-            ApiError::invalid("not_before_ms", e.message())
-        }
-        // The core names the fields the API has (the delay is checked as `delay_ms` before).
-        QueueError::Input(e) => ApiError::input(&e),
-        QueueError::LeaseLost { id } => ApiError::new(
-            ErrorCode::LeaseLost,
-            "lease",
-            format!(
-                "job `{id}`: this lease is not the job's current one (it expired, or the job was already acknowledged or failed); stop working on it"
+            // The core's not-before bound depends on the queue's clock: its field is the
+            // API's in milliseconds.
+            QueueError::Input(e) if e.field() == "not_before" => {
+                ApiError::invalid("not_before_ms", e.message())
+            }
+            // The core names the fields the API has (the delay is checked as `delay_ms`
+            // before).
+            QueueError::Input(e) => ApiError::input(&e),
+            QueueError::LeaseLost { id } => {
+                ApiError::new(ErrorCode::LeaseLost, "lease", format!("job `{id}`: {LOST}"))
+            }
+            QueueError::UnknownJob { id } => ApiError::new(
+                ErrorCode::UnknownJob,
+                "id",
+                format!("no job `{id}` {UNKNOWN}"),
             ),
-        ),
-        QueueError::UnknownJob { id } => ApiError::new(
-            ErrorCode::UnknownJob,
-            "id",
-            format!("no job `{id}` in this queue (acknowledged, cancelled, purged or never enqueued)"),
-        ),
-        QueueError::Conflict { id, state, message } => ApiError::new(
-            ErrorCode::Conflict,
-            "id",
-            format!("job `{id}` is {state}: {message}"),
-        ),
-        QueueError::Store(e) => ApiError::from(paceline_store::Error::Store(e)),
-        other => ApiError::new(
-            ErrorCode::Internal,
-            "queue",
-            other.to_string(),
-        ),
-    }
+            QueueError::Conflict { id, state, message } => ApiError::new(
+                ErrorCode::Conflict,
+                "id",
+                format!("job `{id}` is {state}: {message}"),
+            ),
+            QueueError::Store(e) => ApiError::from(paceline_store::Error::Store(e)),
+            other => ApiError::new(ErrorCode::Internal, "queue", other.to_string()),
+        }
     }
 }
 

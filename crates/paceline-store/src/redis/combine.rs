@@ -4,7 +4,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use std::panic::AssertUnwindSafe;
+
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
 use paceline_core::{StoreError, StoreErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
@@ -33,7 +36,8 @@ struct Pending<E> {
 /// offers combining applies them one after another in one atomic step, as if each had been
 /// its own call.
 ///
-/// Dropping it stops its task; the operations then waiting are answered with an error.
+/// Dropping it stops its task: the calls then in flight are abandoned (their answers, if
+/// any, are not read) and the operations then waiting are answered with an error.
 ///
 /// ```
 /// use paceline_store::redis::{CallFuture, Combiner, Reply};
@@ -172,11 +176,20 @@ where
         (call("multi", args), answers)
     };
     async move {
-        let combined = answers.len() > 1;
-        match future.await {
-            Ok(reply) if !combined => {
-                for answer in answers {
-                    let _ = answer.send(Ok(reply.clone()));
+        // A call that panics (a bug in a client library, a clock) fails its own operations
+        // only: the task that drives every call of the library goes on.
+        let answer = match AssertUnwindSafe(future).catch_unwind().await {
+            Ok(answer) => answer,
+            Err(_) => Err(E::from(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "a call of the Redis function failed unexpectedly (it panicked); try again",
+            ))),
+        };
+        let mut answers = answers;
+        match answer {
+            Ok(reply) if answers.len() == 1 => {
+                if let Some(answer) = answers.pop() {
+                    let _ = answer.send(Ok(reply));
                 }
             }
             Ok(reply) => match reply.into_list() {
@@ -350,5 +363,26 @@ mod tests {
             assert!(e.message().contains("combined call of 2"), "{e}");
         }
         assert_eq!(fake.calls.lock().unwrap()[1], ("multi", 2));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_call_that_panics_fails_its_own_operations_only() {
+        let combiner: Combiner<StoreError> = Combiner::spawn(
+            |op, _args| {
+                Box::pin(async move {
+                    if op == "boom" {
+                        panic!("a call that panics");
+                    }
+                    Ok(Reply::from(1))
+                })
+            },
+            2,
+            256,
+        );
+        let e = combiner.call("boom", Vec::new()).await.unwrap_err();
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable);
+        assert!(e.message().contains("panicked"), "{e}");
+        let fine = combiner.call("fine", Vec::new()).await.unwrap();
+        assert_eq!(fine.int(), Some(1));
     }
 }

@@ -83,10 +83,11 @@ pub type Messages = Pin<Box<dyn Stream<Item = ()> + Send>>;
 /// lives in Redis answers one, and every call then goes over that store's connections,
 /// timeouts, cluster routing and outage accounting. What stays with the front end is its
 /// own argument encoding and reply decoding ([`Reply`], [`Reader`]); the host loads the
-/// library where the server lacks it, combines concurrent calls ([`Combiner`]), follows the
-/// server's clock ([`ServerClock`]) and tells which failures may have been applied
-/// ([`StoreError::answer_may_be_lost`]) or carry an error code of the library's own
-/// ([`error_code`]).
+/// library where the server lacks it and accounts each call in its node's outage. Beside
+/// it, the store's Redis module offers what every front end needs on top: concurrent calls
+/// combined ([`Combiner`]), the server's clock followed ([`ServerClock`]), which failures
+/// may have been applied ([`StoreError::answer_may_be_lost`]) and which carry an error
+/// code of the library's own ([`error_code`]).
 ///
 /// [`Store::decide`]: crate::Store::decide
 /// [`Store::functions`]: crate::Store::functions

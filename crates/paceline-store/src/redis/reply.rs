@@ -123,16 +123,19 @@ impl Reader {
             .ok_or_else(|| self.error("too few values", &"the end of the list"))
     }
 
-    /// The next item, a number (an integer, or a string of one).
+    /// The next item, a number (an integer, or a string of one: Lua answers numbers beyond
+    /// an integer's reach as text).
     pub fn int(&mut self) -> Result<i64, StoreError> {
-        match self.values.next() {
-            Some(Value::Int(n)) => Ok(n),
-            Some(Value::BulkString(b)) => std::str::from_utf8(&b)
-                .ok()
-                .and_then(|s| s.parse().ok())
-                .ok_or_else(|| self.error("a non-number", &String::from_utf8_lossy(&b))),
-            other => Err(self.error("a non-number", &other)),
-        }
+        let text = match self.values.next() {
+            Some(Value::Int(n)) => return Ok(n),
+            Some(Value::BulkString(b)) => b,
+            Some(Value::SimpleString(s)) => s.into_bytes(),
+            other => return Err(self.error("a non-number", &other)),
+        };
+        std::str::from_utf8(&text)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| self.error("a non-number", &String::from_utf8_lossy(&text)))
     }
 
     /// The next item, a number of at least 0.
@@ -152,13 +155,13 @@ impl Reader {
         Ok(u64::try_from(self.int()?).ok())
     }
 
-    /// The next item, bytes (a string; a number as its decimal text).
+    /// The next item, bytes (a string; a number there is an error: a decoder that reads
+    /// out of step is told at once).
     pub fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
         match self.values.next() {
             Some(Value::BulkString(b)) => Ok(b),
             Some(Value::SimpleString(s)) => Ok(s.into_bytes()),
-            Some(Value::Int(n)) => Ok(n.to_string().into_bytes()),
-            other => Err(self.error("a missing value", &other)),
+            other => Err(self.error("a non-string", &other)),
         }
     }
 
@@ -166,12 +169,6 @@ impl Reader {
     pub fn text(&mut self) -> Result<String, StoreError> {
         let bytes = self.bytes()?;
         String::from_utf8(bytes).map_err(|e| self.error("text that is not UTF-8", &e))
-    }
-
-    /// A protocol error: the function answered `what` (e.g. "an unknown status `x`") where
-    /// the decoder expected otherwise.
-    pub fn unexpected(&self, what: &str) -> StoreError {
-        self.error(what, &"")
     }
 
     fn error(&self, what: &str, value: &dyn std::fmt::Debug) -> StoreError {
