@@ -12,9 +12,13 @@
 //!
 //! [`mock_api`] is a strict mock of a Discord-like API for the API client limiter and the
 //! proxy.
+//!
+//! [`differential`] runs twins (the Rust engine and its Lua twin in Redis, say) through one
+//! random script on one clock and reports the first step where they part.
 
 mod clock;
 mod cluster;
+pub mod differential;
 mod http;
 pub mod lost_reply;
 pub mod mock_api;

@@ -37,22 +37,12 @@ pub fn runtime() -> tokio::runtime::Runtime {
 
 /// Runs property `test` over `strategy`'s cases (`PROPTEST_CASES` of them if set, else
 /// `default`), without persisting failures; panics with proptest's report (the minimal
-/// failing case) at the first failure.
+/// failing case) and the seed that replays the run at the first failure. The same as
+/// [`Cases::new(default).run(strategy, test)`](crate::differential::Cases).
 pub fn check_cases<S: proptest::strategy::Strategy>(
     default: u32,
     strategy: &S,
     test: impl Fn(S::Value) -> Result<(), proptest::test_runner::TestCaseError>,
 ) {
-    let cases = std::env::var("PROPTEST_CASES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(default);
-    let mut runner = proptest::test_runner::TestRunner::new(proptest::test_runner::Config {
-        cases,
-        failure_persistence: None,
-        ..proptest::test_runner::Config::default()
-    });
-    if let Err(e) = runner.run(strategy, test) {
-        panic!("{e}");
-    }
+    crate::differential::Cases::new(default).run(strategy, test);
 }
