@@ -11,8 +11,8 @@
 //! * [`Differential::run`] compares every twin's answer with the reference's (with `==`,
 //!   or a comparison of the test's own), checks the reference against a model if the test
 //!   gives one ([`Differential::check`]), and reports the first divergence: the step, its
-//!   time, both answers, and the script up to it. It answers the reference's answers, for
-//!   what the test checks afterwards.
+//!   time, both answers, and the script up to it. It answers the reference's answers, each
+//!   with its step's [`At`], for what the test checks afterwards.
 //! * [`Cases`] runs a property over random scripts on a seed it prints when a case fails
 //!   (`PROPTEST_RNG_SEED` replays the run), with proptest's shrinking to the smallest
 //!   failing script, and, when asked, the regressions saved next to the test file.
@@ -189,14 +189,15 @@ impl<'c, S, A> Differential<'c, S, A> {
     /// Runs `script`: moves the clock on clock steps, and applies every other step to the
     /// reference (a name for reports, and the twin), then to each of `twins` in order,
     /// comparing each answer with the reference's. Answers the reference's answers to the
-    /// steps applied, in order; fails at the first step where a twin answers otherwise, or
-    /// the check fails, with a report of the step, both answers and the script up to it.
+    /// steps applied, in order, each with where and when it was given; fails at the first
+    /// step where a twin answers otherwise, or the check fails, with a report of the step,
+    /// both answers and the script up to it.
     pub async fn run<R, T>(
         &mut self,
         script: &[S],
         reference: (&str, &mut R),
         twins: &mut [(&str, T)],
-    ) -> Result<Vec<A>, TestCaseError>
+    ) -> Result<Vec<(At, A)>, TestCaseError>
     where
         S: Step<A>,
         A: Debug,
@@ -204,7 +205,7 @@ impl<'c, S, A> Differential<'c, S, A> {
         T: Twin<S, Answer = A>,
     {
         let (reference_name, reference) = reference;
-        let mut answers = Vec::new();
+        let (mut answers, mut ats) = (Vec::new(), Vec::new());
         for (index, step) in script.iter().enumerate() {
             if let Some(tick) = step.tick(&answers) {
                 match tick {
@@ -240,8 +241,9 @@ impl<'c, S, A> Differential<'c, S, A> {
                 }
             }
             answers.push(expected);
+            ats.push(at);
         }
-        Ok(answers)
+        Ok(ats.into_iter().zip(answers).collect())
     }
 }
 
