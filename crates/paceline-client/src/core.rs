@@ -29,12 +29,12 @@
 //!   assumes the limit is back and releases waiting requests **paced over the window**
 //!   (one every `window / limit`), not all at once, until a response of the new window
 //!   says how many remain.
-//! - **The global limit** (a paceline [`Policy`], Discord's 50/s) is applied to every
-//!   request that is about to go, except routes exempt from it.
-//! - **Refusals** ([`Refusal`]): a global one pauses every bucket for the retry-after; a
-//!   bucket or shared one pauses the bucket. The refused request goes back to the head of
-//!   its queue (up to [`ClientConfig::max_retries`] times; after that its response is the
-//!   caller's). With no retry-after, the core waits
+//! - **The global limit** (a paceline [`Policy`](paceline_core::Policy), Discord's 50/s)
+//!   is applied to every request that is about to go, except routes exempt from it.
+//! - **Refusals** ([`Refusal`](crate::headers::Refusal)): a global one pauses every bucket
+//!   for the retry-after; a bucket or shared one pauses the bucket. The refused request
+//!   goes back to the head of its queue (up to [`ClientConfig::max_retries`] times; after
+//!   that its response is the caller's). With no retry-after, the core waits
 //!   [`ClientConfig::missing_retry_after`] and doubles it for each refusal in a row.
 //! - **Invalid requests** (401, 403, and 429s other than `shared`) count against a
 //!   paceline policy (Discord: 10,000 per 10 minutes); at 80 % a warning is logged, at the
@@ -82,139 +82,20 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
-use paceline_core::Policy;
-
 use crate::headers::Observation;
 use crate::knowledge::{
-    micros, own_bucket, refusal_wait, Admission, Admitted, Answered, Ask, BucketKey, BucketView,
-    Knowledge, Report, Wait, MAX_ROUTES,
+    micros, own_bucket, refusal_wait, Admission, Admitted, Ask, BucketKey, BucketView, Knowledge,
+    Wait, MAX_ROUTES,
 };
 use crate::route::Route;
 
+// Their paths before they had files of their own.
+pub(crate) use crate::config::ClientConfig;
+pub(crate) use crate::error::ClientError;
+pub(crate) use crate::knowledge::Event;
+
 /// A request's handle in the core, in submission order.
 pub type RequestId = u64;
-
-/// How the client behaves; the defaults suit any API, [`ClientConfig::discord`] adds
-/// Discord's global and invalid-request limits.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ClientConfig {
-    /// Applied to every request (except global-exempt routes) just before it goes.
-    pub global: Option<Policy>,
-    /// Counts invalid requests (401, 403, 429 other than `shared`); when it refuses,
-    /// requests fail fast instead of risking a ban.
-    pub invalid_budget: Option<Policy>,
-    /// The share of the invalid-request budget at which a warning is logged (0.8).
-    pub invalid_warn_at: f64,
-    /// How long a pioneer's slot stays closed after an error response without rate-limit
-    /// headers (1 s).
-    pub headerless_backoff: Duration,
-    /// The wait after a refusal that gave no retry-after (60 s, as GitHub asks), doubled
-    /// for each such refusal in a row, up to `max_backoff`.
-    pub missing_retry_after: Duration,
-    /// The longest wait a missing retry-after leads to (15 min).
-    pub max_backoff: Duration,
-    /// The default deadline of a request's wait (`None`: wait as long as it takes).
-    pub max_wait: Option<Duration>,
-    /// How often a refused request is put back in its queue before its refusal is given
-    /// to the caller (3).
-    pub max_retries: u32,
-    /// How many pioneers of unknown routes may be in flight at once per major parameter,
-    /// and so how many calls known buckets of that parameter keep back while unknown
-    /// routes wait. 1 for Discord, where many routes share
-    /// small buckets; 8 by default, for APIs whose routes are many and whose buckets are
-    /// large (GitHub: 5,000 per hour for every route).
-    pub pioneers_per_major: u32,
-    /// How long a request in flight counts against its bucket (and holds its pioneer
-    /// slot) when its end is never reported, because its process died (60 s). Set it
-    /// above the longest a response may take.
-    pub in_flight_lease: Duration,
-}
-
-impl Default for ClientConfig {
-    fn default() -> ClientConfig {
-        ClientConfig {
-            global: None,
-            invalid_budget: None,
-            invalid_warn_at: 0.8,
-            headerless_backoff: Duration::from_secs(1),
-            missing_retry_after: Duration::from_secs(60),
-            max_backoff: Duration::from_secs(900),
-            max_wait: None,
-            max_retries: 3,
-            pioneers_per_major: 8,
-            in_flight_lease: Duration::from_secs(60),
-        }
-    }
-}
-
-impl ClientConfig {
-    /// No global limit, no invalid-request budget.
-    pub fn new() -> ClientConfig {
-        ClientConfig::default()
-    }
-
-    /// Discord's rules: 50 requests per second per token (`gcra:rate=50/s,burst=1`: at
-    /// most 50 in any second) and 10,000 invalid requests per 10 minutes
-    /// (`fixed_window:limit=10000,window=10m`).
-    pub fn discord() -> ClientConfig {
-        ClientConfig {
-            global: Some(
-                "gcra:rate=50/s,burst=1"
-                    .parse()
-                    .expect("a valid built-in policy"),
-            ),
-            invalid_budget: Some(
-                "fixed_window:limit=10000,window=10m"
-                    .parse()
-                    .expect("a valid built-in policy"),
-            ),
-            pioneers_per_major: 1,
-            ..ClientConfig::default()
-        }
-    }
-
-    /// The same configuration with this global limit.
-    pub fn global(mut self, policy: Policy) -> ClientConfig {
-        self.global = Some(policy);
-        self
-    }
-
-    /// The same configuration with this invalid-request budget.
-    pub fn invalid_budget(mut self, policy: Policy) -> ClientConfig {
-        self.invalid_budget = Some(policy);
-        self
-    }
-
-    /// The same configuration with this default deadline for waits.
-    pub fn max_wait(mut self, max_wait: Duration) -> ClientConfig {
-        self.max_wait = Some(max_wait);
-        self
-    }
-}
-
-/// Why the client gave up on a request without sending it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ClientError {
-    /// The request would have waited longer than its `max_wait`.
-    #[error("the rate limit would delay this request {}, longer than its max_wait of {max_wait:?}; retry later or raise max_wait", match would_wait { Some(d) => format!("{d:?}"), None => "for an unknown time (its bucket's limits are not known yet)".into() })]
-    WaitExceeded {
-        /// The deadline the request had.
-        max_wait: Duration,
-        /// How long it would have waited, when the core could tell.
-        would_wait: Option<Duration>,
-    },
-    /// The invalid-request budget is spent: sending more risks a ban.
-    #[error("the invalid-request budget (401, 403 and 429 responses) is spent; requests fail until it recovers in {retry_after:?}")]
-    InvalidBudget {
-        /// When the budget admits again.
-        retry_after: Duration,
-    },
-    /// The client was shut down.
-    #[error("the client limiter was dropped")]
-    Closed,
-}
 
 /// What to do with a request whose response came.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,86 +128,6 @@ pub struct Asks {
     failed: Vec<(RequestId, ClientError)>,
     /// When the first queue not asked about (told to wait) may be asked again.
     held_until: Option<u64>,
-}
-
-/// What a shared core tells the knowledge, in order ([`ClientCore::take_events`]).
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub enum Event {
-    /// A response came: [`Knowledge::answer`].
-    Answer {
-        /// The request's route.
-        route: Route,
-        /// The bucket it was admitted under.
-        bucket: Arc<str>,
-        /// Its admission.
-        admitted: Admitted,
-        /// The response's status.
-        status: u16,
-        /// What its headers said.
-        seen: Observation,
-        /// When it came, on the core's clock: durations it gave count from then.
-        at: u64,
-    },
-    /// A request ended without an answer: [`Knowledge::release`].
-    Release {
-        /// The request's route.
-        route: Route,
-        /// The bucket it was admitted under.
-        bucket: Arc<str>,
-        /// Its admission.
-        admitted: Admitted,
-        /// Whether it may have reached the server.
-        sent: bool,
-        /// Whether its connection broke (else its caller gave up).
-        failed: bool,
-    },
-}
-
-impl Event {
-    /// Applies the event to `knowledge` at `now`: the durations of an answer that came
-    /// earlier (reset-after, retry-after) count from when it came.
-    pub fn apply(&self, knowledge: &mut Knowledge, now: u64) -> Option<Answered> {
-        match self {
-            Event::Answer {
-                route,
-                bucket,
-                admitted,
-                status,
-                seen,
-                at,
-            } => Some(knowledge.answer(
-                &Report {
-                    route: route.key(),
-                    major: route.major(),
-                    bucket,
-                    admitted: *admitted,
-                    status: *status,
-                    seen,
-                    age: now.saturating_sub(*at),
-                },
-                now,
-            )),
-            Event::Release {
-                route,
-                bucket,
-                admitted,
-                sent,
-                failed,
-            } => {
-                knowledge.release(
-                    route.key(),
-                    route.major(),
-                    bucket,
-                    *admitted,
-                    *sent,
-                    *failed,
-                    now,
-                );
-                None
-            }
-        }
-    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

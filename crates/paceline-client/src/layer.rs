@@ -40,7 +40,7 @@ use std::time::Duration;
 use tower::{Layer, Service, ServiceExt};
 
 use crate::client::Client;
-use crate::core::ClientError;
+use crate::error::ClientError;
 use crate::route::Route;
 
 type Router = fn(&str, &str) -> Route;

@@ -40,7 +40,9 @@
 #![warn(missing_docs)]
 
 mod client;
+mod config;
 mod core;
+mod error;
 pub mod headers;
 pub mod knowledge;
 #[cfg(feature = "tower")]
@@ -52,10 +54,10 @@ pub mod redis;
 mod route;
 
 pub use crate::client::{After, Client, Permit, Waiting};
-pub use crate::core::{
-    Asks, ClientConfig, ClientCore, ClientError, Completion, Event, Poll, RequestId,
-    SHARED_REPOLL_US,
-};
+pub use crate::config::ClientConfig;
+pub use crate::core::{Asks, ClientCore, Completion, Poll, RequestId, SHARED_REPOLL_US};
+pub use crate::error::ClientError;
+pub use crate::knowledge::messages::Event;
 pub use crate::knowledge::{BucketView, MAX_ROUTES};
 pub use crate::route::Route;
 /// The `http` crate whose `HeaderMap` the client reads, re-exported so callers use the same

@@ -63,7 +63,7 @@ use paceline_store::{InputError, Limiter, Policy, SharedStore, Store};
 use reqwest_middleware::{Middleware, Next};
 
 use crate::client::{After, Client, Permit};
-use crate::core::ClientError;
+use crate::error::ClientError;
 use crate::route::Route;
 
 /// Where a request goes, as a [`Gate`] sees it.

@@ -11,14 +11,18 @@
 //!   refused set changed no limit, on any store), and a set is admitted exactly when every
 //!   limit alone admits.
 //!
+//! Both run on the test kit's differential harness: memory is the reference, the Redis
+//! stores its twins, and the model checks memory step by step.
+//!
 //! `PROPTEST_CASES` sets the number of cases (default 96).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use paceline_store::{redis::RedisStore, FailurePolicy, Request, SetDecision, MAX_LIMITS};
-use paceline_store::{Error, ManualClock, MemoryStore, Op, Policy, Store, SyncStore};
-use paceline_testkit::{shared_cluster, shared_server};
+use paceline_store::{Decision, Error, ManualClock, MemoryStore, Op, Policy, Store, SyncStore};
+use paceline_testkit::differential::{self, At, Cases, Differential, Redis, Tick, Twin};
+use paceline_testkit::runtime;
 use proptest::prelude::*;
 
 /// 2023-11-14 in microseconds since the Unix epoch.
@@ -119,9 +123,9 @@ impl Stores {
             let clock = clock.clone();
             async move { paceline_testkit::redis_store_on(url, prefix, &clock, scripts).await }
         };
-        let redis = connect(shared_server().url(), false, "sets").await;
-        let redis_scripts = connect(shared_server().url(), true, "sets-scripts").await;
-        let cluster = connect(shared_cluster().url(), false, "sets").await;
+        let redis = connect(Redis::Server.url(), false, "sets").await;
+        let redis_scripts = connect(Redis::Server.url(), true, "sets-scripts").await;
+        let cluster = connect(Redis::Cluster.url(), false, "sets").await;
         assert!(redis.runs_as_functions() && !redis_scripts.runs_as_functions());
         assert!(cluster.is_cluster());
         Stores {
@@ -144,6 +148,8 @@ impl Stores {
         ]
     }
 
+    /// A case of sets (`limit` or `peek`): every store decides alike and its keys end
+    /// alike, and memory decides as its model of single decisions says.
     async fn run(&self, case: &Case) -> Result<(), TestCaseError> {
         let id = next_case_id();
         self.clock.set_micros(EPOCH_2023 + id * 3_600_000_000);
@@ -156,88 +162,212 @@ impl Stores {
         let keys: Vec<String> = (0..policies.len())
             .map(|k| format!("{{case{id}}}:k{k}"))
             .collect();
-        let stores = self.all();
-        for (index, step) in case.steps.iter().enumerate() {
-            let (set, peek, cost) = match step {
-                Step::Sleep(us) => {
-                    self.clock.advance(Duration::from_micros(*us));
-                    continue;
-                }
+        let twin = |store, witness| SetStore {
+            store,
+            policies: &policies,
+            keys: &keys,
+            witness,
+        };
+        let mut memory = twin(&self.memory, true);
+        let mut twins = [
+            ("redis", twin(&self.redis, false)),
+            ("redis (as a script)", twin(&self.redis_scripts, false)),
+            ("cluster", twin(&self.cluster, false)),
+        ];
+        let model = &self.model;
+        let check = |index: usize, step: &Step, said: &Said| {
+            let (
                 Step::Set {
                     keys: set,
                     peek,
                     cost,
-                } => (set, *peek, *cost),
+                },
+                Said::Set {
+                    decision, after, ..
+                },
+            ) = (step, said)
+            else {
+                return Ok(());
             };
-            let op = if peek { Op::Peek } else { Op::Limit };
+            let op = if *peek { Op::Peek } else { Op::Limit };
             let requests: Vec<Request> = set
                 .iter()
-                .map(|&k| Request::new(&policies[k], &keys[k], op, cost))
+                .map(|&k| Request::new(&policies[k], &keys[k], op, *cost))
                 .collect();
-            let what = || describe(index, op, cost, set, &policies);
-            let expected = self.memory.decide_all(&requests).await;
-            alike(&stores, &requests, &expected, what).await?;
+            let what = describe(index, op, *cost, set, &policies);
             // The model: each limit alone, applied only if every one admits.
-            let mut alone = Vec::new();
-            for r in &requests {
-                alone.push(self.model.decide(r.policy, r.key, Op::Peek, r.cost).await);
-            }
-            match (&expected, alone.into_iter().collect::<Result<Vec<_>, _>>()) {
+            let alone: Result<Vec<_>, _> = requests
+                .iter()
+                .map(|r| model.decide_sync(r.policy, r.key, Op::Peek, r.cost))
+                .collect();
+            match (decision, alone) {
                 (Ok(set), Ok(alone)) => {
                     let every = alone.iter().all(|d| d.allowed);
-                    prop_assert_eq!(
-                        set.allowed(),
-                        every,
-                        "{}: the set's admission differs from its limits' alone {:?}",
-                        what(),
-                        alone
-                    );
+                    if set.allowed() != every {
+                        return Err(format!(
+                            "{what}: the set's admission differs from its limits' alone {alone:?}"
+                        ));
+                    }
                     let refused: Vec<usize> = set.refused().collect();
                     let expected_refused: Vec<usize> = if every {
                         Vec::new()
                     } else {
                         (0..alone.len()).filter(|&i| !alone[i].allowed).collect()
                     };
-                    prop_assert_eq!(refused, expected_refused, "{}", what());
+                    if refused != expected_refused {
+                        return Err(format!(
+                            "{what}: refused by {refused:?}, its limits alone refuse \
+                             {expected_refused:?}"
+                        ));
+                    }
                     // A set of one is that limit's own decision, which a `sliding_log` with
                     // `count_blocked` records even when it refuses.
                     if (every || requests.len() == 1) && !peek {
                         for r in &requests {
-                            self.model
-                                .decide(r.policy, r.key, r.op, r.cost)
-                                .await
-                                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                            model
+                                .decide_sync(r.policy, r.key, r.op, r.cost)
+                                .map_err(|e| e.to_string())?;
                         }
                     }
                 }
                 (Err(Error::Input(e)), Err(Error::Input(alone))) => {
-                    prop_assert_eq!(e.field(), alone.field(), "{}", what());
-                    continue;
+                    return if e.field() == alone.field() {
+                        Ok(())
+                    } else {
+                        Err(format!("{what}: the set's error names {}", e.field()))
+                    };
                 }
                 (set, alone) => {
-                    return Err(TestCaseError::fail(format!(
-                        "{}: the set answered {set:?}, its limits alone {alone:?}",
-                        what()
-                    )))
+                    return Err(format!(
+                        "{what}: the set answered {set:?}, its limits alone {alone:?}"
+                    ))
                 }
             }
-            // Every key, on every store, answers a peek as the model's does.
+            // Every key answers a peek as the model's does (on every store: the twins'
+            // keys are where memory's are).
             for (k, policy) in policies.iter().enumerate() {
-                let model = self.model.decide(policy, &keys[k], Op::Peek, 1).await;
-                for (name, store) in &stores {
-                    let got = store.decide(policy, &keys[k], Op::Peek, 1).await;
-                    prop_assert_eq!(
-                        got.as_ref().ok(),
-                        model.as_ref().ok(),
-                        "{}: k{} on {} is not where the model's is",
-                        what(),
-                        k,
-                        name
-                    );
+                let model = model.decide_sync(policy, &keys[k], Op::Peek, 1).ok();
+                if after[k] != model {
+                    return Err(format!("{what}: k{k} is not where the model's is"));
                 }
+            }
+            Ok(())
+        };
+        let mut differential = Differential::agreeing(&self.clock, same_said).check(check);
+        let answers = differential
+            .run(&case.steps, ("memory", &mut memory), &mut twins)
+            .await;
+        answers.map(|_| ())
+    }
+}
+
+/// What a store said to a step: a set's decision and every key's peek after it (with, on
+/// memory, each limit's own pace and every key's peek before it, for the checks of a pace
+/// set), or that it applied a limit of another algorithm (its answer is not compared; the
+/// peeks after the next set are).
+#[derive(Debug)]
+enum Said {
+    Set {
+        own: Vec<Decision>,
+        before: Vec<Option<Decision>>,
+        decision: Result<SetDecision, Error>,
+        after: Vec<Option<Decision>>,
+    },
+    Foreign,
+}
+
+/// Alike: the same set decision, and every key alike after it.
+fn same_said(a: &Said, b: &Said) -> Result<(), String> {
+    match (a, b) {
+        (
+            Said::Set {
+                decision: a,
+                after: a_after,
+                ..
+            },
+            Said::Set {
+                decision: b,
+                after: b_after,
+                ..
+            },
+        ) => {
+            same(a, b)?;
+            if a_after == b_after {
+                Ok(())
+            } else {
+                Err("the keys are not where the reference's are".into())
             }
         }
-        Ok(())
+        (Said::Foreign, Said::Foreign) => Ok(()),
+        _ => Err("answers of different kinds".into()),
+    }
+}
+
+/// A store deciding a case's sets on the case's keys; the `witness` (memory) also reads
+/// what a pace set's checks need before the set.
+struct SetStore<'s> {
+    store: &'s dyn Store,
+    policies: &'s [Policy],
+    keys: &'s [String],
+    witness: bool,
+}
+
+impl SetStore<'_> {
+    /// Every key's peek (cost 1), in order.
+    async fn peeks(&self) -> Vec<Option<Decision>> {
+        let mut all = Vec::new();
+        for (policy, key) in self.policies.iter().zip(self.keys) {
+            all.push(self.store.decide(policy, key, Op::Peek, 1).await.ok());
+        }
+        all
+    }
+
+    /// Decides the set of keys `set` with `op`, reading first, on the witness, each limit's
+    /// own pace from now when `own` and every key's peek.
+    async fn decide(&self, set: &[usize], op: Op, cost: u64, own: bool) -> Said {
+        let requests: Vec<Request> = set
+            .iter()
+            .map(|&k| Request::new(&self.policies[k], &self.keys[k], op, cost))
+            .collect();
+        let (mut paces, mut before) = (Vec::new(), Vec::new());
+        if self.witness {
+            if own {
+                for r in &requests {
+                    // (A cost a policy can never admit at once is no peek: left out.)
+                    let peek = self.store.decide(r.policy, r.key, Op::Peek, r.cost).await;
+                    paces.extend(peek.ok());
+                }
+            }
+            before = self.peeks().await;
+        }
+        let decision = self.store.decide_all(&requests).await;
+        Said::Set {
+            own: paces,
+            before,
+            decision,
+            after: self.peeks().await,
+        }
+    }
+}
+
+impl differential::Step<Said> for Step {
+    fn tick(&self, _: &[Said]) -> Option<Tick> {
+        match self {
+            Step::Sleep(us) => Some(Tick::By(Duration::from_micros(*us))),
+            Step::Set { .. } => None,
+        }
+    }
+}
+
+impl Twin<Step> for SetStore<'_> {
+    type Answer = Said;
+
+    async fn apply(&mut self, step: &Step, _: At) -> Said {
+        let Step::Set { keys, peek, cost } = step else {
+            unreachable!("clock steps are the runner's")
+        };
+        let op = if *peek { Op::Peek } else { Op::Limit };
+        self.decide(keys, op, *cost, false).await
     }
 }
 
@@ -285,20 +415,18 @@ fn same(a: &Result<SetDecision, Error>, b: &Result<SetDecision, Error>) -> Resul
     }
 }
 
-use paceline_testkit::{check_cases, runtime};
-
 #[test]
 fn every_store_decides_sets_alike_and_a_refused_set_changes_nothing() {
     let runtime = runtime();
     let stores = runtime.block_on(Stores::new());
-    check_cases(96, &case(), |case| runtime.block_on(stores.run(&case)));
+    Cases::new(96).run(&case(), |case| runtime.block_on(stores.run(&case)));
 }
 
 #[test]
 fn a_cluster_refuses_a_set_across_slots_by_naming_its_keys() {
     let runtime = runtime();
     runtime.block_on(async {
-        let cluster = RedisStore::builder(shared_cluster().url(), FailurePolicy::FailClosed)
+        let cluster = RedisStore::builder(Redis::Cluster.url(), FailurePolicy::FailClosed)
             .prefix("sets-slots")
             .connect()
             .await
@@ -340,7 +468,7 @@ fn a_cluster_refuses_a_set_across_slots_by_naming_its_keys() {
 fn redis_checks_sets_as_memory_does() {
     let runtime = runtime();
     runtime.block_on(async {
-        let redis = RedisStore::builder(shared_server().url(), FailurePolicy::FailClosed)
+        let redis = RedisStore::builder(Redis::Server.url(), FailurePolicy::FailClosed)
             .prefix("sets-checks")
             .connect()
             .await
@@ -439,6 +567,47 @@ fn pace_case() -> impl Strategy<Value = (Vec<String>, Vec<PaceStep>)> {
     })
 }
 
+impl differential::Step<Said> for PaceStep {
+    fn tick(&self, _: &[Said]) -> Option<Tick> {
+        match self {
+            PaceStep::Sleep(us) => Some(Tick::By(Duration::from_micros(*us))),
+            _ => None,
+        }
+    }
+}
+
+impl Twin<PaceStep> for SetStore<'_> {
+    type Answer = Said;
+
+    async fn apply(&mut self, step: &PaceStep, _: At) -> Said {
+        match step {
+            PaceStep::Foreign(k) => {
+                let other: Policy = if self.policies[*k].algorithm() == "sliding_log" {
+                    "gcra:rate=2/s,burst=2".parse().expect("a policy")
+                } else {
+                    "sliding_log:limit=2,window=1s".parse().expect("a policy")
+                };
+                // Refused or admitted alike on every store (checked by the peeks).
+                let _ = self
+                    .store
+                    .decide(&other, &self.keys[*k], Op::Limit, 1)
+                    .await;
+                Said::Foreign
+            }
+            PaceStep::Set { keys, pace, cost } => {
+                let op = match pace {
+                    Some(max_wait) => Op::Pace {
+                        max_wait: max_wait.map(Duration::from_millis),
+                    },
+                    None => Op::Limit,
+                };
+                self.decide(keys, op, *cost, pace.is_some()).await
+            }
+            PaceStep::Sleep(_) => unreachable!("clock steps are the runner's"),
+        }
+    }
+}
+
 impl Stores {
     /// A case of `pace` (and `limit`) sets: every store decides alike; an admitted pace set
     /// gives every limit the set's delay, at least each limit's own; a refused one changes
@@ -453,108 +622,74 @@ impl Stores {
         let keys: Vec<String> = (0..policies.len())
             .map(|k| format!("{{paced{id}}}:k{k}"))
             .collect();
-        let stores = self.all();
-        let peeks = |store: &'static str| {
-            let (policies, keys) = (&policies, &keys);
-            let store = stores.iter().find(|(n, _)| *n == store).map(|(_, s)| *s);
-            async move {
-                let mut all = Vec::new();
-                if let Some(store) = store {
-                    for (policy, key) in policies.iter().zip(keys) {
-                        all.push(store.decide(policy, key, Op::Peek, 1).await.ok());
-                    }
-                }
-                all
-            }
+        let twin = |store, witness| SetStore {
+            store,
+            policies: &policies,
+            keys: &keys,
+            witness,
         };
-        for (index, step) in steps.iter().enumerate() {
-            let (set, pace, cost) = match step {
-                PaceStep::Sleep(us) => {
-                    self.clock.advance(Duration::from_micros(*us));
-                    continue;
-                }
-                PaceStep::Foreign(k) => {
-                    let other: Policy = if policies[*k].algorithm() == "sliding_log" {
-                        "gcra:rate=2/s,burst=2".parse().expect("a policy")
-                    } else {
-                        "sliding_log:limit=2,window=1s".parse().expect("a policy")
-                    };
-                    for (_, store) in &stores {
-                        // Refused or admitted alike on every store (checked by the peeks).
-                        let _ = store.decide(&other, &keys[*k], Op::Limit, 1).await;
-                    }
-                    continue;
-                }
-                PaceStep::Set { keys, pace, cost } => (keys, *pace, *cost),
-            };
-            let op = match pace {
-                Some(max_wait) => Op::Pace {
-                    max_wait: max_wait.map(Duration::from_millis),
+        let mut memory = twin(&self.memory, true);
+        let mut twins = [
+            ("redis", twin(&self.redis, false)),
+            ("redis (as a script)", twin(&self.redis_scripts, false)),
+            ("cluster", twin(&self.cluster, false)),
+        ];
+        let check = |index: usize, step: &PaceStep, said: &Said| {
+            let (
+                PaceStep::Set {
+                    keys: set,
+                    pace: Some(max_wait),
+                    cost,
                 },
-                None => Op::Limit,
+                Said::Set {
+                    own,
+                    before,
+                    decision: Ok(set_decision),
+                    after,
+                },
+            ) = (step, said)
+            else {
+                return Ok(());
             };
-            let requests: Vec<Request> = set
-                .iter()
-                .map(|&k| Request::new(&policies[k], &keys[k], op, cost))
-                .collect();
-            let what = || describe(index, op, cost, set, &policies);
-            // Each limit's own pace from now, as read (the set must wait at least as long).
-            let mut own = Vec::new();
-            if pace.is_some() {
-                for r in &requests {
-                    // (A cost a policy can never admit at once is no peek: left out.)
-                    let peek = self.memory.decide(r.policy, r.key, Op::Peek, r.cost).await;
-                    own.extend(peek.ok());
+            let op = Op::Pace {
+                max_wait: max_wait.map(Duration::from_millis),
+            };
+            let what = describe(index, op, *cost, set, &policies);
+            let set = set_decision;
+            if set.allowed() {
+                // Every limit acts at the set's slot (the same microsecond: past 2^53
+                // ns, some delays are a double's nanoseconds, others exact).
+                let us = paceline_core::round_to_micros;
+                for d in &set.limits {
+                    if !d.allowed || us(d.delay) != us(set.decision.delay) {
+                        return Err(format!("{what}: a limit does not act at the set's slot"));
+                    }
+                }
+                // A limit that refuses now makes the set wait (a peek's retry-after is
+                // its earliest admission; the set's slot is no earlier).
+                for d in own {
+                    if !d.allowed && set.decision.delay < d.delay {
+                        return Err(format!(
+                            "{what}: the set acts before a limit admits ({:?} < {:?})",
+                            set.decision.delay, d.delay
+                        ));
+                    }
+                }
+            } else {
+                if set.refused().count() == 0 {
+                    return Err(format!("{what}: refused by none"));
+                }
+                if after != before {
+                    return Err(format!("{what}: a refused pace set changed a key"));
                 }
             }
-            let before = peeks("memory").await;
-            let expected = self.memory.decide_all(&requests).await;
-            alike(&stores, &requests, &expected, what).await?;
-            if let (Some(_), Ok(set)) = (pace, &expected) {
-                if set.allowed() {
-                    // Every limit acts at the set's slot (the same microsecond: past 2^53
-                    // ns, some delays are a double's nanoseconds, others exact).
-                    let us = paceline_core::round_to_micros;
-                    for d in &set.limits {
-                        prop_assert!(d.allowed, "{}", what());
-                        prop_assert_eq!(us(d.delay), us(set.decision.delay), "{}", what());
-                    }
-                    // A limit that refuses now makes the set wait (a peek's retry-after is
-                    // its earliest admission; the set's slot is no earlier).
-                    for d in &own {
-                        if !d.allowed {
-                            prop_assert!(
-                                set.decision.delay >= d.delay,
-                                "{}: the set acts before a limit admits ({:?} < {:?})",
-                                what(),
-                                set.decision.delay,
-                                d.delay
-                            );
-                        }
-                    }
-                } else {
-                    prop_assert!(set.refused().count() > 0, "{}: refused by none", what());
-                    prop_assert_eq!(
-                        peeks("memory").await,
-                        before,
-                        "{}: a refused pace set changed a key",
-                        what()
-                    );
-                }
-            }
-            // Every key, on every store, answers a peek alike.
-            let on_memory = peeks("memory").await;
-            for (name, _) in &stores[1..] {
-                prop_assert_eq!(
-                    &peeks(name).await,
-                    &on_memory,
-                    "{}: the keys on {} are not where memory's are",
-                    what(),
-                    name
-                );
-            }
-        }
-        Ok(())
+            Ok(())
+        };
+        let mut differential = Differential::agreeing(&self.clock, same_said).check(check);
+        let answers = differential
+            .run(steps, ("memory", &mut memory), &mut twins)
+            .await;
+        answers.map(|_| ())
     }
 }
 
@@ -562,7 +697,7 @@ impl Stores {
 fn every_store_paces_sets_alike_at_the_time_every_limit_admits() {
     let runtime = runtime();
     let stores = runtime.block_on(Stores::new());
-    check_cases(64, &pace_case(), |(specs, steps)| {
+    Cases::new(64).run(&pace_case(), |(specs, steps)| {
         runtime.block_on(stores.run_paced(&specs, &steps))
     });
 }

@@ -1,4 +1,10 @@
 //! What the queue's test files share.
+//!
+//! Each test file uses some of it, none all of it.
+#![allow(dead_code)]
+
+#[cfg(feature = "redis")]
+pub mod redis;
 
 /// One policy of each algorithm the queue supports, with limits small enough that random
 /// steps meet them.

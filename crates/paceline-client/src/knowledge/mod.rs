@@ -30,15 +30,28 @@
 //! [`CallId`], so that a call whose answer was lost on the way (a broken connection, a
 //! time-out after Redis applied it) can be made again: the repeat is answered as the first
 //! call was, and nothing is admitted, ended or learned twice.
+//!
+//! The state machine is here; what it is told and answers (asks, grants, reports, events,
+//! call ids) is in `messages`, and the records it keeps (buckets, major parameters, kept
+//! answers, and [`BucketView`]) in `records`. It depends on the [`ClientConfig`] alone of
+//! the core's side: the core uses the knowledge, never the other way round.
 
-use std::collections::{BTreeMap, HashMap};
+pub(crate) mod messages;
+mod records;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use paceline_core::{Op, State};
 
-use crate::core::{ClientConfig, Event};
+use crate::config::ClientConfig;
 use crate::headers::{Observation, Refusal, Scope};
+pub(crate) use messages::Event;
+pub use messages::{Admission, Admitted, Answered, Ask, CallId, Grant, Report, RoundAnswer, Wait};
+pub use records::BucketView;
+use records::Kept;
+pub(crate) use records::{Bucket, BucketKey, Known, Major};
 
 /// Two resets less than this apart are the same window (responses travel at different
 /// speeds): 50 ms.
@@ -91,248 +104,6 @@ pub(crate) fn own_bucket(route: &str) -> Arc<str> {
 /// Whether `id` is a route's own bucket (its real one not learned yet).
 pub(crate) fn is_own(id: &str) -> bool {
     id.starts_with('\0')
-}
-
-/// One waiting queue of a process asking to send its first requests.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Ask {
-    /// The queue's major parameter.
-    pub major: Arc<str>,
-    /// The bucket the process files the queue under: a learned id, or a route's own.
-    pub bucket: Arc<str>,
-    /// The queue's first requests, in order: each one's route key, and whether the
-    /// global limit spares it.
-    pub requests: Vec<(Arc<str>, bool)>,
-}
-
-/// One request let go: whether it is its bucket's pioneer, and its admission number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Admitted {
-    /// Sent to learn an unknown bucket.
-    pub pioneer: bool,
-    /// Its admission number, which its answer or release names.
-    pub seq: u64,
-}
-
-/// When a queue should ask again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wait {
-    /// Every request asked about went.
-    Nothing,
-    /// At this time (µs since the Unix epoch).
-    Until(u64),
-    /// When a response comes (to this process, or on Redis to any).
-    Event,
-}
-
-/// The answer to one [`Ask`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Grant {
-    /// The queue's first requests that go now, in order.
-    pub admitted: Vec<Admitted>,
-    /// The request after them belongs to another bucket (its route's was learned): its
-    /// route and that bucket. Ask again at once with the queue refiled.
-    pub moved: Option<(Arc<str>, Arc<str>)>,
-    /// When to ask again for the requests after those admitted.
-    pub wait: Wait,
-}
-
-/// The answer to [`Knowledge::admit`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Admission {
-    /// The invalid-request budget is spent, and admits again after this: every request
-    /// asked about fails, nothing goes.
-    pub spent: Option<Duration>,
-    /// One grant per ask, in order (none when the budget is spent).
-    pub grants: Vec<Grant>,
-}
-
-/// A response to an admitted request, as [`Knowledge::answer`] learns from it.
-#[derive(Clone, Copy, Debug)]
-pub struct Report<'a> {
-    /// The request's route key.
-    pub route: &'a str,
-    /// Its major parameter.
-    pub major: &'a str,
-    /// The bucket it was admitted under.
-    pub bucket: &'a str,
-    /// Its admission.
-    pub admitted: Admitted,
-    /// The response's status.
-    pub status: u16,
-    /// What the response's headers said.
-    pub seen: &'a Observation,
-    /// How long ago (µs) the response came: the durations it gave count from then.
-    pub age: u64,
-}
-
-/// What [`Knowledge::answer`] concluded.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Answered {
-    /// A refusal paused what it named until this time.
-    pub paused_until: Option<u64>,
-    /// The invalid-request budget passed its warning share: used, of the limit.
-    pub warn: Option<(u64, u64)>,
-}
-
-/// The id of one [`round`](Knowledge::round): a round made again under the id of one
-/// that counted something (admitted a request or told an event), within the in-flight
-/// lease of it, is answered as that one was and changes nothing. Ids are drawn at random
-/// (128 bits), one per round; only a repeat of the same round reuses one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CallId(u128);
-
-impl CallId {
-    /// The id of these 128 bits.
-    pub const fn new(bits: u128) -> CallId {
-        CallId(bits)
-    }
-
-    /// The id of these 16 bytes (big-endian).
-    pub const fn from_bytes(bytes: [u8; 16]) -> CallId {
-        CallId(u128::from_be_bytes(bytes))
-    }
-}
-
-/// 32 lowercase hexadecimal digits: the id as the Lua twin keys it.
-impl std::fmt::Display for CallId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{:032x}", self.0)
-    }
-}
-
-/// What one [`round`](Knowledge::round) answers: what each event taught (for an answer),
-/// and the admission of the asks.
-pub type RoundAnswer = (Vec<Option<Answered>>, Admission);
-
-/// A round's answer, kept for a repeat of its call until `until` (µs).
-#[derive(Clone, Debug)]
-struct Kept {
-    until: u64,
-    answer: RoundAnswer,
-}
-
-/// What is known of a bucket's limit.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Known {
-    /// Nothing yet: one pioneer at a time.
-    Unknown,
-    /// A success came without rate-limit headers: no limit to keep.
-    Unlimited,
-    /// From headers.
-    Limited {
-        limit: u64,
-        /// Requests that may still go in this window (each admission counts one down).
-        remaining: u64,
-        reset_at: u64,
-        /// The window's length, the longest reset-after seen.
-        window: u64,
-        /// After a local reset: the earliest time of the next release.
-        paced_next: Option<u64>,
-    },
-}
-
-impl Known {
-    /// The same knowledge at `now`: a limited bucket whose window has passed is assumed
-    /// back at its limit, its releases paced over the new window until responses say more.
-    pub(crate) fn at(self, now: u64) -> Known {
-        match self {
-            Known::Limited {
-                limit,
-                reset_at,
-                window,
-                paced_next,
-                ..
-            } if now >= reset_at => Known::Limited {
-                limit,
-                remaining: limit,
-                reset_at: now + window,
-                window,
-                paced_next: Some(paced_next.unwrap_or(now).max(now)),
-            },
-            known => known,
-        }
-    }
-}
-
-/// A bucket: a learned id (or a route's own) and a major parameter.
-pub(crate) type BucketKey = (Arc<str>, Arc<str>);
-
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct Bucket {
-    pub(crate) known: Known,
-    /// Its requests in flight: admission number → when admitted.
-    pub(crate) flying: BTreeMap<u64, u64>,
-    /// The admission number of its pioneer in flight.
-    pub(crate) pioneer: Option<u64>,
-    pub(crate) paused_until: u64,
-    /// When it was last asked about or admitted to.
-    pub(crate) touched: u64,
-}
-
-impl Bucket {
-    fn new(now: u64) -> Bucket {
-        Bucket {
-            known: Known::Unknown,
-            flying: BTreeMap::new(),
-            pioneer: None,
-            paused_until: 0,
-            touched: now,
-        }
-    }
-
-    /// Forgets requests in flight longer than `lease`: their process is gone.
-    fn settle(&mut self, now: u64, lease: u64) {
-        self.flying.retain(|_, at| at.saturating_add(lease) > now);
-        if self.pioneer.is_some_and(|p| !self.flying.contains_key(&p)) {
-            self.pioneer = None;
-        }
-    }
-
-    /// When the record says nothing more and is dropped.
-    pub(crate) fn expires(&self, lease: u64) -> u64 {
-        // Kept while in use (a queue asks about it, even one held back by the global
-        // limit for longer than the window), and a window after its reset.
-        let used = self.touched.saturating_add(KEEP_US);
-        let known = match self.known {
-            Known::Limited {
-                reset_at, window, ..
-            } => reset_at.saturating_add(window).max(used),
-            _ => used,
-        };
-        let flying = self
-            .flying
-            .values()
-            .max()
-            .map_or(0, |at| at.saturating_add(lease));
-        known.max(flying).max(self.paused_until)
-    }
-
-    /// Until when the bucket has no call for a pioneer that could land on it, if it has
-    /// none now.
-    fn exhausted(&self, now: u64) -> Option<u64> {
-        match self.known {
-            Known::Limited {
-                remaining: 0,
-                reset_at,
-                ..
-            } if reset_at > now => Some(reset_at),
-            Known::Unknown => None,
-            _ if self.paused_until > now => Some(self.paused_until),
-            _ => None,
-        }
-    }
-}
-
-/// Per major parameter: what discovery needs.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub(crate) struct Major {
-    /// Pioneers in flight: admission number → when admitted.
-    pub(crate) pioneers: BTreeMap<u64, u64>,
-    /// Routes of unknown bucket waiting to send their pioneer → until when the wish holds.
-    pub(crate) wants: BTreeMap<Arc<str>, u64>,
-    /// Known buckets with no call left → until when.
-    pub(crate) exhausted: BTreeMap<Arc<str>, u64>,
 }
 
 /// An identity's knowledge (one token): see the [module docs](self).
@@ -1056,26 +827,4 @@ impl Knowledge {
         views.sort_by(|a, b| (&a.bucket, &a.major).cmp(&(&b.bucket, &b.major)));
         views
     }
-}
-
-/// One bucket as [`Knowledge::buckets`] shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BucketView {
-    /// The bucket's id as the API named it (or, before it did, the route's own key).
-    pub bucket: String,
-    /// The major parameter (a Discord channel or server; empty when there is none).
-    pub major: String,
-    /// False while no response has told anything of it (one request at a time goes).
-    pub known: bool,
-    /// The requests its window allows (`None`: no limit learned).
-    pub limit: Option<u64>,
-    /// The requests that may still go in its window.
-    pub remaining: Option<u64>,
-    /// Time until its window resets, in µs.
-    pub reset_in_us: Option<u64>,
-    /// Time it stays paused by a refusal, in µs (0: not paused).
-    pub paused_for_us: u64,
-    /// Its requests in flight.
-    pub in_flight: usize,
 }

@@ -1,0 +1,279 @@
+//! What callers other than workers see and do: a job, the stats and counts, the dead set
+//! (listed, retried, purged), cancelling a job, the next event, and the invariants tests
+//! check.
+
+use super::records::Place;
+#[cfg(doc)]
+use super::MAINTENANCE_BATCH;
+use super::{active_conflict, QueueCore};
+use crate::error::QueueError;
+use crate::job::{GroupStats, JobInfo, JobState, Stats};
+
+impl QueueCore {
+    /// Removes a job that is not active (scheduled, waiting or dead).
+    pub fn cancel(&mut self, now: u64, id: &str) -> Result<(), QueueError> {
+        let now = self.tick(now)?;
+        self.maintain(now);
+        let job = self
+            .jobs
+            .get(id)
+            .ok_or_else(|| QueueError::UnknownJob { id: id.to_string() })?;
+        match job.place {
+            Place::Active { .. } => return Err(active_conflict(id)),
+            Place::Scheduled { at, order, .. } => {
+                self.scheduled.remove(&(at, order, id.to_string()));
+            }
+            Place::Dead { order } => {
+                self.dead.remove(&(order, id.to_string()));
+            }
+            Place::Waiting => {
+                if let Some(g) = self.groups.get_mut(&job.group) {
+                    let at = g.waiting.partition_point(|(r, _)| *r < job.rank);
+                    if g.waiting.get(at).is_some_and(|(_, w)| w == id) {
+                        let before = g.waiting.len();
+                        g.waiting.remove(at);
+                        // One job fewer ahead: the tail's estimate keeps its (now slightly
+                        // pessimistic) projection rather than replaying the line.
+                        if let Some(p) = &mut g.projection {
+                            if p.covers == before {
+                                p.covers -= 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let group = job.group.clone();
+        self.jobs.remove(id);
+        self.refresh(&group);
+        Ok(())
+    }
+
+    /// What the queue knows of job `id`.
+    pub fn job(&self, id: &str) -> Option<JobInfo> {
+        let job = self.jobs.get(id)?;
+        let (not_before, started, lease_expires, worker) = match &job.place {
+            Place::Scheduled { at, .. } => (Some(*at), None, None, None),
+            Place::Active {
+                started,
+                expires,
+                worker,
+                ..
+            } => (None, Some(*started), Some(*expires), Some(worker.clone())),
+            Place::Waiting | Place::Dead { .. } => (None, None, None, None),
+        };
+        Some(JobInfo {
+            id: id.to_string(),
+            group: job.group.clone(),
+            state: job.place.state(),
+            attempts: job.attempts,
+            max_attempts: job.max_attempts,
+            last_error: job.last_error.clone(),
+            enqueued_at: job.enqueued_at,
+            not_before,
+            started,
+            lease_expires,
+            worker,
+            payload: job.payload.clone(),
+        })
+    }
+
+    /// The counts by state, and each group with jobs waiting or active.
+    pub fn stats(&mut self, now: u64) -> Result<Stats, QueueError> {
+        let now = self.tick(now)?;
+        self.maintain(now);
+        let mut groups: Vec<GroupStats> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| !g.waiting.is_empty() || g.active > 0)
+            .map(|(name, g)| GroupStats {
+                group: name.clone(),
+                waiting: g.waiting.len() as u64,
+                active: u64::from(g.active),
+                next_eligible: g.ready.map(|(at, _)| at),
+            })
+            .collect();
+        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        Ok(Stats {
+            scheduled: self.scheduled.len() as u64,
+            waiting: groups.iter().map(|g| g.waiting).sum(),
+            active: self.leases.len() as u64,
+            dead: self.dead.len() as u64,
+            groups,
+            totals: self.totals,
+        })
+    }
+
+    /// The counts by state and the totals, without the groups: constant work whatever the
+    /// queue holds (for metrics, which any scrape may ask for).
+    pub fn counts(&mut self, now: u64) -> Result<Stats, QueueError> {
+        let now = self.tick(now)?;
+        self.maintain(now);
+        let (scheduled, active, dead) = (self.scheduled.len(), self.leases.len(), self.dead.len());
+        Ok(Stats {
+            scheduled: scheduled as u64,
+            waiting: self.jobs.len().saturating_sub(scheduled + active + dead) as u64,
+            active: active as u64,
+            dead: dead as u64,
+            groups: Vec::new(),
+            totals: self.totals,
+        })
+    }
+
+    /// How many groups the queue holds state for: those with jobs waiting or active, and
+    /// those whose policy state is not yet idle or that are paused (dropped by the calls
+    /// after that, up to [`MAINTENANCE_BATCH`] a call).
+    pub fn groups_held(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Up to `limit` dead jobs, oldest death first, skipping the first `offset`.
+    pub fn dead(&self, offset: usize, limit: usize) -> Vec<JobInfo> {
+        self.dead
+            .iter()
+            .skip(offset)
+            .take(limit)
+            .filter_map(|(_, id)| self.job(id))
+            .collect()
+    }
+
+    /// Puts dead jobs back at the tail of their groups with fresh attempts: those of `ids`
+    /// (unknown or not dead ids are skipped), or every one (`None`). Returns how many.
+    pub fn retry_dead(&mut self, now: u64, ids: Option<&[String]>) -> Result<usize, QueueError> {
+        let now = self.tick(now)?;
+        self.maintain(now);
+        let chosen: Vec<(u64, String)> = match ids {
+            None => self.dead.iter().cloned().collect(),
+            Some(ids) => ids
+                .iter()
+                .filter_map(|id| match self.jobs.get(id)?.place {
+                    Place::Dead { order } => Some((order, id.clone())),
+                    _ => None,
+                })
+                .collect(),
+        };
+        let mut n = 0;
+        for (order, id) in chosen {
+            if !self.dead.remove(&(order, id.clone())) {
+                continue;
+            }
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            job.attempts = 0;
+            job.place = Place::Waiting;
+            let group = job.group.clone();
+            let (estimate, rank) = self.join_tail(&group, &id, now);
+            if let Some(job) = self.jobs.get_mut(&id) {
+                job.estimated_start = estimate;
+                job.rank = rank;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Does the queue's upkeep (a job whose last lease ran out dies there), then removes
+    /// every dead job; returns how many. (The Redis twin purges in calls of
+    /// [`MAINTENANCE_BATCH`] dead jobs, each after its own upkeep: the two differ only when
+    /// more than that many leases ran out unnoticed.)
+    pub fn purge_dead(&mut self, now: u64) -> Result<usize, QueueError> {
+        let now = self.tick(now)?;
+        self.maintain(now);
+        let dead = std::mem::take(&mut self.dead);
+        for (_, id) in &dead {
+            self.jobs.remove(id);
+        }
+        Ok(dead.len())
+    }
+
+    /// The earliest time something happens without a call: a group becomes eligible, a
+    /// scheduled job is due, or a lease expires. A time at or before the last `now` means
+    /// work is due: a group to ask, or due jobs and expired leases beyond what the last
+    /// call handled ([`MAINTENANCE_BATCH`]); the next call makes progress on it. `None`:
+    /// no job is waiting, scheduled or leased.
+    pub fn next_event(&self) -> Option<u64> {
+        [
+            self.ready.first().map(|r| r.0),
+            self.scheduled.first().map(|s| s.0),
+            self.leases.first().map(|l| l.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Checks every internal index against the jobs and groups; for tests.
+    #[doc(hidden)]
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut waiting = 0usize;
+        for (name, g) in &self.groups {
+            let active = self
+                .jobs
+                .values()
+                .filter(|j| &j.group == name && matches!(j.place, Place::Active { .. }))
+                .count();
+            if active != g.active as usize {
+                return Err(format!("group {name}: active {} != {active}", g.active));
+            }
+            if !g
+                .waiting
+                .iter()
+                .zip(g.waiting.iter().skip(1))
+                .all(|(a, b)| a.0 < b.0)
+            {
+                return Err(format!("group {name}: its line is out of rank order"));
+            }
+            for (rank, id) in &g.waiting {
+                let job = self
+                    .jobs
+                    .get(id)
+                    .ok_or(format!("{id} waiting but unknown"))?;
+                if !matches!(job.place, Place::Waiting) || &job.group != name || job.rank != *rank {
+                    return Err(format!("{id} in {name}'s line but {:?}", job.place));
+                }
+            }
+            waiting += g.waiting.len();
+            let cap = self.config.group_concurrency;
+            let should = !g.waiting.is_empty() && (cap == 0 || g.active < cap);
+            let is = g
+                .ready
+                .is_some_and(|(at, o)| self.ready.contains(&(at, o, name.clone())));
+            if should != is {
+                return Err(format!("group {name}: ready {is}, should be {should}"));
+            }
+        }
+        let waiting_jobs = self
+            .jobs
+            .values()
+            .filter(|j| matches!(j.place, Place::Waiting))
+            .count();
+        if waiting != waiting_jobs {
+            return Err(format!("{waiting} in lines, {waiting_jobs} jobs waiting"));
+        }
+        for (id, job) in &self.jobs {
+            let indexed = match job.place {
+                Place::Scheduled { at, order, .. } => {
+                    self.scheduled.contains(&(at, order, id.clone()))
+                }
+                Place::Active { token, expires, .. } => {
+                    self.leases.contains(&(expires, token, id.clone()))
+                }
+                Place::Dead { order } => self.dead.contains(&(order, id.clone())),
+                Place::Waiting => true,
+            };
+            if !indexed {
+                return Err(format!("{id}: {:?} not in its index", job.place));
+            }
+        }
+        let states = |s: JobState| self.jobs.values().filter(|j| j.place.state() == s).count();
+        if states(JobState::Scheduled) != self.scheduled.len()
+            || states(JobState::Active) != self.leases.len()
+            || states(JobState::Dead) != self.dead.len()
+            || self.ready.len() != self.groups.values().filter(|g| g.ready.is_some()).count()
+        {
+            return Err("an index holds entries of no job".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,380 @@
+//! Leases and their outcomes: a worker's lease call (and its repeat under a request id),
+//! the fencing check, and what ack, fail and extend do to a job and its group.
+
+use std::time::Duration;
+
+use paceline_core::{round_to_micros, Op};
+
+use super::records::{Place, Taken};
+use super::{check_failure, check_lease_request, cut, micros_up, QueueCore};
+use crate::error::QueueError;
+use crate::job::{check_lease_length, check_request_id, FailOutcome, Failure, Leased};
+use crate::token::LeaseToken;
+
+impl QueueCore {
+    /// Starts up to `max_jobs` jobs for `worker`, each admitted by its group's policy now,
+    /// taking the groups in the order they became eligible.
+    ///
+    /// `lease`: how long the worker holds each job before it returns to its group (default:
+    /// the queue's). An empty answer means no group may start a job now; see
+    /// [`next_event`](Self::next_event) for when one may.
+    pub fn lease(
+        &mut self,
+        now: u64,
+        worker: &str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+    ) -> Result<Vec<Leased>, QueueError> {
+        self.lease_request(now, worker, max_jobs, lease, None)
+    }
+
+    /// [`lease`](Self::lease), made safe to retry: the first call with `request` (an id of
+    /// the caller's, 1 to 128 bytes of `A-Z a-z 0-9 - _ . :`) takes jobs as `lease` does
+    /// and remembers which; a later call with the same id, while those leases last, takes
+    /// nothing and answers the jobs it took that are still held by those leases. A caller
+    /// whose answer was lost (a timeout, a broken connection) asks again with the same id
+    /// and gets its jobs, instead of leaving them held by no one until their leases run
+    /// out.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, QueueConfig, QueueCore};
+    /// let mut queue = QueueCore::new(QueueConfig::new("gcra:rate=10/s,burst=10".parse().unwrap())).unwrap();
+    /// queue.enqueue(0, NewJob::new("g", b"a".to_vec())).unwrap();
+    /// queue.enqueue(0, NewJob::new("g", b"b".to_vec())).unwrap();
+    /// let first = queue.lease_request(0, "w", 1, None, Some("call-1")).unwrap();
+    /// let again = queue.lease_request(5, "w", 1, None, Some("call-1")).unwrap();
+    /// assert_eq!(first, again); // the same job, not the next one
+    /// ```
+    pub fn lease_request(
+        &mut self,
+        now: u64,
+        worker: &str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        request: Option<&str>,
+    ) -> Result<Vec<Leased>, QueueError> {
+        let lease_us = check_lease_request(&self.config, worker, max_jobs, lease)?;
+        if let Some(request) = request {
+            check_request_id(request)?;
+        }
+        let now = self.tick(now)?;
+        self.maintain(now);
+        if let Some(request) = request {
+            if let Some((_, taken)) = self.requests.get(request) {
+                let taken = taken.clone();
+                return Ok(self.replay(now, &taken));
+            }
+        }
+        let out = self.take(now, worker, max_jobs, lease_us);
+        if let (Some(request), false) = (request, out.is_empty()) {
+            let expires = now.saturating_add(lease_us);
+            let taken = out.iter().map(|l| (l.id.clone(), l.lease, l.eligible));
+            self.requests
+                .insert(request.to_string(), (expires, taken.collect()));
+            self.request_expiry.insert((expires, request.to_string()));
+        }
+        Ok(out)
+    }
+
+    /// The jobs of an earlier lease call (`taken`: id, fence, eligible) still held by the
+    /// leases it gave, as it answered them.
+    fn replay(&self, now: u64, taken: &[Taken]) -> Vec<Leased> {
+        taken
+            .iter()
+            .filter_map(|(id, fence, eligible)| {
+                let job = self.jobs.get(id)?;
+                match &job.place {
+                    Place::Active {
+                        token,
+                        started,
+                        expires,
+                        ..
+                    } if token == fence && *expires > now => Some(Leased {
+                        id: id.clone(),
+                        group: job.group.clone(),
+                        payload: job.payload.clone(),
+                        attempt: job.attempts,
+                        lease: *fence,
+                        token: LeaseToken::default(),
+                        started: *started,
+                        eligible: *eligible,
+                        lease_expires: *expires,
+                    }),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// Takes up to `max_jobs` eligible jobs for `worker`, each leased for `lease_us`.
+    fn take(&mut self, now: u64, worker: &str, max_jobs: usize, lease_us: u64) -> Vec<Leased> {
+        let mut out = Vec::new();
+        while out.len() < max_jobs {
+            let Some(first) = self.ready.first().cloned() else {
+                break;
+            };
+            if first.0 > now {
+                break;
+            }
+            self.ready.remove(&first);
+            let name = first.2;
+            let policy = self.config.policy_of(&name);
+            let Some(g) = self.groups.get_mut(&name) else {
+                continue;
+            };
+            g.ready = None;
+            let decision = match policy.apply(&mut g.state, now, Op::Limit, 1) {
+                Ok(d) => d,
+                // Cost 1 and a checked `now` are valid for every policy; were it not so,
+                // the group would be asked again a second later rather than spin.
+                Err(_) => {
+                    g.next_at = now.saturating_add(1_000_000);
+                    self.refresh(&name);
+                    continue;
+                }
+            };
+            if !decision.allowed {
+                g.next_at = now.saturating_add(micros_up(decision.delay));
+                self.refresh(&name);
+                continue;
+            }
+            g.idle_at = now.saturating_add(round_to_micros(decision.reset_after));
+            let popped = g.waiting.pop_front();
+            let known = popped
+                .as_ref()
+                .is_some_and(|(_, id)| self.jobs.contains_key(id));
+            let (Some((_, id)), true) = (popped, known) else {
+                // An empty line, or an id of no job (which the indexes never hold): the
+                // group is put back where its state says.
+                self.refresh(&name);
+                continue;
+            };
+            let Some(g) = self.groups.get_mut(&name) else {
+                continue;
+            };
+            g.active += 1;
+            if let Some(p) = &mut g.projection {
+                p.covers = p.covers.saturating_sub(1);
+            }
+            self.seq += 1;
+            let token = self.seq;
+            let expires = now.saturating_add(lease_us);
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            job.attempts += 1;
+            job.place = Place::Active {
+                token,
+                started: now,
+                expires,
+                worker: worker.to_string(),
+            };
+            self.leases.insert((expires, token, id.clone()));
+            self.totals.started += 1;
+            out.push(Leased {
+                id,
+                group: name.clone(),
+                payload: job.payload.clone(),
+                attempt: job.attempts,
+                lease: token,
+                token: LeaseToken::default(),
+                started: now,
+                eligible: first.0,
+                lease_expires: expires,
+            });
+            // Behind every other eligible group.
+            self.refresh(&name);
+        }
+        out
+    }
+
+    /// The job `id` leased with `token`, if that lease is live at `now`; an expired one is
+    /// handled on the spot.
+    fn held(&mut self, now: u64, id: &str, token: u64) -> Result<(), QueueError> {
+        let lost = || QueueError::LeaseLost { id: id.to_string() };
+        let job = self.jobs.get(id).ok_or_else(lost)?;
+        match job.place {
+            Place::Active {
+                token: t, expires, ..
+            } if t == token => {
+                if expires <= now {
+                    self.lease_expired(id);
+                    return Err(lost());
+                }
+                Ok(())
+            }
+            _ => Err(lost()),
+        }
+    }
+
+    /// Takes an active job out of its lease and its group's count; returns its group.
+    fn release(&mut self, id: &str) -> Option<String> {
+        let job = self.jobs.get_mut(id)?;
+        let Place::Active { token, expires, .. } = job.place else {
+            return None;
+        };
+        self.leases.remove(&(expires, token, id.to_string()));
+        let group = job.group.clone();
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.active = g.active.saturating_sub(1);
+        }
+        Some(group)
+    }
+
+    /// The job is done: it leaves the queue (its id may be used again).
+    pub fn ack(&mut self, now: u64, id: &str, lease: u64) -> Result<(), QueueError> {
+        let now = self.tick(now)?;
+        self.maintain(now);
+        if !self.jobs.contains_key(id) {
+            return Err(QueueError::UnknownJob { id: id.to_string() });
+        }
+        self.held(now, id, lease)?;
+        if let Some(group) = self.release(id) {
+            self.jobs.remove(id);
+            self.totals.acked += 1;
+            self.refresh(&group);
+        }
+        Ok(())
+    }
+
+    /// The job failed: see [`Failure`] for what each kind does. `jitter` (from 0 to 1) picks
+    /// the backoff delay between half and all of the attempt's full delay; the caller draws
+    /// it, so that the core stays deterministic.
+    pub fn fail(
+        &mut self,
+        now: u64,
+        id: &str,
+        lease: u64,
+        failure: Failure,
+        jitter: f64,
+    ) -> Result<FailOutcome, QueueError> {
+        check_failure(&failure)?;
+        let now = self.tick(now)?;
+        self.maintain(now);
+        let Some(job) = self.jobs.get(id) else {
+            return Err(QueueError::UnknownJob { id: id.to_string() });
+        };
+        if job.ended == Some(lease) && !matches!(job.place, Place::Active { .. }) {
+            return Ok(FailOutcome::Repeated);
+        }
+        self.held(now, id, lease)?;
+        let Some(group) = self.release(id) else {
+            return Err(QueueError::LeaseLost { id: id.to_string() });
+        };
+        let backoff = self.backoff_for(id, jitter);
+        let Some(job) = self.jobs.get_mut(id) else {
+            return Err(QueueError::LeaseLost { id: id.to_string() });
+        };
+        job.ended = Some(lease);
+        let outcome = match failure {
+            Failure::Fatal { error } => {
+                job.last_error = cut(error);
+                FailOutcome::Dead
+            }
+            Failure::Retry { error, after } => {
+                job.last_error = cut(error);
+                if job.attempts >= job.max_attempts {
+                    FailOutcome::Dead
+                } else {
+                    let at = now.saturating_add(after.map_or(backoff, round_to_micros));
+                    FailOutcome::Retrying { at }
+                }
+            }
+            Failure::PauseGroup { error, pause } => {
+                job.last_error = cut(error);
+                job.attempts = job.attempts.saturating_sub(1);
+                let until = now.saturating_add(micros_up(pause));
+                FailOutcome::Paused { until }
+            }
+            Failure::Release => {
+                job.attempts = job.attempts.saturating_sub(1);
+                FailOutcome::Released
+            }
+        };
+        match outcome {
+            FailOutcome::Released | FailOutcome::Repeated => {}
+            FailOutcome::Dead => self.totals.failed += 1,
+            FailOutcome::Retrying { .. } => {
+                self.totals.failed += 1;
+                self.totals.retried += 1;
+            }
+            // The upstream's refusal, not the job's failure.
+            FailOutcome::Paused { .. } => self.totals.pauses += 1,
+        }
+        match outcome {
+            FailOutcome::Dead => {
+                self.totals.dead += 1;
+                self.seq += 1;
+                job.place = Place::Dead { order: self.seq };
+                self.dead.insert((self.seq, id.to_string()));
+                self.refresh(&group);
+            }
+            FailOutcome::Retrying { at } => {
+                self.seq += 1;
+                job.place = Place::Scheduled {
+                    at,
+                    order: self.seq,
+                    head: true,
+                };
+                self.scheduled.insert((at, self.seq, id.to_string()));
+                self.refresh(&group);
+                if at <= now {
+                    self.maintain(now);
+                }
+            }
+            FailOutcome::Paused { until } => {
+                job.place = Place::Waiting;
+                let g = self.groups.entry(group.clone()).or_default();
+                g.paused_until = g.paused_until.max(until);
+                if let Some(p) = &mut g.projection {
+                    // The whole line waits for the pause.
+                    p.last = p.last.max(g.paused_until);
+                }
+                self.join_head(&group, id);
+            }
+            FailOutcome::Released | FailOutcome::Repeated => {
+                job.place = Place::Waiting;
+                self.join_head(&group, id);
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// The backoff before the retry of `id`'s latest attempt, in µs.
+    fn backoff_for(&self, id: &str, jitter: f64) -> u64 {
+        let attempts = self.jobs.get(id).map_or(1, |j| j.attempts.max(1));
+        let first = round_to_micros(self.config.retry_backoff) as f64;
+        let max = round_to_micros(self.config.retry_backoff_max) as f64;
+        let full = (first * 2f64.powi(attempts.saturating_sub(1).min(60) as i32)).min(max);
+        let jitter = if jitter.is_finite() {
+            jitter.clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
+        (full * (0.5 + 0.5 * jitter)).round().max(1.0) as u64
+    }
+
+    /// Gives the lease another `lease` from now; returns when it now expires.
+    pub fn extend(
+        &mut self,
+        now: u64,
+        id: &str,
+        token: u64,
+        lease: Duration,
+    ) -> Result<u64, QueueError> {
+        check_lease_length(lease)?;
+        let now = self.tick(now)?;
+        self.maintain(now);
+        self.held(now, id, token)?;
+        let Some(job) = self.jobs.get_mut(id) else {
+            return Err(QueueError::LeaseLost { id: id.to_string() });
+        };
+        let Place::Active { expires, .. } = &mut job.place else {
+            return Err(QueueError::LeaseLost { id: id.to_string() });
+        };
+        self.leases.remove(&(*expires, token, id.to_string()));
+        *expires = now.saturating_add(round_to_micros(lease));
+        self.leases.insert((*expires, token, id.to_string()));
+        Ok(*expires)
+    }
+}

@@ -1,0 +1,102 @@
+//! The work each call does before its own: expired leases, due jobs, idle groups and the
+//! kept answers of lease calls, at most [`MAINTENANCE_BATCH`] of each.
+
+use super::records::Place;
+use super::{QueueCore, MAINTENANCE_BATCH};
+
+impl QueueCore {
+    /// Expired leases back to their groups, due jobs into theirs, idle groups dropped: at
+    /// most [`MAINTENANCE_BATCH`] of each.
+    pub(super) fn maintain(&mut self, now: u64) {
+        for _ in 0..MAINTENANCE_BATCH {
+            let Some(first) = self.request_expiry.first().cloned() else {
+                break;
+            };
+            if first.0 > now {
+                break;
+            }
+            self.request_expiry.remove(&first);
+            self.requests.remove(&first.1);
+        }
+        for _ in 0..MAINTENANCE_BATCH {
+            let Some((expires, _, id)) = self.leases.first().cloned() else {
+                break;
+            };
+            if expires > now {
+                break;
+            }
+            self.lease_expired(&id);
+        }
+        for _ in 0..MAINTENANCE_BATCH {
+            let Some(first) = self.scheduled.first().cloned() else {
+                break;
+            };
+            if first.0 > now {
+                break;
+            }
+            self.scheduled.remove(&first);
+            let id = first.2;
+            let Some(job) = self.jobs.get_mut(&id) else {
+                continue;
+            };
+            let head = matches!(job.place, Place::Scheduled { head: true, .. });
+            job.place = Place::Waiting;
+            let group = job.group.clone();
+            if head {
+                self.join_head(&group, &id);
+            } else {
+                let (_, rank) = self.join_tail(&group, &id, now);
+                if let Some(job) = self.jobs.get_mut(&id) {
+                    job.rank = rank;
+                }
+            }
+        }
+        for _ in 0..MAINTENANCE_BATCH {
+            let Some(first) = self.retiring.first().cloned() else {
+                break;
+            };
+            if first.0 > now {
+                break;
+            }
+            self.retiring.remove(&first);
+            let name = first.1;
+            let drop = self.groups.get(&name).is_some_and(|g| {
+                g.waiting.is_empty() && g.active == 0 && g.retiring == Some(first.0)
+            });
+            if drop {
+                self.groups.remove(&name);
+            }
+        }
+    }
+
+    /// A lease ran out: the job goes back to the head of its group, or dies if it has had
+    /// all its attempts.
+    pub(super) fn lease_expired(&mut self, id: &str) {
+        let Some(job) = self.jobs.get_mut(id) else {
+            return;
+        };
+        let Place::Active { token, expires, .. } = job.place else {
+            return;
+        };
+        self.leases.remove(&(expires, token, id.to_string()));
+        self.totals.lease_expiries += 1;
+        let group = job.group.clone();
+        if let Some(g) = self.groups.get_mut(&group) {
+            g.active = g.active.saturating_sub(1);
+        }
+        if job.attempts >= job.max_attempts {
+            self.totals.dead += 1;
+            job.last_error = Some(format!(
+                "the lease expired on attempt {} of {}",
+                job.attempts, job.max_attempts
+            ));
+            self.seq += 1;
+            job.place = Place::Dead { order: self.seq };
+            self.dead.insert((self.seq, id.to_string()));
+            self.refresh(&group);
+        } else {
+            job.place = Place::Waiting;
+            self.join_head(&group, id);
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! The queue as a pure state machine over injected time: every operation takes `now`
+//! (microseconds since the Unix epoch) and changes nothing else, so tests run it on a
+//! virtual clock and every store runs the same rules.
+//!
+//! # The model
+//!
+//! - Each **group** keeps its waiting jobs in one FIFO line. Jobs never move between lines
+//!   and are never re-checked and re-delayed: it is the *group* that waits.
+//! - The groups with a job waiting (and below their concurrency cap) sit in the **ready
+//!   set**, ordered by the time they become eligible. A lease takes the first eligible
+//!   group and asks its policy, with `limit`, to admit a start *now*. Admitted: the head
+//!   job starts, and the group goes behind every other eligible group (round robin).
+//!   Refused: the group moves to `now + retry_after`, which is exact, so it is asked again
+//!   exactly when it can start.
+//! - So **the limit holds the times jobs start**, whatever the backlog: jobs whose time came
+//!   while no worker was there do not start together when workers return, because nothing
+//!   was reserved for them.
+//! - A **lease** carries a fencing token. Ack, fail and extend need the job's current
+//!   token; a lease that expires sends the job back to the head of its group, and its token
+//!   is refused from then on.
+//! - **Scheduled** jobs (a delay, or a retry's backoff) wait in a set ordered by time and
+//!   join their group when due; expired leases, due jobs and idle groups are handled at the
+//!   start of each call, at most [`MAINTENANCE_BATCH`] of each per call, so no call scans
+//!   the queue.
+//!
+//! ```
+//! use paceline_queue::{NewJob, QueueConfig, QueueCore};
+//! use std::time::Duration;
+//!
+//! let config = QueueConfig::new("fixed_window:limit=2,window=10s".parse()?);
+//! let mut queue = QueueCore::new(config)?;
+//! let s = 1_000_000; // a second, in µs
+//! for n in 0..3 {
+//!     let job = queue.enqueue(0, NewJob::new("guild:1", vec![n]))?;
+//!     // The third job waits for the next 10 s window.
+//!     assert_eq!(job.estimated_start, if n < 2 { 0 } else { 10 * s });
+//! }
+//! let started = queue.lease(0, "worker-1", 10, None)?;
+//! assert_eq!(started.len(), 2);
+//! assert_eq!(queue.next_event(), Some(10 * s)); // the group's next start
+//! let third = queue.lease(10 * s, "worker-1", 10, None)?;
+//! assert_eq!(third[0].payload, vec![2]);
+//! queue.ack(10 * s, &third[0].id, third[0].lease)?;
+//! # Ok::<(), paceline_queue::QueueError>(())
+//! ```
+//!
+//! The queue's state and its constants are here; the records it keeps (jobs, their
+//! places, groups and their projections) are in `records`, the groups' lines and the
+//! ready set in `lines`, the work each call does first in `maintain`, leases and their
+//! outcomes in `leases`, what callers other than workers see and do in `admin`, and the
+//! rules both twins (this one and the Lua one in Redis) check in `rules`.
+
+mod admin;
+mod leases;
+mod lines;
+mod maintain;
+mod records;
+mod rules;
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use paceline_core::policy::check_now;
+use paceline_core::InputError;
+
+use crate::config::QueueConfig;
+use crate::job::Totals;
+use records::{Group, Job, Taken};
+pub(crate) use rules::{
+    active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full, Jitter,
+};
+
+/// The most expired leases, due jobs and idle groups each call handles before its own work;
+/// the rest wait for the next call (which [`QueueCore::next_event`] says is due at once).
+pub const MAINTENANCE_BATCH: usize = 1_000;
+/// The most jobs one lease call may take.
+pub const MAX_LEASE_JOBS: usize = 1_000;
+/// The longest worker name, in bytes.
+pub const MAX_WORKER: usize = 128;
+/// The longest error message kept on a job, in bytes (longer ones are cut).
+pub const MAX_ERROR: usize = 4_096;
+/// The longest group pause.
+pub const MAX_PAUSE: Duration = Duration::from_secs(86_400);
+
+/// A rate-limited job queue's whole state. See the [module docs](self).
+#[derive(Debug)]
+pub struct QueueCore {
+    config: QueueConfig,
+    jobs: HashMap<String, Job>,
+    groups: HashMap<String, Group>,
+    /// Groups with a job waiting, below their cap: (eligible at, order, group).
+    ready: BTreeSet<(u64, u64, String)>,
+    /// Jobs waiting for a time: (not before, order, id).
+    scheduled: BTreeSet<(u64, u64, String)>,
+    /// Leases: (expires, token, id).
+    leases: BTreeSet<(u64, u64, String)>,
+    /// The dead set in order of death: (order, id).
+    dead: BTreeSet<(u64, String)>,
+    /// Groups with nothing waiting or active, dropped once their policy state is idle:
+    /// (droppable at, group).
+    retiring: BTreeSet<(u64, String)>,
+    /// The jobs each lease call with a request id took, until their leases end: request
+    /// id -> (when the leases end, what the call took).
+    requests: HashMap<String, (u64, Vec<Taken>)>,
+    /// The same, by expiry: (expires, request id).
+    request_expiry: BTreeSet<(u64, String)>,
+    /// The source of every order number and lease token.
+    seq: u64,
+    /// The last number given as a job id.
+    last_id: u64,
+    /// The latest `now` seen: time never goes back inside the queue.
+    now: u64,
+    totals: Totals,
+}
+
+impl QueueCore {
+    /// An empty queue. Fails when the configuration is invalid, naming the setting.
+    pub fn new(config: QueueConfig) -> Result<QueueCore, InputError> {
+        config.validate()?;
+        Ok(QueueCore {
+            config,
+            jobs: HashMap::new(),
+            groups: HashMap::new(),
+            ready: BTreeSet::new(),
+            scheduled: BTreeSet::new(),
+            leases: BTreeSet::new(),
+            dead: BTreeSet::new(),
+            retiring: BTreeSet::new(),
+            requests: HashMap::new(),
+            request_expiry: BTreeSet::new(),
+            seq: 0,
+            last_id: 0,
+            now: 0,
+            totals: Totals::default(),
+        })
+    }
+
+    /// The queue's configuration.
+    pub fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// Replaces the configuration (each group's policy, caps, defaults); jobs and the
+    /// groups' policy states stay. A group whose policy changes algorithm starts afresh.
+    pub fn set_config(&mut self, config: QueueConfig) -> Result<(), InputError> {
+        config.validate()?;
+        self.config = config;
+        for g in self.groups.values_mut() {
+            g.projection = None;
+            // A refusal under the old policy says nothing of the new one: ask it afresh.
+            g.next_at = 0;
+        }
+        let names: Vec<String> = self.groups.keys().cloned().collect();
+        for name in names {
+            self.refresh(&name);
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self, now: u64) -> Result<u64, InputError> {
+        check_now(now)?;
+        self.now = self.now.max(now);
+        Ok(self.now)
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+}

@@ -1,0 +1,115 @@
+//! What the queue keeps: each job (its group, rank, attempts and place), each group (its
+//! line, active count, policy state, pause and place in the ready set), and the projection
+//! of a group's line that gives new jobs their estimated start.
+
+use std::collections::VecDeque;
+
+use paceline_core::{Op, Policy, State};
+
+use super::micros_up;
+#[cfg(doc)]
+use crate::job::FailOutcome;
+use crate::job::JobState;
+
+/// A job a lease call with a request id took: its id, its lease's fence, and since when
+/// its group could have started it; kept until the call's leases end, with their end.
+pub(super) type Taken = (String, u64, u64);
+
+#[derive(Debug)]
+pub(super) struct Job {
+    pub(super) group: String,
+    /// The job's place in its group's line: lines are kept in rank order, so a job that
+    /// comes back (a retry, an expired lease, a pause) goes before every job that joined
+    /// after it, and jobs that come back together keep their order.
+    pub(super) rank: u64,
+    pub(super) payload: Vec<u8>,
+    pub(super) attempts: u32,
+    pub(super) max_attempts: u32,
+    pub(super) last_error: Option<String>,
+    pub(super) enqueued_at: u64,
+    pub(super) estimated_start: u64,
+    pub(super) place: Place,
+    /// The fence of the last lease that ended in a failure report (a retried report of it
+    /// answers [`FailOutcome::Repeated`]).
+    pub(super) ended: Option<u64>,
+}
+
+#[derive(Debug)]
+pub(super) enum Place {
+    /// In `scheduled` under (at, order); joins its group at the head (a retry) or the tail.
+    Scheduled {
+        at: u64,
+        order: u64,
+        head: bool,
+    },
+    Waiting,
+    Active {
+        token: u64,
+        started: u64,
+        expires: u64,
+        worker: String,
+    },
+    Dead {
+        order: u64,
+    },
+}
+
+impl Place {
+    pub(super) fn state(&self) -> JobState {
+        match self {
+            Place::Scheduled { .. } => JobState::Scheduled,
+            Place::Waiting => JobState::Waiting,
+            Place::Active { .. } => JobState::Active,
+            Place::Dead { .. } => JobState::Dead,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Group {
+    /// The line: (rank, job id), in rank order.
+    pub(super) waiting: VecDeque<(u64, String)>,
+    pub(super) active: u32,
+    /// The group's policy state.
+    pub(super) state: Option<State>,
+    /// When the policy state is idle again (the group may then be dropped).
+    pub(super) idle_at: u64,
+    /// The earliest start its policy allows, as of its last refusal.
+    pub(super) next_at: u64,
+    /// An upstream's pause: no start before this.
+    pub(super) paused_until: u64,
+    /// Its entry in `ready`, if there.
+    pub(super) ready: Option<(u64, u64)>,
+    /// Its entry in `retiring`, if there.
+    pub(super) retiring: Option<u64>,
+    /// Where the waiting line is expected to have got to (for `estimated_start`).
+    pub(super) projection: Option<Projection>,
+}
+
+/// The group's policy state and clock after the first `covers` waiting jobs started as
+/// early as the policy allows.
+#[derive(Debug, Clone)]
+pub(super) struct Projection {
+    pub(super) state: Option<State>,
+    pub(super) last: u64,
+    pub(super) covers: usize,
+}
+
+/// The most refusals the projection of one start follows before it takes the time reached
+/// (every algorithm's retry-after is exact, so one is the norm).
+const MAX_PROJECTION_STEPS: usize = 64;
+
+/// Runs the policy forward to the next start after the projection's last; returns it.
+pub(super) fn project_one(policy: &Policy, p: &mut Projection, now: u64) -> u64 {
+    let mut t = p.last.max(now);
+    for _ in 0..MAX_PROJECTION_STEPS {
+        match policy.apply(&mut p.state, t, Op::Limit, 1) {
+            Ok(d) if d.allowed => break,
+            Ok(d) => t = t.saturating_add(micros_up(d.delay)),
+            Err(_) => break,
+        }
+    }
+    p.last = t;
+    p.covers += 1;
+    t
+}
