@@ -45,7 +45,9 @@ use paceline_core::Clock;
 use paceline_store::TokioClock;
 use tokio::sync::{oneshot, Notify};
 
-use crate::core::{ClientConfig, ClientCore, ClientError, Completion, RequestId};
+use crate::config::ClientConfig;
+use crate::core::{ClientCore, Completion, RequestId};
+use crate::error::ClientError;
 use crate::headers::{Dialect, Observation, Response};
 use crate::route::Route;
 

@@ -82,17 +82,15 @@ use std::ops::Bound;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::config::ClientConfig;
+use crate::error::ClientError;
 use crate::headers::Observation;
+use crate::knowledge::Event;
 use crate::knowledge::{
     micros, own_bucket, refusal_wait, Admission, Admitted, Ask, BucketKey, BucketView, Knowledge,
     Wait, MAX_ROUTES,
 };
 use crate::route::Route;
-
-// Their paths before they had files of their own.
-pub(crate) use crate::config::ClientConfig;
-pub(crate) use crate::error::ClientError;
-pub(crate) use crate::knowledge::Event;
 
 /// A request's handle in the core, in submission order.
 pub type RequestId = u64;

@@ -45,8 +45,9 @@ use std::time::Duration;
 use paceline_core::{StoreError, StoreErrorKind};
 use paceline_store::redis::{fingerprint, policy_args, FunctionHost, Library, Reader};
 
-use crate::core::{ClientConfig, Event};
+use crate::config::ClientConfig;
 use crate::headers::Scope;
+use crate::knowledge::Event;
 use crate::knowledge::{
     micros, Admission, Admitted, Answered, Ask, CallId, Grant, RoundAnswer, Wait,
 };

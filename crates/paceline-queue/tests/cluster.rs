@@ -1,7 +1,6 @@
 //! Queues on a 3-primary Redis Cluster: each on the slot of its name's hash tag and on that
 //! slot's primary, side by side, each with its own limits, wake-ups, leases, pauses, dead
 //! set and counts.
-#![cfg(feature = "redis")]
 
 use std::sync::Arc;
 use std::time::Duration;

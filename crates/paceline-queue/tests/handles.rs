@@ -1,7 +1,6 @@
 //! Handles on one queue in Redis: another process's enqueue wakes a waiting lease, a job
 //! goes to exactly one of them, a queue keeps its store's clock, and a group's backlog gets
 //! the estimates it gets in memory.
-#![cfg(feature = "redis")]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,5 @@
 //! Killed processes: Redis killed while a worker's calls are in flight loses no answered
 //! acknowledgement, and worker processes sharing a queue survive one of them killed mid-job.
-#![cfg(feature = "redis")]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,5 @@
 //! A queue in Redis across a restart of Redis: with persistence nothing acknowledged is
 //! lost, and a configuration gone from Redis comes back from the next handle that calls.
-#![cfg(feature = "redis")]
 
 use std::time::Duration;
 

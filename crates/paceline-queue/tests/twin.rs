@@ -2,7 +2,6 @@
 //! another algorithm, jobs going back to their places by rank, a queue in the earlier
 //! layout, cancelled jobs' entries dropped a bounded number a call, and more groups than
 //! the twin keeps unpacked.
-#![cfg(feature = "redis")]
 
 use std::sync::Arc;
 use std::time::Duration;
