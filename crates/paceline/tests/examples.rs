@@ -14,6 +14,9 @@ use std::sync::OnceLock;
 fn servers() {
     static READY: OnceLock<()> = OnceLock::new();
     READY.get_or_init(|| {
+        // In this workspace reqwest is built without a TLS provider of its own (the service
+        // brings one): an application's reqwest, with its default features, has one.
+        paceline_testkit::mock_api::install_tls_provider();
         let redis = paceline_testkit::shared_server();
         std::env::set_var("PACELINE_REDIS_URL", redis.url());
         std::env::set_var("API_URL", format!("http://{}", api()));
