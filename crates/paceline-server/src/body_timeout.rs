@@ -15,20 +15,22 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::extract::Request;
+use axum::body::Bytes;
+use axum::http::Request;
+use axum::BoxError;
 use http_body::{Frame, SizeHint};
 use tokio::time::Sleep;
 
-/// The layer: gives every request's body `timeout` to arrive.
+/// Bounds the time a request's body may take to arrive, once its reading has to wait
+/// (`None`: no bound, as the proxy's connections have).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BodyTimeoutLayer {
-    timeout: Duration,
+    timeout: Option<Duration>,
 }
 
 impl BodyTimeoutLayer {
-    /// Bodies must arrive within `timeout` once their reading has to wait.
-    pub(crate) fn new(timeout: Duration) -> BodyTimeoutLayer {
+    /// A layer bounding each body's arrival by `timeout`.
+    pub(crate) fn new(timeout: Option<Duration>) -> BodyTimeoutLayer {
         BodyTimeoutLayer { timeout }
     }
 }
@@ -44,16 +46,18 @@ impl<S> tower::Layer<S> for BodyTimeoutLayer {
     }
 }
 
-/// A route's service whose requests' bodies are [`TimedBody`]s.
+/// The service of a [`BodyTimeoutLayer`]: hands `inner` each request with its body in a
+/// [`TimedBody`]. It sits in front of the router, on the connection, so that the body is
+/// wrapped before the router boxes it: one allocation per request, as without it.
 #[derive(Clone, Debug)]
 pub(crate) struct BodyTimeout<S> {
     inner: S,
-    timeout: Duration,
+    timeout: Option<Duration>,
 }
 
-impl<S> tower::Service<Request> for BodyTimeout<S>
+impl<S, B> tower::Service<Request<B>> for BodyTimeout<S>
 where
-    S: tower::Service<Request>,
+    S: tower::Service<Request<TimedBody<B>>>,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -63,23 +67,16 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request) -> S::Future {
+    fn call(&mut self, request: Request<B>) -> S::Future {
         let timeout = self.timeout;
-        self.inner.call(request.map(|body| {
-            // A request without a body (most GETs) has nothing to wait for.
-            if http_body::Body::is_end_stream(&body) {
-                body
-            } else {
-                Body::new(TimedBody::new(body, timeout))
-            }
-        }))
+        self.inner
+            .call(request.map(|body| TimedBody::new(body, timeout)))
     }
 }
 
-/// The error of a body that did not arrive in time.
+/// Why a body failed: it did not arrive within `timeout`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BodyTimedOut {
-    /// The timeout it did not meet.
     pub(crate) timeout: Duration,
 }
 
@@ -92,20 +89,20 @@ impl std::fmt::Display for BodyTimedOut {
 impl std::error::Error for BodyTimedOut {}
 
 pin_project_lite::pin_project! {
-    /// A body that fails with [`BodyTimedOut`] if, once it has had to wait for bytes, it
-    /// does not end within its timeout.
-    pub(crate) struct TimedBody {
+    /// A body that fails with [`BodyTimedOut`] when it has waited `timeout` since the
+    /// first time it had to wait for bytes; the timer is armed only then.
+    pub(crate) struct TimedBody<B> {
         #[pin]
-        inner: Body,
-        timeout: Duration,
-        // Armed the first time the body waits.
+        inner: B,
+        timeout: Option<Duration>,
         #[pin]
         deadline: Option<Sleep>,
     }
 }
 
-impl TimedBody {
-    pub(crate) fn new(inner: Body, timeout: Duration) -> TimedBody {
+impl<B> TimedBody<B> {
+    /// `inner`, bounded by `timeout` (`None`: unbounded).
+    pub(crate) fn new(inner: B, timeout: Option<Duration>) -> TimedBody<B> {
         TimedBody {
             inner,
             timeout,
@@ -114,7 +111,11 @@ impl TimedBody {
     }
 }
 
-impl http_body::Body for TimedBody {
+impl<B> http_body::Body for TimedBody<B>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
     type Error = axum::Error;
 
@@ -124,15 +125,18 @@ impl http_body::Body for TimedBody {
     ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         let mut this = self.project();
         if let Poll::Ready(frame) = this.inner.poll_frame(cx) {
-            return Poll::Ready(frame);
+            return Poll::Ready(frame.map(|f| f.map_err(axum::Error::new)));
         }
+        let Some(timeout) = *this.timeout else {
+            return Poll::Pending;
+        };
         if this.deadline.is_none() {
-            this.deadline.set(Some(tokio::time::sleep(*this.timeout)));
+            this.deadline.set(Some(tokio::time::sleep(timeout)));
         }
         match this.deadline.as_pin_mut().map(|deadline| deadline.poll(cx)) {
-            Some(Poll::Ready(())) => Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut {
-                timeout: *this.timeout,
-            })))),
+            Some(Poll::Ready(())) => {
+                Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut { timeout }))))
+            }
             _ => Poll::Pending,
         }
     }
@@ -149,6 +153,7 @@ impl http_body::Body for TimedBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
     use http_body_util::BodyExt;
 
     /// A body whose bytes never come.
@@ -169,11 +174,11 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_body_that_came_is_read_and_one_that_stopped_coming_fails() {
         // A timeout of zero: a body already there needs no time at all.
-        let whole = TimedBody::new(Body::from("{}"), Duration::ZERO);
+        let whole = TimedBody::new(Body::from("{}"), Some(Duration::ZERO));
         let read = whole.collect().await.map(|b| b.to_bytes());
         assert_eq!(read.ok(), Some(Bytes::from_static(b"{}")));
 
-        let stalled = TimedBody::new(Body::new(Stalled), Duration::ZERO);
+        let stalled = TimedBody::new(Body::new(Stalled), Some(Duration::ZERO));
         let error = stalled.collect().await.err();
         let timed_out = error
             .as_ref()

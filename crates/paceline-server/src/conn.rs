@@ -5,8 +5,8 @@
 //! A connection is served by hyper's HTTP/1 connection with its header read timeout (which
 //! hyper counts from the moment the connection may send a request, so it bounds an idle
 //! connection too). A watchdog beside it closes a connection that has had no request in
-//! flight and no bytes moving for the idle timeout. The body read timeout is a layer of the
-//! router's (see `body_timeout`), since a body is read by the request's handler.
+//! flight and no bytes moving for the idle timeout. The body read timeout is a layer in front
+//! of the router (see `body_timeout`), armed only once a handler's reading has to wait.
 //!
 //! On shutdown, a connection with a request in flight answers it with `Connection: close`;
 //! an idle one closes at once, unless its next request has arrived (bytes of it read, or
@@ -32,9 +32,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Semaphore};
 
+use crate::body_timeout::BodyTimeoutLayer;
 use crate::config::ConnectionLimits;
 
-/// Serves `app` on `listener` under `limits` until `shutdown` completes; then stops
+/// Serves `app` on `listener` under `limits` until `shutdown` completes, each request's
+/// body bounded by `body_timeout` (see `body_timeout`; `None`: unbounded); then stops
 /// accepting, lets each connection answer the request it has in flight or that has arrived
 /// (idle ones with nothing arrived close at once), and returns when all are done or the
 /// shutdown timeout has passed, whichever is first.
@@ -42,6 +44,7 @@ pub(crate) async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    body_timeout: Option<Duration>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -93,6 +96,7 @@ pub(crate) async fn serve(
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_read_timeout)
             .keep_alive(true);
+        let service = tower::Layer::layer(&BodyTimeoutLayer::new(body_timeout), service);
         let connection = builder.serve_connection(io, TowerToHyperService::new(service));
         let idle_timeout = limits.idle_timeout;
         // Held until the connection is closed: the shutdown waits for every one.

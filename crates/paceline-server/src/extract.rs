@@ -213,7 +213,10 @@ mod tests {
                 .await
                 .map(|bytes| (Ok::<_, std::io::Error>(bytes), rx))
         });
-        let late = Body::new(TimedBody::new(Body::from_stream(stalled), Duration::ZERO));
+        let late = Body::new(TimedBody::new(
+            Body::from_stream(stalled),
+            Some(Duration::ZERO),
+        ));
         let late = read_body(late, 1024).await.err();
         assert_eq!(late.map(|e| e.status()), Some(StatusCode::REQUEST_TIMEOUT));
         let fits = read_body(Body::from("{}"), 2).await.ok();

@@ -155,7 +155,6 @@ impl Server {
             live: RwLock::new(Arc::new(Live::new(&settings, &metrics))),
             store,
             metrics,
-            body_read_timeout: settings.connections.body_read_timeout,
             queues,
             stopping: tokio::sync::watch::Sender::new(false),
             groups: groups_cache::GroupsCache::default(),
@@ -206,6 +205,7 @@ impl Server {
             shutdown.await;
             state.stopping.send_replace(true);
         };
-        conn::serve(self.listener, app, limits, shutdown).await
+        let body_timeout = Some(limits.body_read_timeout);
+        conn::serve(self.listener, app, limits, body_timeout, shutdown).await
     }
 }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use axum::Router;
 
-use crate::body_timeout::BodyTimeoutLayer;
 use crate::catch_panic::CatchPanicLayer;
 use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
@@ -17,7 +16,6 @@ use crate::{dashboard, decisions, health, leases, policies, queues, reload};
 
 /// The service's routes, over `state`.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
-    let timeout = BodyTimeoutLayer::new(state.body_read_timeout);
     Router::new()
         .merge(decisions::routes())
         .merge(policies::routes())
@@ -28,7 +26,6 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .merge(health::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(timeout)
         .layer(CatchPanicLayer)
         .with_state(state)
 }

@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
 
 use paceline_store::secret::TokenKey;
 use paceline_store::{InputError, Policy, SharedStore};
@@ -26,8 +25,6 @@ pub(crate) struct AppState {
     /// Where keys' state lives: any store, opened from the configured URL.
     pub(crate) store: SharedStore,
     pub(crate) metrics: Metrics,
-    /// How long a request's body may take to arrive.
-    pub(crate) body_read_timeout: Duration,
     /// The job queues of the config file, by name.
     pub(crate) queues: BTreeMap<String, paceline_queue::Queue>,
     /// Becomes true when the service starts shutting down: lease calls waiting for a job

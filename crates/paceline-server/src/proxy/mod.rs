@@ -136,12 +136,13 @@ impl Proxy {
                 listener,
                 router,
                 self.connections,
+                None,
                 async move {
                     let _ = stopped.wait_for(|s| *s).await;
                 },
             ))
         });
-        let result = crate::conn::serve(self.listener, app, self.connections, async move {
+        let result = crate::conn::serve(self.listener, app, self.connections, None, async move {
             shutdown.await;
             let _ = stop.send(true);
         })
