@@ -358,18 +358,8 @@ fn the_simulate_guide_transcripts() {
 
 #[test]
 fn every_bash_block_is_valid_bash() {
-    let documents = [
-        "README.md",
-        "docs/library.md",
-        "docs/policies.md",
-        "docs/service.md",
-        "docs/queue.md",
-        "docs/client.md",
-        "docs/tower.md",
-        "docs/simulate.md",
-    ];
     let mut checked = 0;
-    for document in documents {
+    for &document in paceline_testkit::docs::DOCUMENTS {
         for (line, script) in blocks(&read(document), "bash") {
             let out = Command::new("bash")
                 .args(["-n", "-c", &script])

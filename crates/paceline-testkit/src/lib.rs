@@ -19,6 +19,7 @@
 mod clock;
 mod cluster;
 pub mod differential;
+pub mod docs;
 mod http;
 pub mod lost_reply;
 pub mod mock_api;

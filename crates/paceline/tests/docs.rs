@@ -17,19 +17,10 @@ fn root() -> PathBuf {
 /// The README and the guides, as src/lib.rs includes them as doc tests (docs/architecture.md
 /// holds no Rust).
 fn documents() -> Vec<PathBuf> {
-    [
-        "README.md",
-        "docs/library.md",
-        "docs/policies.md",
-        "docs/service.md",
-        "docs/queue.md",
-        "docs/client.md",
-        "docs/tower.md",
-        "docs/simulate.md",
-    ]
-    .iter()
-    .map(|path| root().join(path))
-    .collect()
+    paceline_testkit::docs::DOCUMENTS
+        .iter()
+        .map(|path| root().join(path))
+        .collect()
 }
 
 /// A fenced block: its info string (what follows the opening fence), its text, and the
