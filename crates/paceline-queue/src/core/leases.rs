@@ -8,7 +8,7 @@ use paceline_core::{round_to_micros, Op};
 use super::records::{Place, Taken};
 use super::{check_failure, check_lease_request, cut, micros_up, QueueCore};
 use crate::error::QueueError;
-use crate::job::{check_lease_length, check_request_id, FailOutcome, Failure, Leased};
+use crate::job::{check_lease_length, FailOutcome, Failure, Leased};
 use crate::token::LeaseToken;
 
 impl QueueCore {
@@ -53,10 +53,7 @@ impl QueueCore {
         lease: Option<Duration>,
         request: Option<&str>,
     ) -> Result<Vec<Leased>, QueueError> {
-        let lease_us = check_lease_request(&self.config, worker, max_jobs, lease)?;
-        if let Some(request) = request {
-            check_request_id(request)?;
-        }
+        let lease_us = check_lease_request(&self.config, worker, max_jobs, lease, request)?;
         let now = self.tick(now)?;
         self.maintain(now);
         if let Some(request) = request {

@@ -9,7 +9,7 @@ use paceline_core::{round_to_micros, InputError, StoreError, StoreErrorKind};
 use super::{MAX_ERROR, MAX_LEASE_JOBS, MAX_PAUSE, MAX_WORKER};
 use crate::config::QueueConfig;
 use crate::error::QueueError;
-use crate::job::{check_lease_length, Failure};
+use crate::job::{check_lease_length, check_request_id, Failure};
 
 /// A Duration in whole microseconds, rounded up, at least 1.
 pub(crate) fn micros_up(d: Duration) -> u64 {
@@ -79,15 +79,19 @@ pub(crate) fn active_conflict(id: &str) -> QueueError {
     }
 }
 
-/// Checks a lease call's arguments; answers the lease's length in µs (the queue's when
-/// `lease` is `None`).
+/// Checks a lease call's arguments (the request id too, when it has one); answers the
+/// lease's length in µs (the queue's when `lease` is `None`).
 pub(crate) fn check_lease_request(
     config: &QueueConfig,
     worker: &str,
     max_jobs: usize,
     lease: Option<Duration>,
+    request: Option<&str>,
 ) -> Result<u64, QueueError> {
     check_worker(worker)?;
+    if let Some(request) = request {
+        check_request_id(request)?;
+    }
     if max_jobs == 0 || max_jobs > MAX_LEASE_JOBS {
         return Err(
             InputError::new("max_jobs", format!("must be from 1 to {MAX_LEASE_JOBS}")).into(),

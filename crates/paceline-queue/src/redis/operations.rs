@@ -15,8 +15,8 @@ use crate::core::{
 };
 use crate::error::QueueError;
 use crate::job::{
-    check_lease_length, check_request_id, not_before_too_late, Enqueued, FailOutcome, Failure,
-    GroupStats, JobInfo, Leased, NewJob, Stats,
+    check_lease_length, not_before_too_late, Enqueued, FailOutcome, Failure, GroupStats, JobInfo,
+    Leased, NewJob, Stats,
 };
 use crate::token::LeaseToken;
 
@@ -110,10 +110,7 @@ impl RedisQueue {
         lease: Option<Duration>,
         request: Option<&str>,
     ) -> Result<Vec<Leased>, QueueError> {
-        let lease_us = check_lease_request(&self.config, worker, max_jobs, lease)?;
-        if let Some(request) = request {
-            check_request_id(request)?;
-        }
+        let lease_us = check_lease_request(&self.config, worker, max_jobs, lease, request)?;
         let reply = self
             .call(
                 "lease",
