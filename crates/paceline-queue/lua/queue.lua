@@ -77,6 +77,10 @@ local read_as
 -- The time of the last maintenance that left nothing due (nil: none this call).
 local maintained_at
 
+-- The entries of `ready` a lease has yet to add (score, member, ...), or nil when each
+-- entry is added at once: see `ops.lease`.
+local ready_adds
+
 local function copy(t)
   if t == nil then
     return nil
@@ -106,6 +110,38 @@ end)
 local GROUPS_KEPT = 256
 local records, records_kept = {}, 0
 
+-- A group record in its flat layout, for a group whose policy states are `gcra`'s (a TAT
+-- each) or none, as most are: a tag byte ('G'), 14 little-endian doubles (n, active,
+-- idle_at, next_at, paused_until, f, x, ra, ro, rt, the state's TAT, and the projection's
+-- last, covers and TAT; -1 for none, and the projection's last -1 for no projection),
+-- then whether each of the two states is `gcra`'s. It costs the server half of what a
+-- MessagePack map of the same group does to write, and a group is written at every lease
+-- and ack of its jobs. Any other group is a MessagePack map (first byte 0x80 and up).
+local GROUP_TAG, GROUP_LAYOUT = 71, '<BddddddddddddddBB'
+
+local function gcra_shaped(alg, state)
+  return alg == 'gcra' or (alg == nil and state == nil)
+end
+
+local function pack_group(g)
+  local p = g.p
+  if not (gcra_shaped(g.alg, g.state) and (p == nil or gcra_shaped(p.alg, p.s))) then
+    return cmsgpack.pack(g)
+  end
+  local state, ps = g.state, p and p.s
+  return struct.pack(GROUP_LAYOUT, GROUP_TAG, g.n, g.active, g.idle_at, g.next_at,
+    g.paused_until, g.f or -1, g.x or -1, g.ra or -1, g.ro or -1, g.rt or -1,
+    state and state[1] or -1, p and p.last or -1, p and p.covers or -1, ps and ps[1] or -1,
+    g.alg and 1 or 0, p and p.alg and 1 or 0)
+end
+
+local function unopt(x)
+  if x < 0 then
+    return nil
+  end
+  return x
+end
+
 local function unpack_group(raw)
   local object = records[raw]
   if object then
@@ -113,7 +149,74 @@ local function unpack_group(raw)
     records_kept = records_kept - 1
     return object
   end
-  return cmsgpack.unpack(raw)
+  if raw:byte(1) ~= GROUP_TAG then
+    return cmsgpack.unpack(raw)
+  end
+  local _, n, active, idle_at, next_at, paused_until, f, x, ra, ro, rt, tat, last, covers, ptat,
+    alg, palg = struct.unpack(GROUP_LAYOUT, raw)
+  local p
+  if last >= 0 then
+    p = { s = ptat >= 0 and { ptat } or nil, alg = palg == 1 and 'gcra' or nil, last = last,
+      covers = covers }
+  end
+  return {
+    n = n, active = active, idle_at = idle_at, next_at = next_at, paused_until = paused_until,
+    f = unopt(f), x = unopt(x), ra = unopt(ra), ro = unopt(ro), rt = unopt(rt),
+    state = tat >= 0 and { tat } or nil, alg = alg == 1 and 'gcra' or nil, p = p,
+  }
+end
+
+-- A job's record: a tag byte ('J'), its place (1 waiting, 2 scheduled, 3 active, 4 dead),
+-- whether it goes back to the head of its line (0: not said, 1: no, 2: yes) and whether
+-- it has an error, then 12 little-endian doubles (rank, attempts, max_attempts,
+-- enqueued_at, estimated_start, token, started, expires, at, order, ended, dead_order; -1
+-- for none), then four strings, each after its length: group, worker, last_error and
+-- payload. A lease and an ack read and write it without making a table of it (see
+-- `ops.lease` and `ops.ack`): a table made and packed per job was the largest part of their
+-- time. A MessagePack map (first byte 0x80 and up: jobs written before) is read as one,
+-- and written back in this layout.
+local JOB_TAG = 74
+local JOB_LAYOUT = '<BBBBddddddddddddI4c0I4c0I4c0I4c0'
+-- The record up to its group: what an ack needs.
+local JOB_HEAD = '<BBBBddddddddddddI4c0'
+local PLACE_CODE = { waiting = 1, scheduled = 2, active = 3, dead = 4 }
+local PLACE_NAME = { 'waiting', 'scheduled', 'active', 'dead' }
+
+local function opt(x)
+  return x or -1
+end
+
+local function pack_job(j)
+  local head = 0
+  if j.head ~= nil then
+    head = j.head and 2 or 1
+  end
+  local err, worker = j.last_error or '', j.worker or ''
+  return struct.pack(JOB_LAYOUT, JOB_TAG, PLACE_CODE[j.place], head, j.last_error and 1 or 0,
+    j.rank or 0, j.attempts, j.max_attempts, j.enqueued_at, opt(j.estimated_start),
+    opt(j.token), opt(j.started), opt(j.expires), opt(j.at), opt(j.order), opt(j.ended),
+    opt(j.dead_order), #j.group, j.group, #worker, worker, #err, err, #j.payload, j.payload)
+end
+
+local function unpack_job(raw)
+  if raw:byte(1) ~= JOB_TAG then
+    return cmsgpack.unpack(raw)
+  end
+  local _, place, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, token,
+    started, expires, at, order, ended, dead_order, group, worker, err, payload =
+    struct.unpack(JOB_LAYOUT, raw)
+  local head_flag
+  if head > 0 then
+    head_flag = head == 2
+  end
+  return {
+    group = group, rank = rank, payload = payload, attempts = attempts,
+    max_attempts = max_attempts, enqueued_at = enqueued_at, place = PLACE_NAME[place],
+    estimated_start = unopt(estimate), token = unopt(token), started = unopt(started),
+    expires = unopt(expires), worker = place == 3 and worker or nil, at = unopt(at),
+    order = unopt(order), head = head_flag, ended = unopt(ended),
+    dead_order = unopt(dead_order), last_error = has_error == 1 and err or nil,
+  }
 end
 
 local function keep_group(raw, object)
@@ -163,6 +266,8 @@ local function begin(KEYS, clock_arg)
   local t = PL.clock(clock_arg)
   groups, jobs, deleted_jobs, dropped_groups, policy_cache, read_as = {}, {}, {}, {}, {}, {}
   default_policy, overrides = nil, nil
+  -- A call that failed half-way may have left a lease's buffer behind.
+  ready_adds = nil
   meta = read_meta(redis.call('GET', base .. 'meta') or nil)
   local raw = redis.call('GET', base .. 'config')
   config = unpack_config(raw or nil)
@@ -199,7 +304,7 @@ local function write_back(cache, prefix, removed, remove)
   for key, object in pairs(cache) do
     if object then
       -- Lua's strings are interned: comparing them costs nothing.
-      local record = cmsgpack.pack(object)
+      local record = prefix == 'g:' and pack_group(object) or pack_job(object)
       if record ~= read_as[prefix .. key] then
         redis.call('SET', base .. prefix .. key, record)
         if prefix == 'g:' then
@@ -238,7 +343,7 @@ local function load(cache, prefix, key)
     elseif prefix == 'g:' then
       object = unpack_group(raw)
     else
-      object = cmsgpack.unpack(raw)
+      object = unpack_job(raw)
     end
     cache[key] = object
     read_as[prefix .. key] = raw
@@ -443,6 +548,27 @@ local function peek_tail(name, t)
   return project_one(policy_of(name), p, t)
 end
 
+-- Adds the entries `ready_adds` holds to `ready`, in one command.
+local function add_ready()
+  if ready_adds and #ready_adds > 0 then
+    redis.call('ZADD', base .. 'ready', unpack(ready_adds))
+    ready_adds = {}
+  end
+end
+
+-- Puts the entries of `ready` a ZPOPMIN answered (`taken`, member then score) from
+-- `from` on back as they were.
+local function put_back(taken, from)
+  local back = {}
+  for k = from, #taken, 2 do
+    back[#back + 1] = taken[k + 1]
+    back[#back + 1] = taken[k]
+  end
+  if #back > 0 then
+    redis.call('ZADD', base .. 'ready', unpack(back))
+  end
+end
+
 -- Puts the group in or out of the ready and retiring sets as its state says.
 local function refresh(name)
   local g = load_group(name)
@@ -462,7 +588,12 @@ local function refresh(name)
   if ready and not g.ra then
     local order = next_seq()
     g.ra, g.ro = max(at, now), order
-    redis.call('ZADD', base .. 'ready', int(g.ra), padded(order) .. name)
+    if ready_adds then
+      local n = #ready_adds
+      ready_adds[n + 1], ready_adds[n + 2] = int(g.ra), padded(order) .. name
+    else
+      redis.call('ZADD', base .. 'ready', int(g.ra), padded(order) .. name)
+    end
   end
   local empty = g.n == 0 and g.active == 0
   if g.rt and not empty then
@@ -675,18 +806,18 @@ local ops = {}
 -- BO_MAX MAX_JOBS MAX_PAYLOAD: the default policy's spec and arguments, each group's own,
 -- and the settings (durations in µs). Stores the configuration unless it is the one stored (same fingerprint); a changed one
 -- applies to every group as `QueueCore::set_config` does. Answers 1 if it changed.
-function ops.config(ARGV)
+function ops.config(ARGV, o)
   -- Every handle configures the queue when it opens it: queues of earlier versions get
   -- `KEEP` too.
   for _, set in ipairs({ 'ready', 'scheduled', 'leases', 'retiring' }) do
     redis.call('ZADD', base .. set, '+inf', KEEP)
   end
-  local fp = ARGV[3]
+  local fp = ARGV[o + 3]
   if config and config.fp == fp then
     return { now, 0 }
   end
-  local spec = ARGV[4]
-  local a = 5
+  local spec = ARGV[o + 4]
+  local a = o + 5
   local function list()
     local n = tonumber(ARGV[a])
     local out = {}
@@ -788,38 +919,38 @@ local function enqueue_one(ARGV, a, out)
   local max_attempts = ARGV[a + 4] ~= '' and tonumber(ARGV[a + 4]) or config.ma
   -- Held back to the later of the delay's end and the not-before time.
   local at = max(now + tonumber(ARGV[a + 3]), not_before)
-  local job = {
-    group = name, rank = 0, payload = payload, attempts = 0, max_attempts = max_attempts,
-    enqueued_at = now,
-  }
+  -- The record is written here, in the flat layout, without a table: a later operation of
+  -- this call that asks for the job reads it from Redis.
+  local place, head, rank, estimate, order = PLACE_CODE.waiting, 0, 0, nil, nil
   if at > now then
-    local order = next_seq()
+    order = next_seq()
     add_due('scheduled', at, padded(order) .. id)
     local line = peek_tail(name, now)
-    job.place, job.at, job.order, job.head = 'scheduled', at, order, false
-    job.estimated_start = max(at, line)
+    place, head, estimate = PLACE_CODE.scheduled, 1, max(at, line)
   else
-    local estimate, rank = join_tail(name, id, now)
-    job.place, job.rank, job.estimated_start = 'waiting', rank, estimate
+    estimate, rank = join_tail(name, id, now)
+    at = -1
   end
   meta.totals.enqueued = meta.totals.enqueued + 1
   meta.jobs = meta.jobs + 1
-  jobs[id] = job
-  deleted_jobs[id] = nil
+  jobs[id], deleted_jobs[id] = nil, nil
+  redis.call('SET', base .. 'j:' .. id, struct.pack(JOB_LAYOUT, JOB_TAG, place, head, 0, rank, 0,
+    max_attempts, now, estimate, -1, -1, -1, at, order or -1, -1, -1, #name, name, 0, '', 0, '',
+    #payload, payload))
   out[#out + 1] = 'created'
   out[#out + 1] = id
-  out[#out + 1] = job.place
-  out[#out + 1] = job.estimated_start
+  out[#out + 1] = PLACE_NAME[place]
+  out[#out + 1] = estimate
 end
 
 -- enqueue N (ID GROUP PAYLOAD DELAY MAX_ATTEMPTS NOT_BEFORE)*N: answers now, then four
 -- values per job.
-function ops.enqueue(ARGV)
+function ops.enqueue(ARGV, o)
   local out = { now }
   local created = false
-  local count = tonumber(ARGV[3])
+  local count = tonumber(ARGV[o + 3])
   for i = 0, count - 1 do
-    enqueue_one(ARGV, 4 + i * 6, out)
+    enqueue_one(ARGV, o + 4 + i * 6, out)
     if out[#out - 3] == 'created' then
       created = true
     end
@@ -830,11 +961,46 @@ function ops.enqueue(ARGV)
   return out
 end
 
+-- Leases job `id` (nil: none) to `worker` until `expires` with the next fence; answers its
+-- payload, its attempts with this one, and the fence, or nil if there is no such job. A
+-- record in the flat layout not read yet this call is read and written without a table.
+local function start_job(id, worker, expires)
+  if not id then
+    return nil
+  end
+  if jobs[id] == nil then
+    local key = base .. 'j:' .. id
+    local raw = redis.call('GET', key)
+    if raw and raw:byte(1) == JOB_TAG then
+      local _, _, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, _, _, _,
+        at, order, ended, dead_order, group, _, err, payload = struct.unpack(JOB_LAYOUT, raw)
+      local token = next_seq()
+      attempts = attempts + 1
+      redis.call('SET', key, struct.pack(JOB_LAYOUT, JOB_TAG, PLACE_CODE.active, head, has_error,
+        rank, attempts, max_attempts, enqueued_at, estimate, token, now, expires, at, order,
+        ended, dead_order, #group, group, #worker, worker, #err, err, #payload, payload))
+      return payload, attempts, token
+    end
+    read_as['j:' .. id] = raw
+    jobs[id] = raw and unpack_job(raw) or false
+  end
+  local job = load_job(id)
+  if not job then
+    return nil
+  end
+  local token = next_seq()
+  job.attempts = job.attempts + 1
+  job.place, job.token, job.started, job.expires, job.worker =
+    'active', token, now, expires, worker
+  return job.payload, job.attempts, token
+end
+
 -- lease WORKER MAX_JOBS LEASE REQUEST: answers now, then per job: id, group, payload,
 -- attempt, token, started, eligible, lease expiry. REQUEST ('' for none) is the caller's id
 -- of this call: a repeat of it while its leases last answers what it took (`r:REQUEST`).
-function ops.lease(ARGV)
-  local worker, max_jobs, lease, request = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+function ops.lease(ARGV, o)
+  local worker, max_jobs, request = ARGV[o + 3], tonumber(ARGV[o + 4]), ARGV[o + 6]
+  local lease = tonumber(ARGV[o + 5])
   maintain(now)
   drops_left = MAINTENANCE_BATCH
   local out = { now }
@@ -861,76 +1027,105 @@ function ops.lease(ARGV)
     -- No group is eligible: nothing to take out of `ready` and put back.
     return out
   end
+  -- The groups come out of `ready` as many at once as jobs are still wanted, and those
+  -- that go back (`refresh`) are added together once the ones taken out are spent. The
+  -- order is the same as one at a time: a group put back is scored no earlier than now
+  -- and ordered after every entry in the set, so no due entry taken out with it would
+  -- have come after it. The leases are added together at the end, all expiring alike.
+  ready_adds = {}
+  local leased = {}
+  local expires = now + lease
   local count = 0
+  local taken, next_taken = {}, 1
   while count < max_jobs do
+    if next_taken > #taken then
+      add_ready()
+      taken, next_taken = redis.call('ZPOPMIN', base .. 'ready', int(max_jobs - count)), 1
+    end
     -- The first ready group, taken out of the set (put back as it was if not due yet).
-    local e = redis.call('ZPOPMIN', base .. 'ready')
-    local member, at = e[1], tonumber(e[2])
+    local member, score = taken[next_taken], taken[next_taken + 1]
     if not member then
       break
     end
+    local at = tonumber(score)
     if at > now then
-      redis.call('ZADD', base .. 'ready', e[2], member)
-      break
-    end
-    local name = member:sub(21)
-    local policy = policy_of(name)
-    local g = load_group(name)
-    local id, in_front
-    if g then
-      id, in_front = next_job(name, g)
-    end
-    if g and not id and in_front then
-      -- MAINTENANCE_BATCH entries of cancelled jobs dropped: the group goes back as it
-      -- was, and the next call goes on.
-      redis.call('ZADD', base .. 'ready', e[2], member)
-      break
-    elseif g and not id then
-      -- The line is what is waiting: none.
-      g.ra, g.ro = nil, nil
-      g.n = 0
-      refresh(name)
-    elseif g then
-      g.ra, g.ro = nil, nil
-      local allowed, delay, reset_after, state, alg = apply(policy, g.state, g.alg, now)
-      g.state, g.alg = state, alg
-      if not allowed then
-        g.next_at = now + micros_up(delay)
+      -- Not due: it goes back with the rest taken out; the groups put back meanwhile may
+      -- be due, and are asked for again.
+      put_back(taken, next_taken)
+      taken, next_taken = {}, 1
+      if #ready_adds == 0 then
+        break
+      end
+    else
+      next_taken = next_taken + 2
+      local name = member:sub(21)
+      local policy = policy_of(name)
+      local g = load_group(name)
+      local id, in_front
+      if g then
+        id, in_front = next_job(name, g)
+      end
+      if g and not id and in_front then
+        -- MAINTENANCE_BATCH entries of cancelled jobs dropped: the group goes back as it
+        -- was, and the next call goes on.
+        next_taken = next_taken - 2
+        break
+      elseif g and not id then
+        -- The line is what is waiting: none.
+        g.ra, g.ro = nil, nil
+        g.n = 0
         refresh(name)
-      else
-        g.idle_at = now + round_micros(reset_after)
-        if in_front then
-          redis.call('ZREM', base .. 'l:' .. name, id)
-          g.f = g.f - 1
-        else
-          local entry = redis.call('LPOP', base .. 'q:' .. name)
-          if id == true then
-            id = entry and entry:sub(21)
-          end
-        end
-        g.n = g.n - 1
-        local job = id and load_job(id)
-        if not job then
+      elseif g then
+        g.ra, g.ro = nil, nil
+        local allowed, delay, reset_after, state, alg = apply(policy, g.state, g.alg, now)
+        g.state, g.alg = state, alg
+        if not allowed then
+          g.next_at = now + micros_up(delay)
           refresh(name)
         else
-          g.active = g.active + 1
-          if g.p then
-            g.p.covers = max(g.p.covers - 1, 0)
+          g.idle_at = now + round_micros(reset_after)
+          if in_front then
+            redis.call('ZREM', base .. 'l:' .. name, id)
+            g.f = g.f - 1
+          else
+            local entry = redis.call('LPOP', base .. 'q:' .. name)
+            if id == true then
+              id = entry and entry:sub(21)
+            end
           end
-          local token = next_seq()
-          local expires = now + lease
-          job.attempts = job.attempts + 1
-          job.place, job.token, job.started, job.expires, job.worker =
-            'active', token, now, expires, worker
-          add_due('leases', expires, padded(token) .. id)
-          meta.totals.started = meta.totals.started + 1
-          count = count + 1
-          local n = #out
-          out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, name, job.payload, job.attempts
-          out[n + 5], out[n + 6], out[n + 7], out[n + 8] = token, now, at, expires
-          refresh(name)
+          g.n = g.n - 1
+          local payload, attempts, token = start_job(id, worker, expires)
+          if not payload then
+            refresh(name)
+          else
+            g.active = g.active + 1
+            if g.p then
+              g.p.covers = max(g.p.covers - 1, 0)
+            end
+            leased[#leased + 1] = padded(token) .. id
+            meta.totals.started = meta.totals.started + 1
+            count = count + 1
+            local n = #out
+            out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, name, payload, attempts
+            out[n + 5], out[n + 6], out[n + 7], out[n + 8] = token, now, at, expires
+            refresh(name)
+          end
         end
       end
+    end
+  end
+  -- The groups taken out and not reached go back as they were.
+  put_back(taken, next_taken)
+  add_ready()
+  ready_adds = nil
+  if #leased > 0 then
+    local args, score = {}, int(expires)
+    for k = 1, #leased do
+      args[2 * k - 1], args[2 * k] = score, leased[k]
+    end
+    redis.call('ZADD', base .. 'leases', unpack(args))
+    if meta.due and expires < meta.due then
+      meta.due = expires
     end
   end
   if request_key and count > 0 then
@@ -963,13 +1158,39 @@ end
 
 
 -- ack ID TOKEN: answers now, then 'ok', 'lost', or 'gone' (no such job).
-function ops.ack(ARGV)
-  local id = ARGV[3]
+function ops.ack(ARGV, o)
+  local id, token = ARGV[o + 3], ARGV[o + 4]
   maintain(now)
+  if jobs[id] == nil then
+    -- Read without a table: the record's head says whether this lease holds the job, and
+    -- what the ack needs. Anything else (no such job, a lease lost or expired, a record
+    -- written before) takes the path below, from the same record.
+    local raw = redis.call('GET', base .. 'j:' .. id)
+    read_as['j:' .. id] = raw
+    if raw and raw:byte(1) == JOB_TAG then
+      local _, place, _, _, _, _, _, _, _, fence, _, expires, _, _, _, _, group =
+        struct.unpack(JOB_HEAD, raw)
+      if place == 3 and expires > now and int(fence) == token then
+        redis.call('ZREM', base .. 'leases', padded(fence) .. id)
+        local g = load_group(group)
+        if g then
+          g.active = max(g.active - 1, 0)
+        end
+        remove_job(id)
+        meta.totals.acked = meta.totals.acked + 1
+        refresh(group)
+        if config.gc > 0 then
+          publish()
+        end
+        return { now, 'ok' }
+      end
+    end
+    jobs[id] = raw and unpack_job(raw) or false
+  end
   if not load_job(id) then
     return { now, 'gone' }
   end
-  if not held(id, ARGV[4]) then
+  if not held(id, token) then
     return { now, 'lost' }
   end
   local name = release(id)
@@ -1005,19 +1226,19 @@ end
 -- 'release'; ERROR_FLAG 1 if ERROR is given; AFTER the retry's delay in µs ('' for the
 -- backoff); PAUSE the pause in µs, rounded up. Answers now, then the outcome ('lost',
 -- 'gone', 'repeated', 'dead', 'retrying', 'paused', 'released') and its time (0 for none).
-function ops.fail(ARGV)
-  local id, kind = ARGV[3], ARGV[5]
-  local error = ARGV[6] == '1' and ARGV[7] or nil
+function ops.fail(ARGV, o)
+  local id, kind = ARGV[o + 3], ARGV[o + 5]
+  local error = ARGV[o + 6] == '1' and ARGV[o + 7] or nil
   maintain(now)
   local found = load_job(id)
   if not found then
     return { now, 'gone', 0 }
   end
-  if found.place ~= 'active' and found.ended and int(found.ended) == ARGV[4] then
+  if found.place ~= 'active' and found.ended and int(found.ended) == ARGV[o + 4] then
     -- A repeat of this lease's failure report, whose answer was lost.
     return { now, 'repeated', 0 }
   end
-  if not held(id, ARGV[4]) then
+  if not held(id, ARGV[o + 4]) then
     return { now, 'lost', 0 }
   end
   local name = release(id)
@@ -1026,7 +1247,7 @@ function ops.fail(ARGV)
   end
   local job = load_job(id)
   job.ended = job.token
-  local backoff = backoff_for(job, tonumber(ARGV[10]))
+  local backoff = backoff_for(job, tonumber(ARGV[o + 10]))
   local outcome, at = nil, 0
   if kind == 'fatal' then
     job.last_error = error
@@ -1037,13 +1258,13 @@ function ops.fail(ARGV)
       outcome = 'dead'
     else
       outcome = 'retrying'
-      at = now + (ARGV[8] ~= '' and tonumber(ARGV[8]) or backoff)
+      at = now + (ARGV[o + 8] ~= '' and tonumber(ARGV[o + 8]) or backoff)
     end
   elseif kind == 'pause' then
     job.last_error = error
     job.attempts = max(job.attempts - 1, 0)
     outcome = 'paused'
-    at = now + tonumber(ARGV[9])
+    at = now + tonumber(ARGV[o + 9])
   else
     job.attempts = max(job.attempts - 1, 0)
     outcome = 'released'
@@ -1090,16 +1311,16 @@ function ops.fail(ARGV)
 end
 
 -- extend ID TOKEN LEASE: answers now, then 'ok' and the new expiry, or 'lost' and 0.
-function ops.extend(ARGV)
-  local id = ARGV[3]
+function ops.extend(ARGV, o)
+  local id = ARGV[o + 3]
   local before = next_event()
   maintain(now)
-  if not held(id, ARGV[4]) then
+  if not held(id, ARGV[o + 4]) then
     return { now, 'lost', 0 }
   end
   local job = load_job(id)
   redis.call('ZREM', base .. 'leases', padded(job.token) .. id)
-  job.expires = now + tonumber(ARGV[5])
+  job.expires = now + tonumber(ARGV[o + 5])
   add_due('leases', job.expires, padded(job.token) .. id)
   local after = next_event()
   if after ~= -1 and (before == -1 or after < before) then
@@ -1110,8 +1331,8 @@ function ops.extend(ARGV)
 end
 
 -- cancel ID: answers now, then 'ok', 'unknown' or 'active'.
-function ops.cancel(ARGV)
-  local id = ARGV[3]
+function ops.cancel(ARGV, o)
+  local id = ARGV[o + 3]
   maintain(now)
   local job = load_job(id)
   if not job then
@@ -1148,8 +1369,8 @@ function ops.cancel(ARGV)
 end
 
 -- job ID: answers the job (see `job_reply`), or nothing. Reads only.
-function ops.job(ARGV)
-  local id = ARGV[3]
+function ops.job(ARGV, o)
+  local id = ARGV[o + 3]
   local job = load_job(id)
   local out = {}
   if job then
@@ -1203,8 +1424,8 @@ function ops.groups()
 end
 
 -- dead OFFSET LIMIT: the dead jobs in order of death, each as `job_reply`. Reads only.
-function ops.dead(ARGV)
-  local offset, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
+function ops.dead(ARGV, o)
+  local offset, limit = tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
   local out = {}
   -- Positions beyond 2^53 hold nothing (a queue holds fewer jobs).
   local last = 2 ^ 53
@@ -1223,13 +1444,13 @@ end
 -- retry_dead ALL IDS...: ALL 1 for the first MAINTENANCE_BATCH dead jobs (the caller calls
 -- again while some are left), else the ids given. Answers now, how many went back in line,
 -- and how many dead jobs are left.
-function ops.retry_dead(ARGV)
+function ops.retry_dead(ARGV, o, last)
   maintain(now)
   local chosen = {}
-  if ARGV[3] == '1' then
+  if ARGV[o + 3] == '1' then
     chosen = redis.call('ZRANGE', base .. 'dead', 0, MAINTENANCE_BATCH - 1)
   else
-    for i = 4, #ARGV do
+    for i = o + 4, last do
       local job = load_job(ARGV[i])
       if job and job.place == 'dead' then
         chosen[#chosen + 1] = ARGV[i]
@@ -1292,12 +1513,10 @@ function ops.multi(ARGV)
   local a = 4
   for i = 1, tonumber(ARGV[3]) do
     local name, n = ARGV[a], tonumber(ARGV[a + 1])
-    local sub = { name, ARGV[2] }
-    for j = 1, n do
-      sub[2 + j] = ARGV[a + 1 + j]
-    end
+    -- The operation's arguments are read where they are: its first at `ARGV[a + 2]`,
+    -- where an operation called alone finds it at `ARGV[3]`.
+    out[i] = ops[name](ARGV, a - 1, a + 1 + n)
     a = a + 2 + n
-    out[i] = ops[name](sub)
   end
   return out
 end
@@ -1329,7 +1548,7 @@ local function queue_call(KEYS, ARGV)
   else
     now = meta.now
   end
-  local answer = op(ARGV)
+  local answer = op(ARGV, 0, #ARGV)
   if writing[name] or name == 'multi' then
     flush()
   end

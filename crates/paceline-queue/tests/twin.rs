@@ -169,10 +169,11 @@ fn returned_jobs_take_their_places_by_rank_as_in_memory() {
 }
 
 /// A queue written in the earlier layout (its meta record a MessagePack map without `due`,
-/// each group's whole line a sorted set scored by rank, and group records that do not
-/// know the length of their line's front) is read as it is and goes on as in memory: the
-/// same ids, order, estimates and totals. The sorted set serves as the line's front, new
-/// jobs join the list behind it.
+/// each group's whole line a sorted set scored by rank, group records MessagePack maps that
+/// do not know the length of their line's front, job records MessagePack maps) is read as
+/// it is and goes on as in memory: the same ids, order, estimates and totals. The sorted
+/// set serves as the line's front, new jobs join the list behind it, and each record is
+/// written back in the flat layout.
 #[test]
 fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
     runtime().block_on(async {
@@ -187,23 +188,50 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         // Back to the earlier layout: the meta record as MessagePack, both lines wholly in
         // sorted sets, and group records without the length of the front.
         let base = format!("paceline:v2:{{q:{name}}}:");
-        let downgrade = "local _, seq, last_id, now, jobs, _, a, b, c, d, e, f, g, h = \
-             struct.unpack('<Bddddddddddddd', redis.call('GET', KEYS[1] .. 'meta')) \
-           redis.call('SET', KEYS[1] .. 'meta', cmsgpack.pack({ seq = seq, \
-             last_id = last_id, now = now, jobs = jobs, totals = { enqueued = a, \
-             started = b, acked = c, failed = d, retried = e, dead = f, \
-             lease_expiries = g, pauses = h } })) \
-           for _, group in ipairs({'g0', 'g1'}) do \
-             local list = KEYS[1] .. 'q:' .. group \
-             for _, e in ipairs(redis.call('LRANGE', list, 0, -1)) do \
-               redis.call('ZADD', KEYS[1] .. 'l:' .. group, tonumber(e:sub(1, 20)), e:sub(21)) \
-             end \
-             redis.call('DEL', list) \
-             local g = cmsgpack.unpack(redis.call('GET', KEYS[1] .. 'g:' .. group)) \
-             g.f = nil \
-             redis.call('SET', KEYS[1] .. 'g:' .. group, cmsgpack.pack(g)) \
-           end \
-           return redis.call('ZCARD', KEYS[1] .. 'l:g0')";
+        let downgrade = r"
+            local function opt(v) if v < 0 then return nil end return v end
+            local _, seq, last_id, now, jobs, _, a, b, c, d, e, f, g, h =
+              struct.unpack('<Bddddddddddddd', redis.call('GET', KEYS[1] .. 'meta'))
+            redis.call('SET', KEYS[1] .. 'meta', cmsgpack.pack({ seq = seq,
+              last_id = last_id, now = now, jobs = jobs, totals = { enqueued = a,
+              started = b, acked = c, failed = d, retried = e, dead = f,
+              lease_expiries = g, pauses = h } }))
+            for _, group in ipairs({'g0', 'g1'}) do
+              local list = KEYS[1] .. 'q:' .. group
+              for _, e in ipairs(redis.call('LRANGE', list, 0, -1)) do
+                redis.call('ZADD', KEYS[1] .. 'l:' .. group, tonumber(e:sub(1, 20)), e:sub(21))
+              end
+              redis.call('DEL', list)
+              local _, n, active, idle_at, next_at, paused_until, _, x, ra, ro, rt, tat, last,
+                covers, ptat, alg, palg = struct.unpack('<BddddddddddddddBB',
+                redis.call('GET', KEYS[1] .. 'g:' .. group))
+              local g = { n = n, active = active, idle_at = idle_at, next_at = next_at,
+                paused_until = paused_until, x = opt(x), ra = opt(ra), ro = opt(ro),
+                rt = opt(rt), state = tat >= 0 and { tat } or nil,
+                alg = alg == 1 and 'gcra' or nil }
+              if last >= 0 then
+                g.p = { last = last, covers = covers, s = ptat >= 0 and { ptat } or nil,
+                  alg = palg == 1 and 'gcra' or nil }
+              end
+              redis.call('SET', KEYS[1] .. 'g:' .. group, cmsgpack.pack(g))
+            end
+            local places = { 'waiting', 'scheduled', 'active', 'dead' }
+            for _, key in ipairs(redis.call('KEYS', KEYS[1] .. 'j:*')) do
+              local _, place, head, has_error, rank, attempts, max_attempts, enqueued_at,
+                estimate, token, started, expires, at, order, ended, dead_order, group, worker,
+                err, payload = struct.unpack('<BBBBddddddddddddI4c0I4c0I4c0I4c0',
+                redis.call('GET', key))
+              local job = { group = group, rank = rank, payload = payload, attempts = attempts,
+                max_attempts = max_attempts, enqueued_at = enqueued_at, place = places[place],
+                estimated_start = opt(estimate), token = opt(token), started = opt(started),
+                expires = opt(expires), at = opt(at), order = opt(order), ended = opt(ended),
+                dead_order = opt(dead_order) }
+              if head > 0 then job.head = head == 2 end
+              if has_error == 1 then job.last_error = err end
+              if place == 3 then job.worker = worker end
+              redis.call('SET', key, cmsgpack.pack(job))
+            end
+            return redis.call('ZCARD', KEYS[1] .. 'l:g0')";
         assert_eq!(
             server.command(&["EVAL", downgrade, "1", &base]).unwrap(),
             ":6"
@@ -227,6 +255,12 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
             server.command(&["EVAL", meta_tag, "1", &base]).unwrap(),
             ":109"
         );
+        let tag = "return string.byte(redis.call('GET', KEYS[1]), 1)";
+        let (group, job) = (format!("{base}g:g0"), format!("{base}j:1"));
+        // MessagePack maps (0x80 and up) until written.
+        let first_byte = server.command(&["EVAL", tag, "1", &job]).unwrap();
+        let first_byte: u32 = first_byte.trim_start_matches(':').parse().unwrap();
+        assert!(first_byte >= 0x80, "{first_byte}");
         let now = clock.now_micros();
         let (a, b) = (
             redis.lease("w", 100, None, Duration::ZERO).await.unwrap(),
@@ -234,6 +268,9 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         );
         assert_eq!(a.len(), 13);
         assert_eq!(unsigned(&a), b);
+        // Each record written back in the flat layout: 'G' for groups, 'J' for jobs.
+        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":71");
+        assert_eq!(server.command(&["EVAL", tag, "1", &job]).unwrap(), ":74");
         let now = clock.now_micros();
         assert_eq!(redis.stats().await.unwrap(), core.stats(now).unwrap());
     });
