@@ -234,7 +234,9 @@ end
 -- started, acked, failed, retried, dead, lease_expiries and pauses. Every call reads and
 -- writes it: binary, it costs the server a fraction of a MessagePack map's work. A
 -- MessagePack map (first byte 0x80 and up: queues written before) is read as one.
-local META_TAG, META_LAYOUT = 109, '<Bddddddddddddd'
+local META_TAG, META_LAYOUT = 110, '<Bdddddddddddddd'
+-- The layout before `rdue` (tag 'm'): read, and written back in the one above.
+local META_TAG_BEFORE, META_LAYOUT_BEFORE = 109, '<Bddddddddddddd'
 
 local function read_meta(raw)
   if not raw then
@@ -244,12 +246,20 @@ local function read_meta(raw)
         lease_expiries = 0, pauses = 0 },
     }
   end
-  if raw:byte(1) ~= META_TAG then
+  local tag = raw:byte(1)
+  local _, seq, last_id, t, jobs, due, rdue, a, b, c, d, e, f, g, h
+  if tag == META_TAG then
+    _, seq, last_id, t, jobs, due, rdue, a, b, c, d, e, f, g, h = struct.unpack(META_LAYOUT, raw)
+  elseif tag == META_TAG_BEFORE then
+    _, seq, last_id, t, jobs, due, a, b, c, d, e, f, g, h = struct.unpack(META_LAYOUT_BEFORE, raw)
+    -- Unknown: the first maintenance finds it.
+    due, rdue = -1, -1
+  else
     return cmsgpack.unpack(raw)
   end
-  local _, seq, last_id, t, jobs, due, a, b, c, d, e, f, g, h = struct.unpack(META_LAYOUT, raw)
   return {
     seq = seq, last_id = last_id, now = t, jobs = jobs, due = due >= 0 and due or nil,
+    rdue = rdue >= 0 and rdue or nil,
     totals = { enqueued = a, started = b, acked = c, failed = d, retried = e, dead = f,
       lease_expiries = g, pauses = h },
   }
@@ -258,7 +268,7 @@ end
 local function write_meta(m)
   local t = m.totals
   return struct.pack(META_LAYOUT, META_TAG, m.seq, m.last_id, m.now, m.jobs, m.due or -1,
-    t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries, t.pauses)
+    m.rdue or -1, t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries, t.pauses)
 end
 
 local function begin(KEYS, clock_arg)
@@ -293,7 +303,11 @@ end
 -- entry taken out early leaves it earlier than need be, which costs one maintenance).
 local function add_due(set, at, member)
   redis.call('ZADD', base .. set, int(at), member)
-  if meta.due and at < meta.due then
+  if set == 'retiring' then
+    if meta.rdue and at < meta.rdue then
+      meta.rdue = at
+    end
+  elseif meta.due and at < meta.due then
     meta.due = at
   end
 end
@@ -704,14 +718,13 @@ end
 -- left due.
 local function drain(set, t, handle)
   local key = base .. set
-  for _ = 1, MAINTENANCE_BATCH do
-    local member = first_due(key, t)
-    if not member then
-      return true
-    end
-    handle(member, t)
+  -- Asked for at once: no handler takes out or adds another entry of the set it drains.
+  local due = redis.call('ZRANGE', key, '-inf', int(t), 'BYSCORE', 'LIMIT', '0',
+    MAINTENANCE_BATCH)
+  for i = 1, #due do
+    handle(due[i], t)
   end
-  return not first_due(key, t)
+  return #due < MAINTENANCE_BATCH or not first_due(key, t)
 end
 
 local function expire_lease(member)
@@ -754,21 +767,33 @@ local function maintain(t)
     -- Nothing comes due at `t` that a finished maintenance at `t` left.
     return
   end
-  if meta.due and t < meta.due then
+  -- `meta.due` bounds the first entry of `leases` and `scheduled`, `meta.rdue` that of
+  -- `retiring` (nil: unknown), so that a group gone idle, due at once, does not cost a look
+  -- at the other two.
+  local work = not meta.due or t >= meta.due
+  if not work and meta.rdue and t < meta.rdue then
     -- Nothing is due yet: most calls.
     maintained_at = t
     return
   end
-  local finished = drain('leases', t, expire_lease)
-  finished = drain('scheduled', t, schedule_due) and finished
-  finished = drain('retiring', t, retire) and finished
-  if finished then
-    maintained_at = t
-    -- The first entry left in any of the three (2^53: none).
-    meta.due = earliest({ 'leases', 'scheduled', 'retiring' }) or 2 ^ 53
-  else
-    maintained_at = nil
+  local finished = true
+  if work then
+    finished = drain('leases', t, expire_lease)
+    finished = drain('scheduled', t, schedule_due) and finished
+    if finished then
+      -- The first entry left in either (2^53: none).
+      meta.due = earliest({ 'leases', 'scheduled' }) or 2 ^ 53
+    end
   end
+  -- Lease expiries and due jobs may have put groups in `retiring`, lowering `rdue`.
+  if not meta.rdue or t >= meta.rdue then
+    local retired = drain('retiring', t, retire)
+    if retired then
+      meta.rdue = earliest({ 'retiring' }) or 2 ^ 53
+    end
+    finished = retired and finished
+  end
+  maintained_at = finished and t or nil
 end
 
 -- Asks the call to publish on the queue's channel when it ends: a job may start sooner.

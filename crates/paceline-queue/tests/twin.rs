@@ -190,8 +190,8 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         let base = format!("paceline:v2:{{q:{name}}}:");
         let downgrade = r"
             local function opt(v) if v < 0 then return nil end return v end
-            local _, seq, last_id, now, jobs, _, a, b, c, d, e, f, g, h =
-              struct.unpack('<Bddddddddddddd', redis.call('GET', KEYS[1] .. 'meta'))
+            local _, seq, last_id, now, jobs, _, _, a, b, c, d, e, f, g, h =
+              struct.unpack('<Bdddddddddddddd', redis.call('GET', KEYS[1] .. 'meta'))
             redis.call('SET', KEYS[1] .. 'meta', cmsgpack.pack({ seq = seq,
               last_id = last_id, now = now, jobs = jobs, totals = { enqueued = a,
               started = b, acked = c, failed = d, retried = e, dead = f,
@@ -250,10 +250,10 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
         assert_eq!(server.command(&["ZCARD", &front]).unwrap(), ":6");
         assert_eq!(server.command(&["LLEN", &list]).unwrap(), ":1");
-        // Written back in the binary layout ('m').
+        // Written back in the binary layout ('n').
         assert_eq!(
             server.command(&["EVAL", meta_tag, "1", &base]).unwrap(),
-            ":109"
+            ":110"
         );
         let tag = "return string.byte(redis.call('GET', KEYS[1]), 1)";
         let (group, job) = (format!("{base}g:g0"), format!("{base}j:1"));
