@@ -312,38 +312,57 @@ local function add_due(set, at, member)
   end
 end
 
--- Writes back the objects of `cache` (kept under `prefix`) that changed since they were
--- read; calls `remove` with the key of each one `removed` names.
-local function write_back(cache, prefix, removed, remove)
+-- Appends to `writes` (key, record, ...) the objects of `cache` (kept under `prefix`) that
+-- changed since they were read, and to `gone` the names `removed` names.
+local function write_back(cache, prefix, removed, writes, gone)
   for key, object in pairs(cache) do
     if object then
       -- Lua's strings are interned: comparing them costs nothing.
       local record = prefix == 'g:' and pack_group(object) or pack_job(object)
       if record ~= read_as[prefix .. key] then
-        redis.call('SET', base .. prefix .. key, record)
+        writes[#writes + 1] = base .. prefix .. key
+        writes[#writes + 1] = record
         if prefix == 'g:' then
           keep_group(record, object)
         end
       end
     elseif removed[key] then
-      remove(key)
+      gone[#gone + 1] = key
     end
   end
 end
 
-local function drop_group(name)
-  redis.call('DEL', base .. 'g:' .. name, base .. 'l:' .. name, base .. 'q:' .. name)
-  redis.call('SREM', base .. 'groups', name)
-end
-
-local function delete_job(id)
-  redis.call('DEL', base .. 'j:' .. id)
+-- Calls `command` on `first` (nil: none) then the values of `list`, `step` of them a call
+-- (a Lua call takes a few thousand values at most).
+local function call_in_chunks(command, first, list, step)
+  for from = 1, #list, step do
+    local last = min(from + step - 1, #list)
+    if first then
+      redis.call(command, first, unpack(list, from, last))
+    else
+      redis.call(command, unpack(list, from, last))
+    end
+  end
 end
 
 local function flush()
-  redis.call('SET', base .. 'meta', write_meta(meta))
-  write_back(groups, 'g:', dropped_groups, drop_group)
-  write_back(jobs, 'j:', deleted_jobs, delete_job)
+  -- Every record in one MSET, every key removed in one DEL, where there was a command
+  -- for each.
+  local writes, dropped, deleted = { base .. 'meta', write_meta(meta) }, {}, {}
+  write_back(groups, 'g:', dropped_groups, writes, dropped)
+  write_back(jobs, 'j:', deleted_jobs, writes, deleted)
+  call_in_chunks('MSET', nil, writes, 2000)
+  local keys = {}
+  for _, name in ipairs(dropped) do
+    keys[#keys + 1] = base .. 'g:' .. name
+    keys[#keys + 1] = base .. 'l:' .. name
+    keys[#keys + 1] = base .. 'q:' .. name
+  end
+  for _, id in ipairs(deleted) do
+    keys[#keys + 1] = base .. 'j:' .. id
+  end
+  call_in_chunks('DEL', nil, keys, 2000)
+  call_in_chunks('SREM', base .. 'groups', dropped, 2000)
 end
 
 -- The object `key` of `cache` (`jobs`, kept under 'j:', or `groups`, under 'g:'), read
