@@ -14,6 +14,7 @@ use crate::config::QueueConfig;
 use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
 use crate::memory::MemoryQueue;
+use crate::partitioned::Partitioned;
 use crate::token::{self, LeaseToken};
 
 /// A boxed future of a queue operation.
@@ -140,7 +141,16 @@ impl Queue {
     /// A queue held in this process on the system clock: for tests, simulations and
     /// single-process apps. It is not durable: its jobs go with the process.
     pub fn in_memory(name: &str, config: QueueConfig) -> Result<Queue, InputError> {
-        Ok(Queue::new(MemoryQueue::new(name, config)?))
+        Queue::memory(name, config, Arc::new(SystemClock::new()))
+    }
+
+    /// A queue in this process on `clock`: a [`MemoryQueue`], or a [`Partitioned`] of
+    /// them for a configuration of several partitions.
+    fn memory(name: &str, config: QueueConfig, clock: Arc<dyn Clock>) -> Result<Queue, InputError> {
+        if config.partitions > 1 {
+            return Ok(Queue::new(Partitioned::in_memory(name, config, clock)?));
+        }
+        Ok(Queue::new(MemoryQueue::with_clock(name, config, clock)?))
     }
 
     /// The queue `name` on the store at `url`, the URL `paceline_store::open` takes:
@@ -194,6 +204,11 @@ impl Queue {
         #[cfg(feature = "redis")]
         if let Some(host) = store.functions() {
             let clock = store.time_source();
+            if config.partitions > 1 {
+                return Ok(Queue::new(
+                    Partitioned::<crate::RedisQueue>::open(host, name, config, clock).await?,
+                ));
+            }
             let backend = crate::RedisQueue::open(host, name, config, clock).await?;
             return Ok(Queue::new(backend));
         }
@@ -203,17 +218,20 @@ impl Queue {
         let clock = store
             .time_source()
             .unwrap_or_else(|| Arc::new(SystemClock::new()));
-        Ok(Queue::new(MemoryQueue::with_clock(name, config, clock)?))
+        Ok(Queue::memory(name, config, clock)?)
     }
 
     /// The queue `name` as a shared store holds it, with the configuration its last opener
-    /// set: for tools that inspect or repair a queue without knowing its configuration
-    /// (`paceline queue`). `memory` is refused: a memory queue lives in its own process.
+    /// set, its partitions included: for tools that inspect or repair a queue without
+    /// knowing its configuration (`paceline queue`). `memory` is refused: a memory queue
+    /// lives in its own process.
     pub async fn attach(url: &str, name: &str) -> Result<Queue, QueueError> {
         let store = open_store(url).await?;
         #[cfg(feature = "redis")]
         if let Some(host) = store.functions() {
-            return Ok(Queue::new(crate::RedisQueue::attach(host, name).await?));
+            return Ok(Queue::from_backend(
+                crate::redis::attach_any(host, name).await?,
+            ));
         }
         if store.is_remote() {
             return Err(remote_without_redis(name));

@@ -56,6 +56,32 @@ fn ticks(op: &str) -> bool {
 }
 
 impl Caller {
+    /// The caller of the queue (or partition) at `base`: on `clock` (`None`: the server's
+    /// time, followed as answers show it), sending `config` as its `config` operation's
+    /// arguments.
+    pub(super) fn new(
+        host: FunctionHost,
+        base: String,
+        clock: Option<Arc<dyn Clock>>,
+        config: Vec<Vec<u8>>,
+    ) -> Caller {
+        let (clock, injected, server_clock): (Arc<dyn Clock>, bool, _) = match clock {
+            Some(clock) => (clock, true, None),
+            None => {
+                let server = Arc::new(ServerClock::new());
+                (server.clone(), false, Some(server))
+            }
+        };
+        Caller {
+            host,
+            base,
+            clock,
+            injected,
+            server_clock,
+            config,
+        }
+    }
+
     /// Calls the operation `op` with `args`; on a queue that has lost its configuration,
     /// sends this handle's and calls once more.
     pub(super) async fn call(&self, op: &str, args: &[Vec<u8>]) -> Result<Reply, QueueError> {
