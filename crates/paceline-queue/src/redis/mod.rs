@@ -165,8 +165,7 @@ impl RedisQueue {
                 Arc::clone(&changed),
             )))
         };
-        let mut args = config_args(&config);
-        args.extend(extra);
+        let args = config_args(&config, extra);
         let caller = Arc::new(Caller::new(host, base, clock, args));
         let seed = caller.clock.now_micros();
         let combiner = Combiner::spawn(caller.combined(), MAX_IN_FLIGHT, MAX_COMBINED);

@@ -103,8 +103,7 @@ impl Partitioned<RedisQueue> {
         }
         // The queue's own key base holds its configuration and number of partitions: a
         // queue of another number is refused there, before any partition is touched.
-        let mut args = config_args(&config);
-        args.extend([arg(config.partitions), Vec::new()]);
+        let args = config_args(&config, vec![arg(config.partitions), Vec::new()]);
         let directory = Caller::new(host.clone(), queue_base(&host, name), clock.clone(), args);
         let reply = directory.call("config", &directory.config).await?;
         configured(reply, name, config.partitions)?;
