@@ -301,7 +301,7 @@ impl<B: QueueBackend> Partitioned<B> {
     }
 
     /// Partition `p`'s answer to an enqueue, with a full partition's refusal naming it.
-    fn from_partition(
+    fn answer_of(
         &self,
         p: usize,
         answer: Result<Enqueued, QueueError>,
@@ -349,7 +349,7 @@ impl<B: QueueBackend> Partitioned<B> {
             .map(|(p, (slots, jobs))| async move { (p, slots, self.parts[p].enqueue(jobs).await) });
         for (p, slots, replies) in join_all(calls).await {
             for (slot, reply) in slots.into_iter().zip(replies) {
-                answers[slot] = Some(self.from_partition(p, reply));
+                answers[slot] = Some(self.answer_of(p, reply));
             }
         }
         answers
