@@ -316,6 +316,9 @@ impl Queue {
     /// `A-Z a-z 0-9 - _ . :`; `None`: one drawn for this call): a call that failed (its
     /// answer lost to a timeout or a broken connection) and is made again with the same id
     /// while the leases it took last answers the jobs the first took, and takes no more.
+    /// (In a queue of several partitions, a partition that took none the first time may
+    /// give the repeat new jobs, never more than `max_jobs` in all: see
+    /// [`Partitioned`].)
     ///
     /// ```
     /// use paceline_queue::{NewJob, Queue, QueueConfig};

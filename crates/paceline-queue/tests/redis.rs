@@ -5,7 +5,8 @@
 //!
 //! What only Redis has is tested beside this file: handles sharing a queue (`handles.rs`),
 //! queues on a cluster (`cluster.rs`), restarts (`restart.rs`), kills (`kill.rs`), and the
-//! Redis twin against the core at its edges (`twin.rs`).
+//! Redis twin against the core at its edges (`twin.rs`), queues of several partitions
+//! (`partitions.rs`; their differential is here).
 
 use std::sync::Arc;
 use std::time::Duration;

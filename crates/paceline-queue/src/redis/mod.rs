@@ -6,7 +6,10 @@
 //! a differential test checks on a virtual clock. The groups' policies run on paceline's
 //! algorithm twins inside the same call, so a lease that starts a job has applied the
 //! group's policy in the same atomic step. All of a queue's keys share the hash tag
-//! `{q:NAME}`: a queue lives on one slot of a cluster, and many queues spread over it.
+//! `{q:NAME}`: a queue lives on one slot of a cluster, and many queues spread over it. A
+//! queue of several [`partitions`](crate::QueueConfig::partitions) is a
+//! [`Partitioned`](crate::Partitioned) of `RedisQueue`s, each under a hash tag of its own
+//! ([`partition_tag`]), on its own primary.
 //!
 //! Times are the Redis server's (`TIME`), so jobs started through different processes and
 //! machines compare; [`QueueBackend::clock`] follows the server's clock (the local clock
