@@ -186,11 +186,13 @@ fn share_of(max_jobs: usize, partitions: usize, index: usize) -> usize {
     max_jobs / partitions + usize::from(index < max_jobs % partitions)
 }
 
-/// Partition `index`'s configuration: the queue's, with its share of `max_jobs`.
+/// Partition `index`'s configuration: the queue's, with its share of `max_jobs`, as a
+/// queue of its own (one partition).
 pub(crate) fn partition_config(config: &QueueConfig, index: usize) -> QueueConfig {
     let partitions = config.partitions.max(1) as usize;
     let mut own = config.clone();
     own.max_jobs = share_of(config.max_jobs, partitions, index);
+    own.partitions = 1;
     own
 }
 

@@ -640,3 +640,31 @@ fn leases_go_on_from_the_partitions_whose_primary_is_up() {
             .unwrap();
     });
 }
+
+/// A queue may hold as few jobs as it has partitions (`max_jobs = partitions`): one for
+/// each, and a second job of a partition is refused, naming its share. Alike in memory and
+/// in Redis.
+#[test]
+fn a_queue_may_hold_one_job_per_partition() {
+    runtime().block_on(async {
+        let config = QueueConfig::new("gcra:rate=100/s".parse().unwrap())
+            .max_jobs(3)
+            .partitions(3);
+        for (backend, queue, _) in twins("tiny", &config).await {
+            for p in 0..3 {
+                queue
+                    .enqueue(NewJob::new(group_in(p, 3), vec![]))
+                    .await
+                    .unwrap();
+            }
+            let refused = queue.enqueue(NewJob::new(group_in(1, 3), vec![])).await;
+            assert!(
+                refused.as_ref().is_err_and(|e| e
+                    .to_string()
+                    .contains("partition 1 of the queue holds its share of max_jobs (1 of 3")),
+                "{backend}: {refused:?}"
+            );
+            assert_eq!(queue.counts().await.unwrap().waiting, 3, "{backend}");
+        }
+    });
+}

@@ -56,6 +56,8 @@ static LIBRARY: LazyLock<Library> =
 /// A queue in Redis. See the [module docs](self).
 pub struct RedisQueue {
     name: String,
+    /// The number of partitions of the queue (this handle being one of them if several).
+    partitions: u32,
     config: QueueConfig,
     caller: Arc<Caller>,
     /// The operations that change the queue, combined into calls with the concurrent ones.
@@ -129,22 +131,21 @@ impl RedisQueue {
         let host = store.into();
         check_queue_name(name)?;
         let base = queue_base(&host, name);
-        let queue =
-            RedisQueue::follow(host, name, base, config, Vec::new(), clock, Wakeups::Own).await?;
+        let queue = RedisQueue::follow(host, name, base, config, None, clock, Wakeups::Own).await?;
         queue.set_config().await?;
         Ok(queue)
     }
 
     /// The handle on the queue (or partition) at `base`, following its channel as
-    /// `wakeups` says, without setting its configuration. `extra`: what its `config`
-    /// call carries after the configuration (a partition's number of partitions and id
-    /// suffix).
+    /// `wakeups` says, without setting its configuration. `part`: for a partition, the
+    /// queue's number of partitions and the partition's index, which its `config` call
+    /// carries after the configuration (`None` for a queue of one).
     async fn follow(
         host: FunctionHost,
         name: &str,
         base: String,
         config: QueueConfig,
-        extra: Vec<Vec<u8>>,
+        part: Option<(u32, usize)>,
         clock: Option<Arc<dyn Clock>>,
         wakeups: Wakeups,
     ) -> Result<RedisQueue, QueueError> {
@@ -168,12 +169,19 @@ impl RedisQueue {
                 Arc::clone(&changed),
             )))
         };
+        let extra = part.map_or_else(Vec::new, |(n, i)| {
+            vec![
+                caller::arg(n),
+                caller::arg(crate::partitioned::id_suffix(i)),
+            ]
+        });
         let args = config_args(&config, extra);
         let caller = Arc::new(Caller::new(host, base, clock, args));
         let seed = caller.clock.now_micros();
         let combiner = Combiner::spawn(caller.combined(), MAX_IN_FLIGHT, MAX_COMBINED);
         Ok(RedisQueue {
             name: name.to_string(),
+            partitions: part.map_or(1, |(n, _)| n),
             config,
             caller,
             combiner,
@@ -207,7 +215,7 @@ impl RedisQueue {
             .into());
         }
         let base = queue_base(&host, name);
-        RedisQueue::follow(host, name, base, config, Vec::new(), None, Wakeups::Own).await
+        RedisQueue::follow(host, name, base, config, None, None, Wakeups::Own).await
     }
 
     /// The Redis key every key of this queue starts with (a hash tag, then `:`).
@@ -226,7 +234,7 @@ impl RedisQueue {
 
     async fn set_config(&self) -> Result<(), QueueError> {
         let reply = self.caller.call("config", &self.caller.config).await?;
-        configured(reply, &self.name, self.config.partitions)
+        configured(reply, &self.name, self.partitions)
     }
 
     /// Calls the operation `op` with `args`: combined with the concurrent ones if it

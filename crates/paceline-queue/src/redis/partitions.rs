@@ -26,7 +26,7 @@ use super::{configured, queue_base, read_stored, RedisQueue, Wakeups};
 use crate::config::QueueConfig;
 use crate::error::QueueError;
 use crate::memory::check_queue_name;
-use crate::partitioned::{id_suffix, partition_config, Partitioned};
+use crate::partitioned::{partition_config, Partitioned};
 use crate::queue::QueueBackend;
 
 /// The number of hash slots of a Redis Cluster.
@@ -75,7 +75,7 @@ pub(crate) async fn attach_any(
     }
     let base = queue_base(&host, name);
     Ok(Arc::new(
-        RedisQueue::follow(host, name, base, config, Vec::new(), None, Wakeups::Own).await?,
+        RedisQueue::follow(host, name, base, config, None, None, Wakeups::Own).await?,
     ))
 }
 
@@ -141,10 +141,10 @@ impl Partitioned<RedisQueue> {
             } else {
                 Wakeups::Shared(Arc::clone(&changed))
             };
-            let extra = vec![arg(config.partitions), arg(id_suffix(i))];
             let own = partition_config(&config, i);
+            let part = Some((config.partitions, i));
             let part =
-                RedisQueue::follow(host.clone(), name, base, own, extra, clock.clone(), wakeups)
+                RedisQueue::follow(host.clone(), name, base, own, part, clock.clone(), wakeups)
                     .await?;
             parts.push(part);
         }
