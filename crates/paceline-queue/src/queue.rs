@@ -181,7 +181,8 @@ impl Queue {
     /// it has one ([`Store::functions`](paceline_store::Store::functions)), over the same
     /// connection; otherwise held in this process. Either way the queue keeps the store's
     /// time: Redis's own, or the clock the store was given. A service that decides limits
-    /// and runs queues opens one store for both.
+    /// and runs queues opens one store for both. A configuration of several
+    /// [`partitions`](QueueConfig::partitions) makes a [`Partitioned`] queue.
     ///
     /// ```
     /// use paceline_queue::{Queue, QueueConfig};

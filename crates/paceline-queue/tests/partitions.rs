@@ -65,9 +65,11 @@ fn three_partitions_live_on_the_three_primaries_of_a_cluster() {
         let cluster = shared_cluster();
         let name = unique_name("spread");
         let config = QueueConfig::new("gcra:rate=100/s".parse().unwrap()).partitions(3);
-        let queue = Partitioned::open(connect(&cluster.url()).await, &name, config, None)
-            .await
-            .unwrap();
+        let queue = Arc::new(
+            Partitioned::open(connect(&cluster.url()).await, &name, config, None)
+                .await
+                .unwrap(),
+        );
         let slots = cluster.slot_map();
         let mut ports = BTreeSet::new();
         for (i, part) in queue.partitions().iter().enumerate() {
@@ -93,7 +95,8 @@ fn three_partitions_live_on_the_three_primaries_of_a_cluster() {
         let own_slot = cluster.keyslot(&own);
         cluster.assert_key_on(&own, own_slot, slots.owner(own_slot));
         // Work lands where its group's partition is.
-        let queue = Queue::new(queue);
+        let partitioned = Arc::clone(&queue);
+        let queue = Queue::from_backend(queue);
         for p in 0..3 {
             let job = queue
                 .enqueue(NewJob::new(group_in(p, 3), vec![p as u8]))
@@ -115,6 +118,7 @@ fn three_partitions_live_on_the_three_primaries_of_a_cluster() {
         }
         let stats = queue.stats().await.unwrap();
         assert_eq!((stats.waiting, stats.groups.len()), (3, 3), "{stats:?}");
+        assert_eq!(partitioned.groups_held().await, Ok(3), "one group in each");
     });
 }
 
