@@ -939,3 +939,84 @@ on_memory_and_redis!(
     not_before_holds_a_job_until_its_time,
     not_before_holds_a_job_until_its_time_in_redis
 );
+
+/// A queue of 3 partitions (`partitions = 3` in the service's config), served on a Redis
+/// and seen by `paceline queue` as one queue: its counts summed over the partitions, its
+/// dead jobs listed partition by partition, its jobs found by the ids each partition
+/// gives, its dead set retried across them.
+#[test]
+fn the_queue_command_sees_a_queue_of_partitions_as_one() {
+    use paceline_queue::partitioned::partition_of;
+    let redis = paceline_testkit::RedisServer::start().expect("redis-server starts");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = write(
+        dir.path(),
+        "paceline.toml",
+        "[queues.spread]\ngroup_policy = \"gcra:rate=1000/s,burst=1000\"\npartitions = 3\n",
+    );
+    let url = redis.url();
+    let s = start(&["--config", &config, "--store", &url]);
+    // One group in each partition, each with a job the queue numbers.
+    let groups: Vec<String> = (0..3)
+        .map(|p| {
+            (0..)
+                .map(|k| format!("guild:{k}"))
+                .find(|g| partition_of(g, 3) == p)
+                .expect("a group in every partition")
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for group in &groups {
+        let body = format!(r#"{{"group": "{group}", "payload": 1}}"#);
+        let r = post(s.port, "/v1/queues/spread/jobs", &body);
+        assert_eq!(r.status, 201, "{}", r.body);
+        ids.push(text(&r.json()["id"]));
+    }
+    assert_eq!(ids, ["1", "1.1", "1.2"]);
+    // Partitions 2 and 0 each lose a job to the dead set, in that order.
+    let jobs = http(
+        s.port,
+        "POST",
+        "/v1/queues/spread/leases",
+        &[],
+        br#"{"worker": "w", "max_jobs": 3}"#,
+    )
+    .json();
+    for id in ["1.2", "1"] {
+        let job = jobs["jobs"]
+            .as_array()
+            .and_then(|jobs| jobs.iter().find(|j| j["id"] == id))
+            .expect("the job leased");
+        let fail = post(
+            s.port,
+            &format!("/v1/queues/spread/jobs/{id}/fail"),
+            &format!(r#"{{"lease": {}, "fatal": true}}"#, job["lease"]),
+        );
+        assert_eq!(fail.status, 204, "{}", fail.body);
+    }
+
+    let (code, out, err) = queue_command(&["stats", "--store", &url, "spread"]);
+    assert_eq!(code, 0, "{err}");
+    let stats: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(
+        (stats["active"].as_u64(), stats["dead"].as_u64()),
+        (Some(1), Some(2)),
+        "{stats}"
+    );
+    let (code, out, _) = queue_command(&["dead", "--store", &url, "spread"]);
+    assert_eq!(code, 0);
+    let dead: Vec<String> = out
+        .lines()
+        .map(|line| {
+            let job: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+            text(&job["id"])
+        })
+        .collect();
+    assert_eq!(dead, ["1", "1.2"], "partition 0's dead jobs first");
+    let (code, out, err) = queue_command(&["jobs", "--store", &url, "spread", "1.1"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(r#""state":"active""#), "{out}");
+    let (code, out, _) = queue_command(&["retry-dead", "--store", &url, "spread", "--all"]);
+    assert_eq!((code, out.trim()), (0, r#"{"retried":2}"#));
+    assert_eq!(get(s.port, "/v1/queues/spread").json()["waiting"], 2);
+}

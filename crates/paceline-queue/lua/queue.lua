@@ -847,9 +847,12 @@ end
 local ops = {}
 
 -- config FP SPEC DEFAULT_N DEFAULT... OVERRIDES (NAME GROUP_SPEC N ARGS...)... GC MA LEASE BO
--- BO_MAX MAX_JOBS MAX_PAYLOAD: the default policy's spec and arguments, each group's own,
--- and the settings (durations in µs). Stores the configuration unless it is the one stored (same fingerprint); a changed one
--- applies to every group as `QueueCore::set_config` does. Answers 1 if it changed.
+-- BO_MAX MAX_JOBS MAX_PAYLOAD [PARTITIONS SUFFIX]: the default policy's spec and arguments,
+-- each group's own, and the settings (durations in µs); for a queue of several partitions,
+-- their number and what the ids this partition gives end with. Stores the configuration
+-- unless it is the one stored (same fingerprint); a changed one applies to every group as
+-- `QueueCore::set_config` does. Answers 1 if it changed; -1 then the stored number of
+-- partitions, changing nothing else, if PARTITIONS (none: 1) is another.
 function ops.config(ARGV, o)
   -- Every handle configures the queue when it opens it: queues of earlier versions get
   -- `KEEP` too.
@@ -859,6 +862,15 @@ function ops.config(ARGV, o)
   local fp = ARGV[o + 3]
   if config and config.fp == fp then
     return { now, 0 }
+  end
+  -- The partitions, after the settings (`s + 1` is GC): a queue's never change.
+  local s = o + 6 + tonumber(ARGV[o + 5])
+  for _ = 1, tonumber(ARGV[s]) do
+    s = s + 3 + tonumber(ARGV[s + 3])
+  end
+  local parts = tonumber(ARGV[s + 8]) or 1
+  if config and (config.parts or 1) ~= parts then
+    return { now, -1, config.parts or 1 }
   end
   local spec = ARGV[o + 4]
   local a = o + 5
@@ -875,6 +887,10 @@ function ops.config(ARGV, o)
   local own_policies = tonumber(ARGV[a])
   a = a + 1
   redis.call('DEL', base .. 'policies', base .. 'specs')
+  if parts > 1 then
+    -- For `read_config`, under a name no group has (a control character).
+    redis.call('HSET', base .. 'specs', '\001partitions', ARGV[s + 8])
+  end
   -- The groups' policies change: none read before now may be kept.
   policy_cache, default_policy, overrides = {}, nil, nil
   for _ = 1, own_policies do
@@ -888,6 +904,7 @@ function ops.config(ARGV, o)
     fp = fp, default = default, spec = spec, gc = tonumber(ARGV[a]), ma = tonumber(ARGV[a + 1]),
     lease = tonumber(ARGV[a + 2]), bo = tonumber(ARGV[a + 3]), bo_max = tonumber(ARGV[a + 4]),
     max_jobs = tonumber(ARGV[a + 5]), mp = tonumber(ARGV[a + 6]),
+    parts = parts > 1 and parts or nil, sfx = ARGV[s + 9],
   }
   redis.call('SET', base .. 'config', cmsgpack.pack(config))
   if previous then
@@ -957,7 +974,7 @@ local function enqueue_one(ARGV, a, out)
   if id == '' then
     repeat
       meta.last_id = meta.last_id + 1
-      id = int(meta.last_id)
+      id = int(meta.last_id) .. (config.sfx or '')
     until not load_job(id)
   end
   local max_attempts = ARGV[a + 4] ~= '' and tonumber(ARGV[a + 4]) or config.ma

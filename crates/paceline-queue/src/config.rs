@@ -14,6 +14,8 @@ pub const MAX_ATTEMPTS: u32 = 1_000;
 pub const MAX_JOBS_LIMIT: usize = 100_000_000;
 /// The largest payload a queue may be configured to take: 16 MiB.
 pub const MAX_PAYLOAD_LIMIT: usize = 16 * 1024 * 1024;
+/// The most partitions a queue may be spread over.
+pub const MAX_PARTITIONS: u32 = 64;
 
 /// How a queue runs its jobs.
 ///
@@ -57,8 +59,12 @@ pub struct QueueConfig {
     /// The largest payload, in bytes.
     pub max_payload: usize,
     /// The most jobs the queue holds (scheduled, waiting, active and dead): an enqueue
-    /// beyond is refused with a `Capacity` store error, so that memory stays bounded.
+    /// beyond is refused with a `Capacity` store error, so that memory stays bounded. A
+    /// queue of several [`partitions`](QueueConfig::partitions) splits it between them.
     pub max_jobs: usize,
+    /// How many partitions the queue's groups are spread over (1 to [`MAX_PARTITIONS`];
+    /// default 1): see [`partitions`](QueueConfig::partitions).
+    pub partitions: u32,
 }
 
 impl QueueConfig {
@@ -76,6 +82,7 @@ impl QueueConfig {
             retry_backoff_max: Duration::from_secs(3_600),
             max_payload: 1024 * 1024,
             max_jobs: 1_000_000,
+            partitions: 1,
         }
     }
 
@@ -129,6 +136,43 @@ impl QueueConfig {
         self
     }
 
+    /// Spreads the queue's groups over `n` partitions (1 to [`MAX_PARTITIONS`]; 1, the
+    /// default, is one queue as ever), each a complete queue of its own: in Redis Cluster
+    /// each under its own hash tag, on its own part of the slots, so that one queue's work
+    /// spreads over the primaries instead of loading the one that serves its slot.
+    ///
+    /// A group belongs to partition `fnv1a_64(group) mod n` (see
+    /// [`partition_of`](crate::partitioned::partition_of)), so each group's limit,
+    /// concurrency cap, line order and fencing are exactly those of a queue of one
+    /// partition. What spans partitions is looser: a lease takes the partitions in turn,
+    /// with no order between jobs of different partitions; `max_jobs` is split between
+    /// them; ids the queue gives end in `.i` for partition `i > 0`. Every process sharing
+    /// a queue must give it the same `n`: opening a queue with another number than it was
+    /// created with is refused. See [`Partitioned`](crate::Partitioned) and the guide's
+    /// "Partitions" section for the whole contract.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, Queue, QueueConfig};
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_queue::QueueError> {
+    /// let config = QueueConfig::new("gcra:rate=10/s".parse()?).partitions(4);
+    /// let queue = Queue::in_memory("emails", config)?;
+    /// for customer in ["acme", "globex", "initech"] {
+    ///     queue.enqueue(NewJob::new(customer, b"hello".to_vec())).await?;
+    /// }
+    /// // One queue seen from outside: the counts of every partition, summed.
+    /// assert_eq!(queue.stats().await?.waiting, 3);
+    /// let leased = queue.lease("worker-1", 10, None, Duration::ZERO).await?;
+    /// assert_eq!(leased.len(), 3);
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn partitions(mut self, n: u32) -> QueueConfig {
+        self.partitions = n;
+        self
+    }
+
     /// The policy that limits `group`.
     pub fn policy_of(&self, group: &str) -> &Policy {
         self.groups.get(group).unwrap_or(&self.group_policy)
@@ -170,6 +214,21 @@ impl QueueConfig {
             return Err(InputError::new(
                 "max_payload",
                 format!("must be from 1 to {MAX_PAYLOAD_LIMIT} bytes"),
+            ));
+        }
+        if self.partitions == 0 || self.partitions > MAX_PARTITIONS {
+            return Err(InputError::new(
+                "partitions",
+                format!("must be from 1 to {MAX_PARTITIONS}, e.g. 3 for a 3-primary Redis Cluster"),
+            ));
+        }
+        if self.max_jobs < self.partitions as usize {
+            return Err(InputError::new(
+                "partitions",
+                format!(
+                    "must be at most max_jobs ({}): each partition holds a share of max_jobs",
+                    self.max_jobs
+                ),
             ));
         }
         Ok(())
@@ -279,6 +338,9 @@ mod tests {
                 "retry_backoff_max",
             ),
             (base().max_payload(0), "max_payload"),
+            (base().partitions(0), "partitions"),
+            (base().partitions(65), "partitions"),
+            (base().partitions(4).max_jobs(3), "partitions"),
             (base().group("", policy("gcra:rate=1/s")), "groups"),
         ] {
             assert_eq!(

@@ -263,8 +263,10 @@ pub struct Leased {
     /// This start's number: 1 for the first.
     pub attempt: u32,
     /// The lease's fence: a number that counts up across the queue, so that a later lease
-    /// of any job has a larger one. Use it to fence writes downstream; it authorises
-    /// nothing (anyone may guess it).
+    /// of any job has a larger one (in a queue of several
+    /// [partitions](crate::QueueConfig::partitions), across the job's partition: a job's
+    /// later lease still has a larger one). Use it to fence writes downstream; it
+    /// authorises nothing (anyone may guess it).
     pub lease: u64,
     /// What authorises this lease's ack, fail and extend: see [`LeaseToken`](crate::LeaseToken). A
     /// [`Queue`](crate::Queue) fills it in; a [`QueueCore`](crate::QueueCore) or a

@@ -14,6 +14,9 @@
 //! - [`Queue`]: the handle producers and workers hold, over a [`QueueBackend`]
 //!   ([`MemoryQueue`] in this process; `RedisQueue` in Redis or Redis Cluster, feature
 //!   `redis`); its `lease` waits for work without polling.
+//! - [`Partitioned`]: one queue over several partitions (its groups spread by a stable
+//!   hash of their names), for a queue too busy for the one Redis Cluster primary that
+//!   would hold it ([`QueueConfig::partitions`]).
 //! - [`Worker`]: runs a handler over the jobs, `concurrency` at a time, with heartbeats
 //!   and a graceful shutdown.
 //!
@@ -29,6 +32,7 @@ pub mod core;
 pub mod error;
 pub mod job;
 pub mod memory;
+pub mod partitioned;
 pub mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -42,6 +46,7 @@ pub use crate::job::{
     Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased, NewJob, Stats, Totals,
 };
 pub use crate::memory::MemoryQueue;
+pub use crate::partitioned::Partitioned;
 pub use crate::queue::{Queue, QueueBackend, QueueFuture};
 #[cfg(feature = "redis")]
 pub use crate::redis::RedisQueue;

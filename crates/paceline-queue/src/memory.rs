@@ -45,13 +45,31 @@ impl MemoryQueue {
     }
 
     /// An empty queue on `clock` (a `ManualClock` or a `TokioClock` in tests).
+    ///
+    /// A configuration of several [`partitions`](QueueConfig::partitions) is refused,
+    /// naming `partitions`: such a queue is a [`Partitioned`](crate::Partitioned) of
+    /// memory queues ([`Queue::in_memory`](crate::Queue::in_memory) makes one).
     pub fn with_clock(
         name: &str,
         config: QueueConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<MemoryQueue, InputError> {
+        if config.partitions > 1 {
+            return Err(crate::partitioned::one_partition_only("MemoryQueue"));
+        }
+        MemoryQueue::partition(name, config, clock, 0)
+    }
+
+    /// Partition `index` of a queue of several (its `config` with its share of
+    /// `max_jobs`), or (index 0 of 1) a queue of one.
+    pub(crate) fn partition(
+        name: &str,
+        config: QueueConfig,
+        clock: Arc<dyn Clock>,
+        index: usize,
+    ) -> Result<MemoryQueue, InputError> {
         check_queue_name(name)?;
-        let core = QueueCore::new(config.clone())?;
+        let core = QueueCore::new(config.clone())?.in_partition(index);
         let seed = clock.now_micros();
         let key = TokenKey::random().map_err(|e| InputError::new("queue", e.to_string()))?;
         Ok(MemoryQueue {
@@ -71,6 +89,12 @@ impl MemoryQueue {
     pub fn with_token_key(mut self, key: TokenKey) -> MemoryQueue {
         self.key = key;
         self
+    }
+
+    /// How many groups the queue holds state for; see
+    /// [`QueueCore::groups_held`](crate::QueueCore::groups_held).
+    pub fn groups_held(&self) -> usize {
+        self.core().groups_held()
     }
 
     fn core(&self) -> MutexGuard<'_, QueueCore> {

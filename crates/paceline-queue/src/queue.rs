@@ -14,6 +14,7 @@ use crate::config::QueueConfig;
 use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
 use crate::memory::MemoryQueue;
+use crate::partitioned::Partitioned;
 use crate::token::{self, LeaseToken};
 
 /// A boxed future of a queue operation.
@@ -140,7 +141,16 @@ impl Queue {
     /// A queue held in this process on the system clock: for tests, simulations and
     /// single-process apps. It is not durable: its jobs go with the process.
     pub fn in_memory(name: &str, config: QueueConfig) -> Result<Queue, InputError> {
-        Ok(Queue::new(MemoryQueue::new(name, config)?))
+        Queue::memory(name, config, Arc::new(SystemClock::new()))
+    }
+
+    /// A queue in this process on `clock`: a [`MemoryQueue`], or a [`Partitioned`] of
+    /// them for a configuration of several partitions.
+    fn memory(name: &str, config: QueueConfig, clock: Arc<dyn Clock>) -> Result<Queue, InputError> {
+        if config.partitions > 1 {
+            return Ok(Queue::new(Partitioned::in_memory(name, config, clock)?));
+        }
+        Ok(Queue::new(MemoryQueue::with_clock(name, config, clock)?))
     }
 
     /// The queue `name` on the store at `url`, the URL `paceline_store::open` takes:
@@ -171,7 +181,8 @@ impl Queue {
     /// it has one ([`Store::functions`](paceline_store::Store::functions)), over the same
     /// connection; otherwise held in this process. Either way the queue keeps the store's
     /// time: Redis's own, or the clock the store was given. A service that decides limits
-    /// and runs queues opens one store for both.
+    /// and runs queues opens one store for both. A configuration of several
+    /// [`partitions`](QueueConfig::partitions) makes a [`Partitioned`] queue.
     ///
     /// ```
     /// use paceline_queue::{Queue, QueueConfig};
@@ -194,6 +205,11 @@ impl Queue {
         #[cfg(feature = "redis")]
         if let Some(host) = store.functions() {
             let clock = store.time_source();
+            if config.partitions > 1 {
+                return Ok(Queue::new(
+                    Partitioned::<crate::RedisQueue>::open(host, name, config, clock).await?,
+                ));
+            }
             let backend = crate::RedisQueue::open(host, name, config, clock).await?;
             return Ok(Queue::new(backend));
         }
@@ -203,17 +219,20 @@ impl Queue {
         let clock = store
             .time_source()
             .unwrap_or_else(|| Arc::new(SystemClock::new()));
-        Ok(Queue::new(MemoryQueue::with_clock(name, config, clock)?))
+        Ok(Queue::memory(name, config, clock)?)
     }
 
     /// The queue `name` as a shared store holds it, with the configuration its last opener
-    /// set: for tools that inspect or repair a queue without knowing its configuration
-    /// (`paceline queue`). `memory` is refused: a memory queue lives in its own process.
+    /// set, its partitions included: for tools that inspect or repair a queue without
+    /// knowing its configuration (`paceline queue`). `memory` is refused: a memory queue
+    /// lives in its own process.
     pub async fn attach(url: &str, name: &str) -> Result<Queue, QueueError> {
         let store = open_store(url).await?;
         #[cfg(feature = "redis")]
         if let Some(host) = store.functions() {
-            return Ok(Queue::new(crate::RedisQueue::attach(host, name).await?));
+            return Ok(Queue::from_backend(
+                crate::redis::attach_any(host, name).await?,
+            ));
         }
         if store.is_remote() {
             return Err(remote_without_redis(name));
@@ -298,6 +317,9 @@ impl Queue {
     /// `A-Z a-z 0-9 - _ . :`; `None`: one drawn for this call): a call that failed (its
     /// answer lost to a timeout or a broken connection) and is made again with the same id
     /// while the leases it took last answers the jobs the first took, and takes no more.
+    /// (In a queue of several partitions, a partition that took none the first time may
+    /// give the repeat new jobs, never more than `max_jobs` in all: see
+    /// [`Partitioned`].)
     ///
     /// ```
     /// use paceline_queue::{NewJob, Queue, QueueConfig};

@@ -18,6 +18,18 @@ use common::redis::open_at;
 /// acknowledged, each extra start a redelivery after an expired lease.
 #[test]
 fn a_redis_killed_mid_run_loses_no_answered_acknowledgement() {
+    killed_mid_run(1);
+}
+
+/// The same with a queue of 3 partitions (all on the one Redis killed): a lease that asks
+/// them in turn, each partition's calls in flight when Redis dies.
+#[test]
+fn a_redis_killed_under_a_queue_of_three_partitions_loses_no_answered_acknowledgement() {
+    killed_mid_run(3);
+}
+
+/// Kills Redis under a queue of `partitions` while a worker runs: see the tests above.
+fn killed_mid_run(partitions: u32) {
     use std::collections::HashSet;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Mutex;
@@ -41,8 +53,9 @@ fn a_redis_killed_mid_run_loses_no_answered_acknowledgement() {
     let lease = Duration::from_secs(60);
     let q = runtime.block_on(async {
         let store = paceline_store::open(&server.url(), &options).await.unwrap();
-        let config =
-            QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap()).lease(lease);
+        let config = QueueConfig::new("gcra:rate=1000000/s,burst=1000000".parse().unwrap())
+            .lease(lease)
+            .partitions(partitions);
         let q = Queue::with_store(&store, &unique_name("killed"), config)
             .await
             .unwrap();

@@ -452,3 +452,154 @@ proptest! {
         estimates_hold(spec, steps)?;
     }
 }
+
+/// A step of a workload on a queue of several partitions.
+#[derive(Clone, Debug)]
+enum Move {
+    Enqueue { group: u8, id: Option<u8> },
+    Lease { max_jobs: u8 },
+    Ack { pick: u8 },
+    Retry { pick: u8 },
+    Advance { ms: u16 },
+}
+
+fn moves() -> impl Strategy<Value = Move> {
+    prop_oneof![
+        4 => (0u8..6, proptest::option::of(0u8..6)).prop_map(|(group, id)| Move::Enqueue { group, id }),
+        4 => (1u8..6).prop_map(|max_jobs| Move::Lease { max_jobs }),
+        3 => any::<u8>().prop_map(|pick| Move::Ack { pick }),
+        1 => any::<u8>().prop_map(|pick| Move::Retry { pick }),
+        3 => (1u16..2_500).prop_map(|ms| Move::Advance { ms }),
+    ]
+}
+
+/// Runs `moves` on a queue of `partitions` in memory, checking after each: a lease answers
+/// at most `max_jobs` jobs, never one with a live lease; each fence names its job's
+/// partition (`fence mod partitions`) and grows with each lease of the job; each id the
+/// queue gives names its group's partition; the counts are every job not acknowledged;
+/// and, at the end, every group's starts pass its policy.
+fn partitioned_run(spec: &str, partitions: u32, moves: Vec<Move>) -> Result<(), TestCaseError> {
+    use paceline_queue::partitioned::partition_of;
+    use paceline_queue::{Partitioned, Queue};
+    let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(format!("{e}"));
+    let policy: Policy = spec.parse().map_err(|e| fail(&e))?;
+    let config = QueueConfig::new(policy.clone())
+        .lease(Duration::from_millis(1_500))
+        .retry_backoff(Duration::from_millis(200), Duration::from_secs(2))
+        .partitions(partitions);
+    let clock = paceline_core::ManualClock::new(1_700_000_000_000_000);
+    let queue = Partitioned::in_memory("props", config, std::sync::Arc::new(clock.clone()))
+        .map_err(|e| fail(&e))?;
+    let queue = Queue::new(queue);
+    paceline_testkit::runtime().block_on(async {
+        let mut held: Vec<paceline_queue::Leased> = Vec::new();
+        let mut fences: BTreeMap<String, u64> = BTreeMap::new();
+        let mut starts: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut alive: BTreeSet<String> = BTreeSet::new();
+        for step in moves {
+            let now = paceline_core::Clock::now_micros(&clock);
+            match step {
+                Move::Enqueue { group, id } => {
+                    let group = format!("g{group}");
+                    let mut job = NewJob::new(group.clone(), vec![]);
+                    if let Some(id) = id {
+                        job = job.id(format!("job-{id}-{group}"));
+                    }
+                    let e = queue.enqueue(job).await.map_err(|e| fail(&e))?;
+                    if id.is_none() {
+                        let named = match e.id.split_once('.') {
+                            Some((_, p)) => p.parse::<usize>().map_err(|e| fail(&e))?,
+                            None => 0,
+                        };
+                        prop_assert_eq!(named, partition_of(&group, partitions), "{}", e.id);
+                    }
+                    alive.insert(e.id);
+                }
+                Move::Lease { max_jobs } => {
+                    let leased = queue
+                        .lease("w", usize::from(max_jobs), None, Duration::ZERO)
+                        .await
+                        .map_err(|e| fail(&e))?;
+                    prop_assert!(leased.len() <= usize::from(max_jobs));
+                    for job in leased {
+                        let live = held.iter().any(|h| h.id == job.id && h.lease_expires > now);
+                        prop_assert!(!live, "{} leased twice", job.id);
+                        prop_assert_eq!(
+                            job.lease % u64::from(partitions),
+                            partition_of(&job.group, partitions) as u64
+                        );
+                        let before = fences.insert(job.id.clone(), job.lease).unwrap_or(0);
+                        prop_assert!(
+                            job.lease > before,
+                            "{}: fence {} after {}",
+                            job.id,
+                            job.lease,
+                            before
+                        );
+                        starts
+                            .entry(job.group.clone())
+                            .or_default()
+                            .push(job.started);
+                        held.retain(|h| h.id != job.id);
+                        held.push(job);
+                    }
+                }
+                Move::Ack { pick: p } | Move::Retry { pick: p } if !held.is_empty() => {
+                    let job = held.remove(p as usize % held.len());
+                    let live = job.lease_expires > now;
+                    let answer = if matches!(step, Move::Ack { .. }) {
+                        queue.ack(&job.id, &job.token).await.map(|()| true)
+                    } else {
+                        let retry = Failure::Retry {
+                            error: None,
+                            after: None,
+                        };
+                        queue.fail(&job.id, &job.token, retry).await.map(|_| false)
+                    };
+                    match answer {
+                        Ok(acked) => {
+                            prop_assert!(live, "{}: an expired lease taken", job.id);
+                            if acked {
+                                alive.remove(&job.id);
+                            }
+                        }
+                        Err(QueueError::LeaseLost { .. }) => prop_assert!(!live),
+                        Err(e) => return Err(fail(&e)),
+                    }
+                }
+                Move::Ack { .. } | Move::Retry { .. } => {}
+                Move::Advance { ms } => clock.advance(Duration::from_millis(u64::from(ms))),
+            }
+            let c = queue.counts().await.map_err(|e| fail(&e))?;
+            prop_assert_eq!(
+                c.scheduled + c.waiting + c.active + c.dead,
+                alive.len() as u64,
+                "{:?}",
+                c
+            );
+        }
+        for (group, times) in &starts {
+            let mut state = None;
+            for &t in times {
+                let d = policy
+                    .apply(&mut state, t, Op::Limit, 1)
+                    .map_err(|e| fail(&e))?;
+                prop_assert!(d.allowed, "{} started at {} over {}", group, t, spec);
+            }
+        }
+        Ok(())
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn a_queue_of_several_partitions_keeps_every_rule(
+        spec in proptest::sample::select(POLICIES),
+        partitions in 2u32..5,
+        steps in proptest::collection::vec(moves(), 1..80),
+    ) {
+        partitioned_run(spec, partitions, steps)?;
+    }
+}

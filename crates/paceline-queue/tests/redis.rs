@@ -5,15 +5,16 @@
 //!
 //! What only Redis has is tested beside this file: handles sharing a queue (`handles.rs`),
 //! queues on a cluster (`cluster.rs`), restarts (`restart.rs`), kills (`kill.rs`), and the
-//! Redis twin against the core at its edges (`twin.rs`).
+//! Redis twin against the core at its edges (`twin.rs`), queues of several partitions
+//! (`partitions.rs`; their differential is here).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use paceline_core::{Clock, ManualClock, Policy};
 use paceline_queue::{
-    Enqueued, FailOutcome, Failure, JobInfo, LeaseToken, Leased, MemoryQueue, NewJob, Queue,
-    QueueConfig, QueueError, RedisQueue, Stats,
+    Enqueued, FailOutcome, Failure, JobInfo, LeaseToken, Leased, MemoryQueue, NewJob, Partitioned,
+    Queue, QueueConfig, QueueError, RedisQueue, Stats,
 };
 use paceline_testkit::differential::{self, At, Cases, Differential, Redis, Tick};
 use paceline_testkit::{connect, runtime, unique_name};
@@ -178,12 +179,14 @@ fn step() -> impl Strategy<Value = Step> {
     ]
 }
 
-/// Ids the steps name: a producer's (`job-N`) or a generated one (`N`).
-fn id_of(n: u8) -> String {
-    if n.is_multiple_of(2) {
-        format!("job-{}", n / 2)
-    } else {
-        format!("{}", n / 2 + 1)
+/// Ids the steps name: a producer's (`job-N`) or a generated one (`N`; of a queue of
+/// several partitions, `N` or `N.P` for the partition `P = N mod partitions`).
+fn id_of(n: u8, partitions: u32) -> String {
+    let k = u32::from(n / 2 + 1);
+    match (n.is_multiple_of(2), k % partitions) {
+        (true, _) => format!("job-{}", n / 2),
+        (false, 0) => format!("{k}"),
+        (false, p) => format!("{k}.{p}"),
     }
 }
 
@@ -222,6 +225,9 @@ enum Said {
 /// say.
 struct QueueTwin {
     queue: Queue,
+    /// The queue's partitions: of several, a lease call names its request (`call-STEP`),
+    /// which picks the partition it starts with, alike in both twins.
+    partitions: u32,
     held: Vec<(String, LeaseToken)>,
     spent: Vec<(String, LeaseToken)>,
 }
@@ -229,6 +235,7 @@ struct QueueTwin {
 impl QueueTwin {
     fn new(queue: Queue) -> QueueTwin {
         QueueTwin {
+            partitions: queue.config().partitions,
             queue,
             held: Vec::new(),
             spent: Vec::new(),
@@ -281,8 +288,15 @@ impl differential::Twin<Step> for QueueTwin {
             }
             Step::Lease { max_jobs, lease_ms } => {
                 let lease = lease_ms.map(|ms| Duration::from_millis(u64::from(ms)));
+                let request = (self.partitions > 1).then(|| format!("call-{}", at.index));
                 let leased = queue
-                    .lease("w", usize::from(max_jobs), lease, Duration::ZERO)
+                    .lease_request(
+                        "w",
+                        usize::from(max_jobs),
+                        lease,
+                        Duration::ZERO,
+                        request.as_deref(),
+                    )
                     .await;
                 if let Ok(jobs) = &leased {
                     self.held
@@ -328,12 +342,12 @@ impl differential::Twin<Step> for QueueTwin {
                 Said::Extended(queue.extend(&id, &token, d).await)
             }
             Step::Advance { .. } => unreachable!("clock steps are the runner's"),
-            Step::Cancel { id } => Said::Cancelled(queue.cancel(&id_of(id)).await),
-            Step::Job { id } => Said::Job(queue.job(&id_of(id)).await),
+            Step::Cancel { id } => Said::Cancelled(queue.cancel(&id_of(id, self.partitions)).await),
+            Step::Job { id } => Said::Job(queue.job(&id_of(id, self.partitions)).await),
             Step::Stats => Said::Stats(queue.stats().await, queue.counts().await),
             Step::Dead => Said::Dead(queue.dead(0, 100).await),
             Step::RetryDead { all, id } => {
-                let ids = vec![id_of(id), id_of(id)];
+                let ids = vec![id_of(id, self.partitions), id_of(id, self.partitions)];
                 let ids = (!all).then_some(ids.as_slice());
                 Said::Retried(queue.retry_dead(ids).await)
             }
@@ -361,10 +375,21 @@ impl differential::Twin<Step> for QueueTwin {
 /// Runs `steps` on the queue in memory and in Redis, on a server and on a cluster,
 /// comparing every answer, and their stats at the end.
 async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
+    differential_of(spec, cap, 1, steps).await
+}
+
+/// [`differential`] of a queue of `partitions`.
+async fn differential_of(
+    spec: &str,
+    cap: u32,
+    partitions: u32,
+    steps: Vec<Step>,
+) -> Result<(), TestCaseError> {
     let policy: Policy = spec
         .parse()
         .map_err(|e| TestCaseError::fail(format!("{e}")))?;
     let mut config = QueueConfig::new(policy)
+        .partitions(partitions)
         .group_concurrency(cap)
         .max_attempts(3)
         .lease(Duration::from_millis(1_500))
@@ -387,16 +412,26 @@ async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), Test
             .token_key(paceline_queue::token::LEASE_KEY)
             .await
             .map_err(|e| TestCaseError::fail(format!("{e}")))?;
-        let mut memory = QueueTwin::new(Queue::new(
-            MemoryQueue::with_clock(&name, config.clone(), Arc::clone(&shared))
-                .map_err(|e| TestCaseError::fail(format!("{e}")))?
-                .with_token_key(key),
-        ));
-        let twin = QueueTwin::new(Queue::new(
-            RedisQueue::open(store, &name, config.clone(), Some(shared))
+        let fail = |e: &dyn std::fmt::Display| TestCaseError::fail(format!("{e}"));
+        let (memory, twin) = if partitions == 1 {
+            let memory = MemoryQueue::with_clock(&name, config.clone(), Arc::clone(&shared))
+                .map_err(|e| fail(&e))?
+                .with_token_key(key);
+            let redis = RedisQueue::open(store, &name, config.clone(), Some(shared))
                 .await
-                .map_err(|e| TestCaseError::fail(format!("{e}")))?,
-        ));
+                .map_err(|e| fail(&e))?;
+            (Queue::new(memory), Queue::new(redis))
+        } else {
+            let memory = Partitioned::in_memory(&name, config.clone(), Arc::clone(&shared))
+                .map_err(|e| fail(&e))?
+                .with_token_key(key);
+            let redis = Partitioned::open(store, &name, config.clone(), Some(shared))
+                .await
+                .map_err(|e| fail(&e))?;
+            (Queue::new(memory), Queue::new(redis))
+        };
+        let mut memory = QueueTwin::new(memory);
+        let twin = QueueTwin::new(twin);
         Differential::new(&clock)
             .run(
                 &script,
@@ -406,6 +441,37 @@ async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), Test
             .await?;
     }
     Ok(())
+}
+
+/// Queues of several partitions (2, or 4 with one left empty: the groups `g0`, `g1`,
+/// `g2` hash to partitions 0, 1, 0 of 2 and 2, 1, 0 of 4), in memory and in Redis, on a
+/// server (every partition on it) and on a 3-primary cluster (the partitions on their
+/// primaries): the same answers, ids, fences and tokens. Operations issued together leave
+/// out leases: a lease asks its partitions one after another, so an operation issued with
+/// it may reach a partition before or after it, both right.
+#[test]
+fn partitioned_redis_answers_as_partitioned_memory_does() {
+    let cases = (
+        0..POLICIES.len(),
+        prop_oneof![Just(0u32), 1u32..3],
+        prop_oneof![Just(2u32), Just(4u32)],
+        proptest::collection::vec(step(), 1..80),
+    );
+    Cases::new(24).run(&cases, |(policy, cap, partitions, steps)| {
+        let steps = steps
+            .into_iter()
+            .map(|step| match step {
+                Step::Together { subs } => Step::Together {
+                    subs: subs
+                        .into_iter()
+                        .filter(|s| !matches!(s, Sub::Lease { .. }))
+                        .collect(),
+                },
+                step => step,
+            })
+            .collect();
+        runtime().block_on(differential_of(POLICIES[policy], cap, partitions, steps))
+    });
 }
 
 #[test]

@@ -301,3 +301,118 @@ async fn two_queues_on_two_cluster_primaries_over_http() {
         let _ = task.await;
     }
 }
+
+/// A queue of 3 partitions from the service's config file (`partitions = 3`), on a
+/// 3-primary cluster, through two instances: one queue from outside. Its groups (one in
+/// each partition) take 2 starts a window each; `GET /v1/queues/{queue}` answers the
+/// counts of every partition summed, with every group; the ids the queue gives name their
+/// partition (`1`, `1.1`, `1.2`) and are found by id; each fence names its partition
+/// (`fence mod 3`); and acks through the other instance empty it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_of_three_partitions_over_http_is_one_queue() {
+    use paceline_queue::partitioned::partition_of;
+    let cluster = shared_cluster();
+    let name = unique_name("parts");
+    let text = format!(
+        r#"
+[queues.{name}]
+group_policy = "fixed_window:limit=2,window=10s"
+lease = "20s"
+partitions = 3
+"#
+    );
+    let file = paceline_server::config::parse("partitions.toml", &text).expect("the config");
+    let mut settings = Settings::default();
+    settings.apply_file(file);
+    assert_eq!(settings.queues[&name].partitions, 3);
+    let queues = settings.queues.clone();
+    let time = ManualClock::new(EPOCH_2023);
+    let (worker, worker_task, stop_worker) =
+        serve(&cluster.url(), &queues, Arc::new(time.clone())).await;
+    let (producer, producer_task, stop_producer) =
+        serve(&cluster.url(), &queues, Arc::new(time.clone())).await;
+    let groups: Vec<String> = (0..3)
+        .map(|p| {
+            (0..)
+                .map(|k| format!("guild:{k}"))
+                .find(|g| partition_of(g, 3) == p)
+                .expect("a group in every partition")
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for round in 0..3 {
+        for group in &groups {
+            let e = post(
+                &format!("{producer}/v1/queues/{name}/jobs"),
+                json!({"group": group, "payload": round}),
+            )
+            .await;
+            assert_eq!(e.status, 201, "{}", e.body);
+            ids.push(e.body["id"].as_str().expect("an id").to_string());
+        }
+    }
+    assert_eq!(ids[..3], ["1", "1.1", "1.2"], "each partition's own ids");
+    let found = get(&format!("{worker}/v1/queues/{name}/jobs/1.2")).await;
+    assert_eq!(found.status, 200, "{}", found.body);
+    assert_eq!(found.body["group"], groups[2].as_str());
+
+    let seen = get(&format!("{worker}/v1/queues/{name}")).await;
+    assert_eq!(seen.status, 200, "{}", seen.body);
+    assert_eq!(seen.body["queue"], name.as_str());
+    assert_eq!(
+        (&seen.body["waiting"], &seen.body["active"]),
+        (&json!(9), &json!(0)),
+        "{}",
+        seen.body
+    );
+    let listed: BTreeSet<&str> = seen.body["groups"]
+        .as_object()
+        .expect("groups")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(listed, groups.iter().map(String::as_str).collect());
+    let other = get(&format!("{producer}/v1/queues/{name}")).await;
+    assert_eq!(other.body, seen.body, "both instances see one queue");
+
+    let leased = post(
+        &format!("{worker}/v1/queues/{name}/leases"),
+        json!({"worker": "w", "max_jobs": 100, "wait_ms": 0}),
+    )
+    .await;
+    assert_eq!(leased.status, 200, "{}", leased.body);
+    let jobs = leased.body["jobs"].as_array().expect("jobs").clone();
+    let mut per_group: BTreeMap<String, usize> = BTreeMap::new();
+    for job in &jobs {
+        let group = job["group"].as_str().expect("a group");
+        *per_group.entry(group.to_string()).or_default() += 1;
+        let fence = job["fence"].as_u64().expect("a fence");
+        assert_eq!(fence % 3, partition_of(group, 3) as u64, "{job}");
+    }
+    assert_eq!(
+        per_group,
+        groups.iter().map(|g| (g.clone(), 2)).collect(),
+        "each group's own limit"
+    );
+    for job in &jobs {
+        let id = job["id"].as_str().expect("an id");
+        let done = post(
+            &format!("{producer}/v1/queues/{name}/jobs/{id}/ack"),
+            json!({"lease": token(job)}),
+        )
+        .await;
+        assert_eq!(done.status, 204, "{}", done.body);
+    }
+    let after = get(&format!("{worker}/v1/queues/{name}")).await;
+    assert_eq!(
+        (&after.body["waiting"], &after.body["active"]),
+        (&json!(3), &json!(0)),
+        "{}",
+        after.body
+    );
+
+    for (stop, task) in [(stop_worker, worker_task), (stop_producer, producer_task)] {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
+}

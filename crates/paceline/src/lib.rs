@@ -266,7 +266,9 @@ pub mod queue {
     //! fencing tokens ([`LeaseToken`]) and acknowledge them, fail them (retry later, or pause
     //! the whole group for an upstream's retry-after), or let a [`Worker`] do it for them.
     //! [`Queue::in_memory`] keeps a queue in this process; with the `redis` feature,
-    //! [`Queue::open`] on a Redis URL shares it between every process that opens it.
+    //! [`Queue::open`] on a Redis URL shares it between every process that opens it, and
+    //! [`QueueConfig::partitions`] spreads one busy queue over a Redis Cluster's primaries
+    //! ([`Partitioned`], its groups placed by [`partition_of`]).
     //!
     //! ```
     //! use paceline::queue::{NewJob, Queue, QueueConfig};
@@ -286,13 +288,14 @@ pub mod queue {
     //! }
     //! ```
 
+    pub use paceline_queue::partitioned::partition_of;
     pub use paceline_queue::token::NotAToken;
     #[cfg(feature = "redis")]
     pub use paceline_queue::RedisQueue;
     pub use paceline_queue::{
         Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, LeaseToken, Leased,
-        MemoryQueue, NewJob, Queue, QueueBackend, QueueConfig, QueueCore, QueueError, QueueFuture,
-        Report, Stats, Totals, Worker,
+        MemoryQueue, NewJob, Partitioned, Queue, QueueBackend, QueueConfig, QueueCore, QueueError,
+        QueueFuture, Report, Stats, Totals, Worker,
     };
 }
 

@@ -45,7 +45,7 @@ impl QueueCore {
             Some(id) => id,
             None => loop {
                 self.last_id += 1;
-                let id = self.last_id.to_string();
+                let id = format!("{}{}", self.last_id, self.id_suffix);
                 if !self.jobs.contains_key(&id) {
                     break id;
                 }

@@ -108,6 +108,9 @@ pub struct QueueCore {
     seq: u64,
     /// The last number given as a job id.
     last_id: u64,
+    /// What every id the queue gives ends with: empty, or `.i` for partition `i > 0` of a
+    /// queue of several partitions (see [`Partitioned`](crate::Partitioned)).
+    id_suffix: String,
     /// The latest `now` seen: time never goes back inside the queue.
     now: u64,
     totals: Totals,
@@ -130,9 +133,17 @@ impl QueueCore {
             request_expiry: BTreeSet::new(),
             seq: 0,
             last_id: 0,
+            id_suffix: String::new(),
             now: 0,
             totals: Totals::default(),
         })
+    }
+
+    /// The queue as partition `index` of a queue of several: the ids it gives end in
+    /// `.index` (none for partition 0), as its Redis twin's do.
+    pub(crate) fn in_partition(mut self, index: usize) -> QueueCore {
+        self.id_suffix = crate::partitioned::id_suffix(index);
+        self
     }
 
     /// The queue's configuration.

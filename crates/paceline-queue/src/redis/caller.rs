@@ -56,6 +56,32 @@ fn ticks(op: &str) -> bool {
 }
 
 impl Caller {
+    /// The caller of the queue (or partition) at `base`: on `clock` (`None`: the server's
+    /// time, followed as answers show it), sending `config` as its `config` operation's
+    /// arguments.
+    pub(super) fn new(
+        host: FunctionHost,
+        base: String,
+        clock: Option<Arc<dyn Clock>>,
+        config: Vec<Vec<u8>>,
+    ) -> Caller {
+        let (clock, injected, server_clock): (Arc<dyn Clock>, bool, _) = match clock {
+            Some(clock) => (clock, true, None),
+            None => {
+                let server = Arc::new(ServerClock::new());
+                (server.clone(), false, Some(server))
+            }
+        };
+        Caller {
+            host,
+            base,
+            clock,
+            injected,
+            server_clock,
+            config,
+        }
+    }
+
     /// Calls the operation `op` with `args`; on a queue that has lost its configuration,
     /// sends this handle's and calls once more.
     pub(super) async fn call(&self, op: &str, args: &[Vec<u8>]) -> Result<Reply, QueueError> {
@@ -108,8 +134,9 @@ impl Caller {
 }
 
 /// The `config` operation's arguments for `c`: its fingerprint, the default policy's spec
-/// and arguments, each group's own, and the settings.
-pub(super) fn config_args(c: &QueueConfig) -> Vec<Vec<u8>> {
+/// and arguments, each group's own, the settings, and `extra` (a partition's number of
+/// partitions and id suffix; none for a queue of one), which the fingerprint covers too.
+pub(super) fn config_args(c: &QueueConfig, extra: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
     let mut args = Vec::new();
     let push_policy = |args: &mut Vec<Vec<u8>>, policy| {
         let list = policy_args(policy);
@@ -131,6 +158,7 @@ pub(super) fn config_args(c: &QueueConfig) -> Vec<Vec<u8>> {
     args.push(arg(paceline_core::round_to_micros(c.retry_backoff_max)));
     args.push(arg(c.max_jobs));
     args.push(arg(c.max_payload));
+    args.extend(extra);
     let mut all = vec![arg(fingerprint(&args))];
     all.extend(args);
     all

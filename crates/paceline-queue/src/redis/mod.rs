@@ -6,7 +6,10 @@
 //! a differential test checks on a virtual clock. The groups' policies run on paceline's
 //! algorithm twins inside the same call, so a lease that starts a job has applied the
 //! group's policy in the same atomic step. All of a queue's keys share the hash tag
-//! `{q:NAME}`: a queue lives on one slot of a cluster, and many queues spread over it.
+//! `{q:NAME}`: a queue lives on one slot of a cluster, and many queues spread over it. A
+//! queue of several [`partitions`](crate::QueueConfig::partitions) is a
+//! [`Partitioned`](crate::Partitioned) of `RedisQueue`s, each under a hash tag of its own
+//! ([`partition_tag`]), on its own primary.
 //!
 //! Times are the Redis server's (`TIME`), so jobs started through different processes and
 //! machines compare; [`QueueBackend::clock`] follows the server's clock (the local clock
@@ -16,18 +19,23 @@
 //!
 //! Every process sharing a queue must open it with the same configuration: the last to
 //! open it sets it for all (a changed configuration applies as
-//! [`QueueCore::set_config`](crate::QueueCore::set_config) does).
+//! [`QueueCore::set_config`](crate::QueueCore::set_config) does), except its number of
+//! partitions, which never changes (see [`partition_tag`] for a queue of several).
 
 mod caller;
 mod decode;
 mod operations;
+mod partitions;
+
+pub(crate) use partitions::attach_any;
+pub use partitions::partition_tag;
 
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use paceline_core::{Clock, InputError};
-use paceline_store::redis::{Combiner, FunctionHost, Library, Messages, Reply, ServerClock};
+use paceline_store::redis::{Combiner, FunctionHost, Library, Messages, Reply};
 use paceline_store::secret::TokenKey;
 use tokio::sync::Notify;
 
@@ -48,12 +56,16 @@ static LIBRARY: LazyLock<Library> =
 /// A queue in Redis. See the [module docs](self).
 pub struct RedisQueue {
     name: String,
+    /// The number of partitions of the queue (this handle being one of them if several).
+    partitions: u32,
     config: QueueConfig,
     caller: Arc<Caller>,
     /// The operations that change the queue, combined into calls with the concurrent ones.
     combiner: Combiner<QueueError>,
     changed: Arc<Notify>,
-    listener: tokio::task::JoinHandle<()>,
+    /// The task following the queue's channel (for partition 0 of a queue of several,
+    /// every partition's); none for the other partitions, which partition 0's wakes.
+    listener: Option<tokio::task::JoinHandle<()>>,
     random: Jitter,
     /// Signs the leases' tokens: the store's, shared by every process opening this Redis.
     key: TokenKey,
@@ -70,8 +82,30 @@ impl std::fmt::Debug for RedisQueue {
 
 impl Drop for RedisQueue {
     fn drop(&mut self) {
-        self.listener.abort();
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
     }
+}
+
+/// How a handle learns that its queue changed.
+pub(super) enum Wakeups {
+    /// From its own channel, on a connection of its own.
+    Own,
+    /// From every partition's channel (`channels`), on one connection, waking `changed`,
+    /// which every partition of the queue shares.
+    Lead {
+        channels: Vec<String>,
+        changed: Arc<Notify>,
+    },
+    /// From the partition that leads.
+    Shared(Arc<Notify>),
+}
+
+/// `PREFIX{q:NAME}:`, the key base of the queue `name` of one partition (and where a queue
+/// of several keeps its configuration).
+fn queue_base(host: &FunctionHost, name: &str) -> String {
+    format!("{}{{q:{name}}}:", host.key_prefix())
 }
 
 impl RedisQueue {
@@ -79,55 +113,75 @@ impl RedisQueue {
     /// configuration, and follows its channel for wake-ups. `clock`: `None` for the server's
     /// time (what production uses); a virtual clock for tests, whose time then goes with
     /// every call.
+    ///
+    /// A configuration of several [`partitions`](QueueConfig::partitions) is refused,
+    /// naming `partitions`: such a queue is a [`Partitioned`](crate::Partitioned) of Redis
+    /// queues, which [`Queue::open`](crate::Queue::open) and
+    /// [`Partitioned::open`](crate::Partitioned::open) make. So is a queue that Redis holds
+    /// with several partitions.
     pub async fn open(
         store: impl Into<FunctionHost>,
         name: &str,
         config: QueueConfig,
         clock: Option<Arc<dyn Clock>>,
     ) -> Result<RedisQueue, QueueError> {
-        let queue = RedisQueue::follow(store.into(), name, config, clock).await?;
+        if config.partitions > 1 {
+            return Err(crate::partitioned::one_partition_only("RedisQueue").into());
+        }
+        let host = store.into();
+        check_queue_name(name)?;
+        let base = queue_base(&host, name);
+        let queue = RedisQueue::follow(host, name, base, config, None, clock, Wakeups::Own).await?;
         queue.set_config().await?;
         Ok(queue)
     }
 
-    /// The handle on the queue, following its channel, without setting its configuration.
+    /// The handle on the queue (or partition) at `base`, following its channel as
+    /// `wakeups` says, without setting its configuration. `part`: for a partition, the
+    /// queue's number of partitions and the partition's index, which its `config` call
+    /// carries after the configuration (`None` for a queue of one).
     async fn follow(
         host: FunctionHost,
         name: &str,
+        base: String,
         config: QueueConfig,
+        part: Option<(u32, usize)>,
         clock: Option<Arc<dyn Clock>>,
+        wakeups: Wakeups,
     ) -> Result<RedisQueue, QueueError> {
         check_queue_name(name)?;
         config.validate()?;
-        let base = format!("{}{{q:{name}}}:", host.key_prefix());
         let key = host.token_key(LEASE_KEY).await?;
-        let changed = Arc::new(Notify::new());
-        let messages = host.subscribe(&format!("{base}changed")).await?;
-        let listener = tokio::spawn(listen(
-            host.clone(),
-            format!("{base}changed"),
-            messages,
-            Arc::clone(&changed),
-        ));
-        let (clock, injected, server_clock): (Arc<dyn Clock>, bool, _) = match clock {
-            Some(clock) => (clock, true, None),
-            None => {
-                let server = Arc::new(ServerClock::new());
-                (server.clone(), false, Some(server))
-            }
+        let (changed, channels) = match wakeups {
+            Wakeups::Own => (Arc::new(Notify::new()), vec![format!("{base}changed")]),
+            Wakeups::Lead { channels, changed } => (changed, channels),
+            Wakeups::Shared(changed) => (changed, Vec::new()),
         };
-        let seed = clock.now_micros();
-        let caller = Arc::new(Caller {
-            host,
-            base,
-            clock,
-            injected,
-            server_clock,
-            config: config_args(&config),
+        let listener = if channels.is_empty() {
+            None
+        } else {
+            let names: Vec<&str> = channels.iter().map(String::as_str).collect();
+            let messages = host.subscribe_all(&names).await?;
+            Some(tokio::spawn(listen(
+                host.clone(),
+                channels,
+                messages,
+                Arc::clone(&changed),
+            )))
+        };
+        let extra = part.map_or_else(Vec::new, |(n, i)| {
+            vec![
+                caller::arg(n),
+                caller::arg(crate::partitioned::id_suffix(i)),
+            ]
         });
+        let args = config_args(&config, extra);
+        let caller = Arc::new(Caller::new(host, base, clock, args));
+        let seed = caller.clock.now_micros();
         let combiner = Combiner::spawn(caller.combined(), MAX_IN_FLIGHT, MAX_COMBINED);
         Ok(RedisQueue {
             name: name.to_string(),
+            partitions: part.map_or(1, |(n, _)| n),
             config,
             caller,
             combiner,
@@ -140,44 +194,28 @@ impl RedisQueue {
 
     /// The queue `name` as it is in the Redis behind `store`, with the configuration its
     /// last opener set (for tools that inspect or repair a queue: `paceline queue`). Fails
-    /// with an `Input` error on `queue` if the store holds no queue of that name.
+    /// with an `Input` error on `queue` if the store holds no queue of that name, and on
+    /// `partitions` if it holds one of several partitions
+    /// ([`Queue::attach`](crate::Queue::attach) follows those).
     pub async fn attach(
         store: impl Into<FunctionHost>,
         name: &str,
     ) -> Result<RedisQueue, QueueError> {
-        check_queue_name(name)?;
         let host = store.into();
-        let base = format!("{}{{q:{name}}}:", host.key_prefix());
-        let reply = host
-            .call(&LIBRARY, &[&base], [&b"read_config"[..], &[]])
-            .await?;
-        let mut r = reader(reply)?;
-        if r.is_empty() {
+        let config = read_stored(&host, name).await?;
+        if config.partitions > 1 {
             return Err(InputError::new(
-                "queue",
-                format!("this store holds no queue `{name}`; a queue is created by the first service or program that opens it with its configuration"),
+                "partitions",
+                format!(
+                    "queue `{name}` has {} partitions, which one RedisQueue does not follow: \
+                     attach it with Queue::attach",
+                    config.partitions
+                ),
             )
             .into());
         }
-        let stored = |what: &str, e: InputError| {
-            protocol(&format!("a stored {what} that does not read back ({e})"))
-        };
-        let spec = r.text()?;
-        let mut config = QueueConfig::new(spec.parse().map_err(|e| stored("policy", e))?)
-            .group_concurrency(r.u32()?)
-            .max_attempts(r.u32()?)
-            .lease(Duration::from_micros(r.u64()?));
-        let (first, max) = (r.u64()?, r.u64()?);
-        config = config
-            .retry_backoff(Duration::from_micros(first), Duration::from_micros(max))
-            .max_jobs(usize::try_from(r.u64()?).unwrap_or(usize::MAX))
-            .max_payload(usize::try_from(r.u64()?).unwrap_or(usize::MAX));
-        while !r.is_empty() {
-            let group = r.text()?;
-            let policy = r.text()?.parse().map_err(|e| stored("policy", e))?;
-            config = config.group(group, policy);
-        }
-        RedisQueue::follow(host, name, config, None).await
+        let base = queue_base(&host, name);
+        RedisQueue::follow(host, name, base, config, None, None, Wakeups::Own).await
     }
 
     /// The Redis key every key of this queue starts with (a hash tag, then `:`).
@@ -196,8 +234,7 @@ impl RedisQueue {
 
     async fn set_config(&self) -> Result<(), QueueError> {
         let reply = self.caller.call("config", &self.caller.config).await?;
-        reader(reply)?.u64()?;
-        Ok(())
+        configured(reply, &self.name, self.partitions)
     }
 
     /// Calls the operation `op` with `args`: combined with the concurrent ones if it
@@ -215,16 +252,87 @@ impl RedisQueue {
 /// that died without closing delivers nothing, and nothing else would tell.
 const RESUBSCRIBE_AFTER: Duration = Duration::from_secs(60);
 
-/// Follows the queue's channel, waking every waiting lease call at each message. After a
+/// The answer of a `config` call: `Ok`, or the refusal of a queue that has another number
+/// of partitions than `asked`.
+fn configured(reply: Reply, name: &str, asked: u32) -> Result<(), QueueError> {
+    let mut r = reader(reply)?;
+    r.u64()?;
+    if !r.is_empty() && r.int()? < 0 {
+        return Err(crate::partitioned::partitions_refused(
+            name,
+            r.u64()?,
+            asked,
+        ));
+    }
+    Ok(())
+}
+
+/// The configuration of the queue `name` as the Redis behind `host` holds it, its number
+/// of partitions included; an `Input` error on `queue` if it holds no such queue.
+async fn read_stored(host: &FunctionHost, name: &str) -> Result<QueueConfig, QueueError> {
+    check_queue_name(name)?;
+    let base = queue_base(host, name);
+    let reply = host
+        .call(&LIBRARY, &[&base], [&b"read_config"[..], &[]])
+        .await?;
+    let mut r = reader(reply)?;
+    if r.is_empty() {
+        return Err(InputError::new(
+            "queue",
+            format!("this store holds no queue `{name}`; a queue is created by the first service or program that opens it with its configuration"),
+        )
+        .into());
+    }
+    let stored = |what: &str, e: InputError| {
+        protocol(&format!("a stored {what} that does not read back ({e})"))
+    };
+    let spec = r.text()?;
+    let mut config = QueueConfig::new(spec.parse().map_err(|e| stored("policy", e))?)
+        .group_concurrency(r.u32()?)
+        .max_attempts(r.u32()?)
+        .lease(Duration::from_micros(r.u64()?));
+    let (first, max) = (r.u64()?, r.u64()?);
+    config = config
+        .retry_backoff(Duration::from_micros(first), Duration::from_micros(max))
+        .max_jobs(usize::try_from(r.u64()?).unwrap_or(usize::MAX))
+        .max_payload(usize::try_from(r.u64()?).unwrap_or(usize::MAX));
+    while !r.is_empty() {
+        let group = r.text()?;
+        let spec = r.text()?;
+        // The number of partitions, under a name no group has.
+        if group == PARTITIONS_ENTRY {
+            let n = spec
+                .parse()
+                .map_err(|_| protocol("a number of partitions"))?;
+            config = config.partitions(n);
+            continue;
+        }
+        let policy = spec.parse().map_err(|e| stored("policy", e))?;
+        config = config.group(group, policy);
+    }
+    Ok(config)
+}
+
+/// Where `read_config` answers the number of partitions among the groups' own policies
+/// (a control character first: no group's name).
+const PARTITIONS_ENTRY: &str = "\u{1}partitions";
+
+/// Follows the queue's channels, waking every waiting lease call at each message. After a
 /// lost subscription, or a silence of `RESUBSCRIBE_AFTER`, it subscribes anew and wakes
 /// them (they ask the queue again, missing nothing published meanwhile).
-async fn listen(host: FunctionHost, channel: String, mut messages: Messages, changed: Arc<Notify>) {
+async fn listen(
+    host: FunctionHost,
+    channels: Vec<String>,
+    mut messages: Messages,
+    changed: Arc<Notify>,
+) {
+    let names: Vec<&str> = channels.iter().map(String::as_str).collect();
     loop {
         while let Ok(Some(())) = tokio::time::timeout(RESUBSCRIBE_AFTER, messages.next()).await {
             changed.notify_waiters();
         }
         loop {
-            if let Ok(m) = host.subscribe(&channel).await {
+            if let Ok(m) = host.subscribe_all(&names).await {
                 messages = m;
                 changed.notify_waiters();
                 break;

@@ -92,6 +92,7 @@ struct QueueToml {
     retry_backoff_max: Option<String>,
     max_payload: Option<usize>,
     max_jobs: Option<usize>,
+    partitions: Option<u32>,
     #[serde(default)]
     groups: BTreeMap<String, GroupToml>,
 }
@@ -124,6 +125,7 @@ impl QueueToml {
         )?;
         config.max_payload = self.max_payload.unwrap_or(config.max_payload);
         config.max_jobs = self.max_jobs.unwrap_or(config.max_jobs);
+        config.partitions = self.partitions.unwrap_or(config.partitions);
         config.groups = self
             .groups
             .into_iter()

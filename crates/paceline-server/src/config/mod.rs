@@ -27,6 +27,8 @@
 //! retry_backoff_max = "1h"
 //! max_payload = 1048576                               # bytes of a job's payload
 //! max_jobs = 1000000                                  # jobs held; more are refused (503)
+//! partitions = 1                                      # 1 to 64: groups spread over this many
+//!                                                     # partitions (Redis Cluster primaries)
 //!
 //! [queues.discord-roles.groups."guild:1"]
 //! policy = "fixed_window:limit=50,window=10s"         # one group's own override
@@ -293,13 +295,22 @@ burst = 20
 group_policy = "fixed_window:limit=10,window=10s"
 max_attempts = 3
 lease = "20s"
+partitions = 3
 
 [queues.discord-roles.groups."guild:1"]
 policy = "fixed_window:limit=50,window=10s"
+
+[queues.emails]
+group_policy = "gcra:rate=10/s"
 "#,
         )
         .unwrap();
         let q = &file.queues["discord-roles"];
+        assert_eq!(q.partitions, 3);
+        assert_eq!(
+            file.queues["emails"].partitions, 1,
+            "one partition by default"
+        );
         assert_eq!(q.max_attempts, 3);
         assert_eq!(q.lease, Duration::from_secs(20));
         assert_eq!(q.retry_backoff, Duration::from_secs(1));
@@ -322,6 +333,14 @@ policy = "fixed_window:limit=50,window=10s"
                 "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\ncolour = 1",
                 "queues.q.colour",
             ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\npartitions = 0",
+                "queues.q.partitions",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\npartitions = 65",
+                "queues.q.partitions",
+            ),
             ("[queues.q]\nmax_attempts = 3", "queues.q"),
             (
                 "[queues.\"a b\"]\ngroup_policy = \"gcra:rate=1/s\"",
@@ -333,7 +352,7 @@ policy = "fixed_window:limit=50,window=10s"
         }
         let mut settings = Settings::default();
         settings.apply_file(file);
-        assert_eq!(settings.queues.len(), 1);
+        assert_eq!(settings.queues.len(), 2);
     }
 
     #[test]

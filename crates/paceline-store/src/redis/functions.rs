@@ -195,13 +195,21 @@ impl FunctionHost {
     /// node of a cluster's seed list that answers (Redis Cluster passes every message to
     /// every node).
     pub async fn subscribe(&self, channel: &str) -> Result<Messages, StoreError> {
+        self.subscribe_all(&[channel]).await
+    }
+
+    /// Subscribes to every one of `channels` on one connection of its own (see
+    /// [`subscribe`](Self::subscribe)): a message on any of them comes out of the one
+    /// stream. For a front end that follows many channels (a queue of several partitions,
+    /// each with its own) at the cost of one connection.
+    pub async fn subscribe_all(&self, channels: &[&str]) -> Result<Messages, StoreError> {
         let what = "a subscription";
         let wait = self.store.transport().response_timeout() * 4;
         let mut last = None;
         for client in self.store.subscribers() {
             let subscribed = tokio::time::timeout(wait, async {
                 let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe(channel).await?;
+                pubsub.subscribe(channels).await?;
                 Ok::<_, redis::RedisError>(pubsub)
             })
             .await;

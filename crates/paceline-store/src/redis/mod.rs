@@ -44,6 +44,6 @@ pub use functions::{error_code, fingerprint, policy_args, FunctionHost, Library,
 pub use health::{Health, NodeProblem, Readiness};
 pub use outage::Outage;
 pub use reply::{Reader, Reply};
-pub use routing::MAX_DECISIONS_PER_CALL;
+pub use routing::{key_slot, MAX_DECISIONS_PER_CALL};
 pub use server_clock::ServerClock;
 pub use store::{cross_slot_error, RedisStore, RedisStoreBuilder};

@@ -426,6 +426,21 @@ fn is_redirect(e: &StoreError) -> bool {
 /// CRC16 state after the prefix, which must hold no `{` (so a hash tag, if any, lies in
 /// `key`). A key's slot is CRC16 (XMODEM) of the key, or of its hash tag (the part between
 /// the first `{` and the next `}`, if not empty), modulo 16384.
+/// The Redis Cluster hash slot of `key`, as `CLUSTER KEYSLOT` answers it: CRC16-XMODEM of
+/// the key's hash tag (the part between its first `{` and the next `}`, if not empty) or
+/// else of the whole key, mod 16384. It depends on the key alone, never on a cluster's
+/// topology.
+///
+/// ```
+/// use paceline_store::redis::key_slot;
+/// assert_eq!(key_slot("foo"), 12182);
+/// // Keys that share a hash tag share a slot.
+/// assert_eq!(key_slot("{user1000}.following"), key_slot("{user1000}.followers"));
+/// ```
+pub fn key_slot(key: &str) -> u16 {
+    prefixed_slot(State::<XMODEM>::new(), key.as_bytes())
+}
+
 fn prefixed_slot(prefix_crc: State<XMODEM>, key: &[u8]) -> u16 {
     match hash_tag(key) {
         Some(tag) => State::<XMODEM>::calculate(tag) % SLOTS,
@@ -551,6 +566,8 @@ mod tests {
         // Values from `CLUSTER KEYSLOT` on a real server.
         assert_eq!(slot(b"foo"), 12182);
         assert_eq!(slot(b"123456789"), 12739);
+        assert_eq!(key_slot("123456789"), 12739);
+        assert_eq!(key_slot("paceline:v2:{q:emails}:meta"), slot(b"q:emails"));
         assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
         assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
         assert_ne!(slot(b"foo{}{bar}"), slot(b"bar"));
