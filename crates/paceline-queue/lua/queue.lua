@@ -1,4 +1,4 @@
--- paceline's job queue in Redis: the Lua twin of `QueueCore` (`src/core.rs`), rule for rule
+-- paceline's job queue in Redis: the Lua twin of `QueueCore` (`src/core/`), rule for rule
 -- and in the same order, so that a queue answers alike in memory and in Redis (a
 -- differential test runs both on one virtual clock). It is loaded after paceline's
 -- algorithm twins (`PL`), which decide the groups' starts.
@@ -7,14 +7,16 @@
 -- (never a key itself): every key of the queue is the base and a suffix, so all of them
 -- share one hash tag and one cluster slot.
 --
---   meta         { seq, last_id, now, jobs, due, totals = { ... } } (see `read_meta`): `due`
---                no later than the first score in `leases`, `scheduled` and `retiring`
---                (nil: unknown), so that a call before it skips their maintenance
+--   meta         { seq, last_id, now, jobs, due, rdue, totals = { ... } } in binary (see
+--                `read_meta`): `due` no later than the first score in `leases` and
+--                `scheduled`, `rdue` than the first in `retiring` (nil: unknown), so that a
+--                call before them skips their maintenance
 --   config       MessagePack { fp, default, spec, gc, ma, lease, bo, bo_max, max_jobs, mp }
 --   policies     hash: group -> MessagePack of its own policy's arguments
 --   specs        hash: group -> its own policy's spec (for `read_config`)
 --   groups       set of the groups held
---   g:GROUP      MessagePack of the group (see `new_group`)
+--   g:GROUP      the group (see `group_entry`): flat and binary when its policy states are
+--                `gcra`'s or none (see `pack_group`), else MessagePack
 --   l:GROUP      the front of the group's line: the jobs that went back to it (a lease
 --                ran out, a retry came due, a release, a pause), a sorted set of ids
 --                scored by rank (in queues written before, the whole line)
@@ -23,8 +25,8 @@
 --                the group ranks below all of it, having been the line's first when it
 --                was leased). A cancelled job's entry stays until it reaches the head,
 --                where it is dropped: its job is gone or has another rank
---   j:ID         MessagePack of the job (see `enqueue_one`); `ended`: the fence of the
---                last lease whose failure a worker reported
+--   j:ID         the job, flat and binary, its payload as it came (see `pack_job`);
+--                `ended`: the fence of the last lease whose failure a worker reported
 --   r:REQUEST    MessagePack of what a lease call with that request id took (see
 --                `ops.lease`), expiring a second after its leases
 --   ready        sorted set of the groups with a job waiting: score the time the group is
@@ -36,6 +38,15 @@
 --   changed      the channel a call publishes on when a job may start sooner
 --
 -- `ready`, `scheduled`, `leases` and `retiring` each hold `KEEP`, scored +inf (see there).
+--
+-- Records written by earlier versions (MessagePack maps; the meta record's earlier binary
+-- layout) are read as they are and written back in these layouts when a call changes
+-- them: a queue moves to the new layout as it is used, with nothing to run.
+--
+-- What a job costs the server is mostly the Lua around the commands: every string made
+-- (Redis's Lua hashes each byte of it), every table, every `redis.call`. Hence the flat
+-- records that leases, acks and enqueues read and write without a table, the sorted sets
+-- changed in bulk once a call, and one MSET and one DEL for the call's records.
 --
 -- Times are µs since the Unix epoch and every number is a whole number below 2^53, kept
 -- exact: numbers go to Redis as text made by `int`, never by Lua's own formatting (14
