@@ -1242,7 +1242,8 @@ function ops.ack(ARGV, o)
     if raw and raw:byte(1) == JOB_TAG then
       local _, place, _, _, _, _, _, _, _, fence, _, expires, _, _, _, _, group =
         struct.unpack(JOB_HEAD, raw)
-      if place == 3 and expires > now and int(fence) == token then
+      -- The fence as the Rust side sends it: its decimal digits, as `int` prints them.
+      if place == 3 and expires > now and fence == tonumber(token) then
         redis.call('ZREM', base .. 'leases', padded(fence) .. id)
         local g = load_group(group)
         if g then
