@@ -422,10 +422,6 @@ fn is_redirect(e: &StoreError) -> bool {
     })
 }
 
-/// The hash slot of a prefix followed by `key`, without joining them: `prefix_crc` is the
-/// CRC16 state after the prefix, which must hold no `{` (so a hash tag, if any, lies in
-/// `key`). A key's slot is CRC16 (XMODEM) of the key, or of its hash tag (the part between
-/// the first `{` and the next `}`, if not empty), modulo 16384.
 /// The Redis Cluster hash slot of `key`, as `CLUSTER KEYSLOT` answers it: CRC16-XMODEM of
 /// the key's hash tag (the part between its first `{` and the next `}`, if not empty) or
 /// else of the whole key, mod 16384. It depends on the key alone, never on a cluster's
@@ -441,6 +437,10 @@ pub fn key_slot(key: &str) -> u16 {
     prefixed_slot(State::<XMODEM>::new(), key.as_bytes())
 }
 
+/// The hash slot of a prefix followed by `key`, without joining them: `prefix_crc` is the
+/// CRC16 state after the prefix, which must hold no `{` (so a hash tag, if any, lies in
+/// `key`). A key's slot is CRC16 (XMODEM) of the key, or of its hash tag (the part between
+/// the first `{` and the next `}`, if not empty), modulo 16384.
 fn prefixed_slot(prefix_crc: State<XMODEM>, key: &[u8]) -> u16 {
     match hash_tag(key) {
         Some(tag) => State::<XMODEM>::calculate(tag) % SLOTS,
