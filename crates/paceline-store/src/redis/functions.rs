@@ -71,6 +71,40 @@ pub fn error_code(e: &StoreError) -> Option<&str> {
     super::transport::redis_cause(e).and_then(|r| r.code())
 }
 
+/// Whether a failed call never ran: no connection to its node could be made (refused, or,
+/// of a cluster, no connection to the node the call's slot is on), or a cluster's node
+/// redirected it (`MOVED`, `ASK`: a node answers so without running the call) to a node
+/// that could not be reached. Such a call changed nothing, unlike one whose answer may
+/// have been lost on the way back ([`StoreError::answer_may_be_lost`]); a front end may
+/// pass over the node it was for and go on with others. A time out, a broken connection
+/// or any other answer is `false`. An I/O error of kind `ConnectionRefused` as the
+/// error's [`source`](std::error::Error::source) counts as a refused connection too.
+///
+/// Of a cluster, redis-rs sends a call again, up to twice, after a broken connection or a
+/// redirect: this speaks of the attempt that failed last, the one the error reports.
+///
+/// ```
+/// use paceline_core::{StoreError, StoreErrorKind};
+/// use paceline_store::redis::never_ran;
+/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+/// let e = StoreError::new(StoreErrorKind::Unavailable, "no primary").with_source(refused);
+/// assert!(never_ran(&e));
+/// assert!(!never_ran(&StoreError::new(StoreErrorKind::Timeout, "no answer in time")));
+/// ```
+pub fn never_ran(e: &StoreError) -> bool {
+    if let Some(r) = super::transport::redis_cause(e) {
+        return r.is_connection_refusal()
+            || matches!(
+                r.kind(),
+                ErrorKind::ClusterConnectionNotFound
+                    | ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+            );
+    }
+    std::error::Error::source(e)
+        .and_then(|source| source.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+}
+
 /// A stream of the messages published on one channel (their payloads are not kept).
 pub type Messages = Pin<Box<dyn Stream<Item = ()> + Send>>;
 
@@ -86,8 +120,8 @@ pub type Messages = Pin<Box<dyn Stream<Item = ()> + Send>>;
 /// library where the server lacks it and accounts each call in its node's outage. Beside
 /// it, the store's Redis module offers what every front end needs on top: concurrent calls
 /// combined ([`Combiner`]), the server's clock followed ([`ServerClock`]), which failures
-/// may have been applied ([`StoreError::answer_may_be_lost`]) and which carry an error
-/// code of the library's own ([`error_code`]).
+/// may have been applied ([`StoreError::answer_may_be_lost`]), which never ran
+/// ([`never_ran`]) and which carry an error code of the library's own ([`error_code`]).
 ///
 /// [`Store::decide`]: crate::Store::decide
 /// [`Store::functions`]: crate::Store::functions
@@ -242,4 +276,55 @@ fn is_missing_function(e: &StoreError) -> bool {
             && r.detail()
                 .is_some_and(|d| d.starts_with("Function not found"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::RedisError;
+
+    fn from_redis(e: RedisError) -> StoreError {
+        super::super::transport::store_error(e, "a function call")
+    }
+
+    #[test]
+    fn a_call_never_ran_when_refused_or_redirected_and_may_have_when_cut_or_late() {
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let moved = (
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "moved",
+            "13810 127.0.0.1:7002".to_string(),
+        );
+        let ask = (
+            ErrorKind::Server(ServerErrorKind::Ask),
+            "ask",
+            "13810 127.0.0.1:7002".to_string(),
+        );
+        for never in [
+            from_redis(RedisError::from(refused)),
+            from_redis(RedisError::from(moved)),
+            from_redis(RedisError::from(ask)),
+            StoreError::new(StoreErrorKind::Unavailable, "refused")
+                .with_source(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+        ] {
+            assert!(never_ran(&never), "{never}");
+        }
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let timed_out = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        let script = (
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            "ERR",
+            "user_script:1: boom".to_string(),
+        );
+        for maybe in [
+            from_redis(RedisError::from(reset)),
+            from_redis(RedisError::from(timed_out)),
+            from_redis(RedisError::from(script)),
+            StoreError::new(StoreErrorKind::Timeout, "no answer in time"),
+            StoreError::new(StoreErrorKind::Unavailable, "reset")
+                .with_source(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+        ] {
+            assert!(!never_ran(&maybe), "{maybe}");
+        }
+    }
 }
