@@ -226,8 +226,9 @@ impl QueueConfig {
             return Err(InputError::new(
                 "partitions",
                 format!(
-                    "must be at most max_jobs ({}): each partition holds a share of max_jobs",
-                    self.max_jobs
+                    "{} is more than max_jobs ({}), and each partition holds a share of \
+                     max_jobs: raise max_jobs to {} or more, or lower partitions",
+                    self.partitions, self.max_jobs, self.partitions
                 ),
             ));
         }
@@ -348,5 +349,13 @@ mod tests {
                 Err(field.to_string())
             );
         }
+        // What to do about too few jobs for the partitions.
+        let few = base().partitions(4).max_jobs(3).validate();
+        assert!(
+            few.as_ref().is_err_and(|e| e
+                .message()
+                .contains("raise max_jobs to 4 or more, or lower partitions")),
+            "{few:?}"
+        );
     }
 }
