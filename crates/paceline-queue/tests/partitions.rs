@@ -645,6 +645,38 @@ fn leases_go_on_from_the_partitions_whose_primary_is_up() {
     });
 }
 
+/// A number of partitions Redis holds for a queue that is out of range (a key written by
+/// hand, or damaged) is refused by `Queue::attach` with an error that names it and says
+/// what to do, before any partition is looked for.
+#[test]
+fn attaching_a_queue_whose_stored_partitions_are_out_of_range_is_refused() {
+    runtime().block_on(async {
+        let server = shared_server();
+        let name = unique_name("damaged");
+        let config = QueueConfig::new("gcra:rate=100/s".parse().unwrap()).partitions(3);
+        Queue::open(&server.url(), &name, config).await.unwrap();
+        let specs = format!("paceline:v2:{{q:{name}}}:specs");
+        for stored in ["65", "4000000000", "many"] {
+            server
+                .command(&["HSET", &specs, "\u{1}partitions", stored])
+                .unwrap();
+            match Queue::attach(&server.url(), &name).await {
+                Err(QueueError::Store(e)) => {
+                    for part in [
+                        format!("the configuration Redis holds for queue `{name}`"),
+                        "`partitions`".to_string(),
+                        format!("delete its keys `paceline:v2:{{q:{name}}}:config`"),
+                        "open the queue with its configuration".to_string(),
+                    ] {
+                        assert!(e.message().contains(&part), "{stored}: {part:?} in {e}");
+                    }
+                }
+                other => panic!("{stored} partitions followed: {other:?}"),
+            }
+        }
+    });
+}
+
 /// A queue may hold as few jobs as it has partitions (`max_jobs = partitions`): one for
 /// each, and a second job of a partition is refused, naming its share. Alike in memory and
 /// in Redis.

@@ -301,16 +301,35 @@ async fn read_stored(host: &FunctionHost, name: &str) -> Result<QueueConfig, Que
         let spec = r.text()?;
         // The number of partitions, under a name no group has.
         if group == PARTITIONS_ENTRY {
-            let n = spec
-                .parse()
-                .map_err(|_| protocol("a number of partitions"))?;
+            let n = spec.parse().map_err(|_| {
+                let e = InputError::new("partitions", format!("`{spec}` is not a number"));
+                stored_config(name, host.key_prefix(), &e)
+            })?;
             config = config.partitions(n);
             continue;
         }
         let policy = spec.parse().map_err(|e| stored("policy", e))?;
         config = config.group(group, policy);
     }
+    // Nothing read is used before it is checked: a number of partitions out of range
+    // would have every partition's keys looked for.
+    config
+        .validate()
+        .map_err(|e| stored_config(name, host.key_prefix(), &e))?;
     Ok(config)
+}
+
+/// The error for a stored configuration of the queue `name` that is not valid, as `e` says.
+fn stored_config(name: &str, prefix: &str, e: &InputError) -> QueueError {
+    QueueError::Store(paceline_core::StoreError::new(
+        paceline_core::StoreErrorKind::Protocol,
+        format!(
+            "the configuration Redis holds for queue `{name}` is not valid: {e}; delete its \
+             keys `{prefix}{{q:{name}}}:config` and `{prefix}{{q:{name}}}:specs`, then open \
+             the queue with its configuration (from a service or program that uses it), \
+             which stores it anew"
+        ),
+    ))
 }
 
 /// Where `read_config` answers the number of partitions among the groups' own policies
