@@ -37,7 +37,13 @@ const SLOTS: usize = 16_384;
 const MAX_TRIES: u32 = 1_000_000;
 
 /// The hash tag of partition `index` of the queue `name` of `partitions`: `q:NAME` for a
-/// queue of one, `q:NAME/INDEX~K` otherwise (see the [module docs](self)).
+/// queue of one, `q:NAME/INDEX~K` otherwise, where `K` is the smallest whole number (0,
+/// 1, 2, ...) for which the tag's hash slot falls in the middle half of the `index`-th of
+/// `partitions` equal ranges of the 16,384 slots: on a cluster whose slots are split into
+/// equal ranges in order (as `redis-cli --cluster create` splits them), partition `i` of
+/// `n` is on the `i`-th of `n` primaries. It depends on the name, the index and the
+/// number alone, never on the live topology, so every process finds the same keys. A
+/// queue of several keeps only its configuration under `q:NAME`.
 ///
 /// ```
 /// use paceline_queue::redis::partition_tag;
