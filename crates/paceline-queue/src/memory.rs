@@ -137,6 +137,17 @@ fn ready<'a, T: Send + 'a>(value: T) -> QueueFuture<'a, T> {
     Box::pin(std::future::ready(value))
 }
 
+impl crate::partitioned::Partition for MemoryQueue {
+    fn replay<'a>(
+        &'a self,
+        _worker: &'a str,
+        request: &'a str,
+    ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+        let now = self.now();
+        ready(self.core().replay_request(now, request))
+    }
+}
+
 impl QueueBackend for MemoryQueue {
     fn name(&self) -> &str {
         &self.name

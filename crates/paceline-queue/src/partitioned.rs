@@ -10,24 +10,36 @@
 //!   group's limit, concurrency cap, line order (FIFO), retries, pauses and fencing are
 //!   exactly those of a queue of one partition.
 //! - **A lease takes the partitions in turn**: from a starting partition (drawn from the
-//!   call's request id, so a repeat of a call starts where it did, and from a turn kept
-//!   per handle for a call without one), it takes what the partition may start now, then
-//!   asks the next for what `max_jobs` still allows, and so on. A partition with no
-//!   eligible group is passed over, as is one whose store fails (unless no partition
-//!   answers jobs: then the lease answers the error). There is no order between jobs of
-//!   different partitions and no fairness between groups of different partitions beyond
-//!   the turns: a group of one partition may start before a group of another that became
-//!   eligible earlier.
-//! - **A lease call's request id** covers every partition it asks: the partition asked
-//!   with `m` jobs still allowed keeps the call's jobs under the request id and `m`. A
-//!   repeat of the call asks the partitions in the same order; each that took jobs the
-//!   first time, asked with the same `m`, answers those jobs again and takes no more. A
-//!   partition that took none the first time may take new jobs in the repeat. Since a
-//!   partition asked with `m` never answers more than `m` jobs, a repeat never answers
-//!   more than `max_jobs`, nor a job twice; if the jobs allowed when it reaches a
-//!   partition differ from the first call's (a partition before it took jobs this time
-//!   and not then), that partition's jobs of the first call stay held by no one until
-//!   their leases run out, as a lease without a request id whose answer was lost.
+//!   call's request id, and from a turn kept per handle for a call without one), it takes
+//!   what the partition may start now, then asks the next for what `max_jobs` still
+//!   allows, and so on. There is no order between jobs of different partitions and no
+//!   fairness between groups of different partitions beyond the turns: a group of one
+//!   partition may start before a group of another that became eligible earlier.
+//! - **A partition that fails**: one whose call never ran (its primary refused the
+//!   connection, or could not be reached: see `paceline_store::redis::never_ran`) is
+//!   passed over, and then left out of lease calls for [`PARTITION_BACKOFF`] on the
+//!   queue's clock (unless every partition is); the call answers the jobs of the others,
+//!   or none, so a waiting lease goes on waiting. It answers that error only when no
+//!   partition answered. Any other failure is the call's answer: one that may have run
+//!   with its answer lost (a time out, a broken connection) leaves the jobs the call took
+//!   under its request id, for the caller's repeat to answer; any other (a protocol
+//!   error, an invalid request) first gives the jobs the call took back to their groups
+//!   at once, at no attempt's cost, as [`Failure::Release`] does.
+//! - **A lease call's request id**: each partition keeps what it took under the call's
+//!   request id. A call that may repeat an earlier one (any call with a request id of the
+//!   caller's, and the repeat [`Queue`](crate::Queue) makes after a lost answer) first
+//!   asks every partition at once for the jobs an earlier call under that id took that
+//!   their leases still hold, taking nothing. If any partition has such jobs, the call
+//!   answers them and takes nothing more, as a queue of one partition does; else it
+//!   takes jobs as a new call would, from the partitions that answered. A call under an
+//!   id the [`Queue`](crate::Queue) drew for it ([`QueueBackend::lease_new`]) has nothing
+//!   to repeat and skips that step. So a repeat answers the first call's jobs that are
+//!   still held, with the same fences and tokens, never more than `max_jobs` (when a
+//!   repeat asks for fewer than the first call took, the rest go back to their groups at
+//!   once) and never a job twice. A partition of the first call that cannot be reached
+//!   during the repeat keeps its jobs until their leases run out; one that answers more
+//!   jobs than the call still allows (an earlier call under the id that reached it only
+//!   after the repeat had asked) gives the rest back at once.
 //! - **Fences**: a job's fence in partition `i` of `n`, `f`, is answered as `f * n + i`,
 //!   which grows with every lease of the job (so it still fences writes downstream) and
 //!   names the partition that an ack, a fail or an extend goes to.
@@ -36,13 +48,18 @@
 //!   unique within its group's partition: give each id one group (as a retry of an enqueue
 //!   does), or two jobs of that id may live in two partitions. Ids shaped as the queue's
 //!   (digits, a dot, digits) are refused from producers, as all-digit ones are in any
-//!   queue. `job` and `cancel` ask the partition an id's suffix names first (none:
-//!   partition 0), then the others.
+//!   queue. `job` and `cancel` ask only the partition an id shaped as the queue's names
+//!   (`17`: partition 0; an id naming no partition is no job's); a producer's id, every
+//!   partition at once: `job` answers the job of the lowest partition that has it, and
+//!   `cancel` cancels that one. Either fails only if no partition that answered has the
+//!   job and one failed.
 //! - **One queue seen from outside**: `stats` and `counts` are every partition's summed
 //!   (the groups of all, by name); `next_event` is the earliest of them; `dead` lists
 //!   partition 0's dead jobs (oldest death first), then partition 1's, and so on, with
-//!   `offset` counting across them; `retry_dead` and `purge_dead` act on every partition;
-//!   `changed` wakes at a change of any partition, so waiting workers never poll.
+//!   `offset` counting across them (every partition's dead count is read at once, then
+//!   only the partitions the page spans are read); `retry_dead` and `purge_dead` act on
+//!   every partition; `changed` wakes at a change of any partition, so waiting workers
+//!   never poll.
 //! - **`max_jobs`** is split: partition `i` holds at most `max_jobs / n`, one more for the
 //!   first `max_jobs % n` partitions, so that the queue holds at most `max_jobs`. An
 //!   enqueue into a full partition is refused while others may have room (the groups
@@ -73,7 +90,7 @@
 //! ```
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -83,11 +100,34 @@ use paceline_core::{Clock, InputError, StoreError, StoreErrorKind};
 use paceline_store::secret::TokenKey;
 
 use crate::config::QueueConfig;
-use crate::core::{check_lease_request, queue_full};
+use crate::core::check_lease_request;
 use crate::error::QueueError;
-use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats, Totals, MAX_ID};
+use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats, Totals};
 use crate::memory::MemoryQueue;
 use crate::queue::{QueueBackend, QueueFuture};
+
+pub(crate) use sealed::Partition;
+
+mod sealed {
+    use super::{Leased, QueueBackend, QueueError, QueueFuture};
+
+    /// A queue that can be a partition of a [`Partitioned`](super::Partitioned): a
+    /// `MemoryQueue` or a `RedisQueue`.
+    pub trait Partition: QueueBackend {
+        /// What a repeat of the lease call `request` answers, taking nothing: the jobs a
+        /// call with `request` took that its leases still hold (none if no call did).
+        fn replay<'a>(
+            &'a self,
+            worker: &'a str,
+            request: &'a str,
+        ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>>;
+    }
+}
+
+/// How long lease calls pass over a partition whose call never ran (its primary refused
+/// the connection or could not be reached) before they ask it again: 1 s on the queue's
+/// clock.
+pub const PARTITION_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The partition of `group` in a queue of `partitions`: FNV-1a 64 of the group's bytes,
 /// mod `partitions` (0 for a queue of one, or none). Fixed: never keyed, never changed
@@ -196,32 +236,55 @@ pub(crate) fn partition_config(config: &QueueConfig, index: usize) -> QueueConfi
     own
 }
 
-/// The request id partition calls of the lease call `request` carry when `budget` jobs
-/// are still allowed: `REQUEST:BUDGET`, or (for a request id too long for that) the
-/// SHA-256 of the request id in hex in its place.
-fn partition_request(request: &str, budget: usize) -> String {
-    let own = format!("{request}:{budget}");
-    if own.len() <= MAX_ID {
-        return own;
-    }
-    let digest = ring::digest::digest(&ring::digest::SHA256, request.as_bytes());
-    format!(
-        "{}:{budget}",
-        paceline_store::secret::to_hex(digest.as_ref())
-    )
-}
-
 fn add_totals(a: Totals, b: Totals) -> Totals {
     Totals {
-        enqueued: a.enqueued + b.enqueued,
-        started: a.started + b.started,
-        acked: a.acked + b.acked,
-        failed: a.failed + b.failed,
-        retried: a.retried + b.retried,
-        dead: a.dead + b.dead,
-        lease_expiries: a.lease_expiries + b.lease_expiries,
-        pauses: a.pauses + b.pauses,
+        enqueued: a.enqueued.saturating_add(b.enqueued),
+        started: a.started.saturating_add(b.started),
+        acked: a.acked.saturating_add(b.acked),
+        failed: a.failed.saturating_add(b.failed),
+        retried: a.retried.saturating_add(b.retried),
+        dead: a.dead.saturating_add(b.dead),
+        lease_expiries: a.lease_expiries.saturating_add(b.lease_expiries),
+        pauses: a.pauses.saturating_add(b.pauses),
     }
+}
+
+/// Whether a partition's failed call never ran (see `paceline_store::redis::never_ran`),
+/// so that a lease call may pass over the partition.
+#[cfg(feature = "redis")]
+fn never_ran(e: &QueueError) -> bool {
+    matches!(e, QueueError::Store(e) if paceline_store::redis::never_ran(e))
+}
+
+/// Whether a partition's failed call never ran: partitions in memory never fail so.
+#[cfg(not(feature = "redis"))]
+fn never_ran(_: &QueueError) -> bool {
+    false
+}
+
+/// Where a job of an id can be.
+#[derive(Debug, PartialEq, Eq)]
+enum Home {
+    /// An id shaped as the queue's (digits, or digits, a dot and digits): only in the
+    /// partition it names, if any.
+    Given(Option<usize>),
+    /// A producer's: in any partition.
+    Producer,
+}
+
+/// Where a job of `id` can be in a queue of `partitions`: see [`Home`].
+fn home_of(id: &str, partitions: usize) -> Home {
+    let digits = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit());
+    if digits || shaped_as_given(id) {
+        Home::Given(partition_named(id, partitions))
+    } else {
+        Home::Producer
+    }
+}
+
+/// The answer about `id` when no partition has it.
+fn no_job(id: &str) -> QueueError {
+    QueueError::UnknownJob { id: id.to_string() }
 }
 
 /// One queue over several partitions, each a complete queue (a [`MemoryQueue`], or a
@@ -236,6 +299,9 @@ pub struct Partitioned<B> {
     parts: Vec<B>,
     /// Where the next lease call without a request id starts.
     turn: AtomicUsize,
+    /// Per partition: the time (µs, the queue's clock) before which lease calls pass over
+    /// it, after a call of it never ran.
+    down_until: Vec<AtomicU64>,
 }
 
 impl<B> std::fmt::Debug for Partitioned<B> {
@@ -247,7 +313,7 @@ impl<B> std::fmt::Debug for Partitioned<B> {
     }
 }
 
-impl<B: QueueBackend> Partitioned<B> {
+impl<B: Partition> Partitioned<B> {
     /// The queue `config` describes over `parts` (partition `i` at `i`, two or more, each
     /// made with [`partition_config`] and its index).
     pub(crate) fn new(config: QueueConfig, parts: Vec<B>) -> Result<Partitioned<B>, InputError> {
@@ -257,28 +323,21 @@ impl<B: QueueBackend> Partitioned<B> {
         Ok(Partitioned {
             name: parts[0].name().to_string(),
             config,
+            down_until: parts.iter().map(|_| AtomicU64::new(0)).collect(),
             parts,
             turn: AtomicUsize::new(0),
         })
     }
 
     /// The partitions, partition `i` at `i`.
-    pub fn partitions(&self) -> &[B] {
+    #[cfg(feature = "redis")]
+    pub(crate) fn partitions(&self) -> &[B] {
         &self.parts
     }
 
     /// Partition 0, whose clock and token key are the queue's.
     fn first(&self) -> &B {
         &self.parts[0]
-    }
-
-    /// The partitions in the order `job` and `cancel` ask them about `id`: the one its
-    /// suffix names first (none: partition 0), then the others in order.
-    fn order_for(&self, id: &str) -> Vec<usize> {
-        let first = partition_named(id, self.parts.len()).unwrap_or(0);
-        std::iter::once(first)
-            .chain((0..self.parts.len()).filter(|&p| p != first))
-            .collect()
     }
 
     /// Partition `p`'s fence `fence` as the queue answers it.
@@ -310,15 +369,18 @@ impl<B: QueueBackend> Partitioned<B> {
     ) -> Result<Enqueued, QueueError> {
         let share = share_of(self.config.max_jobs, self.parts.len(), p);
         match answer {
-            Err(e) if e == queue_full(share) => Err(QueueError::Store(StoreError::new(
-                StoreErrorKind::Capacity,
-                format!(
-                    "partition {p} of the queue holds its share of max_jobs ({share} of {}; \
-                     the groups whose names hash to it fill it): let workers catch up, purge \
-                     dead jobs or raise max_jobs",
-                    self.config.max_jobs
-                ),
-            ))),
+            // A full queue is the only refusal of an enqueue of this kind.
+            Err(QueueError::Store(e)) if e.kind() == StoreErrorKind::Capacity => {
+                Err(QueueError::Store(StoreError::new(
+                    StoreErrorKind::Capacity,
+                    format!(
+                        "partition {p} of the queue holds its share of max_jobs ({share} of {}; \
+                         the groups whose names hash to it fill it): let workers catch up, \
+                         purge dead jobs or raise max_jobs",
+                        self.config.max_jobs
+                    ),
+                )))
+            }
             other => other,
         }
     }
@@ -360,86 +422,183 @@ impl<B: QueueBackend> Partitioned<B> {
             .collect()
     }
 
+    /// Whether lease calls pass over partition `p` at `now` (its call never ran less than
+    /// [`PARTITION_BACKOFF`] ago).
+    fn in_backoff(&self, p: usize, now: u64) -> bool {
+        now < self.down_until[p].load(Ordering::Relaxed)
+    }
+
+    /// A call of partition `p` never ran: lease calls pass over it for
+    /// [`PARTITION_BACKOFF`].
+    fn back_off(&self, p: usize) {
+        let until = self
+            .clock()
+            .now_micros()
+            .saturating_add(paceline_core::round_to_micros(PARTITION_BACKOFF));
+        self.down_until[p].store(until, Ordering::Relaxed);
+    }
+
+    /// The partitions a lease call starting at `start` asks, in its order: every one from
+    /// `start` on, but those in backoff (unless all are).
+    fn lease_order(&self, start: usize) -> Vec<usize> {
+        let n = self.parts.len();
+        let now = self.clock().now_micros();
+        let all: Vec<usize> = (0..n).map(|step| (start + step) % n).collect();
+        let up: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|&p| !self.in_backoff(p, now))
+            .collect();
+        if up.is_empty() {
+            all
+        } else {
+            up
+        }
+    }
+
+    /// Gives `jobs` (each with its partition, under its partition's own fence) back to
+    /// their groups at once, at no attempt's cost: jobs a lease call took and does not
+    /// answer. A job whose release fails stays leased until its lease runs out.
+    async fn give_back(&self, jobs: Vec<(usize, Leased)>) {
+        let releases = jobs
+            .iter()
+            .map(|(p, job)| self.parts[*p].fail(&job.id, job.lease, Failure::Release));
+        join_all(releases).await;
+    }
+
+    /// `taken` (each job with its partition, under its partition's own fence) as the queue
+    /// answers them, with fences naming their partitions; if one cannot be numbered, all
+    /// go back to their groups and the call fails.
+    async fn answer_jobs(&self, taken: Vec<(usize, Leased)>) -> Result<Vec<Leased>, QueueError> {
+        let fences: Result<Vec<u64>, QueueError> = taken
+            .iter()
+            .map(|(p, job)| self.public_fence(job.lease, *p))
+            .collect();
+        match fences {
+            Ok(fences) => Ok(taken
+                .into_iter()
+                .zip(fences)
+                .map(|((_, mut job), fence)| {
+                    job.lease = fence;
+                    job
+                })
+                .collect()),
+            Err(e) => {
+                self.give_back(taken).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// A lease call: see the [module docs](self). `new`: no call under `request` took a
+    /// job before (the [`Queue`](crate::Queue) drew it), so there is nothing to repeat.
     async fn lease_across(
         &self,
         worker: &str,
         max_jobs: usize,
         lease: Option<Duration>,
         request: Option<&str>,
+        new: bool,
     ) -> Result<Vec<Leased>, QueueError> {
         check_lease_request(&self.config, worker, max_jobs, lease, request)?;
-        let n = self.parts.len();
         let start = match request {
             Some(request) => partition_of(request, self.config.partitions),
-            None => self.turn.fetch_add(1, Ordering::Relaxed) % n,
+            None => self.turn.fetch_add(1, Ordering::Relaxed) % self.parts.len(),
         };
-        let mut out: Vec<Leased> = Vec::new();
-        let mut failed = None;
-        for step in 0..n {
-            let budget = max_jobs.saturating_sub(out.len());
+        let mut ask = self.lease_order(start);
+        let mut never = None;
+        if let (Some(request), false) = (request, new) {
+            // A repeat answers what the first call took, and takes nothing more.
+            let replays = ask
+                .iter()
+                .map(|&p| async move { (p, self.parts[p].replay(worker, request).await) });
+            let mut held: Vec<(usize, Leased)> = Vec::new();
+            let mut answered = Vec::new();
+            for (p, answer) in join_all(replays).await {
+                match answer {
+                    Ok(jobs) => {
+                        answered.push(p);
+                        held.extend(jobs.into_iter().map(|job| (p, job)));
+                    }
+                    Err(e) if never_ran(&e) => {
+                        self.back_off(p);
+                        never.get_or_insert(e);
+                    }
+                    // The partition may hold jobs of the call: it cannot be passed over.
+                    Err(e) => return Err(e),
+                }
+            }
+            if !held.is_empty() {
+                let beyond = held.split_off(held.len().min(max_jobs));
+                self.give_back(beyond).await;
+                return self.answer_jobs(held).await;
+            }
+            if answered.is_empty() {
+                if let Some(e) = never.take() {
+                    return Err(e);
+                }
+            }
+            ask = answered;
+        }
+        let mut taken: Vec<(usize, Leased)> = Vec::new();
+        let mut answered = false;
+        for p in ask {
+            let budget = max_jobs.saturating_sub(taken.len());
             if budget == 0 {
                 break;
             }
-            let p = (start + step) % n;
-            let own = request.map(|r| partition_request(r, budget));
-            let part = &self.parts[p];
-            // A lost answer is asked again at once, as `Queue` does for the whole call.
-            let answer = match part.lease(worker, budget, lease, own.as_deref()).await {
-                Err(QueueError::Store(e)) if e.answer_may_be_lost() => {
-                    part.lease(worker, budget, lease, own.as_deref()).await
+            match self.parts[p].lease(worker, budget, lease, request).await {
+                Ok(mut jobs) => {
+                    answered = true;
+                    // More than asked for: an earlier call's, repeated by the partition.
+                    let beyond: Vec<(usize, Leased)> = jobs
+                        .split_off(jobs.len().min(budget))
+                        .into_iter()
+                        .map(|job| (p, job))
+                        .collect();
+                    self.give_back(beyond).await;
+                    taken.extend(jobs.into_iter().map(|job| (p, job)));
                 }
-                answer => answer,
-            };
-            match answer {
-                Ok(jobs) => {
-                    for mut job in jobs {
-                        job.lease = self.public_fence(job.lease, p)?;
-                        out.push(job);
-                    }
+                // Nothing taken there: the other partitions may have work.
+                Err(e) if never_ran(&e) => {
+                    self.back_off(p);
+                    never.get_or_insert(e);
                 }
-                // This partition's store failed: the others may still have work.
-                Err(e @ QueueError::Store(_)) => {
-                    failed.get_or_insert(e);
+                // Possibly taken, its answer lost: the jobs of this call stay under its
+                // request id, for the caller's repeat to answer.
+                Err(QueueError::Store(e)) if e.answer_may_be_lost() && request.is_some() => {
+                    return Err(e.into());
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    self.give_back(taken).await;
+                    return Err(e);
+                }
             }
         }
-        match failed {
-            Some(e) if out.is_empty() => Err(e),
-            _ => Ok(out),
+        match never {
+            Some(e) if !answered => Err(e),
+            _ => self.answer_jobs(taken).await,
         }
-    }
-
-    /// Whether partition `p` reports a dead job at `offset` of its dead set.
-    async fn has_dead_at(&self, p: usize, offset: usize) -> Result<bool, QueueError> {
-        Ok(!self.parts[p].dead(offset, 1).await?.is_empty())
     }
 
     async fn dead_across(&self, offset: usize, limit: usize) -> Result<Vec<JobInfo>, QueueError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let counts = join_all(self.parts.iter().map(QueueBackend::counts)).await;
         let mut skip = offset;
         let mut out = Vec::new();
-        for (p, part) in self.parts.iter().enumerate() {
+        for (p, counts) in counts.into_iter().enumerate() {
             if out.len() >= limit {
                 break;
             }
-            let page = part.dead(skip, limit - out.len()).await?;
-            if page.is_empty() && skip > 0 {
-                // This partition holds at most `skip` dead jobs: count them (a binary
-                // search with one-job reads), and skip that many.
-                let (mut low, mut high) = (0, skip);
-                while low < high {
-                    let mid = low + (high - low) / 2;
-                    if self.has_dead_at(p, mid).await? {
-                        low = mid + 1;
-                    } else {
-                        high = mid;
-                    }
-                }
-                skip -= low;
+            let dead = usize::try_from(counts?.dead).unwrap_or(usize::MAX);
+            if skip >= dead {
+                skip -= dead;
                 continue;
             }
+            out.extend(self.parts[p].dead(skip, limit - out.len()).await?);
             skip = 0;
-            out.extend(page);
         }
         Ok(out)
     }
@@ -454,10 +613,10 @@ impl<B: QueueBackend> Partitioned<B> {
         let mut sum = Stats::default();
         for stats in all {
             let stats = stats?;
-            sum.scheduled += stats.scheduled;
-            sum.waiting += stats.waiting;
-            sum.active += stats.active;
-            sum.dead += stats.dead;
+            sum.scheduled = sum.scheduled.saturating_add(stats.scheduled);
+            sum.waiting = sum.waiting.saturating_add(stats.waiting);
+            sum.active = sum.active.saturating_add(stats.active);
+            sum.dead = sum.dead.saturating_add(stats.dead);
             sum.groups.extend(stats.groups);
             sum.totals = add_totals(sum.totals, stats.totals);
         }
@@ -465,23 +624,40 @@ impl<B: QueueBackend> Partitioned<B> {
         Ok(sum)
     }
 
-    async fn job_anywhere(&self, id: &str) -> Result<Option<JobInfo>, QueueError> {
-        for p in self.order_for(id) {
-            if let Some(job) = self.parts[p].job(id).await? {
-                return Ok(Some(job));
+    /// Every partition's answer about `id`, asked at once: the lowest partition's that has
+    /// the job, or the first failure if none that answered has it.
+    async fn find(&self, id: &str) -> Result<Option<(usize, JobInfo)>, QueueError> {
+        let answers = join_all(self.parts.iter().map(|p| p.job(id))).await;
+        let mut failed = None;
+        for (p, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok(Some(job)) => return Ok(Some((p, job))),
+                Ok(None) => {}
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
             }
         }
-        Ok(None)
+        failed.map_or(Ok(None), Err)
+    }
+
+    async fn job_anywhere(&self, id: &str) -> Result<Option<JobInfo>, QueueError> {
+        match home_of(id, self.parts.len()) {
+            Home::Given(Some(p)) => self.parts[p].job(id).await,
+            Home::Given(None) => Ok(None),
+            Home::Producer => Ok(self.find(id).await?.map(|(_, job)| job)),
+        }
     }
 
     async fn cancel_anywhere(&self, id: &str) -> Result<(), QueueError> {
-        for p in self.order_for(id) {
-            match self.parts[p].cancel(id).await {
-                Err(QueueError::UnknownJob { .. }) => continue,
-                answer => return answer,
-            }
+        match home_of(id, self.parts.len()) {
+            Home::Given(Some(p)) => self.parts[p].cancel(id).await,
+            Home::Given(None) => Err(no_job(id)),
+            Home::Producer => match self.find(id).await? {
+                Some((p, _)) => self.parts[p].cancel(id).await,
+                None => Err(no_job(id)),
+            },
         }
-        Err(QueueError::UnknownJob { id: id.to_string() })
     }
 
     async fn sum_over<'a, F>(&'a self, call: impl Fn(&'a B) -> F) -> Result<usize, QueueError>
@@ -530,7 +706,7 @@ impl<B: QueueBackend> Partitioned<B> {
     }
 }
 
-impl<B: QueueBackend> QueueBackend for Partitioned<B> {
+impl<B: Partition> QueueBackend for Partitioned<B> {
     fn name(&self) -> &str {
         &self.name
     }
@@ -554,7 +730,17 @@ impl<B: QueueBackend> QueueBackend for Partitioned<B> {
         lease: Option<Duration>,
         request: Option<&'a str>,
     ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
-        Box::pin(self.lease_across(worker, max_jobs, lease, request))
+        Box::pin(self.lease_across(worker, max_jobs, lease, request, false))
+    }
+
+    fn lease_new<'a>(
+        &'a self,
+        worker: &'a str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        request: Option<&'a str>,
+    ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+        Box::pin(self.lease_across(worker, max_jobs, lease, request, true))
     }
 
     fn token_key(&self) -> &TokenKey {
@@ -651,7 +837,6 @@ impl Partitioned<MemoryQueue> {
     /// # async fn main() -> Result<(), paceline_queue::QueueError> {
     /// let config = QueueConfig::new("gcra:rate=10/s".parse()?).partitions(2);
     /// let queue = Partitioned::in_memory("emails", config, Arc::new(ManualClock::new(0)))?;
-    /// assert_eq!(queue.partitions().len(), 2);
     /// let queue = Queue::new(queue);
     /// // Partition 1 gives ids that end in `.1`.
     /// let job = queue.enqueue(NewJob::new("guild:1", b"x".to_vec())).await?;
@@ -737,6 +922,17 @@ mod tests {
     }
 
     #[test]
+    fn totals_saturate_instead_of_overflowing() {
+        let big = Totals {
+            enqueued: u64::MAX - 1,
+            pauses: 3,
+            ..Totals::default()
+        };
+        let sum = add_totals(big, big);
+        assert_eq!((sum.enqueued, sum.pauses), (u64::MAX, 6));
+    }
+
+    #[test]
     fn max_jobs_is_split_into_shares_that_sum_to_it() {
         for (max, n) in [(10, 3), (3, 3), (1_000_000, 7), (64, 64), (100, 1)] {
             let shares: Vec<usize> = (0..n).map(|i| share_of(max, n, i)).collect();
@@ -748,19 +944,477 @@ mod tests {
             [4, 3, 3]
         );
     }
+}
 
-    #[test]
-    fn a_partition_request_id_is_valid_and_distinct_per_budget() {
-        use crate::job::check_request_id;
-        let long = "r".repeat(MAX_ID);
-        for request in ["w-call-1", long.as_str()] {
-            for budget in [1, 7, 1_000] {
-                let own = partition_request(request, budget);
-                assert_eq!(check_request_id(&own), Ok(()), "{own}");
-                assert!(own.ends_with(&format!(":{budget}")));
-            }
-            assert_ne!(partition_request(request, 1), partition_request(request, 2));
+/// Lease calls, lookups and dead pages over partitions that fail as told: a partition in
+/// memory wrapped to fail its calls, each kind of failure as a Redis call's would be.
+#[cfg(all(test, feature = "redis"))]
+mod failing {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use paceline_store::ManualClock;
+
+    use super::*;
+    use crate::job::JobState;
+    use crate::Queue;
+
+    /// 2023-11-14 in µs since the Unix epoch.
+    const START: u64 = 1_700_000_000_000_000;
+
+    /// How a partition fails its calls (but releases, which always run).
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Fault {
+        None,
+        /// Its primary refuses the connection: nothing runs.
+        Refused,
+        /// The next `n` lease calls run, and their answers are lost (a time out).
+        Lost(usize),
+        /// A protocol error (a Lua runtime error): nothing runs.
+        Broken,
+    }
+
+    struct Flaky {
+        inner: MemoryQueue,
+        fault: Mutex<Fault>,
+        calls: Mutex<BTreeMap<&'static str, usize>>,
+    }
+
+    impl Flaky {
+        fn set(&self, fault: Fault) {
+            *self.fault.lock().unwrap() = fault;
         }
-        assert_eq!(partition_request("w-call-1", 3), "w-call-1:3");
+
+        fn calls(&self, op: &'static str) -> usize {
+            self.calls.lock().unwrap().get(op).copied().unwrap_or(0)
+        }
+
+        /// Runs `op` (counted) as the fault says.
+        fn run<T>(
+            &self,
+            op: &'static str,
+            call: impl FnOnce() -> Result<T, QueueError>,
+        ) -> Result<T, QueueError> {
+            *self.calls.lock().unwrap().entry(op).or_default() += 1;
+            let mut fault = self.fault.lock().unwrap();
+            match *fault {
+                Fault::None => call(),
+                Fault::Lost(_) if op != "lease" => call(),
+                Fault::Refused => Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "Redis failed a function call: Connection refused",
+                )
+                .with_source(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+                .into()),
+                Fault::Lost(n) => {
+                    *fault = if n > 1 {
+                        Fault::Lost(n - 1)
+                    } else {
+                        Fault::None
+                    };
+                    drop(fault);
+                    let _ = call();
+                    Err(StoreError::new(StoreErrorKind::Timeout, "no answer in time").into())
+                }
+                Fault::Broken => Err(StoreError::new(
+                    StoreErrorKind::Protocol,
+                    "Redis failed a function call: a Lua error",
+                )
+                .into()),
+            }
+        }
+    }
+
+    /// Answers `value` as a queue future.
+    fn now<'a, T: Send + 'a>(value: T) -> QueueFuture<'a, T> {
+        Box::pin(std::future::ready(value))
+    }
+
+    /// Waits for a memory partition's answer, which is ready at once.
+    fn at_once<T>(future: QueueFuture<'_, T>) -> T {
+        futures_util::FutureExt::now_or_never(future).expect("a memory queue answers at once")
+    }
+
+    impl Partition for Flaky {
+        fn replay<'a>(
+            &'a self,
+            worker: &'a str,
+            request: &'a str,
+        ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+            now(self.run("replay", || at_once(self.inner.replay(worker, request))))
+        }
+    }
+
+    impl QueueBackend for Flaky {
+        fn name(&self) -> &str {
+            self.inner.name()
+        }
+        fn config(&self) -> &QueueConfig {
+            self.inner.config()
+        }
+        fn clock(&self) -> &dyn Clock {
+            self.inner.clock()
+        }
+        fn enqueue(&self, jobs: Vec<NewJob>) -> QueueFuture<'_, Vec<Result<Enqueued, QueueError>>> {
+            self.inner.enqueue(jobs)
+        }
+        fn lease<'a>(
+            &'a self,
+            worker: &'a str,
+            max_jobs: usize,
+            lease: Option<Duration>,
+            request: Option<&'a str>,
+        ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+            now(self.run("lease", || {
+                at_once(self.inner.lease(worker, max_jobs, lease, request))
+            }))
+        }
+        fn token_key(&self) -> &TokenKey {
+            self.inner.token_key()
+        }
+        fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
+            self.inner.ack(id, lease)
+        }
+        fn fail<'a>(
+            &'a self,
+            id: &'a str,
+            lease: u64,
+            failure: Failure,
+        ) -> QueueFuture<'a, Result<FailOutcome, QueueError>> {
+            self.inner.fail(id, lease, failure)
+        }
+        fn extend<'a>(
+            &'a self,
+            id: &'a str,
+            lease: u64,
+            length: Duration,
+        ) -> QueueFuture<'a, Result<u64, QueueError>> {
+            self.inner.extend(id, lease, length)
+        }
+        fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>> {
+            now(self.run("cancel", || at_once(self.inner.cancel(id))))
+        }
+        fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
+            now(self.run("job", || at_once(self.inner.job(id))))
+        }
+        fn stats(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
+            self.inner.stats()
+        }
+        fn counts(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
+            now(self.run("counts", || at_once(self.inner.counts())))
+        }
+        fn dead(
+            &self,
+            offset: usize,
+            limit: usize,
+        ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>> {
+            now(self.run("dead", || at_once(self.inner.dead(offset, limit))))
+        }
+        fn retry_dead<'a>(
+            &'a self,
+            ids: Option<&'a [String]>,
+        ) -> QueueFuture<'a, Result<usize, QueueError>> {
+            self.inner.retry_dead(ids)
+        }
+        fn purge_dead(&self) -> QueueFuture<'_, Result<usize, QueueError>> {
+            self.inner.purge_dead()
+        }
+        fn next_event(&self) -> QueueFuture<'_, Result<Option<u64>, QueueError>> {
+            self.inner.next_event()
+        }
+        fn changed(&self) -> QueueFuture<'_, ()> {
+            self.inner.changed()
+        }
+    }
+
+    /// A queue of `n` flaky partitions on `clock`, holding up to 60 jobs, each tried once.
+    fn flaky(n: u32, clock: &ManualClock) -> Arc<Partitioned<Flaky>> {
+        let config = QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().unwrap())
+            .max_attempts(1)
+            .max_jobs(60)
+            .partitions(n);
+        let parts = (0..n as usize)
+            .map(|i| Flaky {
+                inner: MemoryQueue::partition(
+                    "q",
+                    partition_config(&config, i),
+                    Arc::new(clock.clone()),
+                    i,
+                )
+                .unwrap(),
+                fault: Mutex::new(Fault::None),
+                calls: Mutex::new(BTreeMap::new()),
+            })
+            .collect();
+        Arc::new(Partitioned::new(config, parts).unwrap())
+    }
+
+    /// The first of `g-0`, `g-1`, ... in partition `p` of `n`.
+    fn group_in(p: usize, n: u32) -> String {
+        (0..)
+            .map(|k| format!("g-{k}"))
+            .find(|g| partition_of(g, n) == p)
+            .unwrap()
+    }
+
+    /// Enqueues `count` jobs into partition `p`'s group, with ids `STEM-k` (none: the
+    /// queue's).
+    async fn fill(q: &Partitioned<Flaky>, p: usize, count: usize, stem: Option<&str>) {
+        let n = q.parts.len() as u32;
+        let jobs = (0..count)
+            .map(|k| {
+                let job = NewJob::new(group_in(p, n), vec![k as u8]);
+                match stem {
+                    Some(stem) => job.id(format!("{stem}-{k}")),
+                    None => job,
+                }
+            })
+            .collect();
+        for answer in q.enqueue(jobs).await {
+            answer.unwrap();
+        }
+    }
+
+    /// The jobs active and waiting in every partition, whatever their faults.
+    async fn counts(q: &Partitioned<Flaky>) -> (u64, u64) {
+        q.parts.iter().fold((0, 0), |(active, waiting), p| {
+            let c = at_once(p.inner.counts()).unwrap();
+            (active + c.active, waiting + c.waiting)
+        })
+    }
+
+    fn groups(jobs: &[Leased]) -> Vec<String> {
+        let mut groups: Vec<String> = jobs.iter().map(|j| j.group.clone()).collect();
+        groups.sort();
+        groups
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_partition_whose_call_never_ran_is_passed_over_for_a_second() {
+        let clock = ManualClock::new(START);
+        let q = flaky(3, &clock);
+        for p in 0..3 {
+            fill(&q, p, 2, None).await;
+        }
+        q.parts[1].set(Fault::Refused);
+        let leased = q.lease("w", 10, None, Some("call-1")).await.unwrap();
+        let (g0, g2) = (group_in(0, 3), group_in(2, 3));
+        assert_eq!(groups(&leased), [g0.clone(), g0, g2.clone(), g2]);
+        assert_eq!(q.parts[1].calls("replay"), 1);
+        assert_eq!(
+            q.parts[1].calls("lease"),
+            0,
+            "not asked after its replay never ran"
+        );
+        // The others are empty and partition 1 is down: no job, no error, so a waiting
+        // lease goes on waiting; within the backoff partition 1 is not asked.
+        let queue = Queue::from_backend(q.clone());
+        assert_eq!(
+            queue.lease("w", 10, None, Duration::ZERO).await,
+            Ok(Vec::new())
+        );
+        assert_eq!(q.lease("w", 10, None, None).await, Ok(Vec::new()));
+        assert_eq!(q.parts[1].calls("replay") + q.parts[1].calls("lease"), 1);
+        // After the backoff it is asked again, and once up, its jobs are taken.
+        clock.advance(PARTITION_BACKOFF);
+        assert_eq!(q.lease("w", 10, None, None).await, Ok(Vec::new()));
+        assert_eq!(q.parts[1].calls("lease"), 1);
+        q.parts[1].set(Fault::None);
+        clock.advance(PARTITION_BACKOFF);
+        assert_eq!(q.lease("w", 10, None, None).await.unwrap().len(), 2);
+        // With every partition down, the call answers the error.
+        for part in &q.parts {
+            part.set(Fault::Refused);
+        }
+        match q.lease("w", 10, None, None).await {
+            Err(QueueError::Store(e)) => assert!(paceline_store::redis::never_ran(&e), "{e}"),
+            other => panic!("every partition down: {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lease_whose_answer_may_be_lost_fails_and_its_repeat_answers_every_job() {
+        let clock = ManualClock::new(START);
+        let q = flaky(2, &clock);
+        let request = "call-1";
+        let (first, second) = (partition_of(request, 2), 1 - partition_of(request, 2));
+        fill(&q, first, 2, None).await;
+        fill(&q, second, 2, None).await;
+        // The second partition asked takes its jobs, and the answer is lost, twice.
+        q.parts[second].set(Fault::Lost(2));
+        match q.lease_new("w", 10, None, Some(request)).await {
+            Err(QueueError::Store(e)) => assert!(e.answer_may_be_lost(), "{e}"),
+            other => panic!("a lost answer passed over: {other:?}"),
+        }
+        assert_eq!(
+            counts(&q).await,
+            (4, 0),
+            "every job taken, under the request id"
+        );
+        q.parts[second].set(Fault::None);
+        let again = q.lease("w", 10, None, Some(request)).await.unwrap();
+        assert_eq!(again.len(), 4, "the repeat answers them all");
+        // Through `Queue`, which makes the repeat itself (the call's first partition may
+        // be either).
+        fill(&q, 0, 2, None).await;
+        fill(&q, 1, 2, None).await;
+        for part in &q.parts {
+            part.set(Fault::Lost(1));
+        }
+        // The first partition asked takes its 2 jobs and its answer is lost: the repeat
+        // answers them, and takes no more.
+        let queue = Queue::from_backend(q.clone());
+        let leased = queue.lease("w", 10, None, Duration::ZERO).await.unwrap();
+        assert_eq!(leased.len(), 2);
+        assert_eq!(counts(&q).await, (6, 2), "no job held by no one");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lease_that_meets_a_protocol_error_answers_it_and_gives_back_its_jobs() {
+        let clock = ManualClock::new(START);
+        let q = flaky(2, &clock);
+        fill(&q, 0, 2, Some("a")).await;
+        fill(&q, 1, 2, Some("b")).await;
+        q.parts[1].set(Fault::Broken);
+        // Without a request id the first call starts at partition 0, which takes its jobs.
+        match q.lease("w", 10, None, None).await {
+            Err(QueueError::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Protocol),
+            other => panic!("a protocol error passed over: {other:?}"),
+        }
+        assert_eq!(q.parts[0].calls("lease"), 1);
+        assert_eq!(
+            counts(&q).await,
+            (0, 4),
+            "partition 0's jobs back in their group"
+        );
+        let job = q.job("a-0").await.unwrap().unwrap();
+        assert_eq!(
+            (job.state, job.attempts),
+            (JobState::Waiting, 0),
+            "no attempt counted"
+        );
+        // The same with a request id of the caller's.
+        match q.lease("w", 10, None, Some("call-1")).await {
+            Err(QueueError::Store(e)) => assert_eq!(e.kind(), StoreErrorKind::Protocol),
+            other => panic!("a protocol error passed over: {other:?}"),
+        }
+        assert_eq!(counts(&q).await, (0, 4));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_repeat_never_answers_more_than_max_jobs_nor_more_than_asked_of_a_partition() {
+        let clock = ManualClock::new(START);
+        let q = flaky(2, &clock);
+        fill(&q, 0, 3, None).await;
+        fill(&q, 1, 3, None).await;
+        let first = q.lease("w", 6, None, Some("call-1")).await.unwrap();
+        assert_eq!(first.len(), 6);
+        // A repeat asking for fewer: some of the first call's jobs, the rest given back.
+        let fewer = q.lease("w", 4, None, Some("call-1")).await.unwrap();
+        assert_eq!(fewer.len(), 4);
+        assert!(fewer.iter().all(|j| first.contains(j)));
+        assert_eq!(counts(&q).await, (4, 2));
+        // A partition that answers an earlier call's jobs beyond what the call still
+        // allows (that call reached it after this one's look for them): the rest go back.
+        let p = partition_of("call-2", 2);
+        fill(&q, p, 2, None).await;
+        let earlier = q.parts[p]
+            .lease("w", 2, None, Some("call-2"))
+            .await
+            .unwrap();
+        assert_eq!(earlier.len(), 2);
+        let late = q.lease_new("w", 1, None, Some("call-2")).await.unwrap();
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].id, earlier[0].id);
+        assert_eq!(counts(&q).await, (5, 3));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_dead_page_reads_only_the_partitions_it_spans() {
+        let clock = ManualClock::new(START);
+        let q = flaky(3, &clock);
+        // Dead jobs: 2 of partition 0, none of partition 1, 3 of partition 2.
+        for (p, count) in [(0, 2), (2, 3)] {
+            fill(&q, p, count, Some(&format!("dead{p}"))).await;
+        }
+        for job in q.lease("w", 10, None, None).await.unwrap() {
+            let (p, fence) = q.own_fence(job.lease);
+            let fatal = Failure::Fatal { error: None };
+            q.parts[p].fail(&job.id, fence, fatal).await.unwrap();
+        }
+        let reads =
+            |q: &Partitioned<Flaky>| q.parts.iter().map(|p| p.calls("dead")).collect::<Vec<_>>();
+        // An offset beyond every dead job: the counts, read at once, and no page.
+        assert_eq!(q.dead(usize::MAX, 10).await, Ok(Vec::new()));
+        assert_eq!(reads(&q), [0, 0, 0]);
+        assert!(q.parts.iter().all(|p| p.calls("counts") == 1));
+        // A page in partition 2 alone reads partition 2 alone.
+        let page: Vec<String> = q
+            .dead(3, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(page, ["dead2-1", "dead2-2"]);
+        assert_eq!(reads(&q), [0, 0, 1]);
+        // One across partitions 0 and 2 passes over partition 1.
+        let page: Vec<String> = q
+            .dead(1, 2)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|j| j.id)
+            .collect();
+        assert_eq!(page, ["dead0-1", "dead2-0"]);
+        assert_eq!(reads(&q), [1, 0, 2]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn ids_of_the_queue_go_to_their_partition_and_producer_ids_to_all_at_once() {
+        let clock = ManualClock::new(START);
+        let q = flaky(3, &clock);
+        fill(&q, 2, 1, None).await;
+        let asked =
+            |q: &Partitioned<Flaky>, op| q.parts.iter().map(|p| p.calls(op)).collect::<Vec<_>>();
+        assert!(q.job("1.2").await.unwrap().is_some());
+        assert_eq!(
+            asked(&q, "job"),
+            [0, 0, 1],
+            "only the partition the id names"
+        );
+        assert_eq!(q.job("1.7").await, Ok(None), "an id naming no partition");
+        assert_eq!(q.job("1").await, Ok(None));
+        assert_eq!(asked(&q, "job"), [1, 0, 1]);
+        // A producer's id: every partition at once; one failing does not hide a find.
+        fill(&q, 2, 1, Some("order")).await;
+        q.parts[1].set(Fault::Refused);
+        let found = q.job("order-0").await.unwrap().unwrap();
+        assert_eq!(found.group, group_in(2, 3));
+        match q.job("order-9").await {
+            Err(QueueError::Store(e)) => assert!(paceline_store::redis::never_ran(&e)),
+            other => panic!("a partition that failed, and no find: {other:?}"),
+        }
+        assert_eq!(
+            q.cancel("order-9")
+                .await
+                .map_err(|e| matches!(e, QueueError::Store(_))),
+            Err(true)
+        );
+        q.parts[1].set(Fault::None);
+        assert_eq!(q.cancel("order-9").await, Err(no_job("order-9")));
+        // The same producer id in two partitions: the lowest's is found and cancelled.
+        fill(&q, 0, 1, Some("order")).await;
+        assert_eq!(
+            q.job("order-0").await.unwrap().unwrap().group,
+            group_in(0, 3)
+        );
+        assert_eq!(q.cancel("order-0").await, Ok(()));
+        assert_eq!(q.parts[0].calls("cancel"), 1);
+        assert_eq!(q.parts[2].calls("cancel"), 0);
+        assert_eq!(
+            q.job("order-0").await.unwrap().unwrap().group,
+            group_in(2, 3)
+        );
     }
 }

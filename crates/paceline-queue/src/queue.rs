@@ -48,6 +48,20 @@ pub trait QueueBackend: Send + Sync + 'static {
         lease: Option<Duration>,
         request: Option<&'a str>,
     ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>>;
+    /// [`lease`](Self::lease) under a request id no call has taken a job under (one
+    /// [`Queue`] drew for this call, whose calls under it so far answered no job): there
+    /// is no earlier call whose jobs to answer, so a backend may skip looking for them (a
+    /// [`Partitioned`] queue then asks its partitions one call each fewer). The default
+    /// calls [`lease`](Self::lease).
+    fn lease_new<'a>(
+        &'a self,
+        worker: &'a str,
+        max_jobs: usize,
+        lease: Option<Duration>,
+        request: Option<&'a str>,
+    ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+        self.lease(worker, max_jobs, lease, request)
+    }
     /// The key that signs this queue's lease tokens (see [`crate::token`]): the same in
     /// every process that shares the queue.
     fn token_key(&self) -> &TokenKey;
@@ -299,9 +313,13 @@ impl Queue {
     ///
     /// Each job comes with its [`token`](Leased::token), which its ack, fail and extend
     /// need. A call whose store call fails on the connection or times out is made once
-    /// more with the same request id, so jobs the first attempt took are answered, not
-    /// left held by no one: see [`lease_request`](Self::lease_request) to make a retry of
-    /// your own just as safe.
+    /// more with the same request id, so the jobs the first attempt took are answered by
+    /// the second, not left held by no one. If the second fails too, its error is the
+    /// answer and those jobs stay held until their leases run out: see
+    /// [`lease_request`](Self::lease_request) to repeat such a call later, just as safely.
+    /// (A queue of several partitions passes over a partition whose primary refuses the
+    /// connection or cannot be reached, and answers the others' jobs: see
+    /// [`Partitioned`].)
     pub async fn lease(
         &self,
         worker: &str,
@@ -316,10 +334,12 @@ impl Queue {
     /// [`lease`](Self::lease) with a request id of the caller's (1 to 128 bytes of
     /// `A-Z a-z 0-9 - _ . :`; `None`: one drawn for this call): a call that failed (its
     /// answer lost to a timeout or a broken connection) and is made again with the same id
-    /// while the leases it took last answers the jobs the first took, and takes no more.
-    /// (In a queue of several partitions, a partition that took none the first time may
-    /// give the repeat new jobs, never more than `max_jobs` in all: see
-    /// [`Partitioned`].)
+    /// while the leases it took last answers the jobs the first took that those leases
+    /// still hold, and takes no more. In a queue of several partitions the same holds
+    /// across them: a repeat first asks every partition for the jobs the first call took
+    /// there, and answers those (never more than `max_jobs`: asked for fewer, it gives the
+    /// rest back to their groups at once); only when no partition holds one does it take
+    /// new jobs, as a new call, never one held by a lease (see [`Partitioned`]).
     ///
     /// ```
     /// use paceline_queue::{NewJob, Queue, QueueConfig};
@@ -372,6 +392,9 @@ impl Queue {
             return Err(InputError::new("wait_ms", "must be at most 300000 (5 minutes)").into());
         }
         let drawn;
+        // Whether no call under the request id has taken a job: one drawn for this call,
+        // or (below) one whose calls so far answered none.
+        let mut new = request.is_none();
         let request = match request {
             Some(request) => request,
             None => {
@@ -385,9 +408,22 @@ impl Queue {
             .saturating_add(paceline_core::round_to_micros(wait));
         loop {
             let changed = self.backend.changed();
-            let mut jobs =
-                once_more_if_lost(|| self.backend.lease(worker, max_jobs, lease, Some(request)))
-                    .await?;
+            let first = if new {
+                self.backend
+                    .lease_new(worker, max_jobs, lease, Some(request))
+            } else {
+                self.backend.lease(worker, max_jobs, lease, Some(request))
+            };
+            // A repeat after a lost answer answers what the first attempt took.
+            let mut jobs = match first.await {
+                Err(QueueError::Store(e)) if e.answer_may_be_lost() => {
+                    self.backend
+                        .lease(worker, max_jobs, lease, Some(request))
+                        .await?
+                }
+                answer => answer?,
+            };
+            new = true;
             let now = clock.now_micros();
             if !jobs.is_empty() || now >= deadline {
                 let key = self.backend.token_key();

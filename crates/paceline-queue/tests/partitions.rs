@@ -72,17 +72,16 @@ fn three_partitions_live_on_the_three_primaries_of_a_cluster() {
         );
         let slots = cluster.slot_map();
         let mut ports = BTreeSet::new();
-        for (i, part) in queue.partitions().iter().enumerate() {
+        for i in 0..3 {
             let tag = partition_tag(&name, i, 3);
             assert!(tag.starts_with(&format!("q:{name}/{i}~")), "{tag}");
-            assert_eq!(part.key_base(), format!("paceline:v2:{{{tag}}}:"));
             let slot = cluster.keyslot(&format!("{{{tag}}}"));
             assert!(
                 (i * 16_384 / 3..(i + 1) * 16_384 / 3).contains(&usize::from(slot)),
                 "partition {i} in slot {slot}"
             );
             let port = slots.owner(slot);
-            cluster.assert_key_on(&format!("{}config", part.key_base()), slot, port);
+            cluster.assert_key_on(&format!("paceline:v2:{{{tag}}}:config"), slot, port);
             ports.insert(port);
         }
         assert_eq!(
@@ -522,9 +521,10 @@ fn the_partitions_answer_as_one_queue() {
 }
 
 /// A lease call repeated with its request id answers the jobs it took, with the same
-/// tokens, and takes no more; a partition that took none the first time may take jobs in
-/// the repeat, but the repeat never answers more than `max_jobs` nor a job twice. Alike in
-/// memory and in Redis.
+/// tokens, and takes no more, even when work has come since to a partition asked before
+/// the one that took them; a repeat asking for fewer jobs than the first took answers as
+/// many and gives the rest back at once; never more than `max_jobs`, never a job twice.
+/// Alike in memory and in Redis.
 #[test]
 fn a_repeated_lease_call_answers_its_jobs_and_never_more_than_max_jobs() {
     runtime().block_on(async {
@@ -532,7 +532,7 @@ fn a_repeated_lease_call_answers_its_jobs_and_never_more_than_max_jobs() {
             .lease(Duration::from_secs(30))
             .partitions(2);
         for (backend, queue, clock) in twins("repeat", &config).await {
-            // The call starts at the partition its request id hashes to.
+            // The call starts at the partition its request id hashes to, which is empty.
             let request = "w-call-1";
             let first_asked = partition_of(request, 2);
             let other = 1 - first_asked;
@@ -549,36 +549,46 @@ fn a_repeated_lease_call_answers_its_jobs_and_never_more_than_max_jobs() {
                 .unwrap();
             let ids: Vec<&str> = first.iter().map(|j| j.id.as_str()).collect();
             assert_eq!(ids, ["busy-0", "busy-1"], "{backend}");
-            clock.advance(Duration::from_secs(1));
-            let again = queue
-                .lease_request("w", 3, None, Duration::ZERO, Some(request))
-                .await
-                .unwrap();
-            assert_eq!(again, first, "{backend}: the same jobs and tokens");
-            // Work arrives in the partition that had none: the repeat takes it, and as
-            // many jobs as max_jobs allows, never one twice.
+            // Work arrives in the partition asked first, which took none: the repeat still
+            // answers the first call's jobs, and takes none of it.
             for n in 0..3 {
                 queue
                     .enqueue(NewJob::new(empty.clone(), vec![n]).id(format!("late-{n}")))
                     .await
                     .unwrap();
             }
-            let third = queue
+            clock.advance(Duration::from_secs(1));
+            let again = queue
                 .lease_request("w", 3, None, Duration::ZERO, Some(request))
                 .await
                 .unwrap();
-            assert_eq!(third.len(), 3, "{backend}: at most max_jobs");
-            let ids: BTreeSet<&str> = third.iter().map(|j| j.id.as_str()).collect();
+            assert_eq!(again, first, "{backend}: the same jobs and tokens");
+            let counts = queue.counts().await.unwrap();
+            assert_eq!((counts.active, counts.waiting), (2, 3), "{backend}");
+            // A repeat asking for one job answers one of them; the other goes back to its
+            // group at once, its attempt not counted.
+            let fewer = queue
+                .lease_request("w", 1, None, Duration::ZERO, Some(request))
+                .await
+                .unwrap();
+            assert_eq!(fewer, first[..1], "{backend}");
+            let back = queue.job("busy-1").await.unwrap().unwrap();
             assert_eq!(
-                ids,
-                BTreeSet::from(["late-0", "late-1", "late-2"]),
+                (back.state, back.attempts),
+                (JobState::Waiting, 0),
                 "{backend}"
             );
-            // The first call's jobs stay held by their leases, by no one else.
-            for job in &first {
-                let info = queue.job(&job.id).await.unwrap().unwrap();
-                assert_eq!(info.state, JobState::Active, "{backend}");
-            }
+            // Another call takes what waits, never a job held by a lease.
+            let next = queue
+                .lease_request("w", 10, None, Duration::ZERO, Some("w-call-2"))
+                .await
+                .unwrap();
+            let ids: BTreeSet<&str> = next.iter().map(|j| j.id.as_str()).collect();
+            assert_eq!(
+                ids,
+                BTreeSet::from(["busy-1", "late-0", "late-1", "late-2"]),
+                "{backend}"
+            );
             let counts = queue.counts().await.unwrap();
             assert_eq!((counts.active, counts.waiting), (5, 0), "{backend}");
         }
@@ -642,6 +652,25 @@ fn leases_go_on_from_the_partitions_whose_primary_is_up() {
             .enqueue(NewJob::new(groups[1].clone(), vec![]))
             .await
             .unwrap();
+        // Partition 2's primary answered a refused connection first; later calls meet a
+        // cluster that still sends them there. Either way the others go on, and when they
+        // are empty a lease answers no job, not an error, so a waiting one goes on waiting.
+        let leased = queue.lease("w", 10, None, Duration::ZERO).await.unwrap();
+        assert_eq!(leased.len(), 1);
+        assert_eq!(leased[0].group, groups[1]);
+        for request in ["after-1", "after-2"] {
+            assert_eq!(
+                queue
+                    .lease_request("w", 10, None, Duration::ZERO, Some(request))
+                    .await,
+                Ok(Vec::new()),
+                "{request}"
+            );
+        }
+        assert_eq!(
+            queue.lease("w", 10, None, Duration::ZERO).await,
+            Ok(Vec::new())
+        );
     });
 }
 

@@ -73,6 +73,27 @@ impl QueueCore {
         Ok(out)
     }
 
+    /// What a repeat of the lease call `request` answers, taking nothing whether or not a
+    /// call took jobs under it: the jobs an earlier call with that id took that its leases
+    /// still hold (none if no call did). A queue of several partitions asks each this
+    /// before it takes anything for a call that may be a repeat.
+    pub(crate) fn replay_request(
+        &mut self,
+        now: u64,
+        request: &str,
+    ) -> Result<Vec<Leased>, QueueError> {
+        crate::job::check_request_id(request)?;
+        let now = self.tick(now)?;
+        self.maintain(now);
+        match self.requests.get(request) {
+            Some((_, taken)) => {
+                let taken = taken.clone();
+                Ok(self.replay(now, &taken))
+            }
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// The jobs of an earlier lease call (`taken`: id, fence, eligible) still held by the
     /// leases it gave, as it answered them.
     fn replay(&self, now: u64, taken: &[Taken]) -> Vec<Leased> {

@@ -361,6 +361,16 @@ async fn listen(
     }
 }
 
+impl crate::partitioned::Partition for RedisQueue {
+    fn replay<'a>(
+        &'a self,
+        worker: &'a str,
+        request: &'a str,
+    ) -> QueueFuture<'a, Result<Vec<Leased>, QueueError>> {
+        Box::pin(self.replay_now(worker, request))
+    }
+}
+
 impl QueueBackend for RedisQueue {
     fn name(&self) -> &str {
         &self.name

@@ -15,8 +15,8 @@ use crate::core::{
 };
 use crate::error::QueueError;
 use crate::job::{
-    check_lease_length, not_before_too_late, Enqueued, FailOutcome, Failure, GroupStats, JobInfo,
-    Leased, NewJob, Stats,
+    check_lease_length, check_request_id, not_before_too_late, Enqueued, FailOutcome, Failure,
+    GroupStats, JobInfo, Leased, NewJob, Stats,
 };
 use crate::token::LeaseToken;
 
@@ -122,6 +122,30 @@ impl RedisQueue {
                 ],
             )
             .await?;
+        Self::leased(reply)
+    }
+
+    /// What a repeat of the lease call `request` answers, taking nothing: the `lease`
+    /// operation asked for no job (`MAX_JOBS` 0) answers the jobs a call with `request`
+    /// took that its leases still hold, and none if no call did.
+    pub(super) async fn replay_now(
+        &self,
+        worker: &str,
+        request: &str,
+    ) -> Result<Vec<Leased>, QueueError> {
+        check_request_id(request)?;
+        let lease_us = paceline_core::round_to_micros(self.config.lease);
+        let reply = self
+            .call(
+                "lease",
+                vec![arg(worker), arg(0), arg(lease_us), arg(request)],
+            )
+            .await?;
+        Self::leased(reply)
+    }
+
+    /// The jobs a `lease` operation answered.
+    fn leased(reply: Reply) -> Result<Vec<Leased>, QueueError> {
         let mut r = reader(reply)?;
         r.u64()?;
         let mut jobs = Vec::new();
