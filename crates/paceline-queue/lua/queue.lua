@@ -1070,6 +1070,8 @@ end
 -- lease WORKER MAX_JOBS LEASE REQUEST: answers now, then per job: id, group, payload,
 -- attempt, token, started, eligible, lease expiry. REQUEST ('' for none) is the caller's id
 -- of this call: a repeat of it while its leases last answers what it took (`r:REQUEST`).
+-- MAX_JOBS 0 takes nothing and answers only such a repeat's jobs: a queue of several
+-- partitions asks each one that way first when a call may be a repeat (`Partitioned`).
 function ops.lease(ARGV, o)
   local worker, max_jobs, request = ARGV[o + 3], tonumber(ARGV[o + 4]), ARGV[o + 6]
   local lease = tonumber(ARGV[o + 5])
