@@ -983,10 +983,12 @@ local function enqueue_one(ARGV, a, out)
     return
   end
   if id == '' then
-    repeat
-      meta.last_id = meta.last_id + 1
-      id = int(meta.last_id) .. (config.sfx or '')
-    until not load_job(id)
+    -- Free without a look: a producer's id is never all digits (`check_id`), nor, in a
+    -- queue of several partitions, digits, a dot and digits (`Partitioned`), and the
+    -- queue's own count only grows. (The Rust core looks anyway, in its map; here a look
+    -- would be a GET per job.)
+    meta.last_id = meta.last_id + 1
+    id = int(meta.last_id) .. (config.sfx or '')
   end
   local max_attempts = ARGV[a + 4] ~= '' and tonumber(ARGV[a + 4]) or config.ma
   -- Held back to the later of the delay's end and the not-before time.
