@@ -304,6 +304,19 @@ local function tick(t)
   return now
 end
 
+-- `int(t)`, the call's time printed once a call (a time printed costs the server a C
+-- library call): most scores and bounds a call writes are its time.
+local now_text, now_printed
+local function int_at(t)
+  if t == now then
+    if now_printed ~= now then
+      now_text, now_printed = int(now), now
+    end
+    return now_text
+  end
+  return int(t)
+end
+
 local function next_seq()
   meta.seq = meta.seq + 1
   return meta.seq
@@ -313,7 +326,7 @@ end
 -- of these goes in here, so that `meta.due` stays at or before the first of them (an
 -- entry taken out early leaves it earlier than need be, which costs one maintenance).
 local function add_due(set, at, member)
-  redis.call('ZADD', base .. set, int(at), member)
+  redis.call('ZADD', base .. set, int_at(at), member)
   if set == 'retiring' then
     if meta.rdue and at < meta.rdue then
       meta.rdue = at
@@ -634,9 +647,9 @@ local function refresh(name)
     g.ra, g.ro = max(at, now), order
     if ready_adds then
       local n = #ready_adds
-      ready_adds[n + 1], ready_adds[n + 2] = int(g.ra), padded(order) .. name
+      ready_adds[n + 1], ready_adds[n + 2] = int_at(g.ra), padded(order) .. name
     else
-      redis.call('ZADD', base .. 'ready', int(g.ra), padded(order) .. name)
+      redis.call('ZADD', base .. 'ready', int_at(g.ra), padded(order) .. name)
     end
   end
   local empty = g.n == 0 and g.active == 0
@@ -740,7 +753,7 @@ end
 -- in a reply is a double printed as text and read back. (Every argument is text: Lua
 -- prints a number given to `redis.call` with the C library's floating-point printing.)
 local function first_due(key, t)
-  return redis.call('ZRANGE', key, '-inf', int(t), 'BYSCORE', 'LIMIT', '0', '1')[1]
+  return redis.call('ZRANGE', key, '-inf', int_at(t), 'BYSCORE', 'LIMIT', '0', '1')[1]
 end
 
 -- Hands each member of the sorted set `set` that is due by `t` to `handle` (with `t`),
@@ -749,7 +762,7 @@ end
 local function drain(set, t, handle)
   local key = base .. set
   -- Asked for at once: no handler takes out or adds another entry of the set it drains.
-  local due = redis.call('ZRANGE', key, '-inf', int(t), 'BYSCORE', 'LIMIT', '0',
+  local due = redis.call('ZRANGE', key, '-inf', int_at(t), 'BYSCORE', 'LIMIT', '0',
     MAINTENANCE_BATCH)
   for i = 1, #due do
     handle(due[i], t)
