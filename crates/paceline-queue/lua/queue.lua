@@ -1632,6 +1632,16 @@ local function queue_call(KEYS, ARGV)
     -- A code of its own: the Rust side sends the configuration it holds, then calls again.
     return redis.error_reply('PACELINE_UNCONFIGURED the queue has no configuration')
   end
+  if config and config.parts and name ~= 'config' and name ~= 'read_config'
+    and base:find('{q:[%w%-_%.]+}:$') then
+    -- The base of a queue of several partitions (its tag the queue's name alone; a
+    -- partition's adds `/INDEX~K`) holds only their number: a handle that opened the
+    -- queue as one partition (before it was made anew with several) must not go on
+    -- keeping jobs here, where no partition looks.
+    return redis.error_reply('PACELINE_PARTITIONED this queue keeps its jobs in '
+      .. int(config.parts) .. ' partitions: open it again with partitions = '
+      .. int(config.parts))
+  end
   maintained_at, wake = nil, false
   if ticking[name] or name == 'multi' then
     tick(t)

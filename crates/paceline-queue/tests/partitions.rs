@@ -215,6 +215,50 @@ fn opening_a_queue_with_another_number_of_partitions_is_refused() {
 /// runs out sends the job back to the head of its group, its token refused from then on;
 /// every fence names its partition (`fence mod 3`) and a job's later lease has a larger
 /// one. Alike in memory and in Redis.
+/// A handle that opened a queue as one partition, still running after the queue was made
+/// anew with three, is refused at its next call instead of keeping jobs where no partition
+/// looks; its error says how to open the queue now.
+#[test]
+fn a_handle_of_one_partition_left_running_is_refused_by_a_queue_made_anew_with_three() {
+    runtime().block_on(async {
+        let url = shared_server().url();
+        let name = unique_name("remade");
+        let config = QueueConfig::new("gcra:rate=100/s".parse().unwrap());
+        let old = Queue::open(&url, &name, config.clone()).await.unwrap();
+        old.enqueue(NewJob::new("g", b"x".to_vec())).await.unwrap();
+        // Drained and deleted, as the guide says, then opened with three partitions.
+        let base = format!("paceline:v2:{{q:{name}}}:");
+        let deleted = shared_server()
+            .command(&[
+                "EVAL",
+                "for _, k in ipairs(redis.call('KEYS', ARGV[1] .. '*')) do \
+                 redis.call('DEL', k) end return 1",
+                "0",
+                &base,
+            ])
+            .unwrap();
+        assert_eq!(deleted, ":1");
+        let new = Queue::open(&url, &name, config.clone().partitions(3))
+            .await
+            .unwrap();
+        let refused = old
+            .enqueue(NewJob::new("g", b"y".to_vec()))
+            .await
+            .unwrap_err();
+        let text = refused.to_string();
+        assert!(
+            text.contains("this queue keeps its jobs in 3 partitions")
+                && text.contains("partitions = 3"),
+            "{text}"
+        );
+        assert!(old.lease("w", 1, None, Duration::ZERO).await.is_err());
+        // Nothing was written by the refused calls: the new queue holds nothing.
+        assert_eq!(new.counts().await.unwrap().waiting, 0);
+        new.enqueue(NewJob::new("g", b"z".to_vec())).await.unwrap();
+        assert_eq!(new.counts().await.unwrap().waiting, 1);
+    });
+}
+
 #[test]
 fn each_group_keeps_its_limit_order_and_fencing_in_its_partition() {
     runtime().block_on(async {
