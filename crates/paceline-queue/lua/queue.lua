@@ -197,16 +197,25 @@ local function opt(x)
   return x or -1
 end
 
+-- A job's record from its fields in the layout's order (-1 for a number that is none,
+-- '' for a string), the one place the layout is written.
+local function job_record(place, head, has_error, rank, attempts, max_attempts, enqueued_at,
+                          estimate, token, started, expires, at, order, ended, dead_order,
+                          group, worker, err, payload)
+  return struct.pack(JOB_LAYOUT, JOB_TAG, place, head, has_error, rank, attempts,
+    max_attempts, enqueued_at, estimate, token, started, expires, at, order, ended,
+    dead_order, #group, group, #worker, worker, #err, err, #payload, payload)
+end
+
 local function pack_job(j)
   local head = 0
   if j.head ~= nil then
     head = j.head and 2 or 1
   end
-  local err, worker = j.last_error or '', j.worker or ''
-  return struct.pack(JOB_LAYOUT, JOB_TAG, PLACE_CODE[j.place], head, j.last_error and 1 or 0,
-    j.rank or 0, j.attempts, j.max_attempts, j.enqueued_at, opt(j.estimated_start),
-    opt(j.token), opt(j.started), opt(j.expires), opt(j.at), opt(j.order), opt(j.ended),
-    opt(j.dead_order), #j.group, j.group, #worker, worker, #err, err, #j.payload, j.payload)
+  return job_record(PLACE_CODE[j.place], head, j.last_error and 1 or 0, j.rank or 0,
+    j.attempts, j.max_attempts, j.enqueued_at, opt(j.estimated_start), opt(j.token),
+    opt(j.started), opt(j.expires), opt(j.at), opt(j.order), opt(j.ended), opt(j.dead_order),
+    j.group, j.worker or '', j.last_error or '', j.payload)
 end
 
 local function unpack_job(raw)
@@ -1021,9 +1030,8 @@ local function enqueue_one(ARGV, a, out)
   meta.totals.enqueued = meta.totals.enqueued + 1
   meta.jobs = meta.jobs + 1
   jobs[id], deleted_jobs[id] = nil, nil
-  redis.call('SET', base .. 'j:' .. id, struct.pack(JOB_LAYOUT, JOB_TAG, place, head, 0, rank, 0,
-    max_attempts, now, estimate, -1, -1, -1, at, order or -1, -1, -1, #name, name, 0, '', 0, '',
-    #payload, payload))
+  redis.call('SET', base .. 'j:' .. id, job_record(place, head, 0, rank, 0, max_attempts, now,
+    estimate, -1, -1, -1, at, order or -1, -1, -1, name, '', '', payload))
   out[#out + 1] = 'created'
   out[#out + 1] = id
   out[#out + 1] = PLACE_NAME[place]
@@ -1063,9 +1071,9 @@ local function start_job(id, worker, expires)
         at, order, ended, dead_order, group, _, err, payload = struct.unpack(JOB_LAYOUT, raw)
       local token = next_seq()
       attempts = attempts + 1
-      redis.call('SET', key, struct.pack(JOB_LAYOUT, JOB_TAG, PLACE_CODE.active, head, has_error,
-        rank, attempts, max_attempts, enqueued_at, estimate, token, now, expires, at, order,
-        ended, dead_order, #group, group, #worker, worker, #err, err, #payload, payload))
+      redis.call('SET', key, job_record(PLACE_CODE.active, head, has_error, rank, attempts,
+        max_attempts, enqueued_at, estimate, token, now, expires, at, order, ended, dead_order,
+        group, worker, err, payload))
       return payload, attempts, token
     end
     read_as['j:' .. id] = raw
