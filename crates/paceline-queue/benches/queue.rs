@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use paceline_queue::{NewJob, Queue, QueueConfig, RedisQueue, Worker};
+use paceline_queue::{NewJob, Queue, QueueConfig, Worker};
 use paceline_store::redis::RedisStore;
 use paceline_store::FailurePolicy;
 use paceline_testkit::{RedisCluster, RedisServer};
@@ -69,13 +69,6 @@ async fn open_partitioned(url: &str, name: &str, spec: &str, partitions: u32) ->
         .max_jobs(10_000_000)
         .lease(Duration::from_secs(60))
         .partitions(partitions);
-    if partitions == 1 {
-        return Queue::new(
-            RedisQueue::open(store, name, config, None)
-                .await
-                .expect("the queue opens"),
-        );
-    }
     let shared: paceline_store::SharedStore = std::sync::Arc::new(store);
     Queue::with_store(&shared, name, config)
         .await
