@@ -1,10 +1,14 @@
 //! `paceline queue`: a job queue kept in Redis, seen and repaired from the command line
-//! with the configuration its services set: counts, jobs, the dead set.
+//! with the configuration its services set: counts, jobs, the dead set, pauses.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
+use paceline_core::spec::parse_duration;
+use paceline_core::InputError;
+use paceline_queue::job::MAX_DELAY;
 use paceline_queue::{Queue, QueueError};
-use paceline_server::queues::{job_body, stats_body};
+use paceline_server::queues::{job_body, paused_body, stats_body};
 use serde_json::json;
 
 use crate::{runtime, EXIT_STORE_FAILED};
@@ -46,6 +50,26 @@ pub enum Action {
     },
     /// Remove every dead job.
     PurgeDead(Target),
+    /// Pause the queue (nothing is leased), or one group (--group), for a time (--for) or
+    /// until resumed; leases already given run on.
+    Pause {
+        #[command(flatten)]
+        target: Target,
+        /// Pause this group only.
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+        /// How long, e.g. `90s`, `1h`, `7d` (1ms to 365d); without it, until resumed.
+        #[arg(long = "for", value_name = "DURATION")]
+        length: Option<String>,
+    },
+    /// End the queue's own pause, or every pause of one group (--group).
+    Resume {
+        #[command(flatten)]
+        target: Target,
+        /// Resume this group only.
+        #[arg(long, value_name = "GROUP")]
+        group: Option<String>,
+    },
 }
 
 /// The queue an action works on.
@@ -76,6 +100,15 @@ pub fn run(action: Action) -> ExitCode {
             }
         }
     }
+}
+
+/// A pause's `--for`: 1 ms to 365 days.
+fn pause_length(text: &str) -> Result<Duration, QueueError> {
+    let length = Duration::from_micros(parse_duration("for", text)?);
+    if length < Duration::from_millis(1) || length > MAX_DELAY {
+        return Err(InputError::new("for", format!("`{text}` is not from 1ms to 365d")).into());
+    }
+    Ok(length)
 }
 
 async fn attach(target: &Target) -> Result<Queue, QueueError> {
@@ -121,6 +154,28 @@ async fn act(action: Action) -> Result<ExitCode, QueueError> {
         Action::PurgeDead(target) => {
             let purged = attach(&target).await?.purge_dead().await?;
             println!("{}", json!({ "purged": purged }));
+        }
+        Action::Pause {
+            target,
+            group,
+            length,
+        } => {
+            let length = match length {
+                Some(text) => Some(pause_length(&text)?),
+                None => None,
+            };
+            let until = attach(&target)
+                .await?
+                .pause(group.as_deref(), length)
+                .await?;
+            println!(
+                "{}",
+                paused_body(&target.queue, group.as_deref(), Some(until))
+            );
+        }
+        Action::Resume { target, group } => {
+            attach(&target).await?.resume(group.as_deref()).await?;
+            println!("{}", paused_body(&target.queue, group.as_deref(), None));
         }
     }
     Ok(ExitCode::SUCCESS)

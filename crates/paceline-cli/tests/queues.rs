@@ -558,6 +558,31 @@ fn the_queue_command_shows_and_repairs_a_redis_queue() {
         "the payload as sent"
     );
 
+    // Pauses from the command line, seen by the service.
+    let pause = [
+        "pause", "--store", &url, "roles", "--group", "guild:2", "--for", "1h",
+    ];
+    let (code, out, err) = queue_command(&pause);
+    assert_eq!(code, 0, "{err}");
+    let paused: serde_json::Value = serde_json::from_str(out.trim()).expect("JSON");
+    assert_eq!(
+        (text(&paused["group"]), &paused["paused"]),
+        ("guild:2".into(), &serde_json::json!(true))
+    );
+    assert!(paused["paused_until_ms"].as_u64().is_some(), "{paused}");
+    let group = |s: &serde_json::Value| s["groups"]["guild:2"]["paused"].clone();
+    assert_eq!(group(&get(s.port, "/v1/queues/roles").json()), true);
+    for bad in ["0s", "366d", "soon"] {
+        let (code, _, err) = queue_command(&["pause", "--store", &url, "roles", "--for", bad]);
+        assert_eq!(code, 2, "{bad}: {err}");
+        assert!(err.contains("for"), "{bad}: {err}");
+    }
+    let resume = ["resume", "--store", &url, "roles", "--group", "guild:2"];
+    let (code, out, err) = queue_command(&resume);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(r#""paused":false"#), "{out}");
+    assert_eq!(group(&get(s.port, "/v1/queues/roles").json()), false);
+
     // A queue the store does not hold, a bad URL: input errors; an unreachable store: 3.
     let (code, _, err) = queue_command(&["stats", "--store", &url, "elsewhere"]);
     assert_eq!(code, 2, "{err}");
@@ -1020,3 +1045,123 @@ fn the_queue_command_sees_a_queue_of_partitions_as_one() {
     assert_eq!((code, out.trim()), (0, r#"{"retried":2}"#));
     assert_eq!(get(s.port, "/v1/queues/spread").json()["waiting"], 2);
 }
+
+/// Pauses asked over HTTP: a group's until resumed (its jobs wait, a new one has no
+/// estimate, the others run), the queue's for an hour (nothing leased, a waiting lease
+/// woken by the resume), each shown by `GET /v1/queues/roles`; bad pauses are `400`s
+/// naming their field, changing nothing.
+fn pausing_and_resuming(p: u16) {
+    enqueue(p, "guild:a", "a1");
+    enqueue(p, "guild:a", "a2");
+    enqueue(p, "guild:b", "b1");
+    let r = post(p, "/v1/queues/roles/groups/guild:a/pause", "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.json(),
+        serde_json::json!({"queue": "roles", "group": "guild:a", "paused": true, "paused_until_ms": null})
+    );
+    let (token, _) = lease_one(p, "b1", 60_000);
+    assert_eq!(
+        on_job(p, "b1", "ack", &format!(r#"{{"lease": "{token}"}}"#)).status,
+        204
+    );
+    let stats = get(p, "/v1/queues/roles").json();
+    let a = &stats["groups"]["guild:a"];
+    assert_eq!(
+        (&a["waiting"], &a["paused"], &a["paused_until_ms"]),
+        (
+            &serde_json::json!(2),
+            &serde_json::json!(true),
+            &serde_json::Value::Null
+        ),
+        "{stats}"
+    );
+    assert_eq!(stats["paused"], serde_json::json!(false), "{stats}");
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:a", "payload": 3, "id": "a3"}"#,
+    );
+    assert_eq!(
+        (r.status, &r.json()["estimated_start_ms"]),
+        (201, &serde_json::Value::Null)
+    );
+    // Bad pauses change nothing.
+    for (path, body, field) in [
+        ("groups/guild:a/pause", r#"{"ms": 0}"#, "ms"),
+        ("groups/guild:a/pause", r#"{"ms": -1}"#, "ms"),
+        ("groups/guild:a/pause", r#"{"ms": 1e400}"#, "ms"),
+        ("groups/guild:a/pause", r#"{"ms": 31536000001}"#, "ms"),
+        ("groups/guild:a/pause", r#"{"ms": "1h"}"#, "ms"),
+        ("groups/guild:a/pause", r#"{"for": 5}"#, "for"),
+        ("groups/guild:a/pause", r#"[5]"#, "body"),
+        ("groups/guild:a/pause", r#"{"ms": 5"#, "body"),
+        ("groups/%07/pause", "", "group"),
+        ("pause", r#"{"ms": 0.5}"#, "ms"),
+        ("pause", r#"{"ms": 1e400}"#, "ms"),
+    ] {
+        let r = post(p, &format!("/v1/queues/roles/{path}"), body);
+        assert_eq!(
+            (r.status, r.error()),
+            (400, ("invalid_argument".into(), field.into())),
+            "{path} {body}: {}",
+            r.body
+        );
+    }
+    let r = post(p, "/v1/queues/nowhere/pause", "");
+    assert_eq!(
+        (r.status, r.error().0),
+        (404, "unknown_queue".into()),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        get(p, "/v1/queues/roles").json()["paused"],
+        serde_json::json!(false)
+    );
+    // Resumed: its jobs start in order, on their first attempt.
+    let r = post(p, "/v1/queues/roles/groups/guild:a/resume", "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["paused"], serde_json::json!(false));
+    let jobs = lease(p, r#"{"worker": "w", "max_jobs": 10, "lease_ms": 60000}"#);
+    let ids: Vec<String> = jobs.iter().map(|j| text(&j["id"])).collect();
+    assert_eq!(ids, ["a1", "a2", "a3"]);
+    assert!(
+        jobs.iter().all(|j| j["attempt"] == serde_json::json!(1)),
+        "{jobs:?}"
+    );
+    for j in &jobs {
+        let body = format!(r#"{{"lease": "{}"}}"#, text(&j["lease"]));
+        assert_eq!(on_job(p, &text(&j["id"]), "ack", &body).status, 204);
+    }
+    // The queue paused for an hour: nothing leased, and it shows.
+    let r = post(p, "/v1/queues/roles/pause", r#"{"ms": 3600000}"#);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let until = r.json()["paused_until_ms"].as_u64().expect("an end");
+    enqueue(p, "guild:b", "b2");
+    assert!(lease(p, r#"{"worker": "w", "max_jobs": 10}"#).is_empty());
+    let stats = get(p, "/v1/queues/roles").json();
+    assert_eq!(
+        (&stats["paused"], stats["paused_until_ms"].as_u64()),
+        (&serde_json::json!(true), Some(until)),
+        "{stats}"
+    );
+    // A lease waiting on the paused queue gets its job once the queue is resumed (in its
+    // wait by then, or about to be: either way it gets the job).
+    let waiting = std::thread::spawn(move || lease(p, r#"{"worker": "w", "wait_ms": 20000}"#));
+    let r = post(p, "/v1/queues/roles/resume", "");
+    assert_eq!(
+        (r.status, &r.json()["paused"]),
+        (200, &serde_json::json!(false))
+    );
+    let jobs = waiting.join().expect("the waiting lease");
+    assert_eq!(
+        jobs.iter().map(|j| text(&j["id"])).collect::<Vec<_>>(),
+        ["b2"]
+    );
+}
+
+on_memory_and_redis!(
+    pausing_and_resuming: pausing_and_resuming_on_memory,
+    pausing_and_resuming_on_redis
+);

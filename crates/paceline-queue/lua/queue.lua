@@ -35,6 +35,7 @@
 --   leases       score the expiry, member the token (20 digits) then the id
 --   dead         score the order of death, member the id
 --   retiring     groups with nothing waiting or active: score when they may be dropped
+--   paused       the queue's own pause: the time it ends, as text (none: not paused)
 --   changed      the channel a call publishes on when a job may start sooner
 --
 -- `ready`, `scheduled`, `leases` and `retiring` each hold `KEEP`, scored +inf (see there).
@@ -71,6 +72,8 @@ local MAX_DELAY = 365 * 86400 * 1000000
 local TILDES = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
 local KEEP = '\001' .. TILDES .. TILDES .. TILDES .. TILDES
 local INF = 1 / 0
+-- Rust's `UNTIL_RESUMED`: the end of a pause that lasts until resumed.
+local UNTIL_RESUMED = 2 ^ 53 - 1
 local MAX_PROJECTION_STEPS = 64
 
 local int, padded = PL.int, PL.padded
@@ -854,8 +857,22 @@ local function publish()
   wake = true
 end
 
+-- When the queue's own pause ends (0: none; maybe past).
+local function queue_paused()
+  return tonumber(redis.call('GET', base .. 'paused')) or 0
+end
+
+-- While the queue is paused, its groups become eligible when the pause ends.
 local function next_event()
-  return earliest({ 'ready', 'scheduled', 'leases' }) or -1
+  local best = earliest({ 'scheduled', 'leases' })
+  local ready = earliest({ 'ready' })
+  if ready then
+    ready = max(ready, queue_paused())
+    if not best or ready < best then
+      best = ready
+    end
+  end
+  return best or -1
 end
 
 -- The job as `JobInfo` reads it: group, state, attempts, max_attempts, last_error ('' and
@@ -1027,6 +1044,8 @@ local function enqueue_one(ARGV, a, out)
     estimate, rank = join_tail(name, id, now)
     at = -1
   end
+  -- A group paused until resumed has no time to give: the pause's end stands for it.
+  estimate = min(estimate, UNTIL_RESUMED)
   meta.totals.enqueued = meta.totals.enqueued + 1
   meta.jobs = meta.jobs + 1
   jobs[id], deleted_jobs[id] = nil, nil
@@ -1122,6 +1141,10 @@ function ops.lease(ARGV, o)
   end
   if not first_due(base .. 'ready', now) then
     -- No group is eligible: nothing to take out of `ready` and put back.
+    return out
+  end
+  if queue_paused() > now then
+    -- The queue is paused: nothing starts, nothing is counted.
     return out
   end
   -- The groups come out of `ready` as many at once as jobs are still wanted, and those
@@ -1486,6 +1509,8 @@ local function counts(out)
   local t = meta.totals
   local values = { now, scheduled, max(meta.jobs - scheduled - active - dead, 0), active, dead,
     t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries, t.pauses }
+  local paused = queue_paused()
+  values[#values + 1] = paused > now and paused or -1
   for i = 1, #values do
     out[#out + 1] = values[i]
   end
@@ -1493,27 +1518,85 @@ local function counts(out)
 end
 
 -- counts: answers now, scheduled, waiting, active, dead, then the totals (enqueued,
--- started, acked, failed, retried, dead, lease expiries, pauses).
+-- started, acked, failed, retried, dead, lease expiries, pauses), then when the queue's
+-- pause ends (-1: not paused).
 function ops.counts()
   maintain(now)
   return counts({})
 end
 
--- stats: as `counts`, then per group with a job waiting or active: name, waiting, active,
--- next eligible time (-1: none). Unsorted.
+-- stats: as `counts`, then per group with a job waiting or active or that is paused: name,
+-- waiting, active, next eligible time (-1: none), when its pause ends (-1: not paused).
+-- Unsorted.
 function ops.stats()
   maintain(now)
   local out = counts({})
   for _, name in ipairs(redis.call('SMEMBERS', base .. 'groups')) do
     local g = load_group(name)
-    if g and (g.n > 0 or g.active > 0) then
+    if g and (g.n > 0 or g.active > 0 or g.paused_until > now) then
       out[#out + 1] = name
       out[#out + 1] = g.n
       out[#out + 1] = g.active
       out[#out + 1] = g.ra or -1
+      out[#out + 1] = g.paused_until > now and g.paused_until or -1
     end
   end
   return out
+end
+
+-- Takes group `name` out of `ready` and `retiring` and puts it back as its state now
+-- says: its pause changed, so its times did.
+local function place_again(name)
+  local g = load_group(name)
+  if not g then
+    return
+  end
+  if g.ra then
+    redis.call('ZREM', base .. 'ready', padded(g.ro) .. name)
+    g.ra, g.ro = nil, nil
+  end
+  if g.rt then
+    redis.call('ZREM', base .. 'retiring', name)
+    g.rt = nil
+  end
+  -- The line's estimates start from the pause's end.
+  g.p = nil
+  refresh(name)
+end
+
+-- pause GROUP LENGTH: pauses the group ('': the whole queue) for LENGTH µs ('': until
+-- resumed), never shortening a pause in place (`QueueCore::pause`). Answers now, then
+-- when the pause ends.
+function ops.pause(ARGV, o)
+  local name, length = ARGV[o + 3], tonumber(ARGV[o + 4])
+  maintain(now)
+  local ends = length and min(now + length, UNTIL_RESUMED) or UNTIL_RESUMED
+  if name == '' then
+    ends = max(queue_paused(), ends)
+    redis.call('SET', base .. 'paused', int(ends))
+    return { now, ends }
+  end
+  local g = group_entry(name)
+  g.paused_until = max(g.paused_until, ends)
+  place_again(name)
+  return { now, g.paused_until }
+end
+
+-- resume GROUP: ends every pause of the group ('': the queue's own). Answers now.
+function ops.resume(ARGV, o)
+  local name = ARGV[o + 3]
+  maintain(now)
+  if name == '' then
+    redis.call('DEL', base .. 'paused')
+  else
+    local g = load_group(name)
+    if g then
+      g.paused_until = 0
+      place_again(name)
+    end
+  end
+  publish()
+  return { now }
 end
 
 -- groups: how many groups the queue holds state for. Reads only.
@@ -1596,11 +1679,13 @@ end
 -- that write (the others read only).
 local ticking = {
   enqueue = true, lease = true, ack = true, fail = true, extend = true, cancel = true,
-  counts = true, stats = true, retry_dead = true, purge_dead = true,
+  counts = true, stats = true, retry_dead = true, purge_dead = true, pause = true,
+  resume = true,
 }
 local writing = {
   config = true, enqueue = true, lease = true, ack = true, fail = true, extend = true,
   cancel = true, counts = true, stats = true, retry_dead = true, purge_dead = true,
+  pause = true, resume = true,
 }
 
 -- multi COUNT (OP N ARGS...)...: the operations in order, as if each were its own call at

@@ -436,10 +436,13 @@ pub struct Stats {
     pub active: u64,
     /// Jobs in the dead set.
     pub dead: u64,
-    /// The groups with jobs waiting or active, by name.
+    /// The groups with jobs waiting or active or that are paused, by name.
     pub groups: Vec<GroupStats>,
     /// What the queue has done since it was created.
     pub totals: Totals,
+    /// While the queue is paused, when its pause ends
+    /// ([`UNTIL_RESUMED`](crate::core::UNTIL_RESUMED): when it is resumed).
+    pub paused_until: Option<u64>,
 }
 
 /// One group's counts.
@@ -455,4 +458,8 @@ pub struct GroupStats {
     /// below its concurrency cap (`None` at the cap: a job must end first); it may be in
     /// the past when the group is only waiting for a worker.
     pub next_eligible: Option<u64>,
+    /// While the group is paused (by a person, or a worker after an upstream's refusal),
+    /// when its pause ends ([`UNTIL_RESUMED`](crate::core::UNTIL_RESUMED): when it is
+    /// resumed).
+    pub paused_until: Option<u64>,
 }

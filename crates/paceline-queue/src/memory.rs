@@ -241,6 +241,24 @@ impl QueueBackend for MemoryQueue {
         ready(self.core().cancel(now, id))
     }
 
+    fn pause<'a>(
+        &'a self,
+        group: Option<&'a str>,
+        length: Option<Duration>,
+    ) -> QueueFuture<'a, Result<u64, QueueError>> {
+        let now = self.now();
+        ready(self.core().pause(now, group, length))
+    }
+
+    fn resume<'a>(&'a self, group: Option<&'a str>) -> QueueFuture<'a, Result<(), QueueError>> {
+        let now = self.now();
+        let answer = self.core().resume(now, group);
+        if answer.is_ok() {
+            self.wake();
+        }
+        ready(answer)
+    }
+
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
         ready(Ok(self.core().job(id)))
     }

@@ -100,7 +100,7 @@ use paceline_core::{Clock, InputError, StoreError, StoreErrorKind};
 use paceline_store::secret::TokenKey;
 
 use crate::config::QueueConfig;
-use crate::core::check_lease_request;
+use crate::core::{check_lease_request, UNTIL_RESUMED};
 use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats, Totals};
 use crate::memory::MemoryQueue;
@@ -611,8 +611,11 @@ impl<B: Partition> Partitioned<B> {
         )
         .await;
         let mut sum = Stats::default();
+        // The queue is paused while every partition is, until the first pause ends.
+        let mut paused = Some(UNTIL_RESUMED);
         for stats in all {
             let stats = stats?;
+            paused = paused.zip(stats.paused_until).map(|(a, b)| a.min(b));
             sum.scheduled = sum.scheduled.saturating_add(stats.scheduled);
             sum.waiting = sum.waiting.saturating_add(stats.waiting);
             sum.active = sum.active.saturating_add(stats.active);
@@ -621,7 +624,37 @@ impl<B: Partition> Partitioned<B> {
             sum.totals = add_totals(sum.totals, stats.totals);
         }
         sum.groups.sort_by(|a, b| a.group.cmp(&b.group));
+        sum.paused_until = paused;
         Ok(sum)
+    }
+
+    /// Pauses the group in its partition, or the queue in every partition; answers the
+    /// latest end a partition gave.
+    async fn pause_where(
+        &self,
+        group: Option<&str>,
+        length: Option<Duration>,
+    ) -> Result<u64, QueueError> {
+        if let Some(group) = group {
+            let p = partition_of(group, self.config.partitions);
+            return self.parts[p].pause(Some(group), length).await;
+        }
+        let mut latest = 0;
+        for end in join_all(self.parts.iter().map(|p| p.pause(None, length))).await {
+            latest = latest.max(end?);
+        }
+        Ok(latest)
+    }
+
+    async fn resume_where(&self, group: Option<&str>) -> Result<(), QueueError> {
+        if let Some(group) = group {
+            let p = partition_of(group, self.config.partitions);
+            return self.parts[p].resume(Some(group)).await;
+        }
+        for answer in join_all(self.parts.iter().map(|p| p.resume(None))).await {
+            answer?;
+        }
+        Ok(())
     }
 
     /// Every partition's answer about `id`, asked at once: the lowest partition's that has
@@ -774,6 +807,18 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
 
     fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>> {
         Box::pin(self.cancel_anywhere(id))
+    }
+
+    fn pause<'a>(
+        &'a self,
+        group: Option<&'a str>,
+        length: Option<Duration>,
+    ) -> QueueFuture<'a, Result<u64, QueueError>> {
+        Box::pin(self.pause_where(group, length))
+    }
+
+    fn resume<'a>(&'a self, group: Option<&'a str>) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.resume_where(group))
     }
 
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
@@ -1093,6 +1138,16 @@ mod failing {
         }
         fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>> {
             now(self.run("cancel", || at_once(self.inner.cancel(id))))
+        }
+        fn pause<'a>(
+            &'a self,
+            group: Option<&'a str>,
+            length: Option<Duration>,
+        ) -> QueueFuture<'a, Result<u64, QueueError>> {
+            self.inner.pause(group, length)
+        }
+        fn resume<'a>(&'a self, group: Option<&'a str>) -> QueueFuture<'a, Result<(), QueueError>> {
+            self.inner.resume(group)
         }
         fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
             now(self.run("job", || at_once(self.inner.job(id))))

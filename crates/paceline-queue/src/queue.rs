@@ -83,6 +83,16 @@ pub trait QueueBackend: Send + Sync + 'static {
     ) -> QueueFuture<'a, Result<u64, QueueError>>;
     /// Removes a job no worker holds.
     fn cancel<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<(), QueueError>>;
+    /// Pauses `group` (`None`: the whole queue) for `length` (`None`: until resumed);
+    /// answers when the pause ends. See [`QueueCore::pause`](crate::QueueCore::pause).
+    fn pause<'a>(
+        &'a self,
+        group: Option<&'a str>,
+        length: Option<Duration>,
+    ) -> QueueFuture<'a, Result<u64, QueueError>>;
+    /// Ends every pause of `group` (`None`: the queue's own). See
+    /// [`QueueCore::resume`](crate::QueueCore::resume).
+    fn resume<'a>(&'a self, group: Option<&'a str>) -> QueueFuture<'a, Result<(), QueueError>>;
     /// One job.
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>>;
     /// The counts, and each group's.
@@ -506,6 +516,38 @@ impl Queue {
     /// Removes a job no worker holds.
     pub async fn cancel(&self, id: &str) -> Result<(), QueueError> {
         self.backend.cancel(id).await
+    }
+
+    /// Pauses `group` (`None`: the whole queue) for `length` (`None`: until resumed), and
+    /// answers when the pause ends ([`UNTIL_RESUMED`](crate::core::UNTIL_RESUMED) for
+    /// none). Paused work is not leased and costs no attempt; leases already given run on.
+    /// A pause never shortens one in place. `length`: 1 ms to 365 days.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, Queue, QueueConfig};
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_queue::QueueError> {
+    /// let queue = Queue::in_memory("roles", QueueConfig::new("gcra:rate=10/s".parse()?))?;
+    /// queue.enqueue(NewJob::new("guild:1", b"grant".to_vec())).await?;
+    /// queue.pause(Some("guild:1"), None).await?; // until resumed
+    /// assert!(queue.lease("w", 10, None, Duration::ZERO).await?.is_empty());
+    /// queue.resume(Some("guild:1")).await?;
+    /// assert_eq!(queue.lease("w", 10, None, Duration::ZERO).await?.len(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn pause(
+        &self,
+        group: Option<&str>,
+        length: Option<Duration>,
+    ) -> Result<u64, QueueError> {
+        self.backend.pause(group, length).await
+    }
+
+    /// Ends every pause of `group` (`None`: the queue's own, not its groups'), a worker's
+    /// pause after an upstream's refusal included, and wakes waiting workers.
+    pub async fn resume(&self, group: Option<&str>) -> Result<(), QueueError> {
+        self.backend.resume(group).await
     }
 
     /// One job, if the queue has it.

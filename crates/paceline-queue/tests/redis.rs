@@ -69,6 +69,15 @@ enum Step {
         id: u8,
     },
     PurgeDead,
+    /// A pause of a group (`None`: the queue) for `ms` (`None`: until resumed; 0: a
+    /// length refused).
+    Pause {
+        group: Option<u8>,
+        ms: Option<u16>,
+    },
+    Resume {
+        group: Option<u8>,
+    },
     /// Operations issued at once: on Redis they go in one combined call.
     Together {
         subs: Vec<Sub>,
@@ -81,6 +90,7 @@ enum Sub {
     Ack { pick: u8 },
     Lease { max_jobs: u8 },
     Fail { pick: u8 },
+    Pause { group: u8 },
 }
 
 fn sub() -> impl Strategy<Value = Sub> {
@@ -89,6 +99,7 @@ fn sub() -> impl Strategy<Value = Sub> {
         any::<u8>().prop_map(|pick| Sub::Ack { pick }),
         (1u8..4).prop_map(|max_jobs| Sub::Lease { max_jobs }),
         any::<u8>().prop_map(|pick| Sub::Fail { pick }),
+        (0u8..3).prop_map(|group| Sub::Pause { group }),
     ]
 }
 
@@ -142,6 +153,15 @@ async fn together(
                     .unwrap_or_default();
                 (format!("{leased:?}"), held)
             }
+            (Sub::Pause { group }, _) => (
+                format!(
+                    "{:?}",
+                    queue
+                        .pause(Some(&format!("g{group}")), Some(Duration::from_millis(500)))
+                        .await
+                ),
+                Vec::new(),
+            ),
             _ => (String::new(), Vec::new()),
         }
     });
@@ -175,6 +195,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Dead),
         1 => (any::<bool>(), 0u8..8).prop_map(|(all, id)| Step::RetryDead { all, id }),
         1 => Just(Step::PurgeDead),
+        1 => (proptest::option::of(0u8..3), proptest::option::of(prop_oneof![1 => Just(0u16), 6 => 1u16..4_000]))
+            .prop_map(|(group, ms)| Step::Pause { group, ms }),
+        1 => proptest::option::of(0u8..3).prop_map(|group| Step::Resume { group }),
         2 => proptest::collection::vec(sub(), 2..8).prop_map(|subs| Step::Together { subs }),
     ]
 }
@@ -215,6 +238,8 @@ enum Said {
     Dead(Result<Vec<JobInfo>, QueueError>),
     Retried(Result<usize, QueueError>),
     Purged(Result<usize, QueueError>),
+    Paused(Result<u64, QueueError>),
+    Resumed(Result<(), QueueError>),
     /// Each operation's outcome, as text.
     Together(Vec<String>),
     /// No lease to act on.
@@ -352,6 +377,15 @@ impl differential::Twin<Step> for QueueTwin {
                 Said::Retried(queue.retry_dead(ids).await)
             }
             Step::PurgeDead => Said::Purged(queue.purge_dead().await),
+            Step::Pause { group, ms } => {
+                let group = group.map(|g| format!("g{g}"));
+                let length = ms.map(|ms| Duration::from_millis(u64::from(ms)));
+                Said::Paused(queue.pause(group.as_deref(), length).await)
+            }
+            Step::Resume { group } => {
+                let group = group.map(|g| format!("g{g}"));
+                Said::Resumed(queue.resume(group.as_deref()).await)
+            }
             Step::Together { subs } => {
                 // Each ack or fail takes a distinct lease the twin holds.
                 let subs: Vec<(Sub, Option<(String, LeaseToken)>)> = subs

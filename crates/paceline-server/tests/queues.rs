@@ -239,7 +239,7 @@ async fn two_queues_on_two_cluster_primaries_over_http() {
     );
     assert_eq!(
         in_a["groups"],
-        json!({"g": {"waiting": 2, "active": 1, "next_eligible_ms": EPOCH_MS + 10_000}}),
+        json!({"g": {"waiting": 2, "active": 1, "next_eligible_ms": EPOCH_MS + 10_000, "paused": false, "paused_until_ms": null}}),
         "{in_a}"
     );
     let in_b = stats(b.clone()).await;

@@ -78,19 +78,20 @@ impl QueueCore {
         })
     }
 
-    /// The counts by state, and each group with jobs waiting or active.
+    /// The counts by state, and each group with jobs waiting or active or that is paused.
     pub fn stats(&mut self, now: u64) -> Result<Stats, QueueError> {
         let now = self.tick(now)?;
         self.maintain(now);
         let mut groups: Vec<GroupStats> = self
             .groups
             .iter()
-            .filter(|(_, g)| !g.waiting.is_empty() || g.active > 0)
+            .filter(|(_, g)| !g.waiting.is_empty() || g.active > 0 || g.paused_until > now)
             .map(|(name, g)| GroupStats {
                 group: name.clone(),
                 waiting: g.waiting.len() as u64,
                 active: u64::from(g.active),
                 next_eligible: g.ready.map(|(at, _)| at),
+                paused_until: (g.paused_until > now).then_some(g.paused_until),
             })
             .collect();
         groups.sort_by(|a, b| a.group.cmp(&b.group));
@@ -101,6 +102,7 @@ impl QueueCore {
             dead: self.dead.len() as u64,
             groups,
             totals: self.totals,
+            paused_until: self.paused_until(now),
         })
     }
 
@@ -117,6 +119,7 @@ impl QueueCore {
             dead: dead as u64,
             groups: Vec::new(),
             totals: self.totals,
+            paused_until: self.paused_until(now),
         })
     }
 
@@ -191,10 +194,11 @@ impl QueueCore {
     /// scheduled job is due, or a lease expires. A time at or before the last `now` means
     /// work is due: a group to ask, or due jobs and expired leases beyond what the last
     /// call handled ([`MAINTENANCE_BATCH`]); the next call makes progress on it. `None`:
-    /// no job is waiting, scheduled or leased.
+    /// no job is waiting, scheduled or leased. While the queue is paused, its groups become
+    /// eligible when the pause ends.
     pub fn next_event(&self) -> Option<u64> {
         [
-            self.ready.first().map(|r| r.0),
+            self.ready.first().map(|r| r.0.max(self.paused_until)),
             self.scheduled.first().map(|s| s.0),
             self.leases.first().map(|l| l.0),
         ]

@@ -62,6 +62,10 @@ impl QueueCore {
                 return Ok(self.replay(now, &taken));
             }
         }
+        if self.paused_until > now {
+            // The queue is paused: nothing starts, nothing is counted.
+            return Ok(Vec::new());
+        }
         let out = self.take(now, worker, max_jobs, lease_us);
         if let (Some(request), false) = (request, out.is_empty()) {
             let expires = now.saturating_add(lease_us);

@@ -5,7 +5,7 @@
 use paceline_core::round_to_micros;
 
 use super::records::{project_one, Group, Job, Place, Projection};
-use super::{queue_full, QueueCore};
+use super::{queue_full, QueueCore, UNTIL_RESUMED};
 use crate::config::QueueConfig;
 use crate::error::QueueError;
 use crate::job::{not_before_too_late, Enqueued, NewJob, MAX_DELAY};
@@ -19,7 +19,8 @@ impl QueueCore {
     /// limit) * window`. It is exact while that holds; jobs ahead that are retried, returned
     /// by an expired lease or held by a pause, a concurrency cap or a lack of workers make
     /// the real start later. A delayed job's estimate is its not-before time, or later if
-    /// the jobs ahead of it now would still be starting then.
+    /// the jobs ahead of it now would still be starting then. In a group paused until
+    /// resumed it is [`UNTIL_RESUMED`]; the queue's own pause is not counted.
     pub fn enqueue(&mut self, now: u64, job: NewJob) -> Result<Enqueued, QueueError> {
         job.validate(self.config.max_payload)?;
         let now = self.tick(now)?;
@@ -74,6 +75,8 @@ impl QueueCore {
             rank = joined;
             (Place::Waiting, estimate)
         };
+        // A group paused until resumed has no time to give: the pause's end stands for it.
+        let estimated_start = estimated_start.min(UNTIL_RESUMED);
         let state = place.state();
         self.totals.enqueued += 1;
         self.jobs.insert(

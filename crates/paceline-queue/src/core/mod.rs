@@ -47,13 +47,15 @@
 //! The queue's state and its constants are here; the records it keeps (jobs, their
 //! places, groups and their projections) are in `records`, the groups' lines and the
 //! ready set in `lines`, the work each call does first in `maintain`, leases and their
-//! outcomes in `leases`, what callers other than workers see and do in `admin`, and the
-//! rules both twins (this one and the Lua one in Redis) check in `rules`.
+//! outcomes in `leases`, pauses asked by people in `pauses`, what callers other than
+//! workers see and do in `admin`, and the rules both twins (this one and the Lua one in
+//! Redis) check in `rules`.
 
 mod admin;
 mod leases;
 mod lines;
 mod maintain;
+mod pauses;
 mod records;
 mod rules;
 
@@ -65,6 +67,8 @@ use paceline_core::InputError;
 
 use crate::config::QueueConfig;
 use crate::job::Totals;
+pub(crate) use pauses::check_pause;
+pub use pauses::UNTIL_RESUMED;
 use records::{Group, Job, Taken};
 pub(crate) use rules::{
     active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full, Jitter,
@@ -113,6 +117,8 @@ pub struct QueueCore {
     id_suffix: String,
     /// The latest `now` seen: time never goes back inside the queue.
     now: u64,
+    /// The queue's own pause: no lease takes a job before this (0: none).
+    paused_until: u64,
     totals: Totals,
 }
 
@@ -135,6 +141,7 @@ impl QueueCore {
             last_id: 0,
             id_suffix: String::new(),
             now: 0,
+            paused_until: 0,
             totals: Totals::default(),
         })
     }

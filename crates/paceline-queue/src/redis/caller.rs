@@ -47,6 +47,8 @@ pub(super) const COMBINED: &[&str] = &[
     "extend",
     "cancel",
     "retry_dead",
+    "pause",
+    "resume",
 ];
 
 /// Whether `op`'s answer starts with the queue's time: the operations that tick its clock

@@ -77,5 +77,6 @@ pub(super) fn read_counts(r: &mut Reader) -> Result<Stats, QueueError> {
         dead,
         groups: Vec::new(),
         totals,
+        paused_until: r.time()?,
     })
 }

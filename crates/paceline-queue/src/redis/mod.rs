@@ -428,6 +428,18 @@ impl QueueBackend for RedisQueue {
         Box::pin(self.cancel_job(id))
     }
 
+    fn pause<'a>(
+        &'a self,
+        group: Option<&'a str>,
+        length: Option<Duration>,
+    ) -> QueueFuture<'a, Result<u64, QueueError>> {
+        Box::pin(self.pause_work(group, length))
+    }
+
+    fn resume<'a>(&'a self, group: Option<&'a str>) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.resume_work(group))
+    }
+
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
         Box::pin(self.job_info(id))
     }

@@ -9,8 +9,9 @@ use paceline_store::redis::{Reader, Reply};
 use super::caller::arg;
 use super::decode::{protocol, read_counts, read_job, read_state, reader};
 use super::RedisQueue;
+use crate::config::check_group;
 use crate::core::{
-    active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full,
+    active_conflict, check_failure, check_lease_request, check_pause, cut, micros_up, queue_full,
     MAINTENANCE_BATCH,
 };
 use crate::error::QueueError;
@@ -264,6 +265,32 @@ impl RedisQueue {
         }
     }
 
+    pub(super) async fn pause_work(
+        &self,
+        group: Option<&str>,
+        length: Option<Duration>,
+    ) -> Result<u64, QueueError> {
+        if let Some(group) = group {
+            check_group(group)?;
+        }
+        check_pause(length)?;
+        let length = length.map_or(Vec::new(), |d| arg(paceline_core::round_to_micros(d)));
+        let reply = self
+            .call("pause", vec![arg(group.unwrap_or("")), length])
+            .await?;
+        let mut r = reader(reply)?;
+        r.u64()?;
+        Ok(r.u64()?)
+    }
+
+    pub(super) async fn resume_work(&self, group: Option<&str>) -> Result<(), QueueError> {
+        if let Some(group) = group {
+            check_group(group)?;
+        }
+        self.call("resume", vec![arg(group.unwrap_or(""))]).await?;
+        Ok(())
+    }
+
     pub(super) async fn job_info(&self, id: &str) -> Result<Option<JobInfo>, QueueError> {
         let reply = self.call("job", vec![arg(id)]).await?;
         let mut r = reader(reply)?;
@@ -285,6 +312,7 @@ impl RedisQueue {
                 waiting: r.u64()?,
                 active: r.u64()?,
                 next_eligible: r.time()?,
+                paused_until: r.time()?,
             });
         }
         stats.groups.sort_by(|a, b| a.group.cmp(&b.group));

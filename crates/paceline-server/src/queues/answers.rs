@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use axum::http::StatusCode;
+use paceline_queue::core::UNTIL_RESUMED;
 use paceline_queue::{Enqueued, JobInfo, Leased, QueueError, Stats};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -49,12 +50,13 @@ impl From<QueueError> for ApiError {
     }
 }
 
-/// A job enqueued (`201`), or found enqueued already under its id (`200`).
+/// A job enqueued (`201`), or found enqueued already under its id (`200`); its estimated
+/// start is `null` in a group paused until resumed.
 #[derive(Serialize)]
 pub(super) struct EnqueuedBody<'a> {
     id: &'a str,
     state: &'static str,
-    estimated_start_ms: u64,
+    estimated_start_ms: Option<u64>,
 }
 
 /// The status and body of an enqueued job.
@@ -69,7 +71,8 @@ pub(super) fn enqueued(e: &Enqueued) -> (StatusCode, EnqueuedBody<'_>) {
         EnqueuedBody {
             id: &e.id,
             state: e.state.name(),
-            estimated_start_ms: unix_ms(e.estimated_start),
+            estimated_start_ms: (e.estimated_start != UNTIL_RESUMED)
+                .then(|| unix_ms(e.estimated_start)),
         },
     )
 }
@@ -80,7 +83,7 @@ pub(super) fn enqueued(e: &Enqueued) -> (StatusCode, EnqueuedBody<'_>) {
 #[serde(untagged)]
 pub(super) enum BatchEntry<'a> {
     Enqueued {
-        estimated_start_ms: u64,
+        estimated_start_ms: Option<u64>,
         id: &'a str,
         state: &'static str,
         status: u16,
@@ -230,17 +233,54 @@ pub(super) struct StatsBody<'a> {
     active: u64,
     dead: u64,
     groups: BTreeMap<&'a str, GroupCounts>,
+    paused: bool,
+    paused_until_ms: Option<u64>,
     queue: &'a str,
     scheduled: u64,
     waiting: u64,
 }
 
-/// One group's counts, and when its next job may start (`null` when none waits).
+/// One group's counts, when its next job may start (`null` when none waits), and its
+/// pause.
 #[derive(Serialize)]
 struct GroupCounts {
     active: u64,
     next_eligible_ms: Option<u64>,
+    paused: bool,
+    paused_until_ms: Option<u64>,
     waiting: u64,
+}
+
+/// Whether something is paused, and until when in Unix ms (`null`: not paused, or until
+/// resumed).
+fn pause_fields(until: Option<u64>) -> (bool, Option<u64>) {
+    (
+        until.is_some(),
+        until.filter(|&t| t != UNTIL_RESUMED).map(unix_ms),
+    )
+}
+
+/// What a pause or a resume answers: what it named, and its pause now.
+#[derive(Serialize)]
+pub(super) struct PausedBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group: Option<&'a str>,
+    paused: bool,
+    paused_until_ms: Option<u64>,
+    queue: &'a str,
+}
+
+impl<'a> PausedBody<'a> {
+    /// Queue `queue` (or its `group`) paused until `until` (`None`: resumed).
+    pub(super) fn new(queue: &'a str, group: Option<&'a str>, until: Option<u64>) -> Self {
+        let (paused, paused_until_ms) = pause_fields(until);
+        PausedBody {
+            group,
+            paused,
+            paused_until_ms,
+            queue,
+        }
+    }
 }
 
 impl<'a> StatsBody<'a> {
@@ -250,23 +290,36 @@ impl<'a> StatsBody<'a> {
             .groups
             .iter()
             .map(|g| {
+                let (paused, paused_until_ms) = pause_fields(g.paused_until);
                 let counts = GroupCounts {
                     active: g.active,
                     next_eligible_ms: g.next_eligible.map(unix_ms),
+                    paused,
+                    paused_until_ms,
                     waiting: g.waiting,
                 };
                 (g.group.as_str(), counts)
             })
             .collect();
+        let (paused, paused_until_ms) = pause_fields(s.paused_until);
         StatsBody {
             active: s.active,
             dead: s.dead,
             groups,
+            paused,
+            paused_until_ms,
             queue: name,
             scheduled: s.scheduled,
             waiting: s.waiting,
         }
     }
+}
+
+/// What a pause (`until`: its end) or a resume (`None`) of queue `name` or its `group`
+/// answers, as the HTTP API (and `paceline queue pause`) shows it.
+pub fn paused_body(name: &str, group: Option<&str>, until: Option<u64>) -> Value {
+    // Names and numbers: always serialisable.
+    serde_json::to_value(PausedBody::new(name, group, until)).unwrap_or_default()
 }
 
 /// A queue's counts as the HTTP API (and `paceline queue stats`) shows them.

@@ -8,7 +8,9 @@
 //! | `POST /v1/queues/{queue}/leases` `{"worker", "max_jobs"?, "lease_ms"?, "wait_ms"?, "request_id"?}` | `200 {"jobs": [...]}` |
 //! | `POST /v1/queues/{queue}/jobs/{id}/ack`, `.../fail`, `.../extend` `{"lease", ...}` | `204`, `204`, `200 {"lease_expires_ms"}`; `409 lease_lost` for a lease no longer the job's |
 //! | `GET`, `DELETE /v1/queues/{queue}/jobs/{id}` | the job; cancel it (`204`) |
-//! | `GET /v1/queues/{queue}` | the counts, and each group's |
+//! | `GET /v1/queues/{queue}` | the counts, and each group's, with their pauses |
+//! | `POST /v1/queues/{queue}/pause` `{"ms"?}`, `.../resume` | `200`: the queue leases nothing until resumed or for `ms` |
+//! | `POST /v1/queues/{queue}/groups/{group}/pause` `{"ms"?}`, `.../resume` | `200`: the group starts nothing until resumed or for `ms` |
 //! | `GET`, `DELETE /v1/queues/{queue}/dead`, `POST .../dead/retry` | list, purge, retry the dead jobs |
 //!
 //! Times (`*_ms`) are Unix milliseconds on the queue's clock, so `started_ms` of jobs leased
@@ -32,14 +34,14 @@ use crate::error::{ApiError, ErrorCode};
 use crate::extract::{path_parts, Authorized, JsonBody};
 use crate::state::AppState;
 use answers::{
-    enqueued, leased, BatchEntry, ExtendedBody, JobsBody, LeasedBody, PurgedBody, RetriedBody,
-    StatsBody,
+    enqueued, leased, BatchEntry, ExtendedBody, JobsBody, LeasedBody, PausedBody, PurgedBody,
+    RetriedBody, StatsBody,
 };
-pub use answers::{job_body, stats_body, JobBody};
+pub use answers::{job_body, paused_body, stats_body, JobBody};
 pub use requests::MAX_ENQUEUE_BATCH;
 use requests::{
     AckBody, DeadQuery, EnqueueBody, ExtendBody, FailBody, JobsArray, LeaseBody, LeaseCall, Object,
-    RetryBody,
+    PauseSchema, RetryBody,
 };
 
 /// The most dead jobs one listing answers.
@@ -58,10 +60,19 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
         .route("/v1/queues/{queue}/jobs/{id}/extend", post(extend))
         .route("/v1/queues/{queue}/dead", get(dead).delete(purge_dead))
         .route("/v1/queues/{queue}/dead/retry", post(retry_dead))
+        .route("/v1/queues/{queue}/pause", post(pause_queue))
+        .route("/v1/queues/{queue}/resume", post(resume_queue))
+        .route("/v1/queues/{queue}/groups/{group}/pause", post(pause_group))
+        .route(
+            "/v1/queues/{queue}/groups/{group}/resume",
+            post(resume_group),
+        )
 }
 
 /// What a path's parts must be, as an error says it.
 const PATH_PARTS: &str = "the queue and job id";
+/// What a group's path's parts must be, as an error says it.
+const GROUP_PATH_PARTS: &str = "the queue and group";
 
 /// The queue a path names (`{queue}`): `404 unknown_queue` for one not configured.
 struct QueueAt {
@@ -99,6 +110,30 @@ impl FromRequestParts<Arc<AppState>> for JobAt {
             path_parts(Path::from_request_parts(parts, state).await, PATH_PARTS)?;
         let queue = queue(state, &name)?;
         Ok(JobAt { queue, id })
+    }
+}
+
+/// A group a path names (`{queue}/groups/{group}`): its queue's name, the queue, and the
+/// group (checked by the queue).
+struct GroupAt {
+    name: String,
+    queue: Queue,
+    group: String,
+}
+
+impl FromRequestParts<Arc<AppState>> for GroupAt {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &Arc<AppState>,
+    ) -> Result<GroupAt, ApiError> {
+        let (name, group): (String, String) = path_parts(
+            Path::from_request_parts(parts, state).await,
+            GROUP_PATH_PARTS,
+        )?;
+        let queue = queue(state, &name)?;
+        Ok(GroupAt { name, queue, group })
     }
 }
 
@@ -272,6 +307,47 @@ async fn cancel(_: Authorized, JobAt { queue, id }: JobAt) -> Result<StatusCode,
 async fn stats(_: Authorized, QueueAt { name, queue }: QueueAt) -> Result<Response, ApiError> {
     let s = queue.stats().await?;
     Ok(Json(StatsBody::new(&name, &s)).into_response())
+}
+
+/// `POST /v1/queues/{queue}/pause` `{"ms"?}`: the queue leases nothing for `ms`, or until
+/// resumed; leases given run on.
+async fn pause_queue(
+    _: Authorized,
+    QueueAt { name, queue }: QueueAt,
+    body: JsonBody<PauseSchema>,
+) -> Result<Response, ApiError> {
+    let until = queue.pause(None, body.read()?).await?;
+    Ok(Json(PausedBody::new(&name, None, Some(until))).into_response())
+}
+
+/// `POST /v1/queues/{queue}/resume`: the queue's own pause ends (its groups' stay).
+async fn resume_queue(
+    _: Authorized,
+    QueueAt { name, queue }: QueueAt,
+) -> Result<Response, ApiError> {
+    queue.resume(None).await?;
+    Ok(Json(PausedBody::new(&name, None, None)).into_response())
+}
+
+/// `POST /v1/queues/{queue}/groups/{group}/pause` `{"ms"?}`: the group starts nothing for
+/// `ms`, or until resumed.
+async fn pause_group(
+    _: Authorized,
+    GroupAt { name, queue, group }: GroupAt,
+    body: JsonBody<PauseSchema>,
+) -> Result<Response, ApiError> {
+    let until = queue.pause(Some(&group), body.read()?).await?;
+    Ok(Json(PausedBody::new(&name, Some(&group), Some(until))).into_response())
+}
+
+/// `POST /v1/queues/{queue}/groups/{group}/resume`: every pause of the group ends, a
+/// worker's after an upstream's refusal included.
+async fn resume_group(
+    _: Authorized,
+    GroupAt { name, queue, group }: GroupAt,
+) -> Result<Response, ApiError> {
+    queue.resume(Some(&group)).await?;
+    Ok(Json(PausedBody::new(&name, Some(&group), None)).into_response())
 }
 
 /// `GET /v1/queues/{queue}/dead?offset=0&limit=100`: the dead jobs, oldest first.

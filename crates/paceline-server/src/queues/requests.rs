@@ -245,6 +245,30 @@ pub(super) struct RetryBody {
     pub(super) ids: Option<Vec<String>>,
 }
 
+/// `POST .../pause`'s body: `{"ms"?}`, a pause of that many milliseconds, or no body (or
+/// no `ms`): until resumed.
+pub(super) enum PauseSchema {}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PauseBody {
+    ms: Option<Number>,
+}
+
+impl JsonSchema for PauseSchema {
+    const LIMIT: usize = 64 * 1024;
+    type Value<'a> = Option<Duration>;
+
+    fn read(json: &str) -> Result<Option<Duration>, ApiError> {
+        if json.trim().is_empty() {
+            return Ok(None);
+        }
+        let body: PauseBody = request::object(json, "a JSON object: {\"ms\"?}, or no body", &[])?;
+        // 0 reads, and is refused by the queue with the range it takes.
+        millis("ms", body.ms.as_ref(), MAX_DELAY_MS)
+    }
+}
+
 /// A number of milliseconds from 0 to `max_ms`, named `field`.
 fn millis(field: &str, n: Option<&Number>, max_ms: f64) -> Result<Option<Duration>, ApiError> {
     number_field(
