@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use paceline_core::spec::parse_duration;
-use paceline_core::InputError;
+use paceline_core::{InputError, Policy};
 use paceline_queue::job::MAX_DELAY;
 use paceline_queue::{Queue, QueueError};
 use paceline_server::queues::{job_body, paused_body, stats_body};
@@ -61,6 +61,22 @@ pub enum Action {
         /// How long, e.g. `90s`, `1h`, `7d` (1ms to 365d); without it, until resumed.
         #[arg(long = "for", value_name = "DURATION")]
         length: Option<String>,
+    },
+    /// Print a group's policy and where it comes from; set it (--set), or give the config's
+    /// back (--unset). A policy set here is kept by the store: every service sharing the
+    /// queue uses it from its next call, through restarts and config changes.
+    Policy {
+        #[command(flatten)]
+        target: Target,
+        /// The group.
+        #[arg(value_name = "GROUP")]
+        group: String,
+        /// Set this policy spec, e.g. `fixed_window:limit=10,window=10s`.
+        #[arg(long, value_name = "SPEC", conflicts_with = "unset")]
+        set: Option<String>,
+        /// Give the group the config's policy again.
+        #[arg(long)]
+        unset: bool,
     },
     /// End the queue's own pause, or every pause of one group (--group).
     Resume {
@@ -171,6 +187,27 @@ async fn act(action: Action) -> Result<ExitCode, QueueError> {
             println!(
                 "{}",
                 paused_body(&target.queue, group.as_deref(), Some(until))
+            );
+        }
+        Action::Policy {
+            target,
+            group,
+            set,
+            unset,
+        } => {
+            let queue = attach(&target).await?;
+            if let Some(spec) = set {
+                let policy: Policy = spec.parse().map_err(|e: InputError| {
+                    InputError::new(format!("set.{}", e.field()), e.message().to_string())
+                })?;
+                queue.set_policy(&group, Some(&policy)).await?;
+            } else if unset {
+                queue.set_policy(&group, None).await?;
+            }
+            let (policy, source) = queue.policy(&group).await?;
+            println!(
+                "{}",
+                json!({"group": group, "policy": policy.to_string(), "queue": target.queue, "source": source.name()})
             );
         }
         Action::Resume { target, group } => {

@@ -583,6 +583,41 @@ fn the_queue_command_shows_and_repairs_a_redis_queue() {
     assert!(out.contains(r#""paused":false"#), "{out}");
     assert_eq!(group(&get(s.port, "/v1/queues/roles").json()), false);
 
+    // A group's policy from the command line, seen by the service.
+    let set = [
+        "policy",
+        "--store",
+        &url,
+        "roles",
+        "guild:2",
+        "--set",
+        "gcra:rate=5/s",
+    ];
+    let (code, out, err) = queue_command(&set);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        r#"{"group":"guild:2","policy":"gcra:rate=5/s,burst=1","queue":"roles","source":"run_time"}"#
+    );
+    let shown = get(s.port, "/v1/queues/roles/groups/guild:2/policy").json();
+    assert_eq!(text(&shown["source"]), "run_time", "{shown}");
+    let bad = [
+        "policy",
+        "--store",
+        &url,
+        "roles",
+        "guild:2",
+        "--set",
+        "gcra:rate=soon",
+    ];
+    let (code, _, err) = queue_command(&bad);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("set.rate"), "{err}");
+    let unset = ["policy", "--store", &url, "roles", "guild:2", "--unset"];
+    let (code, out, err) = queue_command(&unset);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains(r#""source":"default""#), "{out}");
+
     // A queue the store does not hold, a bad URL: input errors; an unreachable store: 3.
     let (code, _, err) = queue_command(&["stats", "--store", &url, "elsewhere"]);
     assert_eq!(code, 2, "{err}");
@@ -1164,4 +1199,97 @@ fn pausing_and_resuming(p: u16) {
 on_memory_and_redis!(
     pausing_and_resuming: pausing_and_resuming_on_memory,
     pausing_and_resuming_on_redis
+);
+
+/// A group's policy set over HTTP while jobs wait: a group refused for the hour starts the
+/// rest at once under a higher limit; `GET` says where the policy comes from; `DELETE`
+/// gives the config's back; bad policies are `400`s naming their field, changing nothing.
+fn changing_a_groups_policy(p: u16) {
+    for n in 0..3 {
+        enqueue(p, "guild:slow", &format!("s{n}"));
+    }
+    let url = "/v1/queues/roles/groups/guild:slow/policy";
+    let r = get(p, url);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let before = r.json();
+    assert_eq!(
+        (
+            text(&before["source"]),
+            text(&before["group"]),
+            text(&before["queue"])
+        ),
+        ("config".into(), "guild:slow".into(), "roles".into())
+    );
+    assert!(
+        text(&before["policy"]).starts_with("sliding_log:"),
+        "{before}"
+    );
+    assert_eq!(
+        lease(p, r#"{"worker": "w", "max_jobs": 10, "lease_ms": 60000}"#).len(),
+        1
+    );
+    assert!(lease(p, r#"{"worker": "w", "max_jobs": 10}"#).is_empty());
+    for (body, field) in [
+        (r#"{"policy": "concurrency:limit=5,lease=30s"}"#, "policy"),
+        (r#"{"policy": "gcra:rate=fast"}"#, "policy.rate"),
+        (r#"{"policy": "warp:speed=9"}"#, "policy.algorithm"),
+        (r#"{}"#, "policy"),
+        (r#"{"policy": 5}"#, "policy"),
+        (r#"{"policy": "gcra:rate=1/s", "spec": 1}"#, "spec"),
+        (r#"["gcra:rate=1/s"]"#, "body"),
+    ] {
+        let r = http(p, "PUT", url, &[], body.as_bytes());
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let (code, named) = r.error();
+        assert_eq!(code, "invalid_argument", "{body}: {}", r.body);
+        assert!(named.starts_with(field), "{body}: {named} ({})", r.body);
+    }
+    let r = http(
+        p,
+        "PUT",
+        "/v1/queues/roles/groups/%07/policy",
+        &[],
+        br#"{"policy": "gcra:rate=1/s"}"#,
+    );
+    assert_eq!((r.status, r.error().1), (400, "group".into()), "{}", r.body);
+    let r = get(p, "/v1/queues/nowhere/groups/g/policy");
+    assert_eq!(
+        (r.status, r.error().0),
+        (404, "unknown_queue".into()),
+        "{}",
+        r.body
+    );
+    assert!(lease(p, r#"{"worker": "w", "max_jobs": 10}"#).is_empty());
+    // Raised: the two waiting start at once.
+    let r = http(
+        p,
+        "PUT",
+        url,
+        &[],
+        br#"{"policy": "gcra:rate=100/s,burst=10"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(text(&r.json()["source"]), "run_time");
+    assert_eq!(text(&r.json()["policy"]), "gcra:rate=100/s,burst=10");
+    assert_eq!(text(&get(p, url).json()["source"]), "run_time");
+    let jobs = lease(p, r#"{"worker": "w", "max_jobs": 10}"#);
+    assert_eq!(
+        jobs.iter().map(|j| text(&j["id"])).collect::<Vec<_>>(),
+        ["s1", "s2"]
+    );
+    // Unset: the config's own again.
+    let r = delete(p, url);
+    assert_eq!(
+        (r.status, text(&r.json()["source"])),
+        (200, "config".into()),
+        "{}",
+        r.body
+    );
+    let r = get(p, "/v1/queues/roles/groups/guild:other/policy");
+    assert_eq!(text(&r.json()["source"]), "default", "{}", r.body);
+}
+
+on_memory_and_redis!(
+    changing_a_groups_policy: changing_a_groups_policy_on_memory,
+    changing_a_groups_policy_on_redis
 );

@@ -14,6 +14,10 @@
 --   config       MessagePack { fp, default, spec, gc, ma, lease, bo, bo_max, max_jobs, mp }
 --   policies     hash: group -> MessagePack of its own policy's arguments
 --   specs        hash: group -> its own policy's spec (for `read_config`)
+--   rpolicies    hash: group -> MessagePack of the arguments of the policy set for it at
+--                run time (`set_policy`), which wins over `policies`; kept when the
+--                configuration changes
+--   rspecs       hash: group -> that policy's spec
 --   groups       set of the groups held
 --   g:GROUP      the group (see `group_entry`): flat and binary when its policy states are
 --                `gcra`'s or none (see `pack_group`), else MessagePack
@@ -82,9 +86,10 @@ local int, padded = PL.int, PL.padded
 -- read so far (false: known absent), written back by `flush`.
 local base, now, meta, config
 local groups, jobs, deleted_jobs, dropped_groups, policy_cache
--- The default policy, once read, and whether any group has one of its own (nil: not asked
--- yet), for this call.
-local default_policy, overrides
+-- The default policy, once read, and whether any group has one of its own in the
+-- configuration, and whether any has one set at run time (nil: not asked yet), for this
+-- call.
+local default_policy, overrides, run_time
 -- Each object's record as read (by key suffix): `flush` writes only those that changed.
 local read_as
 
@@ -298,7 +303,7 @@ local function begin(KEYS, clock_arg)
   base = KEYS[1]
   local t = PL.clock(clock_arg)
   groups, jobs, deleted_jobs, dropped_groups, policy_cache, read_as = {}, {}, {}, {}, {}, {}
-  default_policy, overrides = nil, nil
+  default_policy, overrides, run_time = nil, nil, nil
   -- A call that failed half-way may have left a lease's buffer behind.
   ready_adds = nil
   meta = read_meta(redis.call('GET', base .. 'meta') or nil)
@@ -510,8 +515,12 @@ local function policy_of(name)
     if overrides == nil then
       -- Whether any group has a policy of its own, asked once a call.
       overrides = redis.call('EXISTS', base .. 'policies') == 1
+      run_time = redis.call('EXISTS', base .. 'rpolicies') == 1
     end
-    local raw = overrides and redis.call('HGET', base .. 'policies', name)
+    local raw = run_time and redis.call('HGET', base .. 'rpolicies', name)
+    if not raw and overrides then
+      raw = redis.call('HGET', base .. 'policies', name)
+    end
     if raw then
       policy = PL.read_policy(cmsgpack.unpack(raw), 1)
     else
@@ -942,7 +951,7 @@ function ops.config(ARGV, o)
     redis.call('HSET', base .. 'specs', '\001partitions', ARGV[s + 8])
   end
   -- The groups' policies change: none read before now may be kept.
-  policy_cache, default_policy, overrides = {}, nil, nil
+  policy_cache, default_policy, overrides, run_time = {}, nil, nil, nil
   for _ = 1, own_policies do
     local name = ARGV[a]
     redis.call('HSET', base .. 'specs', name, ARGV[a + 1])
@@ -1582,6 +1591,48 @@ function ops.pause(ARGV, o)
   return { now, g.paused_until }
 end
 
+-- set_policy GROUP SPEC N ARGS...: sets the group's policy (SPEC '': back to the
+-- configuration's), as `QueueCore::set_policy`: the group's refusal under the old one no
+-- longer holds it. Answers now.
+function ops.set_policy(ARGV, o)
+  local name, spec = ARGV[o + 3], ARGV[o + 4]
+  maintain(now)
+  if spec == '' then
+    redis.call('HDEL', base .. 'rpolicies', name)
+    redis.call('HDEL', base .. 'rspecs', name)
+  else
+    local args = {}
+    for i = 1, tonumber(ARGV[o + 5]) do
+      args[i] = ARGV[o + 5 + i]
+    end
+    redis.call('HSET', base .. 'rpolicies', name, cmsgpack.pack(args))
+    redis.call('HSET', base .. 'rspecs', name, spec)
+  end
+  -- Asked again by the next look, this call's included.
+  policy_cache[name], overrides, run_time = nil, nil, nil
+  local g = load_group(name)
+  if g then
+    g.next_at = 0
+  end
+  place_again(name)
+  return { now }
+end
+
+-- policy GROUP: the group's policy's spec and where it comes from ('run_time', 'config' or
+-- 'default'). Reads only.
+function ops.policy(ARGV, o)
+  local name = ARGV[o + 3]
+  local spec = redis.call('HGET', base .. 'rspecs', name)
+  if spec then
+    return { spec, 'run_time' }
+  end
+  spec = redis.call('HGET', base .. 'specs', name)
+  if spec then
+    return { spec, 'config' }
+  end
+  return { config.spec, 'default' }
+end
+
 -- resume GROUP: ends every pause of the group ('': the queue's own). Answers now.
 function ops.resume(ARGV, o)
   local name = ARGV[o + 3]
@@ -1680,12 +1731,12 @@ end
 local ticking = {
   enqueue = true, lease = true, ack = true, fail = true, extend = true, cancel = true,
   counts = true, stats = true, retry_dead = true, purge_dead = true, pause = true,
-  resume = true,
+  resume = true, set_policy = true,
 }
 local writing = {
   config = true, enqueue = true, lease = true, ack = true, fail = true, extend = true,
   cancel = true, counts = true, stats = true, retry_dead = true, purge_dead = true,
-  pause = true, resume = true,
+  pause = true, resume = true, set_policy = true,
 }
 
 -- multi COUNT (OP N ARGS...)...: the operations in order, as if each were its own call at

@@ -6,7 +6,8 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use paceline_core::{Clock, InputError};
+use crate::core::PolicySource;
+use paceline_core::{Clock, InputError, Policy};
 use paceline_store::secret::TokenKey;
 use paceline_store::SystemClock;
 use tokio::sync::Notify;
@@ -257,6 +258,27 @@ impl QueueBackend for MemoryQueue {
             self.wake();
         }
         ready(answer)
+    }
+
+    fn set_policy<'a>(
+        &'a self,
+        group: &'a str,
+        policy: Option<&'a Policy>,
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
+        let now = self.now();
+        let answer = self.core().set_policy(now, group, policy.cloned());
+        if answer.is_ok() {
+            // The group may start sooner under its new policy.
+            self.wake();
+        }
+        ready(answer)
+    }
+
+    fn policy<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>> {
+        ready(self.core().policy(group))
     }
 
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {

@@ -96,11 +96,11 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use paceline_core::{Clock, InputError, StoreError, StoreErrorKind};
+use paceline_core::{Clock, InputError, Policy, StoreError, StoreErrorKind};
 use paceline_store::secret::TokenKey;
 
 use crate::config::QueueConfig;
-use crate::core::{check_lease_request, UNTIL_RESUMED};
+use crate::core::{check_lease_request, PolicySource, UNTIL_RESUMED};
 use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats, Totals};
 use crate::memory::MemoryQueue;
@@ -821,6 +821,23 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
         Box::pin(self.resume_where(group))
     }
 
+    fn set_policy<'a>(
+        &'a self,
+        group: &'a str,
+        policy: Option<&'a Policy>,
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
+        let p = partition_of(group, self.config.partitions);
+        self.parts[p].set_policy(group, policy)
+    }
+
+    fn policy<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>> {
+        let p = partition_of(group, self.config.partitions);
+        self.parts[p].policy(group)
+    }
+
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
         Box::pin(self.job_anywhere(id))
     }
@@ -1148,6 +1165,19 @@ mod failing {
         }
         fn resume<'a>(&'a self, group: Option<&'a str>) -> QueueFuture<'a, Result<(), QueueError>> {
             self.inner.resume(group)
+        }
+        fn set_policy<'a>(
+            &'a self,
+            group: &'a str,
+            policy: Option<&'a Policy>,
+        ) -> QueueFuture<'a, Result<(), QueueError>> {
+            self.inner.set_policy(group, policy)
+        }
+        fn policy<'a>(
+            &'a self,
+            group: &'a str,
+        ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>> {
+            self.inner.policy(group)
         }
         fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
             now(self.run("job", || at_once(self.inner.job(id))))

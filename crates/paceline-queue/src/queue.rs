@@ -5,8 +5,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::core::PolicySource;
 use paceline_core::StoreErrorKind;
-use paceline_core::{Clock, InputError};
+use paceline_core::{Clock, InputError, Policy};
 use paceline_store::secret::TokenKey;
 use paceline_store::{SharedStore, StoreOptions, SystemClock};
 
@@ -93,6 +94,18 @@ pub trait QueueBackend: Send + Sync + 'static {
     /// Ends every pause of `group` (`None`: the queue's own). See
     /// [`QueueCore::resume`](crate::QueueCore::resume).
     fn resume<'a>(&'a self, group: Option<&'a str>) -> QueueFuture<'a, Result<(), QueueError>>;
+    /// Sets `group`'s policy (`None`: back to the configuration's). See
+    /// [`QueueCore::set_policy`](crate::QueueCore::set_policy).
+    fn set_policy<'a>(
+        &'a self,
+        group: &'a str,
+        policy: Option<&'a Policy>,
+    ) -> QueueFuture<'a, Result<(), QueueError>>;
+    /// `group`'s policy now, and where it comes from.
+    fn policy<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>>;
     /// One job.
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>>;
     /// The counts, and each group's.
@@ -542,6 +555,36 @@ impl Queue {
         length: Option<Duration>,
     ) -> Result<u64, QueueError> {
         self.backend.pause(group, length).await
+    }
+
+    /// Sets `group`'s policy while the queue runs (`None`: back to the configuration's, its
+    /// own for the group or the default), kept by the queue's store: every process sharing
+    /// it sees it at its next call, a restart keeps it, and a configuration change leaves
+    /// it in place. The group's state carries over when the algorithm stays and starts
+    /// afresh when it changes; a refusal under the old policy no longer holds the group.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, Queue, QueueConfig};
+    /// use paceline_queue::core::PolicySource;
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_queue::QueueError> {
+    /// let queue = Queue::in_memory("roles", QueueConfig::new("fixed_window:limit=1,window=1h".parse()?))?;
+    /// queue.set_policy("guild:1", Some(&"gcra:rate=10/s".parse()?)).await?;
+    /// let (policy, source) = queue.policy("guild:1").await?;
+    /// assert_eq!(policy.to_string(), "gcra:rate=10/s,burst=1"); // as its spec prints
+    /// assert_eq!(source, PolicySource::RunTime);
+    /// queue.set_policy("guild:1", None).await?;
+    /// assert_eq!(queue.policy("guild:1").await?.1, PolicySource::Default);
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_policy(&self, group: &str, policy: Option<&Policy>) -> Result<(), QueueError> {
+        self.backend.set_policy(group, policy).await
+    }
+
+    /// `group`'s policy now, and where it comes from.
+    pub async fn policy(&self, group: &str) -> Result<(Policy, PolicySource), QueueError> {
+        self.backend.policy(group).await
     }
 
     /// Ends every pause of `group` (`None`: the queue's own, not its groups'), a worker's

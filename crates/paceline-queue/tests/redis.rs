@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use paceline_core::{Clock, ManualClock, Policy};
+use paceline_queue::core::PolicySource;
 use paceline_queue::{
     Enqueued, FailOutcome, Failure, JobInfo, LeaseToken, Leased, MemoryQueue, NewJob, Partitioned,
     Queue, QueueConfig, QueueError, RedisQueue, Stats,
@@ -77,6 +78,15 @@ enum Step {
     },
     Resume {
         group: Option<u8>,
+    },
+    /// A group's policy set at run time (`None`: unset): one of `POLICIES`, or one a queue
+    /// cannot use.
+    SetPolicy {
+        group: u8,
+        policy: Option<u8>,
+    },
+    Policy {
+        group: u8,
     },
     /// Operations issued at once: on Redis they go in one combined call.
     Together {
@@ -198,6 +208,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (proptest::option::of(0u8..3), proptest::option::of(prop_oneof![1 => Just(0u16), 6 => 1u16..4_000]))
             .prop_map(|(group, ms)| Step::Pause { group, ms }),
         1 => proptest::option::of(0u8..3).prop_map(|group| Step::Resume { group }),
+        1 => (0u8..3, proptest::option::of(0u8..8)).prop_map(|(group, policy)| Step::SetPolicy { group, policy }),
+        1 => (0u8..3).prop_map(|group| Step::Policy { group }),
         2 => proptest::collection::vec(sub(), 2..8).prop_map(|subs| Step::Together { subs }),
     ]
 }
@@ -240,6 +252,8 @@ enum Said {
     Purged(Result<usize, QueueError>),
     Paused(Result<u64, QueueError>),
     Resumed(Result<(), QueueError>),
+    PolicySet(Result<(), QueueError>),
+    Policy(Result<(Policy, PolicySource), QueueError>),
     /// Each operation's outcome, as text.
     Together(Vec<String>),
     /// No lease to act on.
@@ -386,6 +400,23 @@ impl differential::Twin<Step> for QueueTwin {
                 let group = group.map(|g| format!("g{g}"));
                 Said::Resumed(queue.resume(group.as_deref()).await)
             }
+            Step::SetPolicy { group, policy } => {
+                // Past the list: a policy no queue can use.
+                let spec = policy.map(|p| {
+                    POLICIES
+                        .get(usize::from(p))
+                        .copied()
+                        .unwrap_or("concurrency:limit=5,lease=30s")
+                });
+                let policy: Option<Policy> =
+                    spec.map(|s| s.parse().unwrap_or_else(|e| panic!("{s}: {e}")));
+                Said::PolicySet(
+                    queue
+                        .set_policy(&format!("g{group}"), policy.as_ref())
+                        .await,
+                )
+            }
+            Step::Policy { group } => Said::Policy(queue.policy(&format!("g{group}")).await),
             Step::Together { subs } => {
                 // Each ack or fail takes a distinct lease the twin holds.
                 let subs: Vec<(Sub, Option<(String, LeaseToken)>)> = subs

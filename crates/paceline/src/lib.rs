@@ -288,7 +288,7 @@ pub mod queue {
     //! }
     //! ```
 
-    pub use paceline_queue::core::UNTIL_RESUMED;
+    pub use paceline_queue::core::{PolicySource, UNTIL_RESUMED};
     pub use paceline_queue::partitioned::partition_of;
     pub use paceline_queue::token::NotAToken;
     #[cfg(feature = "redis")]

@@ -56,19 +56,21 @@ mod leases;
 mod lines;
 mod maintain;
 mod pauses;
+mod policies;
 mod records;
 mod rules;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use paceline_core::policy::check_now;
-use paceline_core::InputError;
+use paceline_core::{InputError, Policy};
 
 use crate::config::QueueConfig;
 use crate::job::Totals;
 pub(crate) use pauses::check_pause;
 pub use pauses::UNTIL_RESUMED;
+pub use policies::PolicySource;
 use records::{Group, Job, Taken};
 pub(crate) use rules::{
     active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full, Jitter,
@@ -89,7 +91,13 @@ pub const MAX_PAUSE: Duration = Duration::from_secs(86_400);
 /// A rate-limited job queue's whole state. See the [module docs](self).
 #[derive(Debug)]
 pub struct QueueCore {
+    /// The configuration the queue runs on: the one given, with the policies set at run
+    /// time in place of its own.
     config: QueueConfig,
+    /// The configuration as given.
+    file_config: QueueConfig,
+    /// The groups' policies set at run time (see `policies`).
+    run_time: BTreeMap<String, Policy>,
     jobs: HashMap<String, Job>,
     groups: HashMap<String, Group>,
     /// Groups with a job waiting, below their cap: (eligible at, order, group).
@@ -127,6 +135,8 @@ impl QueueCore {
     pub fn new(config: QueueConfig) -> Result<QueueCore, InputError> {
         config.validate()?;
         Ok(QueueCore {
+            file_config: config.clone(),
+            run_time: BTreeMap::new(),
             config,
             jobs: HashMap::new(),
             groups: HashMap::new(),
@@ -153,16 +163,19 @@ impl QueueCore {
         self
     }
 
-    /// The queue's configuration.
+    /// The queue's configuration, with the groups' policies set at run time in place of its
+    /// own ([`set_policy`](Self::set_policy)).
     pub fn config(&self) -> &QueueConfig {
         &self.config
     }
 
     /// Replaces the configuration (each group's policy, caps, defaults); jobs and the
     /// groups' policy states stay. A group whose policy changes algorithm starts afresh.
+    /// Policies set at run time stay, in place of the new configuration's.
     pub fn set_config(&mut self, config: QueueConfig) -> Result<(), InputError> {
         config.validate()?;
-        self.config = config;
+        self.config = policies::with_run_time(&config, &self.run_time);
+        self.file_config = config;
         for g in self.groups.values_mut() {
             g.projection = None;
             // A refusal under the old policy says nothing of the new one: ask it afresh.

@@ -108,7 +108,7 @@ impl QueueCore {
 
     /// Takes group `name` out of the ready and retiring sets and puts it back as its
     /// state now says: its pause changed, so its times did.
-    fn place_again(&mut self, name: &str) {
+    pub(super) fn place_again(&mut self, name: &str) {
         if let Some(g) = self.groups.get_mut(name) {
             if let Some((at, order)) = g.ready.take() {
                 self.ready.remove(&(at, order, name.to_string()));

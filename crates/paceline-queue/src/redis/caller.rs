@@ -49,6 +49,7 @@ pub(super) const COMBINED: &[&str] = &[
     "retry_dead",
     "pause",
     "resume",
+    "set_policy",
 ];
 
 /// Whether `op`'s answer starts with the queue's time: the operations that tick its clock

@@ -34,13 +34,13 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use paceline_core::{Clock, InputError};
+use paceline_core::{Clock, InputError, Policy};
 use paceline_store::redis::{Combiner, FunctionHost, Library, Messages, Reply};
 use paceline_store::secret::TokenKey;
 use tokio::sync::Notify;
 
 use crate::config::QueueConfig;
-use crate::core::Jitter;
+use crate::core::{Jitter, PolicySource};
 use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
 use crate::memory::check_queue_name;
@@ -438,6 +438,21 @@ impl QueueBackend for RedisQueue {
 
     fn resume<'a>(&'a self, group: Option<&'a str>) -> QueueFuture<'a, Result<(), QueueError>> {
         Box::pin(self.resume_work(group))
+    }
+
+    fn set_policy<'a>(
+        &'a self,
+        group: &'a str,
+        policy: Option<&'a Policy>,
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.set_group_policy(group, policy))
+    }
+
+    fn policy<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>> {
+        Box::pin(self.group_policy(group))
     }
 
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {

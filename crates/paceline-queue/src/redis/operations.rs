@@ -3,16 +3,16 @@
 
 use std::time::Duration;
 
-use paceline_core::InputError;
-use paceline_store::redis::{Reader, Reply};
+use paceline_core::{InputError, Policy};
+use paceline_store::redis::{policy_args, Reader, Reply};
 
 use super::caller::arg;
 use super::decode::{protocol, read_counts, read_job, read_state, reader};
 use super::RedisQueue;
-use crate::config::check_group;
+use crate::config::{check_group, check_policy};
 use crate::core::{
     active_conflict, check_failure, check_lease_request, check_pause, cut, micros_up, queue_full,
-    MAINTENANCE_BATCH,
+    PolicySource, MAINTENANCE_BATCH,
 };
 use crate::error::QueueError;
 use crate::job::{
@@ -281,6 +281,46 @@ impl RedisQueue {
         let mut r = reader(reply)?;
         r.u64()?;
         Ok(r.u64()?)
+    }
+
+    pub(super) async fn set_group_policy(
+        &self,
+        group: &str,
+        policy: Option<&Policy>,
+    ) -> Result<(), QueueError> {
+        check_group(group)?;
+        let mut args = vec![arg(group)];
+        match policy {
+            Some(policy) => {
+                check_policy("policy", policy)?;
+                let list = policy_args(policy);
+                args.push(arg(policy));
+                args.push(arg(list.len()));
+                args.extend(list);
+            }
+            None => args.push(Vec::new()),
+        }
+        self.call("set_policy", args).await?;
+        Ok(())
+    }
+
+    pub(super) async fn group_policy(
+        &self,
+        group: &str,
+    ) -> Result<(Policy, PolicySource), QueueError> {
+        check_group(group)?;
+        let mut r = reader(self.call("policy", vec![arg(group)]).await?)?;
+        let spec = r.text()?;
+        let policy = spec
+            .parse()
+            .map_err(|_| protocol(&format!("the policy `{spec}`")))?;
+        let source = match r.text()?.as_str() {
+            "run_time" => PolicySource::RunTime,
+            "config" => PolicySource::Config,
+            "default" => PolicySource::Default,
+            other => return Err(protocol(&format!("the policy source `{other}`"))),
+        };
+        Ok((policy, source))
     }
 
     pub(super) async fn resume_work(&self, group: Option<&str>) -> Result<(), QueueError> {

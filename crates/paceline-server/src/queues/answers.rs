@@ -260,6 +260,15 @@ fn pause_fields(until: Option<u64>) -> (bool, Option<u64>) {
     )
 }
 
+/// A group's policy: its spec, and where it comes from (`run_time`, `config`, `default`).
+#[derive(Serialize)]
+pub(super) struct GroupPolicyBody<'a> {
+    pub(super) group: &'a str,
+    pub(super) policy: String,
+    pub(super) queue: &'a str,
+    pub(super) source: &'static str,
+}
+
 /// What a pause or a resume answers: what it named, and its pause now.
 #[derive(Serialize)]
 pub(super) struct PausedBody<'a> {

@@ -11,6 +11,7 @@
 //! | `GET /v1/queues/{queue}` | the counts, and each group's, with their pauses |
 //! | `POST /v1/queues/{queue}/pause` `{"ms"?}`, `.../resume` | `200`: the queue leases nothing until resumed or for `ms` |
 //! | `POST /v1/queues/{queue}/groups/{group}/pause` `{"ms"?}`, `.../resume` | `200`: the group starts nothing until resumed or for `ms` |
+//! | `GET`, `PUT`, `DELETE /v1/queues/{queue}/groups/{group}/policy` `{"policy"}` | `200 {"group", "policy", "queue", "source"}`: the group's policy, set at run time, or back to the config's |
 //! | `GET`, `DELETE /v1/queues/{queue}/dead`, `POST .../dead/retry` | list, purge, retry the dead jobs |
 //!
 //! Times (`*_ms`) are Unix milliseconds on the queue's clock, so `started_ms` of jobs leased
@@ -34,14 +35,14 @@ use crate::error::{ApiError, ErrorCode};
 use crate::extract::{path_parts, Authorized, JsonBody};
 use crate::state::AppState;
 use answers::{
-    enqueued, leased, BatchEntry, ExtendedBody, JobsBody, LeasedBody, PausedBody, PurgedBody,
-    RetriedBody, StatsBody,
+    enqueued, leased, BatchEntry, ExtendedBody, GroupPolicyBody, JobsBody, LeasedBody, PausedBody,
+    PurgedBody, RetriedBody, StatsBody,
 };
 pub use answers::{job_body, paused_body, stats_body, JobBody};
 pub use requests::MAX_ENQUEUE_BATCH;
 use requests::{
     AckBody, DeadQuery, EnqueueBody, ExtendBody, FailBody, JobsArray, LeaseBody, LeaseCall, Object,
-    PauseSchema, RetryBody,
+    PauseSchema, PolicyBody, RetryBody,
 };
 
 /// The most dead jobs one listing answers.
@@ -66,6 +67,12 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
         .route(
             "/v1/queues/{queue}/groups/{group}/resume",
             post(resume_group),
+        )
+        .route(
+            "/v1/queues/{queue}/groups/{group}/policy",
+            get(group_policy)
+                .put(set_group_policy)
+                .delete(unset_group_policy),
         )
 }
 
@@ -348,6 +355,43 @@ async fn resume_group(
 ) -> Result<Response, ApiError> {
     queue.resume(Some(&group)).await?;
     Ok(Json(PausedBody::new(&name, Some(&group), None)).into_response())
+}
+
+/// `GET /v1/queues/{queue}/groups/{group}/policy`: the group's policy and where it comes
+/// from.
+async fn group_policy(_: Authorized, at: GroupAt) -> Result<Response, ApiError> {
+    policy_answer(&at).await
+}
+
+/// `PUT /v1/queues/{queue}/groups/{group}/policy` `{"policy"}`: the group's policy from
+/// now on, kept by the queue's store (every instance, restarts and config changes).
+async fn set_group_policy(
+    _: Authorized,
+    at: GroupAt,
+    body: JsonBody<Object<PolicyBody>>,
+) -> Result<Response, ApiError> {
+    let policy = body.read()?.policy()?;
+    at.queue.set_policy(&at.group, Some(&policy)).await?;
+    policy_answer(&at).await
+}
+
+/// `DELETE /v1/queues/{queue}/groups/{group}/policy`: the group's policy is the config's
+/// again (its own there, or the queue's default).
+async fn unset_group_policy(_: Authorized, at: GroupAt) -> Result<Response, ApiError> {
+    at.queue.set_policy(&at.group, None).await?;
+    policy_answer(&at).await
+}
+
+/// The group's policy now, as the policy endpoints answer it.
+async fn policy_answer(at: &GroupAt) -> Result<Response, ApiError> {
+    let (policy, source) = at.queue.policy(&at.group).await?;
+    Ok(Json(GroupPolicyBody {
+        group: &at.group,
+        policy: policy.to_string(),
+        queue: &at.name,
+        source: source.name(),
+    })
+    .into_response())
 }
 
 /// `GET /v1/queues/{queue}/dead?offset=0&limit=100`: the dead jobs, oldest first.

@@ -5,6 +5,7 @@
 use std::marker::PhantomData;
 use std::time::Duration;
 
+use paceline_core::{InputError, Policy};
 use paceline_queue::{Failure, LeaseToken, NewJob};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -243,6 +244,28 @@ pub(super) struct DeadQuery {
 #[serde(deny_unknown_fields)]
 pub(super) struct RetryBody {
     pub(super) ids: Option<Vec<String>>,
+}
+
+/// `PUT .../groups/{group}/policy`'s body: `{"policy": "SPEC"}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PolicyBody {
+    policy: Option<String>,
+}
+
+impl PolicyBody {
+    /// The policy the body names; errors name `policy` (or `policy.FIELD` of its spec).
+    pub(super) fn policy(&self) -> Result<Policy, ApiError> {
+        let spec = self.policy.as_deref().ok_or_else(|| {
+            ApiError::invalid(
+                "policy",
+                "is required: a policy spec, e.g. \"fixed_window:limit=10,window=10s\"",
+            )
+        })?;
+        spec.parse().map_err(|e: InputError| {
+            ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
+        })
+    }
 }
 
 /// `POST .../pause`'s body: `{"ms"?}`, a pause of that many milliseconds, or no body (or
