@@ -40,6 +40,9 @@
 --   dead         score the order of death, member the id
 --   retiring     groups with nothing waiting or active: score when they may be dropped
 --   paused       the queue's own pause: the time it ends, as text (none: not paused)
+--   qgate        MessagePack { s, a, n }: the queue's own policy's state `s`, kept by
+--                algorithm `a`, and `n` the earliest start it allows as of its last
+--                refusal (see `queue_gate`)
 --   changed      the channel a call publishes on when a job may start sooner
 --
 -- `ready`, `scheduled`, `leases` and `retiring` each hold `KEEP`, scored +inf (see there).
@@ -99,6 +102,10 @@ local maintained_at
 -- The entries of `ready` a lease has yet to add (score, member, ...), or nil when each
 -- entry is added at once: see `ops.lease`.
 local ready_adds
+
+-- The queue's own policy's record as this call read it (nil: not read yet), and whether a
+-- lease changed it (see `queue_gate`).
+local gate, gate_changed
 
 local function copy(t)
   if t == nil then
@@ -306,6 +313,7 @@ local function begin(KEYS, clock_arg)
   default_policy, overrides, run_time = nil, nil, nil
   -- A call that failed half-way may have left a lease's buffer behind.
   ready_adds = nil
+  gate, gate_changed = nil, false
   meta = read_meta(redis.call('GET', base .. 'meta') or nil)
   local raw = redis.call('GET', base .. 'config')
   config = unpack_config(raw or nil)
@@ -871,12 +879,43 @@ local function queue_paused()
   return tonumber(redis.call('GET', base .. 'paused')) or 0
 end
 
--- While the queue is paused, its groups become eligible when the pause ends.
+-- The queue's own policy's record { s, a, n } (see `qgate`), read once a call: nil for a
+-- queue without one.
+local function queue_gate()
+  if not config.qp then
+    return nil
+  end
+  if not gate then
+    local raw = redis.call('GET', base .. 'qgate')
+    gate = raw and cmsgpack.unpack(raw) or { n = 0 }
+  end
+  return gate
+end
+
+-- When the queue may next start a job, as the queue as a whole says: its pause and its own
+-- policy's last refusal (0 or past: now), as `QueueCore::queue_gate`.
+local function queue_opens()
+  local q = queue_gate()
+  return max(queue_paused(), q and q.n or 0)
+end
+
+-- The jobs leased now, when the queue has a concurrency cap (nil: none).
+local function queue_active()
+  if (config.qc or 0) == 0 then
+    return nil
+  end
+  -- Below +inf: all but `KEEP`.
+  return redis.call('ZCOUNT', base .. 'leases', '-inf', '(inf')
+end
+
+-- While the queue is paused, or its own policy refuses starts, its groups become eligible
+-- when that ends; while its concurrency cap is reached, when a job ends.
 local function next_event()
   local best = earliest({ 'scheduled', 'leases' })
   local ready = earliest({ 'ready' })
-  if ready then
-    ready = max(ready, queue_paused())
+  local active = queue_active()
+  if ready and not (active and active >= config.qc) then
+    ready = max(ready, queue_opens())
     if not best or ready < best then
       best = ready
     end
@@ -906,8 +945,9 @@ end
 local ops = {}
 
 -- config FP SPEC DEFAULT_N DEFAULT... OVERRIDES (NAME GROUP_SPEC N ARGS...)... GC MA LEASE BO
--- BO_MAX MAX_JOBS MAX_PAYLOAD [PARTITIONS SUFFIX]: the default policy's spec and arguments,
--- each group's own, and the settings (durations in µs); for a queue of several partitions,
+-- BO_MAX MAX_JOBS MAX_PAYLOAD QC QSPEC QN QARGS... [PARTITIONS SUFFIX]: the default policy's
+-- spec and arguments, each group's own, the settings (durations in µs), the queue's own
+-- concurrency cap and policy (QSPEC '' and QN 0 for none); for a queue of several partitions,
 -- their number and what the ids this partition gives end with. Stores the configuration
 -- unless it is the one stored (same fingerprint); a changed one applies to every group as
 -- `QueueCore::set_config` does. Answers 1 if it changed; -1 then the stored number of
@@ -927,6 +967,14 @@ function ops.config(ARGV, o)
   for _ = 1, tonumber(ARGV[s]) do
     s = s + 3 + tonumber(ARGV[s + 3])
   end
+  -- The queue's own policy: QC at `s + 8`, QSPEC, QN, then its arguments.
+  local qn = tonumber(ARGV[s + 10])
+  local queue_args = {}
+  for i = 1, qn do
+    queue_args[i] = ARGV[s + 10 + i]
+  end
+  local qspec = ARGV[s + 9]
+  s = s + 3 + qn
   local parts = tonumber(ARGV[s + 8]) or 1
   if config and (config.parts or 1) ~= parts then
     return { now, -1, config.parts or 1 }
@@ -950,6 +998,9 @@ function ops.config(ARGV, o)
     -- For `read_config`, under a name no group has (a control character).
     redis.call('HSET', base .. 'specs', '\001partitions', ARGV[s + 8])
   end
+  if qspec ~= '' then
+    redis.call('HSET', base .. 'specs', '\001queue_policy', qspec)
+  end
   -- The groups' policies change: none read before now may be kept.
   policy_cache, default_policy, overrides, run_time = {}, nil, nil, nil
   for _ = 1, own_policies do
@@ -962,11 +1013,19 @@ function ops.config(ARGV, o)
   config = {
     fp = fp, default = default, spec = spec, gc = tonumber(ARGV[a]), ma = tonumber(ARGV[a + 1]),
     lease = tonumber(ARGV[a + 2]), bo = tonumber(ARGV[a + 3]), bo_max = tonumber(ARGV[a + 4]),
-    max_jobs = tonumber(ARGV[a + 5]), mp = tonumber(ARGV[a + 6]),
+    max_jobs = tonumber(ARGV[a + 5]), mp = tonumber(ARGV[a + 6]), qc = tonumber(ARGV[a + 7]),
+    qp = qspec ~= '' and queue_args or nil, qspec = qspec ~= '' and qspec or nil,
     parts = parts > 1 and parts or nil, sfx = ARGV[s + 9],
   }
   redis.call('SET', base .. 'config', cmsgpack.pack(config))
   if previous then
+    -- A refusal under the old queue policy says nothing of the new one.
+    local stored = redis.call('GET', base .. 'qgate')
+    if stored then
+      local q = cmsgpack.unpack(stored)
+      q.n = 0
+      redis.call('SET', base .. 'qgate', cmsgpack.pack(q))
+    end
     local names = redis.call('SMEMBERS', base .. 'groups')
     for _, name in ipairs(names) do
       local g = load_group(name)
@@ -983,7 +1042,9 @@ function ops.config(ARGV, o)
 end
 
 -- read_config: the stored configuration: the default spec, GC, MA, LEASE, BO, BO_MAX,
--- MAX_JOBS, MAX_PAYLOAD, then each group's own (name, spec); nothing if the queue has none.
+-- MAX_JOBS, MAX_PAYLOAD, then each group's own (name, spec), with the queue's own policy,
+-- its concurrency cap and its partitions under names no group has (a control character
+-- first); nothing if the queue has none.
 -- Reads only.
 function ops.read_config()
   if not config then
@@ -994,6 +1055,10 @@ function ops.read_config()
   local specs = redis.call('HGETALL', base .. 'specs')
   for i = 1, #specs do
     out[#out + 1] = specs[i]
+  end
+  if (config.qc or 0) > 0 then
+    out[#out + 1] = '\001queue_concurrency'
+    out[#out + 1] = int(config.qc)
   end
   return out
 end
@@ -1152,10 +1217,14 @@ function ops.lease(ARGV, o)
     -- No group is eligible: nothing to take out of `ready` and put back.
     return out
   end
-  if queue_paused() > now then
-    -- The queue is paused: nothing starts, nothing is counted.
+  if queue_opens() > now then
+    -- The queue is paused, or its own policy refused a start until then: nothing starts,
+    -- nothing is counted.
     return out
   end
+  -- The queue's cap: the jobs leased before this call (this call's count below).
+  local active = queue_active()
+  local queue_policy = config.qp and PL.read_policy(config.qp, 1)
   -- The groups come out of `ready` as many at once as jobs are still wanted, and those
   -- that go back (`refresh`) are added together once the ones taken out are spent. The
   -- order is the same as one at a time: a group put back is scored no earlier than now
@@ -1166,7 +1235,7 @@ function ops.lease(ARGV, o)
   local expires = now + lease
   local count = 0
   local taken, next_taken = {}, 1
-  while count < max_jobs do
+  while count < max_jobs and not (active and active + count >= config.qc) do
     if next_taken > #taken then
       add_ready()
       taken, next_taken = redis.call('ZPOPMIN', base .. 'ready', int(max_jobs - count)), 1
@@ -1206,9 +1275,33 @@ function ops.lease(ARGV, o)
         refresh(name)
       elseif g then
         g.ra, g.ro = nil, nil
+        -- Kept to undo the group's start if the queue's own policy refuses it.
+        local before_state, before_alg = g.state, g.alg
+        if queue_policy then
+          before_state = copy(g.state)
+        end
         local allowed, delay, reset_after, state, alg = apply(policy, g.state, g.alg, now)
         g.state, g.alg = state, alg
-        if not allowed then
+        local queue_refused
+        if allowed and queue_policy then
+          local q = queue_gate()
+          local ok, qdelay, _, qstate, qalg = apply(queue_policy, q.s, q.a, now)
+          if ok then
+            q.s, q.a = qstate, qalg
+          else
+            queue_refused = qdelay
+          end
+          gate_changed = true
+        end
+        if queue_refused then
+          -- The queue waits; the group keeps its state and its place (put back with the
+          -- entries taken and not reached).
+          queue_gate().n = now + micros_up(queue_refused)
+          g.state, g.alg = before_state, before_alg
+          g.ra, g.ro = at, tonumber(member:sub(1, 20))
+          next_taken = next_taken - 2
+          break
+        elseif not allowed then
           g.next_at = now + micros_up(delay)
           refresh(name)
         else
@@ -1247,6 +1340,10 @@ function ops.lease(ARGV, o)
   put_back(taken, next_taken)
   add_ready()
   ready_adds = nil
+  if gate_changed then
+    redis.call('SET', base .. 'qgate', cmsgpack.pack(gate))
+    gate_changed = false
+  end
   if #leased > 0 then
     local args, score = {}, int(expires)
     for k = 1, #leased do
@@ -1309,7 +1406,7 @@ function ops.ack(ARGV, o)
         remove_job(id)
         meta.totals.acked = meta.totals.acked + 1
         refresh(group)
-        if config.gc > 0 then
+        if config.gc > 0 or (config.qc or 0) > 0 then
           publish()
         end
         return { now, 'ok' }
@@ -1329,7 +1426,7 @@ function ops.ack(ARGV, o)
     meta.totals.acked = meta.totals.acked + 1
     refresh(name)
   end
-  if config.gc > 0 then
+  if config.gc > 0 or (config.qc or 0) > 0 then
     publish()
   end
   return { now, 'ok' }

@@ -44,6 +44,11 @@ pub struct QueueConfig {
     pub groups: BTreeMap<String, Policy>,
     /// At most this many jobs of one group leased at once; 0: no cap.
     pub group_concurrency: u32,
+    /// A limit on the starts of the whole queue, above the groups' (none: only theirs): a
+    /// job starts only when its group's policy and this one both admit it.
+    pub queue_policy: Option<Policy>,
+    /// At most this many jobs of the whole queue leased at once; 0: no cap.
+    pub queue_concurrency: u32,
     /// A job that has started this many times and fails again (or whose lease expires) goes
     /// to the dead set. A job may carry its own.
     pub max_attempts: u32,
@@ -76,6 +81,8 @@ impl QueueConfig {
             group_policy,
             groups: BTreeMap::new(),
             group_concurrency: 0,
+            queue_policy: None,
+            queue_concurrency: 0,
             max_attempts: 5,
             lease: Duration::from_secs(30),
             retry_backoff: Duration::from_secs(1),
@@ -97,6 +104,36 @@ impl QueueConfig {
     #[must_use]
     pub fn group_concurrency(mut self, n: u32) -> QueueConfig {
         self.group_concurrency = n;
+        self
+    }
+
+    /// Limits the starts of the whole queue by `policy`, above each group's: a job starts
+    /// only when both admit it, decided in one step; a refusal by the queue's policy holds
+    /// the whole queue (no lease takes a job until it admits one), not the group's place.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, QueueConfig, QueueCore};
+    /// // Each server 10 per 10 s, and the bot 50 per second across all of them.
+    /// let config = QueueConfig::new("fixed_window:limit=10,window=10s".parse()?)
+    ///     .queue_policy("gcra:rate=50/s,burst=2".parse()?);
+    /// let mut queue = QueueCore::new(config)?;
+    /// for guild in 0..5 {
+    ///     queue.enqueue(0, NewJob::new(format!("guild:{guild}"), b"x".to_vec()))?;
+    /// }
+    /// assert_eq!(queue.lease(0, "w", 10, None)?.len(), 2); // the queue's burst
+    /// assert_eq!(queue.next_event(), Some(20_000)); // its next start, 20 ms on
+    /// # Ok::<(), paceline_queue::QueueError>(())
+    /// ```
+    #[must_use]
+    pub fn queue_policy(mut self, policy: Policy) -> QueueConfig {
+        self.queue_policy = Some(policy);
+        self
+    }
+
+    /// Caps the jobs of the whole queue leased at once (0: no cap).
+    #[must_use]
+    pub fn queue_concurrency(mut self, n: u32) -> QueueConfig {
+        self.queue_concurrency = n;
         self
     }
 
@@ -181,6 +218,9 @@ impl QueueConfig {
     /// Checks every setting, naming the first one at fault.
     pub fn validate(&self) -> Result<(), InputError> {
         check_policy("group_policy", &self.group_policy)?;
+        if let Some(policy) = &self.queue_policy {
+            check_policy("queue_policy", policy)?;
+        }
         for (group, policy) in &self.groups {
             check_group(group).map_err(|e| InputError::new("groups", e.message().to_string()))?;
             check_policy(&format!("groups.{group}"), policy)?;
@@ -214,6 +254,18 @@ impl QueueConfig {
             return Err(InputError::new(
                 "max_payload",
                 format!("must be from 1 to {MAX_PAYLOAD_LIMIT} bytes"),
+            ));
+        }
+        if self.partitions > 1 && (self.queue_policy.is_some() || self.queue_concurrency > 0) {
+            return Err(InputError::new(
+                if self.queue_policy.is_some() {
+                    "queue_policy"
+                } else {
+                    "queue_concurrency"
+                },
+                "a queue of several partitions decides each partition's starts apart, so it \
+                 cannot hold a limit over all of them: use partitions = 1 with a queue-wide \
+                 limit, or limit the groups only",
             ));
         }
         if self.partitions == 0 || self.partitions > MAX_PARTITIONS {

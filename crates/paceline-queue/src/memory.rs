@@ -195,7 +195,9 @@ impl QueueBackend for MemoryQueue {
     fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
         let now = self.now();
         let answer = self.core().ack(now, id, lease);
-        if answer.is_ok() && self.config.group_concurrency > 0 {
+        if answer.is_ok()
+            && (self.config.group_concurrency > 0 || self.config.queue_concurrency > 0)
+        {
             self.wake();
         }
         ready(answer)

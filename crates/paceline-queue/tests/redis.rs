@@ -437,10 +437,19 @@ impl differential::Twin<Step> for QueueTwin {
     }
 }
 
+/// A queue's limits over all its groups: a policy of `POLICIES` (none past its end) and a
+/// concurrency cap.
+type QueueWide = (usize, u32);
+
 /// Runs `steps` on the queue in memory and in Redis, on a server and on a cluster,
 /// comparing every answer, and their stats at the end.
-async fn differential(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
-    differential_of(spec, cap, 1, steps).await
+async fn differential(
+    spec: &str,
+    cap: u32,
+    wide: QueueWide,
+    steps: Vec<Step>,
+) -> Result<(), TestCaseError> {
+    differential_of(spec, cap, 1, wide, steps).await
 }
 
 /// [`differential`] of a queue of `partitions`.
@@ -448,6 +457,7 @@ async fn differential_of(
     spec: &str,
     cap: u32,
     partitions: u32,
+    (queue_policy, queue_cap): QueueWide,
     steps: Vec<Step>,
 ) -> Result<(), TestCaseError> {
     let policy: Policy = spec
@@ -455,10 +465,17 @@ async fn differential_of(
         .map_err(|e| TestCaseError::fail(format!("{e}")))?;
     let mut config = QueueConfig::new(policy)
         .partitions(partitions)
+        .queue_concurrency(queue_cap)
         .group_concurrency(cap)
         .max_attempts(3)
         .lease(Duration::from_millis(1_500))
         .retry_backoff(Duration::from_millis(200), Duration::from_secs(2));
+    if let Some(spec) = POLICIES.get(queue_policy) {
+        let policy: Policy = spec
+            .parse()
+            .map_err(|e| TestCaseError::fail(format!("{e}")))?;
+        config = config.queue_policy(policy);
+    }
     config.groups.insert(
         "g2".into(),
         "fixed_window:limit=1,window=700ms"
@@ -535,7 +552,13 @@ fn partitioned_redis_answers_as_partitioned_memory_does() {
                 step => step,
             })
             .collect();
-        runtime().block_on(differential_of(POLICIES[policy], cap, partitions, steps))
+        runtime().block_on(differential_of(
+            POLICIES[policy],
+            cap,
+            partitions,
+            (usize::MAX, 0),
+            steps,
+        ))
     });
 }
 
@@ -549,6 +572,24 @@ fn redis_answers_as_memory_does() {
     Cases::new(48)
         .regressions(file!())
         .run(&cases, |(policy, cap, steps)| {
-            runtime().block_on(differential(POLICIES[policy], cap, steps))
+            runtime().block_on(differential(POLICIES[policy], cap, (usize::MAX, 0), steps))
         });
+}
+
+/// Queues with limits over all their groups too (a policy, a concurrency cap or both): the
+/// same answers in memory and in Redis.
+#[test]
+fn redis_answers_as_memory_does_under_a_queue_wide_limit() {
+    let cases = (
+        0..POLICIES.len(),
+        prop_oneof![Just(0u32), 1u32..3],
+        (
+            prop_oneof![1 => Just(usize::MAX), 3 => 0..POLICIES.len()],
+            prop_oneof![Just(0u32), 1u32..4],
+        ),
+        proptest::collection::vec(step(), 1..80),
+    );
+    Cases::new(32).run(&cases, |(policy, cap, wide, steps)| {
+        runtime().block_on(differential(POLICIES[policy], cap, wide, steps))
+    });
 }

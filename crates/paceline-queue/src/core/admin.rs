@@ -194,11 +194,13 @@ impl QueueCore {
     /// scheduled job is due, or a lease expires. A time at or before the last `now` means
     /// work is due: a group to ask, or due jobs and expired leases beyond what the last
     /// call handled ([`MAINTENANCE_BATCH`]); the next call makes progress on it. `None`:
-    /// no job is waiting, scheduled or leased. While the queue is paused, its groups become
-    /// eligible when the pause ends.
+    /// no job is waiting, scheduled or leased. While the queue is paused, or its own policy
+    /// refuses starts, its groups become eligible when that ends; while its concurrency
+    /// cap is reached, when a job ends.
     pub fn next_event(&self) -> Option<u64> {
+        let ready = self.ready.first().map(|r| r.0.max(self.queue_gate()));
         [
-            self.ready.first().map(|r| r.0.max(self.paused_until)),
+            ready.filter(|_| !self.queue_full_of_leases()),
             self.scheduled.first().map(|s| s.0),
             self.leases.first().map(|l| l.0),
         ]

@@ -62,8 +62,9 @@ impl QueueCore {
                 return Ok(self.replay(now, &taken));
             }
         }
-        if self.paused_until > now {
-            // The queue is paused: nothing starts, nothing is counted.
+        if self.queue_gate() > now {
+            // The queue is paused, or its own policy refused a start until then: nothing
+            // starts, nothing is counted.
             return Ok(Vec::new());
         }
         let out = self.take(now, worker, max_jobs, lease_us);
@@ -131,7 +132,7 @@ impl QueueCore {
     /// Takes up to `max_jobs` eligible jobs for `worker`, each leased for `lease_us`.
     fn take(&mut self, now: u64, worker: &str, max_jobs: usize, lease_us: u64) -> Vec<Leased> {
         let mut out = Vec::new();
-        while out.len() < max_jobs {
+        while out.len() < max_jobs && !self.queue_full_of_leases() {
             let Some(first) = self.ready.first().cloned() else {
                 break;
             };
@@ -145,6 +146,8 @@ impl QueueCore {
                 continue;
             };
             g.ready = None;
+            // Kept to undo the group's start if the queue's own policy refuses it.
+            let before = self.config.queue_policy.as_ref().map(|_| g.state.clone());
             let decision = match policy.apply(&mut g.state, now, Op::Limit, 1) {
                 Ok(d) => d,
                 // Cost 1 and a checked `now` are valid for every policy; were it not so,
@@ -159,6 +162,20 @@ impl QueueCore {
                 g.next_at = now.saturating_add(micros_up(decision.delay));
                 self.refresh(&name);
                 continue;
+            }
+            if let (Some(queue_policy), Some(before)) = (&self.config.queue_policy, before) {
+                match queue_policy.apply(&mut self.queue_state, now, Op::Limit, 1) {
+                    Ok(d) if d.allowed => {}
+                    refused => {
+                        // The queue waits; the group keeps its state and its place.
+                        let delay = refused.map_or(1_000_000, |d| micros_up(d.delay));
+                        self.queue_next_at = now.saturating_add(delay);
+                        g.state = before;
+                        g.ready = Some((first.0, first.1));
+                        self.ready.insert((first.0, first.1, name));
+                        break;
+                    }
+                }
             }
             g.idle_at = now.saturating_add(round_to_micros(decision.reset_after));
             let popped = g.waiting.pop_front();

@@ -127,6 +127,10 @@ pub struct QueueCore {
     now: u64,
     /// The queue's own pause: no lease takes a job before this (0: none).
     paused_until: u64,
+    /// The state of the queue's own policy ([`QueueConfig::queue_policy`]).
+    queue_state: Option<paceline_core::State>,
+    /// The earliest start the queue's own policy allows, as of its last refusal.
+    queue_next_at: u64,
     totals: Totals,
 }
 
@@ -152,6 +156,8 @@ impl QueueCore {
             id_suffix: String::new(),
             now: 0,
             paused_until: 0,
+            queue_state: None,
+            queue_next_at: 0,
             totals: Totals::default(),
         })
     }
@@ -176,6 +182,8 @@ impl QueueCore {
         config.validate()?;
         self.config = policies::with_run_time(&config, &self.run_time);
         self.file_config = config;
+        // A refusal under the old queue policy says nothing of the new one.
+        self.queue_next_at = 0;
         for g in self.groups.values_mut() {
             g.projection = None;
             // A refusal under the old policy says nothing of the new one: ask it afresh.
@@ -192,6 +200,18 @@ impl QueueCore {
         check_now(now)?;
         self.now = self.now.max(now);
         Ok(self.now)
+    }
+
+    /// When the queue may next start a job, as the queue as a whole says: its pause and
+    /// its own policy's last refusal (0 or past: now).
+    fn queue_gate(&self) -> u64 {
+        self.paused_until.max(self.queue_next_at)
+    }
+
+    /// Whether the queue's concurrency cap holds every further start.
+    fn queue_full_of_leases(&self) -> bool {
+        let cap = self.config.queue_concurrency as usize;
+        cap > 0 && self.leases.len() >= cap
     }
 
     fn next_seq(&mut self) -> u64 {

@@ -137,7 +137,8 @@ impl Caller {
 }
 
 /// The `config` operation's arguments for `c`: its fingerprint, the default policy's spec
-/// and arguments, each group's own, the settings, and `extra` (a partition's number of
+/// and arguments, each group's own, the settings, the queue's own cap and policy, and
+/// `extra` (a partition's number of
 /// partitions and id suffix; none for a queue of one), which the fingerprint covers too.
 pub(super) fn config_args(c: &QueueConfig, extra: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
     let mut args = Vec::new();
@@ -161,6 +162,17 @@ pub(super) fn config_args(c: &QueueConfig, extra: Vec<Vec<u8>>) -> Vec<Vec<u8>> 
     args.push(arg(paceline_core::round_to_micros(c.retry_backoff_max)));
     args.push(arg(c.max_jobs));
     args.push(arg(c.max_payload));
+    args.push(arg(c.queue_concurrency));
+    match &c.queue_policy {
+        Some(policy) => {
+            args.push(arg(policy));
+            push_policy(&mut args, policy);
+        }
+        None => {
+            args.push(Vec::new());
+            args.push(arg(0));
+        }
+    }
     args.extend(extra);
     let mut all = vec![arg(fingerprint(&args))];
     all.extend(args);

@@ -299,7 +299,20 @@ async fn read_stored(host: &FunctionHost, name: &str) -> Result<QueueConfig, Que
     while !r.is_empty() {
         let group = r.text()?;
         let spec = r.text()?;
-        // The number of partitions, under a name no group has.
+        // The queue's own policy and cap, and the number of partitions, under names no
+        // group has.
+        if group == QUEUE_POLICY_ENTRY {
+            config = config.queue_policy(spec.parse().map_err(|e| stored("policy", e))?);
+            continue;
+        }
+        if group == QUEUE_CONCURRENCY_ENTRY {
+            let n = spec.parse().map_err(|_| {
+                let e = InputError::new("queue_concurrency", format!("`{spec}` is not a number"));
+                stored_config(name, host.key_prefix(), &e)
+            })?;
+            config = config.queue_concurrency(n);
+            continue;
+        }
         if group == PARTITIONS_ENTRY {
             let n = spec.parse().map_err(|_| {
                 let e = InputError::new("partitions", format!("`{spec}` is not a number"));
@@ -331,6 +344,12 @@ fn stored_config(name: &str, prefix: &str, e: &InputError) -> QueueError {
         ),
     ))
 }
+
+/// Where `read_config` answers the queue's own policy among the groups' own policies (a
+/// control character first: no group's name).
+const QUEUE_POLICY_ENTRY: &str = "\u{1}queue_policy";
+/// Where `read_config` answers the queue's concurrency cap, likewise.
+const QUEUE_CONCURRENCY_ENTRY: &str = "\u{1}queue_concurrency";
 
 /// Where `read_config` answers the number of partitions among the groups' own policies
 /// (a control character first: no group's name).

@@ -86,6 +86,8 @@ struct FileToml {
 struct QueueToml {
     group_policy: Policy,
     group_concurrency: Option<u32>,
+    queue_policy: Option<Policy>,
+    queue_concurrency: Option<u32>,
     max_attempts: Option<u32>,
     lease: Option<String>,
     retry_backoff: Option<String>,
@@ -115,6 +117,8 @@ impl QueueToml {
         };
         let mut config = QueueConfig::new(self.group_policy);
         config.group_concurrency = self.group_concurrency.unwrap_or(config.group_concurrency);
+        config.queue_policy = self.queue_policy;
+        config.queue_concurrency = self.queue_concurrency.unwrap_or(config.queue_concurrency);
         config.max_attempts = self.max_attempts.unwrap_or(config.max_attempts);
         config.lease = duration("lease", self.lease, config.lease)?;
         config.retry_backoff = duration("retry_backoff", self.retry_backoff, config.retry_backoff)?;

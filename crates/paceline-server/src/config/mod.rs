@@ -21,6 +21,8 @@
 //! [queues.discord-roles]                              # a rate-limited job queue
 //! group_policy = "fixed_window:limit=10,window=10s"   # each group's own limit
 //! group_concurrency = 0                               # 0: no cap on leased jobs per group
+//! # queue_policy = "gcra:rate=50/s"                   # a limit over every group's starts
+//! queue_concurrency = 0                               # 0: no cap on leased jobs in the queue
 //! max_attempts = 5
 //! lease = "30s"
 //! retry_backoff = "1s"                                # first retry; doubles, jittered, capped
@@ -302,6 +304,8 @@ policy = "fixed_window:limit=50,window=10s"
 
 [queues.emails]
 group_policy = "gcra:rate=10/s"
+queue_policy = "fixed_window:limit=50,window=1s"
+queue_concurrency = 8
 "#,
         )
         .unwrap();
@@ -316,6 +320,15 @@ group_policy = "gcra:rate=10/s"
         assert_eq!(q.retry_backoff, Duration::from_secs(1));
         assert_eq!(q.policy_of("guild:1").limit(), 50);
         assert_eq!(q.policy_of("guild:2").limit(), 10);
+        let emails = &file.queues["emails"];
+        assert_eq!(
+            (
+                emails.queue_policy.as_ref().map(|p| p.limit()),
+                emails.queue_concurrency
+            ),
+            (Some(50), 8)
+        );
+        assert_eq!((q.queue_policy.is_none(), q.queue_concurrency), (true, 0));
         for (text, field) in [
             (
                 "[queues.q]\ngroup_policy = \"exec_evenly:points=1,duration=1s\"",
@@ -340,6 +353,18 @@ group_policy = "gcra:rate=10/s"
             (
                 "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\npartitions = 65",
                 "queues.q.partitions",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nqueue_policy = \"concurrency:limit=1,lease=1s\"",
+                "queues.q.queue_policy",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nqueue_policy = \"gcra:rate=5/s\"\npartitions = 2",
+                "queues.q.queue_policy",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nqueue_concurrency = -1",
+                "queues.q.queue_concurrency",
             ),
             ("[queues.q]\nmax_attempts = 3", "queues.q"),
             (
