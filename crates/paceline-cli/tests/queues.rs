@@ -1293,3 +1293,118 @@ on_memory_and_redis!(
     changing_a_groups_policy: changing_a_groups_policy_on_memory,
     changing_a_groups_policy_on_redis
 );
+
+/// Deduplication over HTTP: a second job under a live key answers `200` with the first
+/// job's id and `"deduplicated": true`, adding nothing (in a batch too); with `replace`,
+/// its payload replaces the first's while that one waits, not once it started; a finished
+/// first job still deduplicates; bad keys and TTLs are `400`s naming them.
+fn deduplicating_jobs(p: u16) {
+    let first = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:d", "payload": {"v": 1}, "dedup": {"key": "user-42", "ttl_ms": 3600000}}"#,
+    );
+    assert_eq!(first.status, 201, "{}", first.body);
+    assert!(first.json().get("deduplicated").is_none(), "{}", first.body);
+    let id = text(&first.json()["id"]);
+    let again = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:d", "payload": {"v": 2}, "dedup": {"key": "user-42", "ttl_ms": 5}}"#,
+    );
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(
+        (text(&again.json()["id"]), &again.json()["deduplicated"]),
+        (id.clone(), &serde_json::json!(true))
+    );
+    assert_eq!(
+        job(p, &id)["payload"],
+        serde_json::json!({"v": 1}),
+        "not replaced"
+    );
+    // Replacing while it waits.
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:d", "payload": {"v": 3}, "dedup": {"key": "user-42", "ttl_ms": 5, "replace": true}}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(job(p, &id)["payload"], serde_json::json!({"v": 3}));
+    // In a batch, beside a new key.
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs/batch",
+        r#"[{"group": "guild:d", "payload": 4, "dedup": {"key": "user-42", "ttl_ms": 5}},
+            {"group": "guild:d", "payload": 5, "dedup": {"key": "user-43", "ttl_ms": 5}}]"#,
+    );
+    let entries = r.json();
+    assert_eq!(
+        (
+            &entries[0]["status"],
+            &entries[0]["deduplicated"],
+            text(&entries[0]["id"])
+        ),
+        (
+            &serde_json::json!(200),
+            &serde_json::json!(true),
+            id.clone()
+        ),
+        "{entries}"
+    );
+    assert_eq!(entries[1]["status"], serde_json::json!(201), "{entries}");
+    assert_eq!(counts(p), [Some(0), Some(2), Some(0), Some(0)]);
+    // Started: no more replacing; finished: still deduplicated, as `finished`.
+    let leased = lease(p, r#"{"worker": "w", "max_jobs": 1, "lease_ms": 60000}"#);
+    assert_eq!(
+        (text(&leased[0]["id"]), &leased[0]["payload"]),
+        (id.clone(), &serde_json::json!({"v": 3}))
+    );
+    let token = text(&leased[0]["lease"]);
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:d", "payload": 6, "dedup": {"key": "user-42", "ttl_ms": 5, "replace": true}}"#,
+    );
+    assert_eq!(text(&r.json()["state"]), "active", "{}", r.body);
+    assert_eq!(job(p, &id)["payload"], serde_json::json!({"v": 3}));
+    assert_eq!(
+        on_job(p, &id, "ack", &format!(r#"{{"lease": "{token}"}}"#)).status,
+        204
+    );
+    let r = post(
+        p,
+        "/v1/queues/roles/jobs",
+        r#"{"group": "guild:d", "payload": 7, "dedup": {"key": "user-42", "ttl_ms": 5}}"#,
+    );
+    assert_eq!(
+        (r.status, text(&r.json()["id"]), text(&r.json()["state"])),
+        (200, id.clone(), "finished".into()),
+        "{}",
+        r.body
+    );
+    for (dedup, field) in [
+        (r#"{"ttl_ms": 5}"#, "dedup.key"),
+        (r#"{"key": "", "ttl_ms": 5}"#, "dedup.key"),
+        (r#"{"key": "a\u0007", "ttl_ms": 5}"#, "dedup.key"),
+        (r#"{"key": "k"}"#, "dedup.ttl_ms"),
+        (r#"{"key": "k", "ttl_ms": 0}"#, "dedup.ttl_ms"),
+        (r#"{"key": "k", "ttl_ms": 31536000001}"#, "dedup.ttl_ms"),
+        (r#"{"key": "k", "ttl_ms": 1e400}"#, "dedup.ttl_ms"),
+        (r#"{"key": "k", "ttl_ms": 5, "replace": "yes"}"#, "dedup"),
+        (r#"{"key": "k", "ttl_ms": 5, "colour": 1}"#, "dedup"),
+        (r#""k""#, "dedup"),
+    ] {
+        let body = format!(r#"{{"group": "guild:d", "payload": 1, "dedup": {dedup}}}"#);
+        let r = post(p, "/v1/queues/roles/jobs", &body);
+        assert_eq!(r.status, 400, "{dedup}: {}", r.body);
+        let (code, named) = r.error();
+        assert_eq!(code, "invalid_argument", "{dedup}: {}", r.body);
+        assert!(named.starts_with(field), "{dedup}: {named}: {}", r.body);
+    }
+    assert_eq!(counts(p), [Some(0), Some(1), Some(0), Some(0)]);
+}
+
+on_memory_and_redis!(
+    deduplicating_jobs: deduplicating_jobs_on_memory,
+    deduplicating_jobs_on_redis
+);

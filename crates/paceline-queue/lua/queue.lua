@@ -8,10 +8,11 @@
 -- share one hash tag and one cluster slot.
 --
 --   meta         { seq, last_id, now, jobs, due, rdue, totals = { ... } } in binary (see
---                `read_meta`): `due` no later than the first score in `leases` and
---                `scheduled`, `rdue` than the first in `retiring` (nil: unknown), so that a
---                call before them skips their maintenance
---   config       MessagePack { fp, default, spec, gc, ma, lease, bo, bo_max, max_jobs, mp }
+--                `read_meta`): `due` no later than the first score in `leases`,
+--                `scheduled` and `dedupx`, `rdue` than the first in `retiring` (nil:
+--                unknown), so that a call before them skips their maintenance
+--   config       MessagePack { fp, default, spec, gc, ma, lease, bo, bo_max, max_jobs, mp,
+--                qc, qp, qspec, parts, sfx }
 --   policies     hash: group -> MessagePack of its own policy's arguments
 --   specs        hash: group -> its own policy's spec (for `read_config`)
 --   rpolicies    hash: group -> MessagePack of the arguments of the policy set for it at
@@ -40,6 +41,9 @@
 --   dead         score the order of death, member the id
 --   retiring     groups with nothing waiting or active: score when they may be dropped
 --   paused       the queue's own pause: the time it ends, as text (none: not paused)
+--   dedup        hash: deduplication key -> when it is free again and the first job's
+--                estimated start (two little-endian doubles), then that job's id
+--   dedupx       the same keys scored by when they are free again (dropped by maintenance)
 --   qgate        MessagePack { s, a, n }: the queue's own policy's state `s`, kept by
 --                algorithm `a`, and `n` the earliest start it allows as of its last
 --                refusal (see `queue_gate`)
@@ -347,9 +351,10 @@ local function next_seq()
   return meta.seq
 end
 
--- Puts `member` in `set` ('leases', 'scheduled' or 'retiring'), due at `at`: every entry
--- of these goes in here, so that `meta.due` stays at or before the first of them (an
--- entry taken out early leaves it earlier than need be, which costs one maintenance).
+-- Puts `member` in `set` ('leases', 'scheduled', 'dedupx' or 'retiring'), due at `at`:
+-- every entry of these goes in here, so that `meta.due` stays at or before the first of
+-- them (an entry taken out early leaves it earlier than need be, which costs one
+-- maintenance).
 local function add_due(set, at, member)
   redis.call('ZADD', base .. set, int_at(at), member)
   if set == 'retiring' then
@@ -805,6 +810,15 @@ local function expire_lease(member)
   end
 end
 
+-- A deduplication key due to be free: dropped if its entry is the one found due.
+local function expire_dedup(member, t)
+  redis.call('ZREM', base .. 'dedupx', member)
+  local raw = redis.call('HGET', base .. 'dedup', member)
+  if raw and struct.unpack('<d', raw) <= t then
+    redis.call('HDEL', base .. 'dedup', member)
+  end
+end
+
 local function schedule_due(member)
   redis.call('ZREM', base .. 'scheduled', member)
   local id = member:sub(21)
@@ -839,9 +853,9 @@ local function maintain(t)
     -- Nothing comes due at `t` that a finished maintenance at `t` left.
     return
   end
-  -- `meta.due` bounds the first entry of `leases` and `scheduled`, `meta.rdue` that of
-  -- `retiring` (nil: unknown), so that a group gone idle, due at once, does not cost a look
-  -- at the other two.
+  -- `meta.due` bounds the first entry of `leases`, `scheduled` and `dedupx`, `meta.rdue`
+  -- that of `retiring` (nil: unknown), so that a group gone idle, due at once, does not cost
+  -- a look at the others.
   local work = not meta.due or t >= meta.due
   if not work and meta.rdue and t < meta.rdue then
     -- Nothing is due yet: most calls.
@@ -852,9 +866,10 @@ local function maintain(t)
   if work then
     finished = drain('leases', t, expire_lease)
     finished = drain('scheduled', t, schedule_due) and finished
+    finished = drain('dedupx', t, expire_dedup) and finished
     if finished then
-      -- The first entry left in either (2^53: none).
-      meta.due = earliest({ 'leases', 'scheduled' }) or 2 ^ 53
+      -- The first entry left in any (2^53: none).
+      meta.due = earliest({ 'leases', 'scheduled', 'dedupx' }) or 2 ^ 53
     end
   end
   -- Lease expiries and due jobs may have put groups in `retiring`, lowering `rdue`.
@@ -1064,9 +1079,11 @@ function ops.read_config()
 end
 
 -- One job of an enqueue: ARGV from `a`: id ('' to generate one), group, payload, delay
--- (µs), max_attempts ('' for the queue's), not-before time ('' for none). Answers status
--- ('created', 'exists', 'full', 'late': a not-before time beyond MAX_DELAY), id, state,
--- estimated start (for 'full' the most jobs, for 'late' the queue's clock).
+-- (µs), max_attempts ('' for the queue's), not-before time ('' for none), deduplication
+-- key ('' for none), its time to live (µs) and whether it replaces a waiting job's payload
+-- ('1'). Answers status ('created', 'exists', 'dedup', 'full', 'late': a not-before time
+-- beyond MAX_DELAY), id, state, estimated start (for 'full' the most jobs, for 'late' the
+-- queue's clock).
 local function enqueue_one(ARGV, a, out)
   maintain(now)
   local id, name, payload = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -1078,6 +1095,29 @@ local function enqueue_one(ARGV, a, out)
       out[#out + 1] = existing.place
       out[#out + 1] = existing.estimated_start
       return
+    end
+  end
+  local dedup_key = ARGV[a + 6]
+  if dedup_key ~= '' then
+    local raw = redis.call('HGET', base .. 'dedup', dedup_key)
+    if raw then
+      local expires, estimate = struct.unpack('<dd', raw)
+      if expires > now then
+        local first = raw:sub(17)
+        local state = 'finished'
+        local job = load_job(first)
+        if job then
+          if ARGV[a + 8] == '1' and (job.place == 'waiting' or job.place == 'scheduled') then
+            job.payload = payload
+          end
+          state, estimate = job.place, job.estimated_start
+        end
+        out[#out + 1] = 'dedup'
+        out[#out + 1] = first
+        out[#out + 1] = state
+        out[#out + 1] = estimate
+        return
+      end
     end
   end
   if meta.jobs >= config.max_jobs then
@@ -1123,6 +1163,11 @@ local function enqueue_one(ARGV, a, out)
   meta.totals.enqueued = meta.totals.enqueued + 1
   meta.jobs = meta.jobs + 1
   jobs[id], deleted_jobs[id] = nil, nil
+  if dedup_key ~= '' then
+    local expires = now + tonumber(ARGV[a + 7])
+    redis.call('HSET', base .. 'dedup', dedup_key, struct.pack('<dd', expires, estimate) .. id)
+    add_due('dedupx', expires, dedup_key)
+  end
   redis.call('SET', base .. 'j:' .. id, job_record(place, head, 0, rank, 0, max_attempts, now,
     estimate, -1, -1, -1, at, order or -1, -1, -1, name, '', '', payload))
   out[#out + 1] = 'created'
@@ -1131,14 +1176,14 @@ local function enqueue_one(ARGV, a, out)
   out[#out + 1] = estimate
 end
 
--- enqueue N (ID GROUP PAYLOAD DELAY MAX_ATTEMPTS NOT_BEFORE)*N: answers now, then four
--- values per job.
+-- enqueue N (ID GROUP PAYLOAD DELAY MAX_ATTEMPTS NOT_BEFORE DEDUP_KEY DEDUP_TTL
+-- DEDUP_REPLACE)*N: answers now, then four values per job.
 function ops.enqueue(ARGV, o)
   local out = { now }
   local created = false
   local count = tonumber(ARGV[o + 3])
   for i = 0, count - 1 do
-    enqueue_one(ARGV, o + 4 + i * 6, out)
+    enqueue_one(ARGV, o + 4 + i * 9, out)
     if out[#out - 3] == 'created' then
       created = true
     end

@@ -46,6 +46,23 @@ pub struct NewJob {
     pub not_before: Option<u64>,
     /// This job's own number of attempts (else the queue's).
     pub max_attempts: Option<u32>,
+    /// A deduplication key: see [`dedup`](NewJob::dedup).
+    pub dedup: Option<Dedup>,
+}
+
+/// The longest deduplication key, in bytes.
+pub const MAX_DEDUP_KEY: usize = 256;
+
+/// A job's deduplication key, how long it holds, and whether a job deduplicated against
+/// the first replaces its payload (see [`NewJob::dedup`] and [`NewJob::debounce`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dedup {
+    /// The key: 1 to [`MAX_DEDUP_KEY`] bytes, no control characters.
+    pub key: String,
+    /// How long after the first job's enqueue the key holds: 1 ms to [`MAX_DELAY`].
+    pub ttl: Duration,
+    /// Whether a later job's payload replaces the first's while that one waits.
+    pub replace: bool,
 }
 
 impl NewJob {
@@ -58,6 +75,7 @@ impl NewJob {
             delay: Duration::ZERO,
             not_before: None,
             max_attempts: None,
+            dedup: None,
         }
     }
 
@@ -95,6 +113,47 @@ impl NewJob {
         self
     }
 
+    /// Deduplicates the job under `key` for `ttl`: within `ttl` of the first job enqueued
+    /// under `key`, enqueueing another adds nothing and answers the first job's id, with
+    /// [`Enqueued::deduplicated`] set, even once that job has finished; after `ttl` the key
+    /// is free. In a queue of several partitions a key holds within the partition of the
+    /// job's group.
+    ///
+    /// ```
+    /// use paceline_queue::{JobState, NewJob, QueueConfig, QueueCore};
+    /// use std::time::Duration;
+    /// let mut queue = QueueCore::new(QueueConfig::new("gcra:rate=10/s".parse()?))?;
+    /// let minute = Duration::from_secs(60);
+    /// let first = queue.enqueue(0, NewJob::new("g", b"a".to_vec()).dedup("user-42", minute))?;
+    /// let again = queue.enqueue(1, NewJob::new("g", b"b".to_vec()).dedup("user-42", minute))?;
+    /// assert_eq!((again.id, again.created, again.deduplicated), (first.id, false, true));
+    /// let later = queue.enqueue(60_000_000, NewJob::new("g", b"c".to_vec()).dedup("user-42", minute))?;
+    /// assert!(later.created); // the key was free again
+    /// # Ok::<(), paceline_queue::QueueError>(())
+    /// ```
+    #[must_use]
+    pub fn dedup(mut self, key: impl Into<String>, ttl: Duration) -> NewJob {
+        self.dedup = Some(Dedup {
+            key: key.into(),
+            ttl,
+            replace: false,
+        });
+        self
+    }
+
+    /// [`dedup`](NewJob::dedup), where a job deduplicated against the first replaces its
+    /// payload while the first still waits (scheduled or in its line; not once started):
+    /// the latest payload within `ttl` is the one that runs.
+    #[must_use]
+    pub fn debounce(mut self, key: impl Into<String>, ttl: Duration) -> NewJob {
+        self.dedup = Some(Dedup {
+            key: key.into(),
+            ttl,
+            replace: true,
+        });
+        self
+    }
+
     /// Checks the job against a queue's largest payload, naming the field at fault.
     pub fn validate(&self, max_payload: usize) -> Result<(), InputError> {
         check_group(&self.group)?;
@@ -112,6 +171,23 @@ impl NewJob {
         }
         if self.delay > MAX_DELAY {
             return Err(InputError::new("delay", "must be at most 365 days"));
+        }
+        if let Some(d) = &self.dedup {
+            if d.key.is_empty()
+                || d.key.len() > MAX_DEDUP_KEY
+                || d.key.chars().any(char::is_control)
+            {
+                return Err(InputError::new(
+                    "dedup.key",
+                    format!("must be 1 to {MAX_DEDUP_KEY} bytes with no control characters"),
+                ));
+            }
+            if d.ttl < Duration::from_millis(1) || d.ttl > MAX_DELAY {
+                return Err(InputError::new(
+                    "dedup.ttl_ms",
+                    "must be from 1 ms to 365 days (31536000000 ms)",
+                ));
+            }
         }
         if let Some(n) = self.max_attempts {
             if n == 0 || n > MAX_ATTEMPTS {
@@ -203,16 +279,20 @@ pub enum JobState {
     Active,
     /// Out of attempts, or failed fatally: kept in the dead set until retried or purged.
     Dead,
+    /// No longer in the queue (acknowledged, cancelled or purged): only an enqueue
+    /// deduplicated against a job that has finished answers it.
+    Finished,
 }
 
 impl JobState {
-    /// `scheduled`, `waiting`, `active` or `dead`.
+    /// `scheduled`, `waiting`, `active`, `dead` or `finished`.
     pub const fn name(self) -> &'static str {
         match self {
             JobState::Scheduled => "scheduled",
             JobState::Waiting => "waiting",
             JobState::Active => "active",
             JobState::Dead => "dead",
+            JobState::Finished => "finished",
         }
     }
 
@@ -229,6 +309,7 @@ impl JobState {
             JobState::Waiting,
             JobState::Active,
             JobState::Dead,
+            JobState::Finished,
         ]
         .into_iter()
         .find(|s| s.name() == name)
@@ -242,9 +323,13 @@ pub struct Enqueued {
     pub id: String,
     /// The job's state now.
     pub state: JobState,
-    /// False when a job of this id already existed: nothing was added, and the other fields
-    /// describe the existing job (`estimated_start` as estimated when it was enqueued).
+    /// False when a job of this id already existed, or one under the same deduplication
+    /// key: nothing was added, and the other fields describe that job (`estimated_start` as
+    /// estimated when it was enqueued).
     pub created: bool,
+    /// True when the job was deduplicated against an earlier one (see [`NewJob::dedup`]):
+    /// `id` is that job's.
+    pub deduplicated: bool,
     /// When the job is expected to start (µs since the epoch): see
     /// [`QueueCore::enqueue`](crate::QueueCore::enqueue) for how exact this is.
     pub estimated_start: u64,

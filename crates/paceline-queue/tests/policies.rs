@@ -2,16 +2,11 @@
 //! handle on the queue sees them and a configuration change leaves them in place. (Redis
 //! answers as memory does in random scripts too: `redis.rs`.)
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use paceline_core::{Clock, ManualClock, Policy};
+use paceline_core::Policy;
 use paceline_queue::core::PolicySource;
-use paceline_queue::{NewJob, Queue, QueueConfig, QueueCore, QueueError};
-use paceline_testkit::{runtime, shared_server, unique_name};
+use paceline_queue::{NewJob, QueueConfig, QueueCore, QueueError};
 
 mod common;
-use common::redis::open_at;
 
 const S: u64 = 1_000_000;
 
@@ -115,8 +110,15 @@ fn a_policy_a_queue_cannot_use_or_a_bad_group_is_refused_naming_it() {
 
 /// In Redis: a policy set through one handle is what another handle sees, and one that
 /// opens the queue with a changed configuration leaves it in place.
+#[cfg(feature = "redis")]
 #[test]
 fn every_handle_sees_a_run_time_policy_and_a_new_configuration_keeps_it() {
+    use common::redis::open_at;
+    use paceline_core::{Clock, ManualClock};
+    use paceline_queue::Queue;
+    use paceline_testkit::{runtime, shared_server, unique_name};
+    use std::sync::Arc;
+    use std::time::Duration;
     runtime().block_on(async {
         let clock = ManualClock::new(1_700_000_000_000_000);
         let shared: Arc<dyn Clock> = Arc::new(clock.clone());

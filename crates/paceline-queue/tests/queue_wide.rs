@@ -133,6 +133,7 @@ async fn a_worker_waiting_on_a_full_queue_wakes_when_a_job_ends() {
 
 /// In Redis: a tool attaching to the queue reads its queue-wide limits back, and a lease
 /// there keeps to them.
+#[cfg(feature = "redis")]
 #[test]
 fn a_queue_in_redis_keeps_its_queue_wide_limits() {
     paceline_testkit::runtime().block_on(async {

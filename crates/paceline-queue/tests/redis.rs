@@ -33,6 +33,8 @@ enum Step {
         not_before_ms: Option<i16>,
         id: Option<u8>,
         max_attempts: Option<u8>,
+        /// A deduplication key, its time to live (ms) and whether it replaces.
+        dedup: Option<(u8, u16, bool)>,
     },
     Batch {
         groups: Vec<u8>,
@@ -189,9 +191,10 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         5 => (0u8..3, prop_oneof![3 => Just(0u16), 1 => 1u16..3_000],
               prop_oneof![3 => Just(None), 1 => (-1_000i16..3_000).prop_map(Some)],
-              proptest::option::of(0u8..6), proptest::option::of(1u8..4))
-            .prop_map(|(group, delay_ms, not_before_ms, id, max_attempts)| Step::Enqueue {
-                group, delay_ms, not_before_ms, id, max_attempts,
+              proptest::option::of(0u8..6), proptest::option::of(1u8..4),
+              prop_oneof![2 => Just(None), 1 => (0u8..3, 1u16..3_000, any::<bool>()).prop_map(Some)])
+            .prop_map(|(group, delay_ms, not_before_ms, id, max_attempts, dedup)| Step::Enqueue {
+                group, delay_ms, not_before_ms, id, max_attempts, dedup,
             }),
         1 => proptest::collection::vec(0u8..3, 1..6).prop_map(|groups| Step::Batch { groups }),
         5 => (1u8..4, proptest::option::of(1u16..3_000)).prop_map(|(max_jobs, lease_ms)| Step::Lease { max_jobs, lease_ms }),
@@ -303,8 +306,9 @@ impl differential::Twin<Step> for QueueTwin {
                 not_before_ms,
                 id,
                 max_attempts,
+                dedup,
             } => {
-                let mut job = NewJob::new(format!("g{group}"), vec![group, 0xff, 0])
+                let mut job = NewJob::new(format!("g{group}"), vec![group, 0xff, at.index as u8])
                     .delay(Duration::from_millis(u64::from(delay_ms)));
                 if let Some(d) = not_before_ms {
                     let at = at.now.saturating_add_signed(i64::from(d) * 1_000);
@@ -315,6 +319,15 @@ impl differential::Twin<Step> for QueueTwin {
                 }
                 if let Some(m) = max_attempts {
                     job = job.max_attempts(u32::from(m));
+                }
+                if let Some((key, ms, replace)) = dedup {
+                    let ttl = Duration::from_millis(u64::from(ms));
+                    let key = format!("k{key}");
+                    job = if replace {
+                        job.debounce(key, ttl)
+                    } else {
+                        job.dedup(key, ttl)
+                    };
                 }
                 Said::Enqueued(queue.enqueue(job).await)
             }

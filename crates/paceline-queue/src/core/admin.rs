@@ -209,9 +209,24 @@ impl QueueCore {
         .min()
     }
 
+    /// How many deduplication keys the queue holds: those whose time to live has not run
+    /// out, and those that ran out since the last calls dropped theirs (up to
+    /// [`MAINTENANCE_BATCH`] a call).
+    pub fn dedup_keys_held(&self) -> usize {
+        self.dedup.len()
+    }
+
     /// Checks every internal index against the jobs and groups; for tests.
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
+        if self.dedup.len() != self.dedup_expiry.len()
+            || self
+                .dedup_expiry
+                .iter()
+                .any(|(t, key)| self.dedup.get(key).is_none_or(|d| d.0 != *t))
+        {
+            return Err("the deduplication keys and their expiries differ".into());
+        }
         let mut waiting = 0usize;
         for (name, g) in &self.groups {
             let active = self

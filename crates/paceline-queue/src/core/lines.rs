@@ -8,7 +8,7 @@ use super::records::{project_one, Group, Job, Place, Projection};
 use super::{queue_full, QueueCore, UNTIL_RESUMED};
 use crate::config::QueueConfig;
 use crate::error::QueueError;
-use crate::job::{not_before_too_late, Enqueued, NewJob, MAX_DELAY};
+use crate::job::{not_before_too_late, Enqueued, JobState, NewJob, MAX_DELAY};
 
 impl QueueCore {
     /// Adds a job, or (same `id` while that job exists) answers the existing one.
@@ -31,8 +31,33 @@ impl QueueCore {
                     id: id.clone(),
                     state: existing.place.state(),
                     created: false,
+                    deduplicated: false,
                     estimated_start: existing.estimated_start,
                 });
+            }
+        }
+        if let Some(d) = &job.dedup {
+            if let Some((expires, first, estimate)) = self.dedup.get(&d.key) {
+                if *expires > now {
+                    let (first, mut estimated_start) = (first.clone(), *estimate);
+                    let mut state = JobState::Finished;
+                    if let Some(existing) = self.jobs.get_mut(&first) {
+                        let waits =
+                            matches!(existing.place, Place::Waiting | Place::Scheduled { .. });
+                        if d.replace && waits {
+                            existing.payload = job.payload;
+                        }
+                        state = existing.place.state();
+                        estimated_start = existing.estimated_start;
+                    }
+                    return Ok(Enqueued {
+                        id: first,
+                        state,
+                        created: false,
+                        deduplicated: true,
+                        estimated_start,
+                    });
+                }
             }
         }
         if self.jobs.len() >= self.config.max_jobs {
@@ -78,6 +103,14 @@ impl QueueCore {
         // A group paused until resumed has no time to give: the pause's end stands for it.
         let estimated_start = estimated_start.min(UNTIL_RESUMED);
         let state = place.state();
+        if let Some(d) = &job.dedup {
+            let expires = now.saturating_add(round_to_micros(d.ttl));
+            let entry = (expires, id.clone(), estimated_start);
+            if let Some((stale, ..)) = self.dedup.insert(d.key.clone(), entry) {
+                self.dedup_expiry.remove(&(stale, d.key.clone()));
+            }
+            self.dedup_expiry.insert((expires, d.key.clone()));
+        }
         self.totals.enqueued += 1;
         self.jobs.insert(
             id.clone(),
@@ -98,6 +131,7 @@ impl QueueCore {
             id,
             state,
             created: true,
+            deduplicated: false,
             estimated_start,
         })
     }

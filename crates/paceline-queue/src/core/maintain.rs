@@ -5,9 +5,21 @@ use super::records::Place;
 use super::{QueueCore, MAINTENANCE_BATCH};
 
 impl QueueCore {
-    /// Expired leases back to their groups, due jobs into theirs, idle groups dropped: at
-    /// most [`MAINTENANCE_BATCH`] of each.
+    /// Expired leases back to their groups, due jobs into theirs, idle groups and expired
+    /// deduplication keys dropped: at most [`MAINTENANCE_BATCH`] of each.
     pub(super) fn maintain(&mut self, now: u64) {
+        for _ in 0..MAINTENANCE_BATCH {
+            let Some(first) = self.dedup_expiry.first().cloned() else {
+                break;
+            };
+            if first.0 > now {
+                break;
+            }
+            self.dedup_expiry.remove(&first);
+            if self.dedup.get(&first.1).is_some_and(|d| d.0 == first.0) {
+                self.dedup.remove(&first.1);
+            }
+        }
         for _ in 0..MAINTENANCE_BATCH {
             let Some(first) = self.request_expiry.first().cloned() else {
                 break;

@@ -68,6 +68,7 @@ use paceline_core::{InputError, Policy};
 
 use crate::config::QueueConfig;
 use crate::job::Totals;
+#[cfg(feature = "redis")]
 pub(crate) use pauses::check_pause;
 pub use pauses::UNTIL_RESUMED;
 pub use policies::PolicySource;
@@ -116,6 +117,11 @@ pub struct QueueCore {
     requests: HashMap<String, (u64, Vec<Taken>)>,
     /// The same, by expiry: (expires, request id).
     request_expiry: BTreeSet<(u64, String)>,
+    /// Deduplication keys: key -> (when it is free again, the first job's id and its
+    /// estimated start).
+    dedup: HashMap<String, (u64, String, u64)>,
+    /// The same, by expiry: (expires, key).
+    dedup_expiry: BTreeSet<(u64, String)>,
     /// The source of every order number and lease token.
     seq: u64,
     /// The last number given as a job id.
@@ -151,6 +157,8 @@ impl QueueCore {
             retiring: BTreeSet::new(),
             requests: HashMap::new(),
             request_expiry: BTreeSet::new(),
+            dedup: HashMap::new(),
+            dedup_expiry: BTreeSet::new(),
             seq: 0,
             last_id: 0,
             id_suffix: String::new(),

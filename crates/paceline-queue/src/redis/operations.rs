@@ -39,6 +39,14 @@ impl RedisQueue {
             args.push(arg(paceline_core::round_to_micros(job.delay)));
             args.push(job.max_attempts.map(arg).unwrap_or_default());
             args.push(job.not_before.map(arg).unwrap_or_default());
+            match job.dedup {
+                Some(d) => {
+                    args.push(d.key.into_bytes());
+                    args.push(arg(paceline_core::round_to_micros(d.ttl)));
+                    args.push(arg(u8::from(d.replace)));
+                }
+                None => args.extend([Vec::new(), Vec::new(), Vec::new()]),
+            }
         }
         if sent > 0 {
             let mut all = vec![arg(sent)];
@@ -88,13 +96,14 @@ impl RedisQueue {
                     r.item()?;
                     out.push(Err(not_before_too_late(r.u64()?).into()));
                 }
-                "created" | "exists" => {
+                "created" | "exists" | "dedup" => {
                     let state = read_state(&mut r)?;
                     let estimated_start = r.u64()?;
                     out.push(Ok(Enqueued {
                         id,
                         state,
                         created: status == "created",
+                        deduplicated: status == "dedup",
                         estimated_start,
                     }));
                 }

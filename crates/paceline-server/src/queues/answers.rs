@@ -57,6 +57,9 @@ pub(super) struct EnqueuedBody<'a> {
     id: &'a str,
     state: &'static str,
     estimated_start_ms: Option<u64>,
+    /// Present, and true, only for a job deduplicated against an earlier one (`id`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    deduplicated: bool,
 }
 
 /// The status and body of an enqueued job.
@@ -73,6 +76,7 @@ pub(super) fn enqueued(e: &Enqueued) -> (StatusCode, EnqueuedBody<'_>) {
             state: e.state.name(),
             estimated_start_ms: (e.estimated_start != UNTIL_RESUMED)
                 .then(|| unix_ms(e.estimated_start)),
+            deduplicated: e.deduplicated,
         },
     )
 }
@@ -83,6 +87,8 @@ pub(super) fn enqueued(e: &Enqueued) -> (StatusCode, EnqueuedBody<'_>) {
 #[serde(untagged)]
 pub(super) enum BatchEntry<'a> {
     Enqueued {
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        deduplicated: bool,
         estimated_start_ms: Option<u64>,
         id: &'a str,
         state: &'static str,
@@ -101,6 +107,7 @@ impl<'a> BatchEntry<'a> {
             Ok(e) => {
                 let (status, body) = enqueued(e);
                 BatchEntry::Enqueued {
+                    deduplicated: body.deduplicated,
                     estimated_start_ms: body.estimated_start_ms,
                     id: body.id,
                     state: body.state,

@@ -83,6 +83,16 @@ pub(super) struct EnqueueBody {
     delay_ms: Option<Number>,
     not_before_ms: Option<Number>,
     max_attempts: Option<u64>,
+    dedup: Option<DedupBody>,
+}
+
+/// A job's deduplication, as sent: `{"key", "ttl_ms", "replace"?}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DedupBody {
+    key: Option<String>,
+    ttl_ms: Option<Number>,
+    replace: Option<bool>,
 }
 
 impl EnqueueBody {
@@ -123,6 +133,23 @@ impl EnqueueBody {
             let n = u32::try_from(n)
                 .map_err(|_| ApiError::invalid("max_attempts", "must be from 1 to 1000"))?;
             job = job.max_attempts(n);
+        }
+        if let Some(d) = self.dedup {
+            let key = d.key.ok_or_else(|| {
+                ApiError::invalid("dedup.key", "is required: the key jobs are deduplicated by")
+            })?;
+            let ttl =
+                millis("dedup.ttl_ms", d.ttl_ms.as_ref(), MAX_DELAY_MS)?.ok_or_else(|| {
+                    ApiError::invalid(
+                        "dedup.ttl_ms",
+                        "is required: how long the key holds, 1 to 31536000000 ms",
+                    )
+                })?;
+            job = if d.replace.unwrap_or(false) {
+                job.debounce(key, ttl)
+            } else {
+                job.dedup(key, ttl)
+            };
         }
         Ok(job)
     }
