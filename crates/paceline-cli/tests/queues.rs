@@ -31,6 +31,12 @@ retry_backoff = "1h"
 
 [queues.roles.groups."guild:slow"]
 policy = "sliding_log:limit=1,window=1h"
+
+[queues.roles.schedules.new-year]
+cron = "0 0 1 1 *"
+group = "reports"
+payload = { kind = "yearly" }
+timezone = "Europe/Paris"
 "#;
 
 fn service() -> (tempfile::TempDir, Service) {
@@ -1407,4 +1413,106 @@ fn deduplicating_jobs(p: u16) {
 on_memory_and_redis!(
     deduplicating_jobs: deduplicating_jobs_on_memory,
     deduplicating_jobs_on_redis
+);
+
+/// Schedules over HTTP: the config file's is listed; one put, read, put again unchanged
+/// (its next tick kept), removed; bad ones are `400`s naming their field.
+fn scheduling_jobs(p: u16) {
+    let r = get(p, "/v1/queues/roles/schedules");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let listed = r.json();
+    assert_eq!(
+        listed["schedules"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let yearly = &listed["schedules"][0];
+    assert_eq!(
+        (
+            text(&yearly["name"]),
+            text(&yearly["timezone"]),
+            &yearly["payload"]
+        ),
+        (
+            "new-year".into(),
+            "Europe/Paris".into(),
+            &serde_json::json!({"kind": "yearly"})
+        )
+    );
+    let url = "/v1/queues/roles/schedules/nightly";
+    let body = r#"{"cron": "0 3 * * *", "group": "reports", "payload": {"kind": "nightly"}}"#;
+    let r = http(p, "PUT", url, &[], body.as_bytes());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let kept = r.json();
+    let next = kept["next_ms"].as_u64().expect("a next tick");
+    assert_eq!(
+        (text(&kept["cron"]), text(&kept["timezone"])),
+        ("0 3 * * *".into(), "UTC".into())
+    );
+    // 03:00 UTC: a whole number of days after the epoch, plus three hours.
+    assert_eq!(next % 86_400_000, 3 * 3_600_000);
+    assert_eq!(get(p, url).json(), kept);
+    let again = http(p, "PUT", url, &[], body.as_bytes());
+    assert_eq!(again.json()["next_ms"].as_u64(), Some(next));
+    for (path, body, field) in [
+        ("nightly", r#"{"cron": "at three", "group": "g"}"#, "cron"),
+        ("nightly", r#"{"cron": "0 0 30 2 *", "group": "g"}"#, "cron"),
+        (
+            "nightly",
+            r#"{"cron": "0 3 * * *", "group": "g", "timezone": "Mars/Olympus"}"#,
+            "timezone",
+        ),
+        ("nightly", r#"{"cron": "0 3 * * *"}"#, "group"),
+        ("nightly", r#"{"group": "g"}"#, "cron"),
+        (
+            "nightly",
+            r#"{"cron": "0 3 * * *", "group": "g", "every": 1}"#,
+            "every",
+        ),
+        ("a%20b", r#"{"cron": "0 3 * * *", "group": "g"}"#, "name"),
+    ] {
+        let r = http(
+            p,
+            "PUT",
+            &format!("/v1/queues/roles/schedules/{path}"),
+            &[],
+            body.as_bytes(),
+        );
+        assert_eq!(
+            (r.status, r.error()),
+            (400, ("invalid_argument".into(), field.into())),
+            "{body}: {}",
+            r.body
+        );
+    }
+    let big = format!(
+        r#"{{"cron": "0 3 * * *", "group": "g", "payload": "{}"}}"#,
+        "x".repeat(2000)
+    );
+    let r = http(p, "PUT", url, &[], big.as_bytes());
+    assert_eq!(
+        (r.status, r.error().1),
+        (400, "payload".into()),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        get(p, url).json()["next_ms"].as_u64(),
+        Some(next),
+        "unchanged"
+    );
+    assert_eq!(delete(p, url).status, 204);
+    let r = delete(p, url);
+    assert_eq!(
+        (r.status, r.error().0),
+        (404, "unknown_schedule".into()),
+        "{}",
+        r.body
+    );
+    assert_eq!(get(p, url).status, 404);
+}
+
+on_memory_and_redis!(
+    scheduling_jobs: scheduling_jobs_on_memory,
+    scheduling_jobs_on_redis
 );

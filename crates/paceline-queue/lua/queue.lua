@@ -44,6 +44,8 @@
 --   dedup        hash: deduplication key -> when it is free again and the first job's
 --                estimated start (two little-endian doubles), then that job's id
 --   dedupx       the same keys scored by when they are free again (dropped by maintenance)
+--   sched        hash: schedule name -> MessagePack { c, z, g, p, n }: its cron expression,
+--                time zone ('' for UTC), group, payload and next tick (see `ops.fire`)
 --   qgate        MessagePack { s, a, n }: the queue's own policy's state `s`, kept by
 --                algorithm `a`, and `n` the earliest start it allows as of its last
 --                refusal (see `queue_gate`)
@@ -1775,6 +1777,64 @@ function ops.policy(ARGV, o)
   return { config.spec, 'default' }
 end
 
+-- put_schedule NAME CRON TZ GROUP PAYLOAD NEXT: keeps the schedule, firing next at NEXT,
+-- unless the same schedule is kept already, which keeps its next tick
+-- (`QueueCore::put_schedule`). Answers now, then its next tick.
+function ops.put_schedule(ARGV, o)
+  local name = ARGV[o + 3]
+  maintain(now)
+  local s = { c = ARGV[o + 4], z = ARGV[o + 5], g = ARGV[o + 6], p = ARGV[o + 7],
+    n = tonumber(ARGV[o + 8]) }
+  local raw = redis.call('HGET', base .. 'sched', name)
+  if raw then
+    local kept = cmsgpack.unpack(raw)
+    if kept.c == s.c and kept.z == s.z and kept.g == s.g and kept.p == s.p then
+      s.n = kept.n
+    end
+  end
+  redis.call('HSET', base .. 'sched', name, cmsgpack.pack(s))
+  return { now, s.n }
+end
+
+-- schedules: each schedule: name, cron, time zone, group, payload, next tick. Reads only.
+function ops.schedules()
+  local out = {}
+  local all = redis.call('HGETALL', base .. 'sched')
+  for i = 1, #all, 2 do
+    local s = cmsgpack.unpack(all[i + 1])
+    local n = #out
+    out[n + 1], out[n + 2], out[n + 3], out[n + 4] = all[i], s.c, s.z, s.g
+    out[n + 5], out[n + 6] = s.p, s.n
+  end
+  return out
+end
+
+-- delete_schedule NAME: answers now, then 1 if there was one, else 0.
+function ops.delete_schedule(ARGV, o)
+  maintain(now)
+  return { now, redis.call('HDEL', base .. 'sched', ARGV[o + 3]) }
+end
+
+-- fire NAME DUE NEXT: enqueues the schedule's job for its tick DUE and moves it on to NEXT,
+-- if DUE is still its next tick and has come (`QueueCore::fire_schedule`). Answers now,
+-- then 'none', or the enqueue's four values (`enqueue_one`).
+function ops.fire(ARGV, o)
+  local name, due, next = ARGV[o + 3], tonumber(ARGV[o + 4]), tonumber(ARGV[o + 5])
+  local raw = redis.call('HGET', base .. 'sched', name)
+  local s = raw and cmsgpack.unpack(raw)
+  if not s or s.n ~= due or due > now then
+    return { now, 'none' }
+  end
+  local out = { now }
+  enqueue_one({ '', s.g, s.p, '0', '', '', '', '', '' }, 1, out)
+  if out[2] == 'created' then
+    s.n = max(next, now + 1)
+    redis.call('HSET', base .. 'sched', name, cmsgpack.pack(s))
+    publish()
+  end
+  return out
+end
+
 -- resume GROUP: ends every pause of the group ('': the queue's own). Answers now.
 function ops.resume(ARGV, o)
   local name = ARGV[o + 3]
@@ -1873,12 +1933,13 @@ end
 local ticking = {
   enqueue = true, lease = true, ack = true, fail = true, extend = true, cancel = true,
   counts = true, stats = true, retry_dead = true, purge_dead = true, pause = true,
-  resume = true, set_policy = true,
+  resume = true, set_policy = true, put_schedule = true, delete_schedule = true, fire = true,
 }
 local writing = {
   config = true, enqueue = true, lease = true, ack = true, fail = true, extend = true,
   cancel = true, counts = true, stats = true, retry_dead = true, purge_dead = true,
-  pause = true, resume = true, set_policy = true,
+  pause = true, resume = true, set_policy = true, put_schedule = true, delete_schedule = true,
+  fire = true,
 }
 
 -- multi COUNT (OP N ARGS...)...: the operations in order, as if each were its own call at

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use paceline_core::{InputError, Policy};
 
+use crate::schedule::Schedule;
+
 /// The longest lease (and the longest `extend`): a day.
 pub const MAX_LEASE: Duration = Duration::from_secs(86_400);
 /// The most attempts a job may be given.
@@ -70,6 +72,9 @@ pub struct QueueConfig {
     /// How many partitions the queue's groups are spread over (1 to [`MAX_PARTITIONS`];
     /// default 1): see [`partitions`](QueueConfig::partitions).
     pub partitions: u32,
+    /// Schedules the queue is given when a service opens it (see
+    /// [`Queue::put_schedule`](crate::Queue::put_schedule)), by name.
+    pub schedules: BTreeMap<String, Schedule>,
 }
 
 impl QueueConfig {
@@ -90,7 +95,15 @@ impl QueueConfig {
             max_payload: 1024 * 1024,
             max_jobs: 1_000_000,
             partitions: 1,
+            schedules: BTreeMap::new(),
         }
+    }
+
+    /// Gives the queue schedule `name` (see [`schedules`](QueueConfig::schedules)).
+    #[must_use]
+    pub fn schedule(mut self, name: impl Into<String>, schedule: Schedule) -> QueueConfig {
+        self.schedules.insert(name.into(), schedule);
+        self
     }
 
     /// Gives `group` a policy of its own.
@@ -267,6 +280,16 @@ impl QueueConfig {
                  cannot hold a limit over all of them: use partitions = 1 with a queue-wide \
                  limit, or limit the groups only",
             ));
+        }
+        for (name, schedule) in &self.schedules {
+            let named = |e: InputError| {
+                InputError::new(
+                    format!("schedules.{name}.{}", e.field()),
+                    e.message().to_string(),
+                )
+            };
+            crate::schedule::check_schedule_name(name).map_err(named)?;
+            schedule.validate(self.max_payload, 0).map_err(named)?;
         }
         if self.partitions == 0 || self.partitions > MAX_PARTITIONS {
             return Err(InputError::new(

@@ -36,6 +36,7 @@ pub mod partitioned;
 pub mod queue;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod schedule;
 pub mod token;
 pub mod worker;
 

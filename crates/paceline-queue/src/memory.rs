@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::core::PolicySource;
+use crate::schedule::{Schedule, ScheduleInfo};
 use paceline_core::{Clock, InputError, Policy};
 use paceline_store::secret::TokenKey;
 use paceline_store::SystemClock;
@@ -281,6 +282,39 @@ impl QueueBackend for MemoryQueue {
         group: &'a str,
     ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>> {
         ready(self.core().policy(group))
+    }
+
+    fn put_schedule<'a>(
+        &'a self,
+        name: &'a str,
+        schedule: &'a Schedule,
+        next: u64,
+    ) -> QueueFuture<'a, Result<ScheduleInfo, QueueError>> {
+        let now = self.now();
+        ready(self.core().put_schedule(now, name, schedule.clone(), next))
+    }
+
+    fn schedules(&self) -> QueueFuture<'_, Result<Vec<ScheduleInfo>, QueueError>> {
+        ready(Ok(self.core().schedules()))
+    }
+
+    fn delete_schedule<'a>(&'a self, name: &'a str) -> QueueFuture<'a, Result<bool, QueueError>> {
+        let now = self.now();
+        ready(self.core().delete_schedule(now, name))
+    }
+
+    fn fire_schedule<'a>(
+        &'a self,
+        name: &'a str,
+        due: u64,
+        next: u64,
+    ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>> {
+        let now = self.now();
+        let answer = self.core().fire_schedule(now, name, due, next);
+        if answer.as_ref().is_ok_and(Option::is_some) {
+            self.wake();
+        }
+        ready(answer)
     }
 
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {

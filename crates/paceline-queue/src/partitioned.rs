@@ -105,6 +105,7 @@ use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats, Totals};
 use crate::memory::MemoryQueue;
 use crate::queue::{QueueBackend, QueueFuture};
+use crate::schedule::{Schedule, ScheduleInfo};
 
 pub(crate) use sealed::Partition;
 
@@ -838,6 +839,64 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
         self.parts[p].policy(group)
     }
 
+    fn put_schedule<'a>(
+        &'a self,
+        name: &'a str,
+        schedule: &'a Schedule,
+        next: u64,
+    ) -> QueueFuture<'a, Result<ScheduleInfo, QueueError>> {
+        // Kept in the partition of its group, where its jobs go; gone from any other (its
+        // group changed).
+        Box::pin(async move {
+            let home = partition_of(&schedule.group, self.config.partitions);
+            let kept = self.parts[home].put_schedule(name, schedule, next).await?;
+            for (p, part) in self.parts.iter().enumerate() {
+                if p != home {
+                    part.delete_schedule(name).await?;
+                }
+            }
+            Ok(kept)
+        })
+    }
+
+    fn schedules(&self) -> QueueFuture<'_, Result<Vec<ScheduleInfo>, QueueError>> {
+        Box::pin(async move {
+            let mut all = Vec::new();
+            for listed in join_all(self.parts.iter().map(|p| p.schedules())).await {
+                all.extend(listed?);
+            }
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            Ok(all)
+        })
+    }
+
+    fn delete_schedule<'a>(&'a self, name: &'a str) -> QueueFuture<'a, Result<bool, QueueError>> {
+        Box::pin(async move {
+            let mut found = false;
+            for deleted in join_all(self.parts.iter().map(|p| p.delete_schedule(name))).await {
+                found |= deleted?;
+            }
+            Ok(found)
+        })
+    }
+
+    fn fire_schedule<'a>(
+        &'a self,
+        name: &'a str,
+        due: u64,
+        next: u64,
+    ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>> {
+        // Only the partition that keeps it fires it.
+        Box::pin(async move {
+            for part in &self.parts {
+                if let Some(fired) = part.fire_schedule(name, due, next).await? {
+                    return Ok(Some(fired));
+                }
+            }
+            Ok(None)
+        })
+    }
+
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
         Box::pin(self.job_anywhere(id))
     }
@@ -1178,6 +1237,31 @@ mod failing {
             group: &'a str,
         ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>> {
             self.inner.policy(group)
+        }
+        fn put_schedule<'a>(
+            &'a self,
+            name: &'a str,
+            schedule: &'a Schedule,
+            next: u64,
+        ) -> QueueFuture<'a, Result<ScheduleInfo, QueueError>> {
+            self.inner.put_schedule(name, schedule, next)
+        }
+        fn schedules(&self) -> QueueFuture<'_, Result<Vec<ScheduleInfo>, QueueError>> {
+            self.inner.schedules()
+        }
+        fn delete_schedule<'a>(
+            &'a self,
+            name: &'a str,
+        ) -> QueueFuture<'a, Result<bool, QueueError>> {
+            self.inner.delete_schedule(name)
+        }
+        fn fire_schedule<'a>(
+            &'a self,
+            name: &'a str,
+            due: u64,
+            next: u64,
+        ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>> {
+            self.inner.fire_schedule(name, due, next)
         }
         fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
             now(self.run("job", || at_once(self.inner.job(id))))

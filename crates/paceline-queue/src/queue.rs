@@ -16,6 +16,7 @@ use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
 use crate::memory::MemoryQueue;
 use crate::partitioned::Partitioned;
+use crate::schedule::{Schedule, ScheduleInfo, SCHEDULE_POLL};
 use crate::token::{self, LeaseToken};
 
 /// A boxed future of a queue operation.
@@ -106,6 +107,26 @@ pub trait QueueBackend: Send + Sync + 'static {
         &'a self,
         group: &'a str,
     ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>>;
+    /// Keeps schedule `name`, firing next at `next`; see
+    /// [`QueueCore::put_schedule`](crate::QueueCore::put_schedule).
+    fn put_schedule<'a>(
+        &'a self,
+        name: &'a str,
+        schedule: &'a Schedule,
+        next: u64,
+    ) -> QueueFuture<'a, Result<ScheduleInfo, QueueError>>;
+    /// Every schedule, by name.
+    fn schedules(&self) -> QueueFuture<'_, Result<Vec<ScheduleInfo>, QueueError>>;
+    /// Removes schedule `name`; answers whether there was one.
+    fn delete_schedule<'a>(&'a self, name: &'a str) -> QueueFuture<'a, Result<bool, QueueError>>;
+    /// Fires schedule `name` for its tick `due`, moving it on to `next`; see
+    /// [`QueueCore::fire_schedule`](crate::QueueCore::fire_schedule).
+    fn fire_schedule<'a>(
+        &'a self,
+        name: &'a str,
+        due: u64,
+        next: u64,
+    ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>>;
     /// One job.
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>>;
     /// The counts, and each group's.
@@ -580,6 +601,95 @@ impl Queue {
     /// ```
     pub async fn set_policy(&self, group: &str, policy: Option<&Policy>) -> Result<(), QueueError> {
         self.backend.set_policy(group, policy).await
+    }
+
+    /// Keeps schedule `name`: a job of `schedule`'s group and payload enqueued at each tick
+    /// of its cron expression, exactly once per tick however many processes share the
+    /// queue, by whichever runs [`run_schedules`](Self::run_schedules) (as `paceline serve`
+    /// does). The same schedule put again keeps its next tick; a changed one starts from
+    /// the first tick after now. See [`crate::schedule`].
+    ///
+    /// ```
+    /// use paceline_queue::schedule::Schedule;
+    /// use paceline_queue::{Queue, QueueConfig};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_queue::QueueError> {
+    /// let queue = Queue::in_memory("reports", QueueConfig::new("gcra:rate=10/s".parse()?))?;
+    /// let nightly = Schedule::new("0 3 * * *", "daily", b"{}".to_vec()).timezone("Europe/Paris");
+    /// let kept = queue.put_schedule("nightly", &nightly).await?;
+    /// assert!(kept.next > queue.now_micros());
+    /// assert_eq!(queue.schedules().await?.len(), 1);
+    /// assert!(queue.delete_schedule("nightly").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn put_schedule(
+        &self,
+        name: &str,
+        schedule: &Schedule,
+    ) -> Result<ScheduleInfo, QueueError> {
+        crate::schedule::check_schedule_name(name)?;
+        let now = self.now_micros();
+        schedule.validate(self.config().max_payload, now)?;
+        let next = schedule.next_after(now)?;
+        self.backend.put_schedule(name, schedule, next).await
+    }
+
+    /// Every schedule, by name, with its next tick.
+    pub async fn schedules(&self) -> Result<Vec<ScheduleInfo>, QueueError> {
+        self.backend.schedules().await
+    }
+
+    /// Removes schedule `name`; answers whether there was one.
+    pub async fn delete_schedule(&self, name: &str) -> Result<bool, QueueError> {
+        self.backend.delete_schedule(name).await
+    }
+
+    /// Fires every schedule whose tick has come, once each (a tick another process fired
+    /// is not fired again); answers the jobs enqueued, and the earliest next tick of any
+    /// schedule (`None`: none). A schedule whose job cannot be enqueued (the queue is
+    /// full) is tried again at the next pass.
+    pub async fn fire_due_schedules(&self) -> Result<(Vec<Enqueued>, Option<u64>), QueueError> {
+        let now = self.now_micros();
+        let mut fired = Vec::new();
+        let mut earliest: Option<u64> = None;
+        for kept in self.backend.schedules().await? {
+            let mut next_tick = kept.next;
+            if kept.next <= now {
+                // The first tick after now: missed ticks are fired once, not one by one.
+                let next = kept.schedule.next_after(now)?;
+                if let Some(job) = self
+                    .backend
+                    .fire_schedule(&kept.name, kept.next, next)
+                    .await?
+                {
+                    fired.push(job);
+                }
+                next_tick = next;
+            }
+            earliest = Some(earliest.map_or(next_tick, |e| e.min(next_tick)));
+        }
+        Ok((fired, earliest))
+    }
+
+    /// Runs the queue's schedules until `stop` completes: fires each tick as it comes, and
+    /// looks for schedules made or changed elsewhere at least every [`SCHEDULE_POLL`]. A
+    /// store that fails is asked again a poll later. It sleeps on tokio's timer (a virtual
+    /// clock that moves only when told is looked at every poll, not jumped ahead).
+    pub async fn run_schedules(&self, stop: impl Future<Output = ()>) {
+        tokio::pin!(stop);
+        loop {
+            let wait = match self.fire_due_schedules().await {
+                Ok((_, Some(next))) => {
+                    Duration::from_micros(next.saturating_sub(self.now_micros())).min(SCHEDULE_POLL)
+                }
+                Ok((_, None)) | Err(_) => SCHEDULE_POLL,
+            };
+            let sleep = tokio::time::sleep(wait.max(Duration::from_millis(1)));
+            tokio::select! {
+                () = &mut stop => return,
+                () = sleep => {}
+            }
+        }
     }
 
     /// `group`'s policy now, and where it comes from.

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use paceline_core::{Clock, ManualClock, Policy};
 use paceline_queue::core::PolicySource;
+use paceline_queue::schedule::{Schedule, ScheduleInfo};
 use paceline_queue::{
     Enqueued, FailOutcome, Failure, JobInfo, LeaseToken, Leased, MemoryQueue, NewJob, Partitioned,
     Queue, QueueConfig, QueueError, RedisQueue, Stats,
@@ -23,6 +24,9 @@ use proptest::prelude::*;
 
 mod common;
 use common::POLICIES;
+
+/// Cron expressions the steps put: every second, every other, every minute.
+const CRONS: &[&str] = &["* * * * * *", "*/2 * * * * *", "0 * * * * *"];
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -90,6 +94,18 @@ enum Step {
     Policy {
         group: u8,
     },
+    /// A schedule put: its name, one of `CRONS` (past its end: one that never fires), its
+    /// group.
+    PutSchedule {
+        name: u8,
+        cron: u8,
+        group: u8,
+    },
+    DeleteSchedule {
+        name: u8,
+    },
+    /// The schedules listed, then the due ones fired.
+    FireSchedules,
     /// Operations issued at once: on Redis they go in one combined call.
     Together {
         subs: Vec<Sub>,
@@ -213,6 +229,9 @@ fn step() -> impl Strategy<Value = Step> {
         1 => proptest::option::of(0u8..3).prop_map(|group| Step::Resume { group }),
         1 => (0u8..3, proptest::option::of(0u8..8)).prop_map(|(group, policy)| Step::SetPolicy { group, policy }),
         1 => (0u8..3).prop_map(|group| Step::Policy { group }),
+        1 => (0u8..3, 0u8..4, 0u8..3).prop_map(|(name, cron, group)| Step::PutSchedule { name, cron, group }),
+        1 => (0u8..3).prop_map(|name| Step::DeleteSchedule { name }),
+        2 => Just(Step::FireSchedules),
         2 => proptest::collection::vec(sub(), 2..8).prop_map(|subs| Step::Together { subs }),
     ]
 }
@@ -256,6 +275,13 @@ enum Said {
     Paused(Result<u64, QueueError>),
     Resumed(Result<(), QueueError>),
     PolicySet(Result<(), QueueError>),
+    Schedule(Result<ScheduleInfo, QueueError>),
+    ScheduleDeleted(Result<bool, QueueError>),
+    /// The schedules, then what firing the due ones answered.
+    Fired(
+        Result<Vec<ScheduleInfo>, QueueError>,
+        Result<(Vec<Enqueued>, Option<u64>), QueueError>,
+    ),
     Policy(Result<(Policy, PolicySource), QueueError>),
     /// Each operation's outcome, as text.
     Together(Vec<String>),
@@ -430,6 +456,20 @@ impl differential::Twin<Step> for QueueTwin {
                 )
             }
             Step::Policy { group } => Said::Policy(queue.policy(&format!("g{group}")).await),
+            Step::PutSchedule { name, cron, group } => {
+                let cron = CRONS
+                    .get(usize::from(cron))
+                    .copied()
+                    .unwrap_or("0 0 30 2 *");
+                let schedule = Schedule::new(cron, format!("g{group}"), vec![b's', name]);
+                Said::Schedule(queue.put_schedule(&format!("s{name}"), &schedule).await)
+            }
+            Step::DeleteSchedule { name } => {
+                Said::ScheduleDeleted(queue.delete_schedule(&format!("s{name}")).await)
+            }
+            Step::FireSchedules => {
+                Said::Fired(queue.schedules().await, queue.fire_due_schedules().await)
+            }
             Step::Together { subs } => {
                 // Each ack or fail takes a distinct lease the twin holds.
                 let subs: Vec<(Sub, Option<(String, LeaseToken)>)> = subs

@@ -38,6 +38,8 @@ pub(crate) enum ErrorCode {
     UnknownQueue,
     /// `404`: no job of that id in the queue.
     UnknownJob,
+    /// `404`: no schedule of that name in the queue.
+    UnknownSchedule,
     /// `405`: the endpoint does not take that method.
     MethodNotAllowed,
     /// `408`: the body did not arrive within the service's `body_read_timeout`.
@@ -69,7 +71,8 @@ impl ErrorCode {
             | ErrorCode::UnknownPolicy
             | ErrorCode::UnknownLease
             | ErrorCode::UnknownQueue
-            | ErrorCode::UnknownJob => StatusCode::NOT_FOUND,
+            | ErrorCode::UnknownJob
+            | ErrorCode::UnknownSchedule => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::Conflict | ErrorCode::LeaseLost => StatusCode::CONFLICT,
@@ -210,6 +213,7 @@ mod tests {
             (ErrorCode::UnknownLease, "unknown_lease", 404),
             (ErrorCode::UnknownQueue, "unknown_queue", 404),
             (ErrorCode::UnknownJob, "unknown_job", 404),
+            (ErrorCode::UnknownSchedule, "unknown_schedule", 404),
             (ErrorCode::MethodNotAllowed, "method_not_allowed", 405),
             (ErrorCode::RequestTimeout, "request_timeout", 408),
             (ErrorCode::Conflict, "conflict", 409),

@@ -140,6 +140,17 @@ impl Server {
             let queue = paceline_queue::Queue::with_store(&store, name, config.clone())
                 .await
                 .map_err(|e| ServerError::Queues(format!("queue `{name}`: {e}")))?;
+            // The config file's schedules: the same schedule again keeps its next tick.
+            for (schedule_name, schedule) in &config.schedules {
+                queue
+                    .put_schedule(schedule_name, schedule)
+                    .await
+                    .map_err(|e| {
+                        ServerError::Queues(format!(
+                            "queue `{name}`, schedule `{schedule_name}`: {e}"
+                        ))
+                    })?;
+            }
             queues.insert(name.clone(), queue);
         }
         let lease_key = store
@@ -200,6 +211,17 @@ impl Server {
             .unwrap_or_else(PoisonError::into_inner)
             .connections;
         let app = router::router(Arc::clone(&self.state));
+        // Every queue's schedules, fired by each instance; the store lets one job a tick in.
+        for queue in self.state.queues.values() {
+            let queue = queue.clone();
+            let mut stopping = self.state.stopping.subscribe();
+            tokio::spawn(async move {
+                let stop = async move {
+                    let _ = stopping.wait_for(|&stopping| stopping).await;
+                };
+                queue.run_schedules(stop).await;
+            });
+        }
         let state = Arc::clone(&self.state);
         let shutdown = async move {
             shutdown.await;

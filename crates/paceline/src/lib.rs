@@ -290,6 +290,7 @@ pub mod queue {
 
     pub use paceline_queue::core::{PolicySource, UNTIL_RESUMED};
     pub use paceline_queue::partitioned::partition_of;
+    pub use paceline_queue::schedule::{Schedule, ScheduleInfo};
     pub use paceline_queue::token::NotAToken;
     #[cfg(feature = "redis")]
     pub use paceline_queue::RedisQueue;

@@ -59,6 +59,7 @@ mod pauses;
 mod policies;
 mod records;
 mod rules;
+mod schedules;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -122,6 +123,8 @@ pub struct QueueCore {
     dedup: HashMap<String, (u64, String, u64)>,
     /// The same, by expiry: (expires, key).
     dedup_expiry: BTreeSet<(u64, String)>,
+    /// Schedules: name -> (what it enqueues, its next tick).
+    schedules: BTreeMap<String, (crate::schedule::Schedule, u64)>,
     /// The source of every order number and lease token.
     seq: u64,
     /// The last number given as a job id.
@@ -159,6 +162,7 @@ impl QueueCore {
             request_expiry: BTreeSet::new(),
             dedup: HashMap::new(),
             dedup_expiry: BTreeSet::new(),
+            schedules: BTreeMap::new(),
             seq: 0,
             last_id: 0,
             id_suffix: String::new(),

@@ -50,6 +50,9 @@ pub(super) const COMBINED: &[&str] = &[
     "pause",
     "resume",
     "set_policy",
+    "put_schedule",
+    "delete_schedule",
+    "fire",
 ];
 
 /// Whether `op`'s answer starts with the queue's time: the operations that tick its clock

@@ -45,6 +45,7 @@ use crate::error::QueueError;
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
 use crate::memory::check_queue_name;
 use crate::queue::{QueueBackend, QueueFuture};
+use crate::schedule::{check_schedule_name, Schedule, ScheduleInfo};
 use crate::token::LEASE_KEY;
 
 use caller::{config_args, Caller, COMBINED, MAX_COMBINED, MAX_IN_FLIGHT};
@@ -472,6 +473,42 @@ impl QueueBackend for RedisQueue {
         group: &'a str,
     ) -> QueueFuture<'a, Result<(Policy, PolicySource), QueueError>> {
         Box::pin(self.group_policy(group))
+    }
+
+    fn put_schedule<'a>(
+        &'a self,
+        name: &'a str,
+        schedule: &'a Schedule,
+        next: u64,
+    ) -> QueueFuture<'a, Result<ScheduleInfo, QueueError>> {
+        Box::pin(async move {
+            check_schedule_name(name)?;
+            schedule.validate(self.config.max_payload, self.caller.clock.now_micros())?;
+            self.keep_schedule(name, schedule, next).await
+        })
+    }
+
+    fn schedules(&self) -> QueueFuture<'_, Result<Vec<ScheduleInfo>, QueueError>> {
+        Box::pin(self.kept_schedules())
+    }
+
+    fn delete_schedule<'a>(&'a self, name: &'a str) -> QueueFuture<'a, Result<bool, QueueError>> {
+        Box::pin(async move {
+            check_schedule_name(name)?;
+            self.drop_schedule(name).await
+        })
+    }
+
+    fn fire_schedule<'a>(
+        &'a self,
+        name: &'a str,
+        due: u64,
+        next: u64,
+    ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>> {
+        Box::pin(async move {
+            check_schedule_name(name)?;
+            self.fire_tick(name, due, next).await
+        })
     }
 
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {

@@ -19,6 +19,7 @@ use crate::job::{
     check_lease_length, check_request_id, not_before_too_late, Enqueued, FailOutcome, Failure,
     GroupStats, JobInfo, Leased, NewJob, Stats,
 };
+use crate::schedule::{Schedule, ScheduleInfo};
 use crate::token::LeaseToken;
 
 impl RedisQueue {
@@ -330,6 +331,82 @@ impl RedisQueue {
             other => return Err(protocol(&format!("the policy source `{other}`"))),
         };
         Ok((policy, source))
+    }
+
+    pub(super) async fn keep_schedule(
+        &self,
+        name: &str,
+        schedule: &Schedule,
+        next: u64,
+    ) -> Result<ScheduleInfo, QueueError> {
+        let args = vec![
+            arg(name),
+            schedule.cron.clone().into_bytes(),
+            schedule.timezone.clone().unwrap_or_default().into_bytes(),
+            schedule.group.clone().into_bytes(),
+            schedule.payload.clone(),
+            arg(next),
+        ];
+        let mut r = reader(self.call("put_schedule", args).await?)?;
+        r.u64()?;
+        Ok(ScheduleInfo {
+            name: name.to_string(),
+            schedule: schedule.clone(),
+            next: r.u64()?,
+        })
+    }
+
+    pub(super) async fn kept_schedules(&self) -> Result<Vec<ScheduleInfo>, QueueError> {
+        let mut r = reader(self.call("schedules", Vec::new()).await?)?;
+        let mut out = Vec::new();
+        while !r.is_empty() {
+            let name = r.text()?;
+            let cron = r.text()?;
+            let zone = r.text()?;
+            let group = r.text()?;
+            let payload = r.bytes()?;
+            let next = r.u64()?;
+            let mut schedule = Schedule::new(cron, group, payload);
+            if !zone.is_empty() {
+                schedule = schedule.timezone(zone);
+            }
+            out.push(ScheduleInfo {
+                name,
+                schedule,
+                next,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    pub(super) async fn drop_schedule(&self, name: &str) -> Result<bool, QueueError> {
+        let mut r = reader(self.call("delete_schedule", vec![arg(name)]).await?)?;
+        r.u64()?;
+        Ok(r.u64()? == 1)
+    }
+
+    pub(super) async fn fire_tick(
+        &self,
+        name: &str,
+        due: u64,
+        next: u64,
+    ) -> Result<Option<Enqueued>, QueueError> {
+        let reply = self
+            .call("fire", vec![arg(name), arg(due), arg(next)])
+            .await?;
+        let answer = {
+            let mut r = reader(reply.clone())?;
+            r.u64()?;
+            r.text()?
+        };
+        if answer == "none" {
+            return Ok(None);
+        }
+        match self.read_enqueued(reply, 1)?.pop() {
+            Some(enqueued) => enqueued.map(Some),
+            None => Err(protocol("`fire` without its job")),
+        }
     }
 
     pub(super) async fn resume_work(&self, group: Option<&str>) -> Result<(), QueueError> {

@@ -97,6 +97,19 @@ struct QueueToml {
     partitions: Option<u32>,
     #[serde(default)]
     groups: BTreeMap<String, GroupToml>,
+    #[serde(default)]
+    schedules: BTreeMap<String, ScheduleToml>,
+}
+
+/// A `[queues.NAME.schedules.SCHEDULE]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScheduleToml {
+    cron: String,
+    group: String,
+    /// Any TOML value, kept as the JSON it reads as (none: `null`).
+    payload: Option<toml::Value>,
+    timezone: Option<String>,
 }
 
 /// A `[queues.NAME.groups."GROUP"]` table.
@@ -135,6 +148,22 @@ impl QueueToml {
             .into_iter()
             .map(|(name, g)| (name, g.policy))
             .collect();
+        for (name, s) in self.schedules {
+            let payload = match s.payload {
+                None => b"null".to_vec(),
+                Some(value) => serde_json::to_vec(&value).map_err(|e| {
+                    (
+                        format!("schedules.{name}.payload"),
+                        format!("does not read as JSON: {e}"),
+                    )
+                })?,
+            };
+            let mut schedule = paceline_queue::schedule::Schedule::new(s.cron, s.group, payload);
+            if let Some(zone) = s.timezone {
+                schedule = schedule.timezone(zone);
+            }
+            config.schedules.insert(name, schedule);
+        }
         config
             .validate()
             .map_err(|e| (e.field().to_string(), e.message().to_string()))?;

@@ -34,6 +34,12 @@
 //!
 //! [queues.discord-roles.groups."guild:1"]
 //! policy = "fixed_window:limit=50,window=10s"         # one group's own override
+//!
+//! [queues.discord-roles.schedules.nightly-audit]      # a job at each tick of a cron
+//! cron = "0 3 * * *"                                  # expression, once per tick across
+//! group = "audit"                                     # every instance
+//! payload = { kind = "roles" }
+//! timezone = "Europe/Paris"
 //! ```
 
 mod file;
@@ -365,6 +371,18 @@ queue_concurrency = 8
             (
                 "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nqueue_concurrency = -1",
                 "queues.q.queue_concurrency",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\n[queues.q.schedules.s]\ncron = \"0 0 30 2 *\"\ngroup = \"g\"",
+                "queues.q.schedules.s.cron",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\n[queues.q.schedules.s]\ncron = \"0 3 * * *\"\ngroup = \"g\"\ntimezone = \"Nowhere\"",
+                "queues.q.schedules.s.timezone",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\n[queues.q.schedules.\"a b\"]\ncron = \"0 3 * * *\"\ngroup = \"g\"",
+                "queues.q.schedules.a b.name",
             ),
             ("[queues.q]\nmax_attempts = 3", "queues.q"),
             (

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use axum::http::StatusCode;
 use paceline_queue::core::UNTIL_RESUMED;
+use paceline_queue::schedule::ScheduleInfo;
 use paceline_queue::{Enqueued, JobInfo, Leased, QueueError, Stats};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -265,6 +266,37 @@ fn pause_fields(until: Option<u64>) -> (bool, Option<u64>) {
         until.is_some(),
         until.filter(|&t| t != UNTIL_RESUMED).map(unix_ms),
     )
+}
+
+/// A schedule as the queue keeps it.
+#[derive(Serialize)]
+pub(super) struct ScheduleBodyOut<'a> {
+    cron: &'a str,
+    group: &'a str,
+    name: &'a str,
+    next_ms: u64,
+    payload: Box<RawValue>,
+    timezone: &'a str,
+}
+
+impl<'a> ScheduleBodyOut<'a> {
+    /// The schedule `s`; its payload is the JSON text it was put with.
+    pub(super) fn new(s: &'a ScheduleInfo) -> ScheduleBodyOut<'a> {
+        ScheduleBodyOut {
+            cron: &s.schedule.cron,
+            group: &s.schedule.group,
+            name: &s.name,
+            next_ms: unix_ms(s.next),
+            payload: payload(&s.schedule.payload),
+            timezone: s.schedule.timezone.as_deref().unwrap_or("UTC"),
+        }
+    }
+}
+
+/// The queue's schedules.
+#[derive(Serialize)]
+pub(super) struct SchedulesBody<'a> {
+    pub(super) schedules: Vec<ScheduleBodyOut<'a>>,
 }
 
 /// A group's policy: its spec, and where it comes from (`run_time`, `config`, `default`).

@@ -12,6 +12,7 @@
 //! | `POST /v1/queues/{queue}/pause` `{"ms"?}`, `.../resume` | `200`: the queue leases nothing until resumed or for `ms` |
 //! | `POST /v1/queues/{queue}/groups/{group}/pause` `{"ms"?}`, `.../resume` | `200`: the group starts nothing until resumed or for `ms` |
 //! | `GET`, `PUT`, `DELETE /v1/queues/{queue}/groups/{group}/policy` `{"policy"}` | `200 {"group", "policy", "queue", "source"}`: the group's policy, set at run time, or back to the config's |
+//! | `GET /v1/queues/{queue}/schedules`; `GET`, `PUT`, `DELETE .../schedules/{name}` `{"cron", "group", "payload"?, "timezone"?}` | the schedules; one, kept (`200`), or removed (`204`) |
 //! | `GET`, `DELETE /v1/queues/{queue}/dead`, `POST .../dead/retry` | list, purge, retry the dead jobs |
 //!
 //! Times (`*_ms`) are Unix milliseconds on the queue's clock, so `started_ms` of jobs leased
@@ -36,13 +37,13 @@ use crate::extract::{path_parts, Authorized, JsonBody};
 use crate::state::AppState;
 use answers::{
     enqueued, leased, BatchEntry, ExtendedBody, GroupPolicyBody, JobsBody, LeasedBody, PausedBody,
-    PurgedBody, RetriedBody, StatsBody,
+    PurgedBody, RetriedBody, ScheduleBodyOut, SchedulesBody, StatsBody,
 };
 pub use answers::{job_body, paused_body, stats_body, JobBody};
 pub use requests::MAX_ENQUEUE_BATCH;
 use requests::{
     AckBody, DeadQuery, EnqueueBody, ExtendBody, FailBody, JobsArray, LeaseBody, LeaseCall, Object,
-    PauseSchema, PolicyBody, RetryBody,
+    PauseSchema, PolicyBody, RetryBody, ScheduleBody,
 };
 
 /// The most dead jobs one listing answers.
@@ -73,6 +74,11 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
             get(group_policy)
                 .put(set_group_policy)
                 .delete(unset_group_policy),
+        )
+        .route("/v1/queues/{queue}/schedules", get(list_schedules))
+        .route(
+            "/v1/queues/{queue}/schedules/{name}",
+            get(get_schedule).put(put_schedule).delete(delete_schedule),
         )
 }
 
@@ -392,6 +398,58 @@ async fn policy_answer(at: &GroupAt) -> Result<Response, ApiError> {
         source: source.name(),
     })
     .into_response())
+}
+
+/// `GET /v1/queues/{queue}/schedules`: every schedule, by name, with its next tick.
+async fn list_schedules(
+    _: Authorized,
+    QueueAt { queue, .. }: QueueAt,
+) -> Result<Response, ApiError> {
+    let kept = queue.schedules().await?;
+    let schedules = kept.iter().map(ScheduleBodyOut::new).collect();
+    Ok(Json(SchedulesBody { schedules }).into_response())
+}
+
+/// `GET /v1/queues/{queue}/schedules/{name}`: one schedule.
+async fn get_schedule(_: Authorized, at: GroupAt) -> Result<Response, ApiError> {
+    let kept = at.queue.schedules().await?;
+    match kept.iter().find(|s| s.name == at.group) {
+        Some(s) => Ok(Json(ScheduleBodyOut::new(s)).into_response()),
+        None => Err(no_schedule(&at.group)),
+    }
+}
+
+/// `PUT /v1/queues/{queue}/schedules/{name}` `{"cron", "group", "payload"?, "timezone"?}`:
+/// a job enqueued at each tick, once per tick across every instance; the same schedule put
+/// again keeps its next tick.
+async fn put_schedule(
+    _: Authorized,
+    at: GroupAt,
+    body: JsonBody<Object<ScheduleBody>>,
+) -> Result<Response, ApiError> {
+    let schedule = body.read()?.schedule()?;
+    let kept = at.queue.put_schedule(&at.group, &schedule).await?;
+    Ok(Json(ScheduleBodyOut::new(&kept)).into_response())
+}
+
+/// `DELETE /v1/queues/{queue}/schedules/{name}`: the schedule is removed (`204`).
+async fn delete_schedule(_: Authorized, at: GroupAt) -> Result<StatusCode, ApiError> {
+    if at.queue.delete_schedule(&at.group).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(no_schedule(&at.group))
+    }
+}
+
+/// The error for a schedule the queue does not keep.
+fn no_schedule(name: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::UnknownSchedule,
+        "name",
+        format!(
+            "no schedule `{name}` in this queue; GET /v1/queues/{{queue}}/schedules lists them"
+        ),
+    )
 }
 
 /// `GET /v1/queues/{queue}/dead?offset=0&limit=100`: the dead jobs, oldest first.

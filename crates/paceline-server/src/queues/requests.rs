@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use paceline_core::{InputError, Policy};
+use paceline_queue::schedule::Schedule;
 use paceline_queue::{Failure, LeaseToken, NewJob};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -292,6 +293,40 @@ impl PolicyBody {
         spec.parse().map_err(|e: InputError| {
             ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
         })
+    }
+}
+
+/// `PUT .../schedules/{name}`'s body: `{"cron", "group", "payload"?, "timezone"?}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ScheduleBody {
+    cron: Option<String>,
+    group: Option<String>,
+    payload: Option<Box<RawValue>>,
+    timezone: Option<String>,
+}
+
+impl ScheduleBody {
+    /// The schedule the body describes (its cron expression and time zone checked by the
+    /// queue).
+    pub(super) fn schedule(self) -> Result<Schedule, ApiError> {
+        let cron = self.cron.ok_or_else(|| {
+            ApiError::invalid(
+                "cron",
+                "is required: a cron expression, e.g. \"0 3 * * *\" (five fields, or six with seconds first)",
+            )
+        })?;
+        let group = self.group.ok_or_else(|| {
+            ApiError::invalid("group", "is required: the group of the jobs it enqueues")
+        })?;
+        let payload = self
+            .payload
+            .map_or_else(|| b"null".to_vec(), |p| p.get().as_bytes().to_vec());
+        let mut schedule = Schedule::new(cron, group, payload);
+        if let Some(zone) = self.timezone {
+            schedule = schedule.timezone(zone);
+        }
+        Ok(schedule)
     }
 }
 
