@@ -141,9 +141,15 @@ impl Schedule {
         match &self.timezone {
             None => Ok(chrono_tz::UTC),
             Some(name) => chrono_tz::Tz::from_str(name).map_err(|_| {
+                // Echoed only when short: a zone name is at most a few dozen bytes.
+                let shown = if name.len() <= 64 {
+                    format!("`{name}`")
+                } else {
+                    "that".into()
+                };
                 InputError::new(
                     "timezone",
-                    format!("`{name}` is not an IANA time zone, e.g. \"Europe/Paris\" or \"UTC\""),
+                    format!("{shown} is not an IANA time zone, e.g. \"Europe/Paris\" or \"UTC\""),
                 )
             }),
         }
