@@ -219,7 +219,7 @@ pub(crate) fn not_before_too_late(now: u64) -> InputError {
 }
 
 /// Whether `id` is 1 to [`MAX_ID`] bytes of `A-Z a-z 0-9 - _ . :`.
-fn id_like(id: &str) -> bool {
+pub(crate) fn id_like(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_ID
         && id

@@ -19,8 +19,8 @@ use paceline_core::InputError;
 
 use crate::config::check_group;
 
-/// The longest schedule name, in bytes.
-pub const MAX_SCHEDULE_NAME: usize = 128;
+/// The longest schedule name, in bytes (a job id's).
+pub const MAX_SCHEDULE_NAME: usize = crate::job::MAX_ID;
 
 /// How often a process running the schedules looks for schedules made or changed elsewhere
 /// (another process sharing the queue), at the longest.
@@ -158,12 +158,7 @@ impl Schedule {
 
 /// Schedule names: 1 to [`MAX_SCHEDULE_NAME`] bytes of `A-Z a-z 0-9 - _ . :`.
 pub fn check_schedule_name(name: &str) -> Result<(), InputError> {
-    let fits = !name.is_empty()
-        && name.len() <= MAX_SCHEDULE_NAME
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
-    if !fits {
+    if !crate::job::id_like(name) {
         return Err(InputError::new(
             "name",
             format!("must be 1 to {MAX_SCHEDULE_NAME} bytes of A-Z a-z 0-9 - _ . :"),

@@ -17,8 +17,12 @@ use crate::job::MAX_DELAY;
 /// (2^53 − 1 µs, the last whole number both twins keep exactly).
 pub const UNTIL_RESUMED: u64 = (1 << 53) - 1;
 
-/// Checks a pause's length: from 1 ms to [`MAX_DELAY`] (365 days); `None` is until resumed.
-pub(crate) fn check_pause(length: Option<Duration>) -> Result<(), QueueError> {
+/// Checks a pause or resume of `group` (`None`: the queue) and the pause's length: from
+/// 1 ms to [`MAX_DELAY`] (365 days); `None` is until resumed.
+pub(crate) fn check_pause(group: Option<&str>, length: Option<Duration>) -> Result<(), QueueError> {
+    if let Some(group) = group {
+        check_group(group)?;
+    }
     match length {
         Some(d) if d < Duration::from_millis(1) || d > MAX_DELAY => Err(InputError::new(
             "ms",
@@ -58,10 +62,7 @@ impl QueueCore {
         group: Option<&str>,
         length: Option<Duration>,
     ) -> Result<u64, QueueError> {
-        if let Some(group) = group {
-            check_group(group)?;
-        }
-        check_pause(length)?;
+        check_pause(group, length)?;
         let now = self.tick(now)?;
         self.maintain(now);
         let until = pause_end(now, length);
@@ -84,9 +85,7 @@ impl QueueCore {
     /// after an upstream's refusal too. A group resumed goes behind the groups eligible
     /// before it.
     pub fn resume(&mut self, now: u64, group: Option<&str>) -> Result<(), QueueError> {
-        if let Some(group) = group {
-            check_group(group)?;
-        }
+        check_pause(group, None)?;
         let now = self.tick(now)?;
         self.maintain(now);
         match group {

@@ -280,10 +280,7 @@ impl RedisQueue {
         group: Option<&str>,
         length: Option<Duration>,
     ) -> Result<u64, QueueError> {
-        if let Some(group) = group {
-            check_group(group)?;
-        }
-        check_pause(length)?;
+        check_pause(group, length)?;
         let length = length.map_or(Vec::new(), |d| arg(paceline_core::round_to_micros(d)));
         let reply = self
             .call("pause", vec![arg(group.unwrap_or("")), length])
@@ -410,9 +407,7 @@ impl RedisQueue {
     }
 
     pub(super) async fn resume_work(&self, group: Option<&str>) -> Result<(), QueueError> {
-        if let Some(group) = group {
-            check_group(group)?;
-        }
+        check_pause(group, None)?;
         self.call("resume", vec![arg(group.unwrap_or(""))]).await?;
         Ok(())
     }
