@@ -98,6 +98,12 @@ enum Command {
         /// With --queue: how long a lease lasts (default 30s).
         #[arg(long, value_name = "DURATION", requires = "queue")]
         lease: Option<String>,
+        /// With --queue: a limit over every group's starts, e.g. `gcra:rate=50/s`.
+        #[arg(long, value_name = "SPEC", requires = "queue")]
+        queue_policy: Option<String>,
+        /// With --queue: at most N jobs of the whole queue leased at once (0: no cap).
+        #[arg(long, value_name = "N", requires = "queue")]
+        queue_concurrency: Option<u32>,
         /// Read the script from FILE instead of standard input.
         #[arg(long, value_name = "FILE")]
         input: Option<PathBuf>,
@@ -210,6 +216,8 @@ fn main() -> ExitCode {
             group_concurrency,
             max_attempts,
             lease,
+            queue_policy,
+            queue_concurrency,
             input,
             output,
             plot,
@@ -221,6 +229,8 @@ fn main() -> ExitCode {
                     group_concurrency,
                     max_attempts,
                     lease,
+                    queue_policy,
+                    queue_concurrency,
                 };
                 run_simulate_queue(&spec, &options, input, output, &store)
             }
@@ -388,6 +398,8 @@ struct QueueOptions {
     group_concurrency: Option<u32>,
     max_attempts: Option<u32>,
     lease: Option<String>,
+    queue_policy: Option<String>,
+    queue_concurrency: Option<u32>,
 }
 
 fn run_simulate_queue(
@@ -410,6 +422,16 @@ fn run_simulate_queue(
     };
     let mut config = paceline_queue::QueueConfig::new(policy);
     config.group_concurrency = options.group_concurrency.unwrap_or(0);
+    config.queue_concurrency = options.queue_concurrency.unwrap_or(0);
+    if let Some(spec) = &options.queue_policy {
+        match spec.parse() {
+            Ok(p) => config.queue_policy = Some(p),
+            Err(e) => {
+                eprintln!("error: --queue-policy: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     config.max_attempts = options.max_attempts.unwrap_or(config.max_attempts);
     if let Some(lease) = &options.lease {
         match paceline_store::spec::parse_duration("lease", lease) {

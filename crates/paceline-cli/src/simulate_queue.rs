@@ -76,8 +76,12 @@ fn fields_of(op: &str) -> Option<&'static [&'static str]> {
             "not_before_ms",
             "max_attempts",
             "payload",
+            "dedup",
         ],
         "lease" => &["op", "worker", "max_jobs", "lease_ms"],
+        "pause" => &["op", "group", "ms"],
+        "resume" => &["op", "group"],
+        "policy" => &["op", "group", "policy"],
         "ack" | "crash" => &["op", "id"],
         "fail" => &[
             "op",
@@ -118,6 +122,41 @@ fn millis(map: &Map<String, Value>, field: &str) -> Result<Option<Duration>, Fie
     map.get(field)
         .map(|v| millis_to_micros(field, v).map(Duration::from_micros))
         .transpose()
+}
+
+/// `job` deduplicated as `dedup` says: `{"key", "ttl_ms", "replace"?}`.
+fn with_dedup(job: NewJob, dedup: &Value) -> Result<NewJob, FieldError> {
+    let Value::Object(d) = dedup else {
+        return Err(field_err(
+            "dedup",
+            "must be an object: {\"key\", \"ttl_ms\", \"replace\"?}",
+        ));
+    };
+    if let Some(unknown) = d
+        .keys()
+        .find(|k| !["key", "ttl_ms", "replace"].contains(&k.as_str()))
+    {
+        return Err(field_err(
+            &format!("dedup.{unknown}"),
+            "unknown field; it takes key, ttl_ms, replace",
+        ));
+    }
+    let key = text(d, "key")
+        .map_err(|(_, m)| field_err("dedup.key", m))?
+        .ok_or_else(|| field_err("dedup.key", "is required"))?;
+    let ttl = millis(d, "ttl_ms")
+        .map_err(|(_, m)| field_err("dedup.ttl_ms", m))?
+        .ok_or_else(|| field_err("dedup.ttl_ms", "is required"))?;
+    Ok(match d.get("replace") {
+        None | Some(Value::Bool(false)) => job.dedup(key, ttl),
+        Some(Value::Bool(true)) => job.debounce(key, ttl),
+        Some(other) => {
+            return Err(field_err(
+                "dedup.replace",
+                format!("must be true or false, not {other}"),
+            ))
+        }
+    })
 }
 
 /// A queue error as a script error, naming the field.
@@ -171,7 +210,7 @@ impl Sim<'_> {
         let allowed = fields_of(op).ok_or_else(|| {
             field_err(
                 "op",
-                format!("`{op}` is not a queue op; use enqueue, lease, ack, fail, crash, run or stats (or a sleep_ms / at_ms line)"),
+                format!("`{op}` is not a queue op; use enqueue, lease, ack, fail, crash, run, stats, pause, resume or policy (or a sleep_ms / at_ms line)"),
             )
         })?;
         if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
@@ -195,6 +234,9 @@ impl Sim<'_> {
                 Ok(())
             }
             "run" => self.run_workers(&map),
+            "pause" => self.pause(&map),
+            "resume" => self.resume(&map),
+            "policy" => self.set_policy(&map),
             _ => {
                 let stats = self.queue.stats(self.now).map_err(queue_err)?;
                 let groups: Map<String, Value> = stats
@@ -218,6 +260,40 @@ impl Sim<'_> {
                 Ok(())
             }
         }
+    }
+
+    fn pause(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let group = text(map, "group")?;
+        let until = self
+            .queue
+            .pause(self.now, group, millis(map, "ms")?)
+            .map_err(queue_err)?;
+        let until = (until != paceline_queue::core::UNTIL_RESUMED).then(|| micros_ms(until));
+        self.emit(json!({"event": "paused", "group": group, "until_ms": until}));
+        Ok(())
+    }
+
+    fn resume(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let group = text(map, "group")?;
+        self.queue.resume(self.now, group).map_err(queue_err)?;
+        self.emit(json!({"event": "resumed", "group": group}));
+        Ok(())
+    }
+
+    fn set_policy(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let group = text_required(map, "group")?;
+        let policy = match text(map, "policy")? {
+            Some(spec) => Some(spec.parse().map_err(|e: paceline_core::InputError| {
+                field_err(&format!("policy.{}", e.field()), e.message())
+            })?),
+            None => None,
+        };
+        self.queue
+            .set_policy(self.now, group, policy)
+            .map_err(queue_err)?;
+        let (policy, source) = self.queue.policy(group).map_err(queue_err)?;
+        self.emit(json!({"event": "policy", "group": group, "policy": policy.to_string(), "source": source.name()}));
+        Ok(())
     }
 
     fn enqueue(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
@@ -247,6 +323,9 @@ impl Sim<'_> {
         if let Some(attempts) = count(map, "max_attempts", u64::from(u32::MAX))? {
             job = job.max_attempts(u32::try_from(attempts).unwrap_or(u32::MAX));
         }
+        if let Some(dedup) = map.get("dedup") {
+            job = with_dedup(job, dedup)?;
+        }
         // Checked once, so that an invalid line adds no job.
         job.validate(self.queue.config().max_payload)
             .map_err(|e| queue_err(e.into()))?;
@@ -256,7 +335,7 @@ impl Sim<'_> {
                 .enqueue(self.now, job.clone())
                 .map_err(queue_err)?;
             self.emit(json!({
-                "event": if e.created { "enqueued" } else { "exists" },
+                "event": if e.deduplicated { "deduplicated" } else if e.created { "enqueued" } else { "exists" },
                 "id": e.id,
                 "group": group,
                 "state": e.state.name(),

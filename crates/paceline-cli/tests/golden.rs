@@ -127,6 +127,55 @@ fn a_queue_script_refuses_a_store_and_a_policy_it_cannot_use() {
 }
 
 #[test]
+fn bad_pause_policy_and_dedup_lines_name_their_field() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let script = dir.path().join("bad.jsonl");
+    for (line, says) in [
+        (r#"{"op": "pause", "ms": 0}"#, "`ms`"),
+        (r#"{"op": "pause", "group": ""}"#, "`group`"),
+        (
+            r#"{"op": "policy", "group": "g", "policy": "gcra:rate=soon"}"#,
+            "`policy.rate`",
+        ),
+        (
+            r#"{"op": "policy", "group": "g", "policy": "concurrency:limit=1,lease=1s"}"#,
+            "`policy`",
+        ),
+        (
+            r#"{"op": "enqueue", "group": "g", "dedup": {"ttl_ms": 5}}"#,
+            "`dedup.key`",
+        ),
+        (
+            r#"{"op": "enqueue", "group": "g", "dedup": {"key": "k", "ttl_ms": 5, "replace": 1}}"#,
+            "`dedup.replace`",
+        ),
+        (r#"{"op": "resume", "colour": 1}"#, "`colour`"),
+    ] {
+        std::fs::write(&script, format!("{line}\n")).expect("writable");
+        let out = simulate(
+            &["--queue".to_string(), "gcra:rate=1/s".to_string()],
+            &script,
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{line}: {stderr}");
+        assert!(stderr.contains(says), "{line}: {stderr}");
+        assert!(out.stdout.is_empty(), "{line}: no partial output");
+    }
+    let out = simulate(
+        &[
+            "--queue",
+            "gcra:rate=1/s",
+            "--queue-policy",
+            "gcra:rate=fast",
+        ]
+        .map(str::to_string),
+        &script,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--queue-policy"));
+}
+
+#[test]
 fn an_unreachable_or_malformed_store_is_a_clear_error() {
     let dir = tempfile::tempdir().expect("temp dir");
     let script = dir.path().join("one.jsonl");
