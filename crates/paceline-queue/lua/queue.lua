@@ -1759,6 +1759,8 @@ function ops.set_policy(ARGV, o)
     g.next_at = 0
   end
   place_again(name)
+  -- The group may start sooner under its new policy.
+  publish()
   return { now }
 end
 
@@ -1824,6 +1826,10 @@ function ops.fire(ARGV, o)
   local s = raw and cmsgpack.unpack(raw)
   if not s or s.n ~= due or due > now then
     return { now, 'none' }
+  end
+  if #s.p > config.mp then
+    -- Put when the queue took larger payloads: refused as an enqueue of it would be.
+    return { now, 'big', #s.p, config.mp }
   end
   local out = { now }
   enqueue_one({ '', s.g, s.p, '0', '', '', '', '', '' }, 1, out)

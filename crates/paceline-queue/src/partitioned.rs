@@ -849,13 +849,12 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
         // group changed).
         Box::pin(async move {
             let home = partition_of(&schedule.group, self.config.partitions);
-            let kept = self.parts[home].put_schedule(name, schedule, next).await?;
             for (p, part) in self.parts.iter().enumerate() {
                 if p != home {
                     part.delete_schedule(name).await?;
                 }
             }
-            Ok(kept)
+            self.parts[home].put_schedule(name, schedule, next).await
         })
     }
 

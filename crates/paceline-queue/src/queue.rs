@@ -646,8 +646,10 @@ impl Queue {
 
     /// Fires every schedule whose tick has come, once each (a tick another process fired
     /// is not fired again); answers the jobs enqueued, and the earliest next tick of any
-    /// schedule (`None`: none). A schedule whose job cannot be enqueued (the queue is
-    /// full) is tried again at the next pass.
+    /// schedule (`None`: none). A schedule whose job cannot be enqueued (the queue is full,
+    /// its payload is over the queue's largest, the store failed on that call) is tried
+    /// again at the next pass, and does not hold the others back; only a failure to list
+    /// the schedules is this call's error.
     pub async fn fire_due_schedules(&self) -> Result<(Vec<Enqueued>, Option<u64>), QueueError> {
         let now = self.now_micros();
         let mut fired = Vec::new();
@@ -656,15 +658,22 @@ impl Queue {
             let mut next_tick = kept.next;
             if kept.next <= now {
                 // The first tick after now: missed ticks are fired once, not one by one.
-                let next = kept.schedule.next_after(now)?;
-                if let Some(job) = self
+                let Ok(next) = kept.schedule.next_after(now) else {
+                    continue;
+                };
+                next_tick = match self
                     .backend
                     .fire_schedule(&kept.name, kept.next, next)
-                    .await?
+                    .await
                 {
-                    fired.push(job);
-                }
-                next_tick = next;
+                    Ok(Some(job)) => {
+                        fired.push(job);
+                        next
+                    }
+                    Ok(None) => next,
+                    // Asked again at the next pass.
+                    Err(_) => now.saturating_add(1),
+                };
             }
             earliest = Some(earliest.map_or(next_tick, |e| e.min(next_tick)));
         }

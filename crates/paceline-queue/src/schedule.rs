@@ -73,10 +73,12 @@ impl Schedule {
         }
     }
 
-    /// Reads the expression in `timezone` (an IANA name) instead of UTC.
+    /// Reads the expression in `timezone` (an IANA name) instead of UTC; `UTC` itself is
+    /// kept as no time zone, so that a schedule read back and put again is the same one.
     #[must_use]
     pub fn timezone(mut self, timezone: impl Into<String>) -> Schedule {
-        self.timezone = Some(timezone.into());
+        let timezone = timezone.into();
+        self.timezone = (timezone != "UTC").then_some(timezone);
         self
     }
 

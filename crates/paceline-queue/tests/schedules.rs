@@ -189,3 +189,62 @@ async fn the_runner_fires_each_tick_as_it_comes() {
     assert!((5..=6).contains(&ticks));
     assert_eq!(queue.counts().await.map(|s| s.waiting), Ok(ticks));
 }
+
+/// A schedule put when the queue took larger payloads than it now does is refused when it
+/// fires, as an enqueue of it would be, and does not hold the other schedules back.
+#[test]
+fn a_schedule_too_large_for_the_queue_now_does_not_hold_the_others_back() {
+    paceline_testkit::runtime().block_on(async {
+        let clock = ManualClock::new(NOON);
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        let name = paceline_testkit::unique_name("big");
+        let large = config().max_payload(1024);
+        let small = config().max_payload(16);
+        let every_second = |payload: usize| Schedule::new("* * * * * *", "g", vec![b'x'; payload]);
+        // Memory: the core, its configuration changed under it.
+        let mut core =
+            paceline_queue::QueueCore::new(large.clone()).unwrap_or_else(|e| panic!("{e}"));
+        core.put_schedule(NOON, "a-big", every_second(900), NOON + S)
+            .unwrap_or_else(|e| panic!("{e}"));
+        core.put_schedule(NOON, "b-small", every_second(8), NOON + S)
+            .unwrap_or_else(|e| panic!("{e}"));
+        core.set_config(small.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let big = core.fire_schedule(NOON + S, "a-big", NOON + S, NOON + 2 * S);
+        assert!(matches!(big, Err(QueueError::Input(e)) if e.field() == "payload"));
+        let fired = core.fire_schedule(NOON + S, "b-small", NOON + S, NOON + 2 * S);
+        assert!(matches!(fired, Ok(Some(_))));
+        // In Redis: the same, through handles opened with each configuration.
+        #[cfg(feature = "redis")]
+        {
+            let url = paceline_testkit::shared_server().url();
+            let before = Queue::new(
+                common::redis::open_at(&url, &name, large, Some(Arc::clone(&shared))).await,
+            );
+            before
+                .put_schedule("a-big", &every_second(900))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            before
+                .put_schedule("b-small", &every_second(8))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let after = Queue::new(
+                common::redis::open_at(&url, &name, small, Some(Arc::clone(&shared))).await,
+            );
+            clock.set_micros(NOON + S);
+            let (jobs, next) = after
+                .fire_due_schedules()
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(jobs.len(), 1, "the small one fired");
+            assert_eq!(
+                next,
+                Some(NOON + S + 1),
+                "the big one is asked again at the next pass"
+            );
+        }
+        #[cfg(not(feature = "redis"))]
+        let _ = (&name, &shared, large, small, &clock);
+    });
+}

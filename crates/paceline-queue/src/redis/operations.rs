@@ -400,6 +400,15 @@ impl RedisQueue {
         if answer == "none" {
             return Ok(None);
         }
+        if answer == "big" {
+            let mut r = reader(reply)?;
+            let (_, _, size, most) = (r.u64()?, r.text()?, r.u64()?, r.u64()?);
+            return Err(InputError::new(
+                "payload",
+                format!("is {size} bytes; this queue takes at most {most}"),
+            )
+            .into());
+        }
         match self.read_enqueued(reply, 1)?.pop() {
             Some(enqueued) => enqueued.map(Some),
             None => Err(protocol("`fire` without its job")),

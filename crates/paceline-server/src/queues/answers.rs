@@ -341,7 +341,7 @@ impl<'a> StatsBody<'a> {
                 let (paused, paused_until_ms) = pause_fields(g.paused_until);
                 let counts = GroupCounts {
                     active: g.active,
-                    next_eligible_ms: g.next_eligible.map(unix_ms),
+                    next_eligible_ms: g.next_eligible.filter(|&t| t != UNTIL_RESUMED).map(unix_ms),
                     paused,
                     paused_until_ms,
                     waiting: g.waiting,

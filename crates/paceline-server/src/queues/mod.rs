@@ -412,6 +412,8 @@ async fn list_schedules(
 
 /// `GET /v1/queues/{queue}/schedules/{name}`: one schedule.
 async fn get_schedule(_: Authorized, at: GroupAt) -> Result<Response, ApiError> {
+    paceline_queue::schedule::check_schedule_name(&at.group)
+        .map_err(|e| ApiError::invalid(e.field(), e.message()))?;
     let kept = at.queue.schedules().await?;
     match kept.iter().find(|s| s.name == at.group) {
         Some(s) => Ok(Json(ScheduleBodyOut::new(s)).into_response()),

@@ -33,6 +33,8 @@ const MAX_NOT_BEFORE_MS: f64 = paceline_core::policy::MAX_NOW_US as f64 / 1000.0
 const MAX_LEASE_MS: f64 = paceline_queue::config::MAX_LEASE.as_secs() as f64 * 1000.0;
 /// The longest group pause, in milliseconds.
 const MAX_PAUSE_MS: f64 = paceline_queue::core::MAX_PAUSE.as_secs() as f64 * 1000.0;
+/// The longest policy spec a group's policy may be set to, in bytes (its errors quote it).
+const MAX_SPEC: usize = 1_024;
 /// The longest a lease call may wait, in milliseconds.
 const MAX_WAIT_MS: f64 = paceline_queue::queue::MAX_LEASE_WAIT.as_secs() as f64 * 1000.0;
 
@@ -290,6 +292,15 @@ impl PolicyBody {
                 "is required: a policy spec, e.g. \"fixed_window:limit=10,window=10s\"",
             )
         })?;
+        if spec.len() > MAX_SPEC {
+            return Err(ApiError::invalid(
+                "policy",
+                format!(
+                    "is {} bytes; a policy spec is at most {MAX_SPEC}",
+                    spec.len()
+                ),
+            ));
+        }
         spec.parse().map_err(|e: InputError| {
             ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
         })
