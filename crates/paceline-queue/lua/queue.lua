@@ -1415,6 +1415,12 @@ function ops.lease(ARGV, o)
   return out
 end
 
+-- Whether a job's end frees a slot a waiting lease may take: the queue caps leased jobs
+-- per group or in all (`QueueConfig::caps_leases`).
+local function caps_slots()
+  return config.gc > 0 or (config.qc or 0) > 0
+end
+
 -- Whether `id` is leased with `token` (its text) and the lease is live; an expired one is
 -- handled on the spot.
 local function held(id, token)
@@ -1453,7 +1459,7 @@ function ops.ack(ARGV, o)
         remove_job(id)
         meta.totals.acked = meta.totals.acked + 1
         refresh(group)
-        if config.gc > 0 or (config.qc or 0) > 0 then
+        if caps_slots() then
           publish()
         end
         return { now, 'ok' }
@@ -1473,7 +1479,7 @@ function ops.ack(ARGV, o)
     meta.totals.acked = meta.totals.acked + 1
     refresh(name)
   end
-  if config.gc > 0 or (config.qc or 0) > 0 then
+  if caps_slots() then
     publish()
   end
   return { now, 'ok' }

@@ -223,6 +223,12 @@ impl QueueConfig {
         self
     }
 
+    /// Whether the queue caps the jobs leased at once (per group or in all), so that a job's
+    /// end frees a slot a waiting lease may take.
+    pub fn caps_leases(&self) -> bool {
+        self.group_concurrency > 0 || self.queue_concurrency > 0
+    }
+
     /// The policy that limits `group`.
     pub fn policy_of(&self, group: &str) -> &Policy {
         self.groups.get(group).unwrap_or(&self.group_policy)

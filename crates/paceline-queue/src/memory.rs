@@ -196,9 +196,7 @@ impl QueueBackend for MemoryQueue {
     fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
         let now = self.now();
         let answer = self.core().ack(now, id, lease);
-        if answer.is_ok()
-            && (self.config.group_concurrency > 0 || self.config.queue_concurrency > 0)
-        {
+        if answer.is_ok() && self.config.caps_leases() {
             self.wake();
         }
         ready(answer)
@@ -305,12 +303,11 @@ impl QueueBackend for MemoryQueue {
 
     fn fire_schedule<'a>(
         &'a self,
-        name: &'a str,
-        due: u64,
+        seen: &'a ScheduleInfo,
         next: u64,
     ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>> {
         let now = self.now();
-        let answer = self.core().fire_schedule(now, name, due, next);
+        let answer = self.core().fire_schedule(now, &seen.name, seen.next, next);
         if answer.as_ref().is_ok_and(Option::is_some) {
             self.wake();
         }

@@ -881,19 +881,12 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
 
     fn fire_schedule<'a>(
         &'a self,
-        name: &'a str,
-        due: u64,
+        seen: &'a ScheduleInfo,
         next: u64,
     ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>> {
-        // Only the partition that keeps it fires it.
-        Box::pin(async move {
-            for part in &self.parts {
-                if let Some(fired) = part.fire_schedule(name, due, next).await? {
-                    return Ok(Some(fired));
-                }
-            }
-            Ok(None)
-        })
+        // Kept, and fired, in the partition of its group (see `put_schedule`).
+        let p = partition_of(&seen.schedule.group, self.config.partitions);
+        self.parts[p].fire_schedule(seen, next)
     }
 
     fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
@@ -1256,11 +1249,10 @@ mod failing {
         }
         fn fire_schedule<'a>(
             &'a self,
-            name: &'a str,
-            due: u64,
+            seen: &'a ScheduleInfo,
             next: u64,
         ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>> {
-            self.inner.fire_schedule(name, due, next)
+            self.inner.fire_schedule(seen, next)
         }
         fn job<'a>(&'a self, id: &'a str) -> QueueFuture<'a, Result<Option<JobInfo>, QueueError>> {
             now(self.run("job", || at_once(self.inner.job(id))))

@@ -119,12 +119,12 @@ pub trait QueueBackend: Send + Sync + 'static {
     fn schedules(&self) -> QueueFuture<'_, Result<Vec<ScheduleInfo>, QueueError>>;
     /// Removes schedule `name`; answers whether there was one.
     fn delete_schedule<'a>(&'a self, name: &'a str) -> QueueFuture<'a, Result<bool, QueueError>>;
-    /// Fires schedule `name` for its tick `due`, moving it on to `next`; see
+    /// Fires the schedule `seen` (as [`schedules`](Self::schedules) listed it) for the tick
+    /// it was due at, moving it on to `next`; see
     /// [`QueueCore::fire_schedule`](crate::QueueCore::fire_schedule).
     fn fire_schedule<'a>(
         &'a self,
-        name: &'a str,
-        due: u64,
+        seen: &'a ScheduleInfo,
         next: u64,
     ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>>;
     /// One job.
@@ -661,11 +661,7 @@ impl Queue {
                 let Ok(next) = kept.schedule.next_after(now) else {
                     continue;
                 };
-                next_tick = match self
-                    .backend
-                    .fire_schedule(&kept.name, kept.next, next)
-                    .await
-                {
+                next_tick = match self.backend.fire_schedule(&kept, next).await {
                     Ok(Some(job)) => {
                         fired.push(job);
                         next

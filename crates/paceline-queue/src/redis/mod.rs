@@ -501,13 +501,12 @@ impl QueueBackend for RedisQueue {
 
     fn fire_schedule<'a>(
         &'a self,
-        name: &'a str,
-        due: u64,
+        seen: &'a ScheduleInfo,
         next: u64,
     ) -> QueueFuture<'a, Result<Option<Enqueued>, QueueError>> {
         Box::pin(async move {
-            check_schedule_name(name)?;
-            self.fire_tick(name, due, next).await
+            check_schedule_name(&seen.name)?;
+            self.fire_tick(&seen.name, seen.next, next).await
         })
     }
 

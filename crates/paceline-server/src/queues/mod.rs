@@ -85,7 +85,7 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 /// What a path's parts must be, as an error says it.
 const PATH_PARTS: &str = "the queue and job id";
 /// What a group's path's parts must be, as an error says it.
-const GROUP_PATH_PARTS: &str = "the queue and group";
+const GROUP_PATH_PARTS: &str = "the queue and the group or schedule name";
 
 /// The queue a path names (`{queue}`): `404 unknown_queue` for one not configured.
 struct QueueAt {
