@@ -50,8 +50,10 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::dashboard_page::page;
+use crate::error::Envelope;
 use crate::extract::Authorized;
 use crate::groups_cache::GroupsListing;
 use crate::histogram::Snapshot;
@@ -70,7 +72,8 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 }
 
 /// `GET /v1/dashboard` (fields of every object in the order JSON objects print).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Dashboard)]
 struct DashboardBody {
     policies: Vec<PolicyRow>,
     queues: Vec<QueueRow>,
@@ -80,7 +83,8 @@ struct DashboardBody {
 }
 
 /// The service's own state.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = DashboardService)]
 struct ServiceBody {
     now_ms: u64,
     ready: bool,
@@ -92,7 +96,8 @@ struct ServiceBody {
 }
 
 /// One policy's counts since the start, and its delays.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = DashboardPolicy)]
 struct PolicyRow {
     allowed: u64,
     delay_ms: DelayMs,
@@ -108,7 +113,8 @@ struct PolicyRow {
 }
 
 /// One of the keys refused most.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = DashboardRefusedKey)]
 struct RefusedRow {
     key: String,
     overcount: u64,
@@ -117,13 +123,15 @@ struct RefusedRow {
 }
 
 /// One queue: its counts and its groups with the most jobs waiting, or why not.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(untagged)]
+#[schema(as = DashboardQueue)]
 enum QueueRow {
     Counted {
         active: u64,
         dead: u64,
         #[serde(serialize_with = "top_groups")]
+        #[schema(value_type = Vec<crate::groups_cache::GroupRow>)]
         groups: Arc<GroupsListing>,
         groups_total: usize,
         queue: String,
@@ -131,6 +139,7 @@ enum QueueRow {
         waiting: u64,
     },
     Unanswered {
+        #[schema(value_type = String)]
         error: &'static str,
         queue: String,
     },
@@ -145,7 +154,8 @@ fn top_groups<S: serde::Serializer>(
 }
 
 /// Quantiles of decisions' delays, in milliseconds (`null` before the first).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = DashboardDelays)]
 struct DelayMs {
     count: u64,
     p50: Option<f64>,
@@ -154,7 +164,8 @@ struct DelayMs {
 }
 
 /// Quantiles of the store's latency, in milliseconds (`null` before the first call).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = DashboardLatency)]
 struct LatencyMs {
     count: u64,
     p50: Option<f64>,
@@ -205,6 +216,16 @@ impl From<Counted> for RefusedRow {
 }
 
 /// `GET /v1/dashboard`: the data the page polls (see the module docs).
+#[utoipa::path(
+    get,
+    path = "/v1/dashboard",
+    tag = "service",
+    operation_id = "dashboard",
+    responses(
+        (status = 200, description = "The counts, delays and queues the dashboard shows", body = DashboardBody),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+    )
+)]
 async fn data(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,

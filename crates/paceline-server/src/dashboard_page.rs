@@ -41,6 +41,14 @@ fn inline_scripts(page: &str) -> impl Iterator<Item = &str> {
 }
 
 /// The page (also on `paceline proxy`'s admin address, whose data has a `proxy` part).
+#[utoipa::path(
+    get,
+    path = "/dashboard",
+    tag = "service",
+    operation_id = "dashboard_page",
+    security(()),
+    responses((status = 200, description = "The live dashboard's page", content_type = "text/html; charset=utf-8", body = String))
+)]
 pub(crate) async fn page() -> impl IntoResponse {
     (
         [

@@ -15,11 +15,33 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use paceline_store::{InputError, StoreErrorKind};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::request::BodyError;
 
 /// What kind of failure an error is: its `code` in the answer, which fixes its status.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+///
+/// | code | status | meaning |
+/// |---|---|---|
+/// | `invalid_argument` | 400 | a field (or the body) is not what the endpoint takes |
+/// | `unauthenticated` | 401 | the service's token is missing or wrong |
+/// | `inline_policies_disabled` | 403 | an inline policy spec while the service takes configured names only |
+/// | `not_found` | 404 | no endpoint at that path |
+/// | `unknown_policy` | 404 | no configured policy of that name |
+/// | `unknown_lease` | 404 | no live concurrency lease of that token |
+/// | `unknown_queue` | 404 | no queue of that name |
+/// | `unknown_job` | 404 | no job of that id in the queue |
+/// | `unknown_schedule` | 404 | no schedule of that name in the queue |
+/// | `method_not_allowed` | 405 | the endpoint does not take that method |
+/// | `request_timeout` | 408 | the body did not arrive within the service's `body_read_timeout` |
+/// | `conflict` | 409 | the job's state does not allow the call |
+/// | `lease_lost` | 409 | the job's lease is no longer the one given: stop working on the job |
+/// | `payload_too_large` | 413 | the body is over the endpoint's limit |
+/// | `invalid_config` | 422 | the config file did not load on a reload |
+/// | `internal` | 500 | the service failed on the request |
+/// | `store_full` | 503 | the store holds as much as it may |
+/// | `store_unavailable` | 503 | the store does not answer |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum ErrorCode {
     /// `400`: a field (or the body) is not what the endpoint takes.
@@ -180,17 +202,23 @@ impl From<paceline_store::Error> for ApiError {
     }
 }
 
-/// `{"error": ...}`: the whole body of an error answer.
-#[derive(Serialize)]
-struct Envelope<'a> {
+/// `{"error": {"code", "field", "message"}}`: the whole body of an error answer.
+#[derive(Serialize, ToSchema)]
+#[schema(as = ErrorAnswer)]
+pub(crate) struct Envelope<'a> {
     error: ErrorBody<'a>,
 }
 
 /// `{"code", "field", "message"}` of an error (fields in the order JSON objects print).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Error)]
 pub(crate) struct ErrorBody<'a> {
+    /// What kind of failure it is; it fixes the answer's status.
     code: ErrorCode,
+    /// The part of the request at fault: `body`, a field's name or path
+    /// (`limits[2].policy`), `lease`, `authorization`, `store`, ...
     field: &'a str,
+    /// What went wrong, and what to do next.
     message: &'a str,
 }
 

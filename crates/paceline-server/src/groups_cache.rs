@@ -26,7 +26,8 @@ pub(crate) struct GroupsListing {
 }
 
 /// One group as the dashboard lists it (fields in the order JSON objects print).
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = DashboardGroup)]
 pub(crate) struct GroupRow {
     active: u64,
     group: String,

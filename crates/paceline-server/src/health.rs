@@ -11,6 +11,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use paceline_store::redis::Readiness;
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::state::AppState;
 
@@ -23,19 +24,30 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 }
 
 /// `GET /healthz`'s body: `{"status": "ok"}`.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct Alive {
+    /// `ok`.
+    #[schema(value_type = String)]
     status: &'static str,
 }
 
 /// `GET /healthz`: the service serves requests.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "service",
+    operation_id = "healthz",
+    security(()),
+    responses((status = 200, description = "The service serves requests", body = Alive))
+)]
 async fn healthz() -> Json<Alive> {
     Json(Alive { status: "ok" })
 }
 
 /// `GET /readyz`'s body (fields in the order JSON objects print); the parts about Redis
 /// nodes only with a Redis store.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Ready)]
 struct ReadyBody {
     degraded: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -46,20 +58,23 @@ struct ReadyBody {
     nodes: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     outages: Option<Vec<OutageBody>>,
+    /// `ready`, `degraded` or `unavailable`.
+    #[schema(value_type = String)]
     status: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     uncovered_slots: Option<usize>,
 }
 
 /// A node that does not serve its keys now, and why.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct FailingNode {
     error: String,
     node: String,
 }
 
 /// An outage this instance's decisions met that goes on.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Outage)]
 struct OutageBody {
     error: String,
     failed_decisions: u64,
@@ -83,6 +98,17 @@ struct OutageBody {
 /// why (`failing`: `node`, `error`), the slots without a primary (`uncovered_slots`), and
 /// the outages this instance's decisions met that go on (`outages`: `node`, `lasted_ms`,
 /// `failed_decisions`, `error`).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "service",
+    operation_id = "readyz",
+    security(()),
+    responses(
+        (status = 200, description = "`ready`, or `degraded` (some Redis Cluster primaries do not serve their keys)", body = ReadyBody),
+        (status = 503, description = "`unavailable`: no store node serves any key", body = ReadyBody),
+    )
+)]
 async fn readyz(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let Some(health) = state.store.health().await else {
         let ready = state.store.ready().await;
@@ -150,6 +176,15 @@ async fn readyz(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 }
 
 /// `GET /metrics`: the service's metrics, with each queue's counts read now.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "service",
+    operation_id = "metrics",
+    security(()),
+    responses((status = 200, description = "Prometheus metrics",
+        content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8", body = String))
+)]
 async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     for (name, queue) in &state.queues {
         if let Ok(stats) = queue.counts().await {

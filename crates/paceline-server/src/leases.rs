@@ -28,8 +28,9 @@ use axum::{Json, Router};
 use paceline_store::{Op, SharedStore};
 use serde::{Deserialize, Serialize};
 use serde_json::Number;
+use utoipa::ToSchema;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Envelope};
 use crate::extract::{path_parts, Authorized, JsonBody, JsonSchema, MAX_BODY};
 use crate::fields::{check_key, cost_field};
 use crate::lease_token::{parse, token, unknown_lease, Token};
@@ -47,16 +48,26 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 }
 
 /// `POST /v1/leases`'s body, as sent.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(
     deny_unknown_fields,
     expecting = "a JSON object with `policy` and `key`"
 )]
+#[schema(
+    as = LeaseRequest,
+    example = json!({"policy": "concurrency:limit=2,lease=30s", "key": "uploads"})
+)]
 struct RawTake<'a> {
+    /// A `concurrency` policy's configured name, or its spec.
     #[serde(borrow)]
+    #[schema(value_type = Option<String>)]
     policy: Option<Text<'a>>,
+    /// The key whose leases are counted.
     #[serde(borrow)]
+    #[schema(value_type = Option<String>)]
     key: Option<Text<'a>>,
+    /// How many of the `limit` leases it holds; 1 by default.
+    #[schema(value_type = Option<u64>, minimum = 1)]
     cost: Option<Number>,
 }
 
@@ -87,14 +98,18 @@ impl JsonSchema for TakeSchema {
 }
 
 /// A lease taken.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Lease)]
 struct LeaseBody<'a> {
     /// When the lease is reclaimed unless extended, in ms from now.
     expires_ms: f64,
     /// Set when the store failed and the failure policy answered: the lease is held
     /// nowhere shared.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     fallback: Option<&'static str>,
+    /// The lease's token, for `extend` and `DELETE`; `null` when a failure policy admitted
+    /// it without the store.
     lease: Option<String>,
     limit: u64,
     policy: &'a str,
@@ -103,6 +118,33 @@ struct LeaseBody<'a> {
 
 /// `POST /v1/leases`: `201` with the lease, or `429` (with `Retry-After`) when the policy's
 /// `limit` leases are live.
+#[utoipa::path(
+    post,
+    path = "/v1/leases",
+    tag = "leases",
+    operation_id = "take_lease",
+    request_body = RawTake,
+    responses(
+        (status = 201, description = "The lease, live for the policy's `lease` unless extended", body = LeaseBody,
+            headers(
+                ("RateLimit-Policy" = String, description = "Each limit: its name, quota and window (IETF RateLimit headers)"),
+                ("RateLimit" = String, description = "Each limit's remaining units and seconds to reset")
+            )),
+        (status = 429, description = "The policy's `limit` leases are live", body = DecisionBody,
+            headers(
+                ("RateLimit-Policy" = String, description = "Each limit: its name, quota and window (IETF RateLimit headers)"),
+                ("RateLimit" = String, description = "Each limit's remaining units and seconds to reset"),
+                ("Retry-After" = String, description = "Seconds to wait before asking again")
+            )),
+        (status = 400, description = "`invalid_argument`: a field is wrong, or the policy is no `concurrency` one", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 403, description = "`inline_policies_disabled`", body = Envelope),
+        (status = 404, description = "`unknown_policy`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`: the body is over 64 KiB", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn take(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,
@@ -153,7 +195,8 @@ async fn take(
 }
 
 /// An extension: the lease and its new life.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = LeaseExtended)]
 struct ExtendedBody {
     /// When the lease is reclaimed unless extended again, in ms from now.
     expires_ms: f64,
@@ -161,6 +204,21 @@ struct ExtendedBody {
 }
 
 /// `POST /v1/leases/{lease}/extend`: the lease lives its policy's `lease` from now.
+#[utoipa::path(
+    post,
+    path = "/v1/leases/{lease}/extend",
+    tag = "leases",
+    operation_id = "extend_lease",
+    params(("lease" = String, Path, description = "The lease's token, as `POST /v1/leases` answered it")),
+    responses(
+        (status = 200, description = "The lease lives its policy's `lease` from now", body = ExtendedBody),
+        (status = 400, description = "`invalid_argument`: not a lease token", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 403, description = "`inline_policies_disabled`: an inline spec's lease while inline specs are off", body = Envelope),
+        (status = 404, description = "`unknown_lease`: given back, reclaimed, or never taken here", body = Envelope),
+        (status = 503, description = "`store_unavailable`", body = Envelope),
+    )
+)]
 async fn extend(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,
@@ -179,6 +237,21 @@ async fn extend(
 }
 
 /// `DELETE /v1/leases/{lease}`: `204`.
+#[utoipa::path(
+    delete,
+    path = "/v1/leases/{lease}",
+    tag = "leases",
+    operation_id = "release_lease",
+    params(("lease" = String, Path, description = "The lease's token")),
+    responses(
+        (status = 204, description = "Given back"),
+        (status = 400, description = "`invalid_argument`: not a lease token", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 403, description = "`inline_policies_disabled`", body = Envelope),
+        (status = 404, description = "`unknown_lease`", body = Envelope),
+        (status = 503, description = "`store_unavailable`", body = Envelope),
+    )
+)]
 async fn give_back(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,

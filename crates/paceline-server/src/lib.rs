@@ -49,6 +49,7 @@ mod histogram;
 mod lease_token;
 mod leases;
 mod metrics;
+mod openapi;
 mod outcome;
 mod policies;
 pub mod proxy;
@@ -72,6 +73,7 @@ pub use config::{ConfigError, Settings, DEFAULT_PORT};
 pub use decisions::{MAX_BATCH, MAX_BATCH_BODY};
 pub use extract::MAX_BODY;
 pub use fields::MAX_KEY;
+pub use openapi::openapi_json;
 pub use server_error::ServerError;
 
 use state::{AppState, Live};

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use paceline_store::{Decision, Error};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::error::ApiError;
 use crate::metrics::PolicyMetrics;
@@ -16,19 +17,31 @@ use crate::units::ms;
 
 /// One decision's JSON body (fields in alphabetical order, as the API has always printed
 /// them); `status` only in batch answers.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Decision)]
 pub(crate) struct DecisionBody<'a> {
+    /// Admitted (`pace`: the slot is booked; wait `delay_ms` first).
     allowed: bool,
+    /// How long to wait: before acting (`pace`), or before asking again (a refusal).
     delay_ms: f64,
+    /// Set when the store failed and the failure policy answered: `fail_open`,
+    /// `fail_closed` or `local`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     fallback: Option<&'static str>,
-    /// The token of the lease a `concurrency` decision took (see [`crate::lease_token`]).
+    /// The token of the lease a `concurrency` decision took, for `POST
+    /// /v1/leases/{lease}/extend` and `DELETE /v1/leases/{lease}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     lease: Option<String>,
+    /// The policy's limit: requests (or units) per window, burst, or leases.
     limit: u64,
+    /// The policy's name: its configured name, or `inline` for a spec.
     policy: &'a str,
+    /// How many more units the limit admits now.
     remaining: u64,
+    /// When the limit is whole again, in ms from now.
     reset_after_ms: f64,
+    /// In a batch's answer only: the status this request alone would have had.
     #[serde(skip_serializing_if = "Option::is_none")]
     status: Option<u16>,
 }

@@ -17,8 +17,9 @@ use axum::http::StatusCode;
 use axum::routing::{delete, get};
 use axum::{Json, Router};
 use serde::Serialize;
+use utoipa::ToSchema;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, Envelope};
 use crate::extract::{path_parts, Authorized};
 use crate::fields::check_key;
 use crate::state::{store_key, AppState};
@@ -31,21 +32,37 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 }
 
 /// `GET /v1/policies` (fields in the order JSON objects print).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Policies)]
 struct PoliciesBody {
+    /// Whether requests may give a spec in place of a configured name.
     allow_inline_policies: bool,
+    /// The configured policies, by name.
     policies: BTreeMap<String, PolicyBody>,
 }
 
 /// One configured policy.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = ConfiguredPolicy)]
 struct PolicyBody {
+    /// Its algorithm: `gcra`, `pacer`, `fixed_window`, `concurrency`, ...
+    #[schema(value_type = String)]
     algorithm: &'static str,
     limit: u64,
     spec: String,
 }
 
 /// `GET /v1/policies`: the configured policies, by name.
+#[utoipa::path(
+    get,
+    path = "/v1/policies",
+    tag = "policies",
+    operation_id = "list_policies",
+    responses(
+        (status = 200, description = "The configured policies", body = PoliciesBody),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+    )
+)]
 async fn policies(Authorized(live): Authorized) -> Json<PoliciesBody> {
     let policies = live
         .policies
@@ -67,6 +84,23 @@ async fn policies(Authorized(live): Authorized) -> Json<PoliciesBody> {
 }
 
 /// `DELETE /v1/keys/{policy}/{key}`: `204`; `404` for a policy not configured.
+#[utoipa::path(
+    delete,
+    path = "/v1/keys/{policy}/{key}",
+    tag = "policies",
+    operation_id = "reset_key",
+    params(
+        ("policy" = String, Path, description = "A configured policy's name"),
+        ("key" = String, Path, description = "The key whose state is dropped"),
+    ),
+    responses(
+        (status = 204, description = "The key's state is dropped: its limit is whole again"),
+        (status = 400, description = "`invalid_argument`: the key is empty or over 512 bytes", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_policy`", body = Envelope),
+        (status = 503, description = "`store_unavailable`", body = Envelope),
+    )
+)]
 async fn reset_key(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,

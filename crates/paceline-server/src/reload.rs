@@ -10,9 +10,10 @@ use axum::extract::State;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::config;
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, Envelope, ErrorCode};
 use crate::extract::Authorized;
 use crate::state::{AppState, Live};
 
@@ -22,7 +23,7 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 }
 
 /// `POST /v1/reload`'s answer: what was loaded, and what needs a restart.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 struct Reloaded {
     message: String,
     reloaded: bool,
@@ -30,6 +31,17 @@ struct Reloaded {
 
 /// `POST /v1/reload`: re-reads the config file; logged at INFO, or at WARN when the file is
 /// refused (see `AppState::reload`).
+#[utoipa::path(
+    post,
+    path = "/v1/reload",
+    tag = "service",
+    operation_id = "reload",
+    responses(
+        (status = 200, description = "The config file's policies and access rules apply now", body = Reloaded),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 422, description = "`invalid_config`: the file did not load (or there is none); the previous configuration stays", body = Envelope),
+    )
+)]
 async fn reload(
     State(state): State<Arc<AppState>>,
     _: Authorized,

@@ -11,6 +11,7 @@ use serde::de::{IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Number;
+use utoipa::ToSchema;
 
 /// A string field as sent: borrowed from the body unless it holds escapes.
 #[derive(Debug, Deserialize, PartialEq)]
@@ -25,19 +26,39 @@ impl std::ops::Deref for Text<'_> {
 
 /// A decision request's fields, as sent; absent and `null` are both `None`. A field given
 /// twice, or one that is none of these, is refused.
-#[derive(Debug, Deserialize, PartialEq)]
+///
+/// One limit takes `policy` and `key`; a set of limits decided as one takes `limits` in
+/// their place.
+#[derive(Debug, Deserialize, PartialEq, ToSchema)]
 #[serde(
     deny_unknown_fields,
     expecting = "a JSON object with `policy` and `key`"
 )]
+#[schema(
+    as = DecisionRequest,
+    example = json!({"policy": "gcra:rate=10/s,burst=5", "key": "user:42", "op": "limit"})
+)]
 pub(crate) struct RawAsk<'a> {
+    /// A configured policy's name, or an inline spec (`gcra:rate=10/s,burst=5`).
     #[serde(borrow)]
+    #[schema(value_type = Option<String>)]
     pub(crate) policy: Option<Text<'a>>,
+    /// The key limited: a user, a tenant, an API route (at most 512 bytes, no control
+    /// characters).
     #[serde(borrow)]
+    #[schema(value_type = Option<String>)]
     pub(crate) key: Option<Text<'a>>,
+    /// `limit` (admit or refuse now), `pace` (book the earliest slot and say how long to
+    /// wait) or `peek` (what `limit` would answer, changing nothing); `limit` by default.
     #[serde(borrow)]
+    #[schema(value_type = Option<OpName>)]
     pub(crate) op: Option<Text<'a>>,
+    /// How many units the request takes; 1 by default.
+    #[schema(value_type = Option<u64>, minimum = 1)]
     pub(crate) cost: Option<Number>,
+    /// For `pace`: the longest wait accepted, in ms; a longer one is refused (`429`)
+    /// without booking.
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 1e13)]
     pub(crate) max_wait_ms: Option<Number>,
     /// A set of limits decided as one, in place of `policy` and `key`.
     #[serde(borrow)]
@@ -45,18 +66,36 @@ pub(crate) struct RawAsk<'a> {
 }
 
 /// One limit of a set, as sent.
-#[derive(Debug, Deserialize, PartialEq)]
+#[derive(Debug, Deserialize, PartialEq, ToSchema)]
 #[serde(
     deny_unknown_fields,
     expecting = "a JSON object with `policy` and `key`"
 )]
+#[schema(as = DecisionLimit)]
 pub(crate) struct RawLimit<'a> {
+    /// A configured policy's name, or an inline spec.
     #[serde(borrow)]
+    #[schema(value_type = Option<String>)]
     pub(crate) policy: Option<Text<'a>>,
+    /// The key this limit counts.
     #[serde(borrow)]
+    #[schema(value_type = Option<String>)]
     pub(crate) key: Option<Text<'a>>,
     /// This limit's own cost, in place of the request's.
+    #[schema(value_type = Option<u64>, minimum = 1)]
     pub(crate) cost: Option<Number>,
+}
+
+// The values `op` takes, for the OpenAPI document only: the handlers read the op from its
+// text (`fields::op_field`), which names the field in its error.
+/// What a decision does: `limit`, `pace` or `peek`.
+#[derive(ToSchema)]
+#[schema(as = Op, rename_all = "snake_case")]
+#[allow(dead_code)]
+pub(crate) enum OpName {
+    Limit,
+    Pace,
+    Peek,
 }
 
 /// What is allowed in each field of a request, as an error message says it.

@@ -3,7 +3,8 @@
 //! timeout, and the net that answers a handler's panic).
 //!
 //! Each route module (`decisions`, `leases`, `policies`, `queues`, `reload`, `dashboard`,
-//! `health`) owns its routes and handlers; this is the only place that knows them all.
+//! `health`, `openapi`) owns its routes and handlers; this is the only place that knows
+//! them all.
 
 use std::sync::Arc;
 
@@ -12,7 +13,7 @@ use axum::Router;
 use crate::catch_panic::CatchPanicLayer;
 use crate::error::{ApiError, ErrorCode};
 use crate::state::AppState;
-use crate::{dashboard, decisions, health, leases, policies, queues, reload};
+use crate::{dashboard, decisions, health, leases, openapi, policies, queues, reload};
 
 /// The service's routes, over `state`.
 pub(crate) fn router(state: Arc<AppState>) -> Router {
@@ -24,6 +25,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .merge(leases::routes())
         .merge(dashboard::routes())
         .merge(health::routes())
+        .merge(openapi::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(CatchPanicLayer)

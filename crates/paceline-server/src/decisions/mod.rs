@@ -18,14 +18,16 @@ use axum::routing::post;
 use axum::{Json, Router};
 use paceline_store::{Decision, Request, StoreError, StoreErrorKind};
 use serde::Serialize;
+use utoipa::ToSchema;
 
-use crate::error::{ApiError, ErrorBody};
+use crate::error::{ApiError, Envelope, ErrorBody};
 use crate::extract::{Authorized, JsonBody, JsonSchema, MAX_BODY};
 use crate::outcome::{rate_limited, settle, status_of, DecisionBody};
 use crate::request::{self, BodyError, RawAsk};
 use crate::state::AppState;
 use ask::Ask;
 use set::SetAsk;
+use set::SetBody;
 
 /// The largest body of `POST /v1/decisions/batch`.
 pub const MAX_BATCH_BODY: usize = 1024 * 1024;
@@ -71,7 +73,45 @@ impl JsonSchema for BatchSchema {
     }
 }
 
+// For the OpenAPI document only: the handler writes one body or the other.
+/// The answer to `POST /v1/decisions`: one limit's decision, or a set's.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = DecisionAnswer)]
+#[allow(dead_code)]
+enum DecisionAnswer<'a> {
+    One(DecisionBody<'a>),
+    Set(SetBody<'a>),
+}
+
 /// `POST /v1/decisions`: one decision, or (with `limits`) a set of limits decided as one.
+#[utoipa::path(
+    post,
+    path = "/v1/decisions",
+    tag = "decisions",
+    operation_id = "decide",
+    request_body(content = RawAsk, description = "One limit (`policy`, `key`) or a set of limits decided as one (`limits`)"),
+    responses(
+        (status = 200, description = "Admitted (or, for `pace`, booked: wait `delay_ms` first)", body = DecisionAnswer,
+            headers(
+                ("RateLimit-Policy" = String, description = "Each limit: its name, quota and window (IETF RateLimit headers)"),
+                ("RateLimit" = String, description = "Each limit's remaining units and seconds to reset")
+            )),
+        (status = 429, description = "Refused: nothing counted; retry after `delay_ms`", body = DecisionAnswer,
+            headers(
+                ("RateLimit-Policy" = String, description = "Each limit: its name, quota and window (IETF RateLimit headers)"),
+                ("RateLimit" = String, description = "Each limit's remaining units and seconds to reset"),
+                ("Retry-After" = String, description = "Seconds to wait before asking again")
+            )),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`: the service's token is missing or wrong", body = Envelope),
+        (status = 403, description = "`inline_policies_disabled`: an inline spec while the service takes configured names only", body = Envelope),
+        (status = 404, description = "`unknown_policy`: no configured policy of that name", body = Envelope),
+        (status = 408, description = "`request_timeout`: the body did not arrive in time", body = Envelope),
+        (status = 413, description = "`payload_too_large`: the body is over 64 KiB", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`: the store failed and the failure policy refuses", body = Envelope),
+    )
+)]
 async fn decide(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,
@@ -99,8 +139,9 @@ async fn decide(
 type Settled<'a> = (&'a str, Decision, Option<String>);
 
 /// One answer of a batch: a decision, or an error, each with its status.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(untagged)]
+#[schema(as = BatchDecision)]
 enum BatchItem<'a> {
     Decision(DecisionBody<'a>),
     Error { error: ErrorBody<'a>, status: u16 },
@@ -108,6 +149,20 @@ enum BatchItem<'a> {
 
 /// `POST /v1/decisions/batch`: every valid request decided in one call to the store, the
 /// answers in the requests' order.
+#[utoipa::path(
+    post,
+    path = "/v1/decisions/batch",
+    tag = "decisions",
+    operation_id = "decide_batch",
+    request_body(content = Vec<RawAsk>, description = "Up to 1000 single-limit requests (no `limits`)"),
+    responses(
+        (status = 200, description = "One entry per request, in order, each with its own `status`", body = Vec<BatchItem>),
+        (status = 400, description = "`invalid_argument`: the body is no array, or holds over 1000 requests", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`: the body is over 1 MiB", body = Envelope),
+    )
+)]
 async fn batch(
     State(state): State<Arc<AppState>>,
     Authorized(live): Authorized,

@@ -6,6 +6,7 @@ use axum::response::Response;
 use paceline_store::redis::cross_slot_error;
 use paceline_store::{Decision, Error, InputError, Op, Policy, Request, SharedStore, MAX_LIMITS};
 use serde::Serialize;
+use utoipa::ToSchema;
 
 use crate::error::ApiError;
 use crate::fields::{check_key, cost_field, op_field};
@@ -40,11 +41,16 @@ struct Part<'a> {
 
 /// The answer to a set of limits: the combined decision and one entry per limit (fields in
 /// alphabetical order, as in a single decision's answer).
-#[derive(Serialize)]
-struct SetBody<'a> {
+#[derive(Serialize, ToSchema)]
+#[schema(as = SetDecision)]
+pub(super) struct SetBody<'a> {
+    /// Every limit admitted, and each counted it; refused, none changed.
     allowed: bool,
+    /// How long to wait: the longest of the limits' delays.
     delay_ms: f64,
+    /// Set when the store failed and the failure policy answered.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
     fallback: Option<&'static str>,
     limit: u64,
     limits: Vec<PartBody<'a>>,
@@ -53,7 +59,8 @@ struct SetBody<'a> {
 }
 
 /// One limit's entry in a set's answer.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = SetLimitDecision)]
 struct PartBody<'a> {
     allowed: bool,
     delay_ms: f64,

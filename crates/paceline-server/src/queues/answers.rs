@@ -13,6 +13,7 @@ use paceline_queue::{Enqueued, JobInfo, Leased, QueueError, Stats};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::error::{ApiError, ErrorBody, ErrorCode};
 use crate::units::unix_ms;
@@ -53,13 +54,19 @@ impl From<QueueError> for ApiError {
 
 /// A job enqueued (`201`), or found enqueued already under its id (`200`); its estimated
 /// start is `null` in a group paused until resumed.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Enqueued)]
 pub(super) struct EnqueuedBody<'a> {
     id: &'a str,
+    /// `waiting`, `scheduled`, `active`, ...: the job's state now.
+    #[schema(value_type = String)]
     state: &'static str,
+    /// When the job is expected to start, in Unix ms; `null` while its group or queue
+    /// is paused until resumed.
     estimated_start_ms: Option<u64>,
     /// Present, and true, only for a job deduplicated against an earlier one (`id`).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
+    #[schema(required = false)]
     deduplicated: bool,
 }
 
@@ -84,14 +91,17 @@ pub(super) fn enqueued(e: &Enqueued) -> (StatusCode, EnqueuedBody<'_>) {
 
 /// One job's entry in an enqueue batch's answer, with its own status (fields in the order
 /// JSON objects print).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 #[serde(untagged)]
+#[schema(as = EnqueueBatchEntry)]
 pub(super) enum BatchEntry<'a> {
     Enqueued {
         #[serde(skip_serializing_if = "std::ops::Not::not")]
+        #[schema(required = false)]
         deduplicated: bool,
         estimated_start_ms: Option<u64>,
         id: &'a str,
+        #[schema(value_type = String)]
         state: &'static str,
         status: u16,
     },
@@ -137,10 +147,12 @@ fn payload(bytes: &[u8]) -> Box<RawValue> {
 }
 
 /// A leased job as the API answers it.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = LeasedJob)]
 pub(super) struct LeasedBody<'a> {
     id: &'a str,
     group: &'a str,
+    #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
     attempt: u32,
     lease: &'a str,
@@ -164,40 +176,46 @@ pub(super) fn leased(job: &Leased) -> LeasedBody<'_> {
 }
 
 /// `{"jobs": [...]}`: the answer of a lease call and of the dead list.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
 pub(super) struct JobsBody<T> {
     pub(super) jobs: Vec<T>,
 }
 
 /// `{"lease_expires_ms"}`: when an extended lease ends.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = JobLeaseExtended)]
 pub(super) struct ExtendedBody {
     pub(super) lease_expires_ms: u64,
 }
 
 /// `{"retried"}`: how many dead jobs went back to their groups.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Retried)]
 pub(super) struct RetriedBody {
     pub(super) retried: usize,
 }
 
 /// `{"purged"}`: how many dead jobs were dropped.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Purged)]
 pub(super) struct PurgedBody {
     pub(super) purged: usize,
 }
 
 /// A job as the HTTP API (and `paceline queue`) shows it: `Display` prints it as one line
 /// of JSON. Its payload is the JSON text it was enqueued as, written out unparsed.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Job)]
 pub struct JobBody<'a> {
     id: &'a str,
     group: &'a str,
+    #[schema(value_type = String)]
     state: &'static str,
     attempts: u32,
     max_attempts: u32,
     last_error: Option<&'a str>,
     enqueued_ms: u64,
+    #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
     #[serde(skip_serializing_if = "Option::is_none")]
     not_before_ms: Option<u64>,
@@ -236,10 +254,12 @@ pub fn job_body(job: &JobInfo) -> JobBody<'_> {
 }
 
 /// A queue's counts (fields in the order JSON objects print).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = QueueStats)]
 pub(super) struct StatsBody<'a> {
     active: u64,
     dead: u64,
+    #[schema(value_type = BTreeMap<String, GroupCounts>)]
     groups: BTreeMap<&'a str, GroupCounts>,
     paused: bool,
     paused_until_ms: Option<u64>,
@@ -250,7 +270,8 @@ pub(super) struct StatsBody<'a> {
 
 /// One group's counts, when its next job may start (`null` when none waits), and its
 /// pause.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = GroupStats)]
 struct GroupCounts {
     active: u64,
     next_eligible_ms: Option<u64>,
@@ -269,12 +290,14 @@ fn pause_fields(until: Option<u64>) -> (bool, Option<u64>) {
 }
 
 /// A schedule as the queue keeps it.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Schedule)]
 pub(super) struct ScheduleBodyOut<'a> {
     cron: &'a str,
     group: &'a str,
     name: &'a str,
     next_ms: u64,
+    #[schema(value_type = serde_json::Value)]
     payload: Box<RawValue>,
     timezone: &'a str,
 }
@@ -294,22 +317,27 @@ impl<'a> ScheduleBodyOut<'a> {
 }
 
 /// The queue's schedules.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Schedules)]
 pub(super) struct SchedulesBody<'a> {
     pub(super) schedules: Vec<ScheduleBodyOut<'a>>,
 }
 
 /// A group's policy: its spec, and where it comes from (`run_time`, `config`, `default`).
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = GroupPolicy)]
 pub(super) struct GroupPolicyBody<'a> {
     pub(super) group: &'a str,
     pub(super) policy: String,
     pub(super) queue: &'a str,
+    /// `runtime` (set by PUT), or where the config file sets it.
+    #[schema(value_type = String)]
     pub(super) source: &'static str,
 }
 
 /// What a pause or a resume answers: what it named, and its pause now.
-#[derive(Serialize)]
+#[derive(Serialize, ToSchema)]
+#[schema(as = Paused)]
 pub(super) struct PausedBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     group: Option<&'a str>,

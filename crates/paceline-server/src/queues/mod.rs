@@ -32,22 +32,51 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use paceline_queue::{Failure, NewJob, Queue, QueueError};
 
-use crate::error::{ApiError, ErrorCode};
+use crate::error::{ApiError, Envelope, ErrorCode};
 use crate::extract::{path_parts, Authorized, JsonBody};
 use crate::state::AppState;
 use answers::{
-    enqueued, leased, BatchEntry, ExtendedBody, GroupPolicyBody, JobsBody, LeasedBody, PausedBody,
-    PurgedBody, RetriedBody, ScheduleBodyOut, SchedulesBody, StatsBody,
+    enqueued, leased, BatchEntry, EnqueuedBody, ExtendedBody, GroupPolicyBody, JobsBody,
+    LeasedBody, PausedBody, PurgedBody, RetriedBody, ScheduleBodyOut, SchedulesBody, StatsBody,
 };
 pub use answers::{job_body, paused_body, stats_body, JobBody};
 pub use requests::MAX_ENQUEUE_BATCH;
 use requests::{
     AckBody, DeadQuery, EnqueueBody, ExtendBody, FailBody, JobsArray, LeaseBody, LeaseCall, Object,
-    PauseSchema, PolicyBody, RetryBody, ScheduleBody,
+    PauseBody, PauseSchema, PolicyBody, RetryBody, ScheduleBody,
 };
 
 /// The most dead jobs one listing answers.
 const MAX_DEAD_LIST: usize = 1_000;
+
+/// The queue operations, for the service's OpenAPI document.
+#[derive(utoipa::OpenApi)]
+#[openapi(paths(
+    stats,
+    enqueue,
+    enqueue_batch,
+    lease,
+    job,
+    cancel,
+    ack,
+    fail,
+    extend,
+    dead,
+    purge_dead,
+    retry_dead,
+    pause_queue,
+    resume_queue,
+    pause_group,
+    resume_group,
+    group_policy,
+    set_group_policy,
+    unset_group_policy,
+    list_schedules,
+    get_schedule,
+    put_schedule,
+    delete_schedule,
+))]
+pub(crate) struct QueuesDoc;
 
 /// The queue routes.
 pub(crate) fn routes() -> Router<Arc<AppState>> {
@@ -167,6 +196,24 @@ fn queue(state: &AppState, name: &str) -> Result<Queue, ApiError> {
 }
 
 /// `POST /v1/queues/{queue}/jobs`: `201` enqueued, `200` already enqueued under its id.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/jobs",
+    tag = "queues",
+    operation_id = "enqueue",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    request_body = EnqueueBody,
+    responses(
+        (status = 201, description = "Enqueued", body = EnqueuedBody),
+        (status = 200, description = "Enqueued already under that `id` (or deduplicated)", body = EnqueuedBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn enqueue(
     _: Authorized,
     QueueAt { queue, .. }: QueueAt,
@@ -180,6 +227,23 @@ async fn enqueue(
 
 /// `POST /v1/queues/{queue}/jobs/batch`: each job read and enqueued on its own; a bad one
 /// is its own entry's error, and is not enqueued.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/jobs/batch",
+    tag = "queues",
+    operation_id = "enqueue_batch",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    request_body(content = Vec<EnqueueBody>, description = "Up to 1000 jobs"),
+    responses(
+        (status = 200, description = "One entry per job, in order, each with its own `status`", body = Vec<BatchEntry>),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn enqueue_batch(
     _: Authorized,
     QueueAt { queue, .. }: QueueAt,
@@ -211,6 +275,23 @@ async fn enqueue_batch(
 
 /// `POST /v1/queues/{queue}/leases`: the jobs that may start now (waiting up to `wait_ms`
 /// for one when none may).
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/leases",
+    tag = "queues",
+    operation_id = "lease_jobs",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    request_body = LeaseBody,
+    responses(
+        (status = 200, description = "The jobs that may start now (none when none may within `wait_ms`)", body = JobsBody<LeasedBody>),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn lease(
     State(state): State<Arc<AppState>>,
     _: Authorized,
@@ -265,6 +346,24 @@ async fn lease(
 }
 
 /// `POST /v1/queues/{queue}/jobs/{id}/ack`: the job is done (`204`).
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/jobs/{id}/ack",
+    tag = "queues",
+    operation_id = "ack",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    request_body = AckBody,
+    responses(
+        (status = 204, description = "The job is done"),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`, or `unknown_job`: acknowledged, cancelled, purged or never enqueued", body = Envelope),
+        (status = 409, description = "`lease_lost`: the lease is no longer the job's (it expired, or the job was acked or failed): stop working on it; or `conflict`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn ack(
     _: Authorized,
     JobAt { queue, id }: JobAt,
@@ -277,6 +376,24 @@ async fn ack(
 
 /// `POST /v1/queues/{queue}/jobs/{id}/fail`: the job failed; retried later, or dead
 /// (`204`).
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/jobs/{id}/fail",
+    tag = "queues",
+    operation_id = "fail",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    request_body = FailBody,
+    responses(
+        (status = 204, description = "The job failed: retried later, dead, or back in its paused group"),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`, or `unknown_job`: acknowledged, cancelled, purged or never enqueued", body = Envelope),
+        (status = 409, description = "`lease_lost`: the lease is no longer the job's (it expired, or the job was acked or failed): stop working on it; or `conflict`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn fail(
     _: Authorized,
     JobAt { queue, id }: JobAt,
@@ -289,6 +406,24 @@ async fn fail(
 
 /// `POST /v1/queues/{queue}/jobs/{id}/extend`: the job's lease lives `lease_ms` (the
 /// queue's `lease` unless given) from now.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/jobs/{id}/extend",
+    tag = "queues",
+    operation_id = "extend_job_lease",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    request_body = ExtendBody,
+    responses(
+        (status = 200, description = "The lease lives `lease_ms` from now", body = ExtendedBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`, or `unknown_job`: acknowledged, cancelled, purged or never enqueued", body = Envelope),
+        (status = 409, description = "`lease_lost`: the lease is no longer the job's (it expired, or the job was acked or failed): stop working on it; or `conflict`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn extend(
     _: Authorized,
     JobAt { queue, id }: JobAt,
@@ -303,6 +438,20 @@ async fn extend(
 }
 
 /// `GET /v1/queues/{queue}/jobs/{id}`: the job.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/jobs/{id}",
+    tag = "queues",
+    operation_id = "get_job",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 200, description = "The job", body = JobBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`, or `unknown_job`: acknowledged, cancelled, purged or never enqueued", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn job(_: Authorized, JobAt { queue, id }: JobAt) -> Result<Response, ApiError> {
     match queue.job(&id).await? {
         Some(job) => Ok(Json(job_body(&job)).into_response()),
@@ -311,12 +460,41 @@ async fn job(_: Authorized, JobAt { queue, id }: JobAt) -> Result<Response, ApiE
 }
 
 /// `DELETE /v1/queues/{queue}/jobs/{id}`: the job is cancelled (`204`).
+#[utoipa::path(
+    delete,
+    path = "/v1/queues/{queue}/jobs/{id}",
+    tag = "queues",
+    operation_id = "cancel_job",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    responses(
+        (status = 204, description = "The job is cancelled"),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`, or `unknown_job`: acknowledged, cancelled, purged or never enqueued", body = Envelope),
+        (status = 409, description = "`conflict`: the job is running", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn cancel(_: Authorized, JobAt { queue, id }: JobAt) -> Result<StatusCode, ApiError> {
     queue.cancel(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /v1/queues/{queue}`: the queue's counts, and each group's.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}",
+    tag = "queues",
+    operation_id = "queue_stats",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    responses(
+        (status = 200, description = "The queue's counts, and each group's", body = StatsBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn stats(_: Authorized, QueueAt { name, queue }: QueueAt) -> Result<Response, ApiError> {
     let s = queue.stats().await?;
     Ok(Json(StatsBody::new(&name, &s)).into_response())
@@ -324,6 +502,23 @@ async fn stats(_: Authorized, QueueAt { name, queue }: QueueAt) -> Result<Respon
 
 /// `POST /v1/queues/{queue}/pause` `{"ms"?}`: the queue leases nothing for `ms`, or until
 /// resumed; leases given run on.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/pause",
+    tag = "queues",
+    operation_id = "pause_queue",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    request_body(content = PauseBody, description = "Optional: no body pauses until resumed"),
+    responses(
+        (status = 200, description = "The queue leases nothing until resumed or for `ms`", body = PausedBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn pause_queue(
     _: Authorized,
     QueueAt { name, queue }: QueueAt,
@@ -334,6 +529,20 @@ async fn pause_queue(
 }
 
 /// `POST /v1/queues/{queue}/resume`: the queue's own pause ends (its groups' stay).
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/resume",
+    tag = "queues",
+    operation_id = "resume_queue",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    responses(
+        (status = 200, description = "The queue's own pause ends", body = PausedBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn resume_queue(
     _: Authorized,
     QueueAt { name, queue }: QueueAt,
@@ -344,6 +553,23 @@ async fn resume_queue(
 
 /// `POST /v1/queues/{queue}/groups/{group}/pause` `{"ms"?}`: the group starts nothing for
 /// `ms`, or until resumed.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/groups/{group}/pause",
+    tag = "queues",
+    operation_id = "pause_group",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    request_body(content = PauseBody, description = "Optional: no body pauses until resumed"),
+    responses(
+        (status = 200, description = "The group starts nothing until resumed or for `ms`", body = PausedBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn pause_group(
     _: Authorized,
     GroupAt { name, queue, group }: GroupAt,
@@ -355,6 +581,20 @@ async fn pause_group(
 
 /// `POST /v1/queues/{queue}/groups/{group}/resume`: every pause of the group ends, a
 /// worker's after an upstream's refusal included.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/groups/{group}/resume",
+    tag = "queues",
+    operation_id = "resume_group",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    responses(
+        (status = 200, description = "Every pause of the group ends", body = PausedBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn resume_group(
     _: Authorized,
     GroupAt { name, queue, group }: GroupAt,
@@ -365,12 +605,43 @@ async fn resume_group(
 
 /// `GET /v1/queues/{queue}/groups/{group}/policy`: the group's policy and where it comes
 /// from.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/groups/{group}/policy",
+    tag = "queues",
+    operation_id = "get_group_policy",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    responses(
+        (status = 200, description = "The group's policy, and where it comes from", body = GroupPolicyBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn group_policy(_: Authorized, at: GroupAt) -> Result<Response, ApiError> {
     policy_answer(&at).await
 }
 
 /// `PUT /v1/queues/{queue}/groups/{group}/policy` `{"policy"}`: the group's policy from
 /// now on, kept by the queue's store (every instance, restarts and config changes).
+#[utoipa::path(
+    put,
+    path = "/v1/queues/{queue}/groups/{group}/policy",
+    tag = "queues",
+    operation_id = "set_group_policy",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    request_body = PolicyBody,
+    responses(
+        (status = 200, description = "The group's policy from now on", body = GroupPolicyBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn set_group_policy(
     _: Authorized,
     at: GroupAt,
@@ -383,6 +654,20 @@ async fn set_group_policy(
 
 /// `DELETE /v1/queues/{queue}/groups/{group}/policy`: the group's policy is the config's
 /// again (its own there, or the queue's default).
+#[utoipa::path(
+    delete,
+    path = "/v1/queues/{queue}/groups/{group}/policy",
+    tag = "queues",
+    operation_id = "unset_group_policy",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    responses(
+        (status = 200, description = "The group's policy is the config's again", body = GroupPolicyBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn unset_group_policy(_: Authorized, at: GroupAt) -> Result<Response, ApiError> {
     at.queue.set_policy(&at.group, None).await?;
     policy_answer(&at).await
@@ -401,6 +686,20 @@ async fn policy_answer(at: &GroupAt) -> Result<Response, ApiError> {
 }
 
 /// `GET /v1/queues/{queue}/schedules`: every schedule, by name, with its next tick.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/schedules",
+    tag = "queues",
+    operation_id = "list_schedules",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    responses(
+        (status = 200, description = "Every schedule, with its next tick", body = SchedulesBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn list_schedules(
     _: Authorized,
     QueueAt { queue, .. }: QueueAt,
@@ -411,6 +710,20 @@ async fn list_schedules(
 }
 
 /// `GET /v1/queues/{queue}/schedules/{name}`: one schedule.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/schedules/{name}",
+    tag = "queues",
+    operation_id = "get_schedule",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, description = "The schedule's name")),
+    responses(
+        (status = 200, description = "The schedule", body = ScheduleBodyOut),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue` or `unknown_schedule`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn get_schedule(_: Authorized, at: GroupAt) -> Result<Response, ApiError> {
     paceline_queue::schedule::check_schedule_name(&at.group)
         .map_err(|e| ApiError::invalid(e.field(), e.message()))?;
@@ -424,6 +737,23 @@ async fn get_schedule(_: Authorized, at: GroupAt) -> Result<Response, ApiError> 
 /// `PUT /v1/queues/{queue}/schedules/{name}` `{"cron", "group", "payload"?, "timezone"?}`:
 /// a job enqueued at each tick, once per tick across every instance; the same schedule put
 /// again keeps its next tick.
+#[utoipa::path(
+    put,
+    path = "/v1/queues/{queue}/schedules/{name}",
+    tag = "queues",
+    operation_id = "put_schedule",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, description = "The schedule's name")),
+    request_body = ScheduleBody,
+    responses(
+        (status = 200, description = "The schedule, kept", body = ScheduleBodyOut),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn put_schedule(
     _: Authorized,
     at: GroupAt,
@@ -435,6 +765,20 @@ async fn put_schedule(
 }
 
 /// `DELETE /v1/queues/{queue}/schedules/{name}`: the schedule is removed (`204`).
+#[utoipa::path(
+    delete,
+    path = "/v1/queues/{queue}/schedules/{name}",
+    tag = "queues",
+    operation_id = "delete_schedule",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, description = "The schedule's name")),
+    responses(
+        (status = 204, description = "The schedule is removed"),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue` or `unknown_schedule`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn delete_schedule(_: Authorized, at: GroupAt) -> Result<StatusCode, ApiError> {
     if at.queue.delete_schedule(&at.group).await? {
         Ok(StatusCode::NO_CONTENT)
@@ -455,6 +799,20 @@ fn no_schedule(name: &str) -> ApiError {
 }
 
 /// `GET /v1/queues/{queue}/dead?offset=0&limit=100`: the dead jobs, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/dead",
+    tag = "queues",
+    operation_id = "list_dead",
+    params(("queue" = String, Path, description = "A configured queue's name"), DeadQuery),
+    responses(
+        (status = 200, description = "The dead jobs, oldest first", body = JobsBody<JobBody>),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn dead(
     _: Authorized,
     QueueAt { queue, .. }: QueueAt,
@@ -475,6 +833,23 @@ async fn dead(
 
 /// `POST /v1/queues/{queue}/dead/retry` `{"ids"?}`: those dead jobs (all without `ids`) go
 /// back to their groups.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/dead/retry",
+    tag = "queues",
+    operation_id = "retry_dead",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    request_body = RetryBody,
+    responses(
+        (status = 200, description = "How many dead jobs went back to their groups", body = RetriedBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn retry_dead(
     _: Authorized,
     QueueAt { queue, .. }: QueueAt,
@@ -486,6 +861,20 @@ async fn retry_dead(
 }
 
 /// `DELETE /v1/queues/{queue}/dead`: the dead jobs are dropped.
+#[utoipa::path(
+    delete,
+    path = "/v1/queues/{queue}/dead",
+    tag = "queues",
+    operation_id = "purge_dead",
+    params(("queue" = String, Path, description = "A configured queue's name")),
+    responses(
+        (status = 200, description = "How many dead jobs were dropped", body = PurgedBody),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
 async fn purge_dead(
     _: Authorized,
     QueueAt { queue, .. }: QueueAt,

@@ -12,6 +12,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::Number;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::error::ApiError;
 use crate::extract::JsonSchema;
@@ -77,24 +78,42 @@ impl JsonSchema for JobsArray {
 }
 
 /// A job to enqueue, as sent.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = EnqueueRequest, example = json!({"group": "guild:42", "payload": {"user": 7, "role": 3}}))]
 pub(super) struct EnqueueBody {
+    /// The group whose policy limits when the job starts (required).
     group: Option<String>,
+    /// Any JSON; `null` when absent.
+    #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
+    /// The job's id; enqueuing the same id again answers the job already enqueued.
     id: Option<String>,
+    /// Start no sooner than this many ms from now.
+    #[schema(value_type = Option<f64>, minimum = 0)]
     delay_ms: Option<Number>,
+    /// Start no sooner than this Unix time, in ms.
+    #[schema(value_type = Option<f64>, minimum = 0)]
     not_before_ms: Option<Number>,
+    /// How many times the job is tried before it is dead.
+    #[schema(minimum = 1, maximum = 1000)]
     max_attempts: Option<u64>,
+    /// Deduplication (or, with `replace`, debounce) by a key for a time.
+    #[schema(value_type = Option<DedupBody>)]
     dedup: Option<DedupBody>,
 }
 
 /// A job's deduplication, as sent: `{"key", "ttl_ms", "replace"?}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = Dedup)]
 struct DedupBody {
+    /// The key jobs are deduplicated by (required).
     key: Option<String>,
+    /// How long the key holds, in ms (required).
+    #[schema(value_type = Option<f64>, minimum = 1)]
     ttl_ms: Option<Number>,
+    /// Debounce: a new job under a held key replaces the waiting one.
     replace: Option<bool>,
 }
 
@@ -159,13 +178,21 @@ impl EnqueueBody {
 }
 
 /// A lease call, as sent.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = QueueLeaseRequest, example = json!({"worker": "worker-1", "max_jobs": 10, "lease_ms": 30000, "wait_ms": 0}))]
 pub(super) struct LeaseBody {
+    /// A name for the worker (required).
     worker: Option<String>,
+    /// Retrying a call with the same id answers the jobs it leased.
     request_id: Option<String>,
+    /// The most jobs to lease; 1 by default.
     max_jobs: Option<u64>,
+    /// How long the leases last, in ms; the queue's `lease` by default.
+    #[schema(value_type = Option<f64>, minimum = 0)]
     lease_ms: Option<Number>,
+    /// How long to wait for a job when none may start now, in ms; 0 by default.
+    #[schema(value_type = Option<f64>, minimum = 0)]
     wait_ms: Option<Number>,
 }
 
@@ -206,9 +233,11 @@ impl LeaseBody {
 }
 
 /// An acknowledgement, as sent.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = AckRequest)]
 pub(super) struct AckBody {
+    /// The `lease` the job was leased with (required).
     lease: Option<String>,
 }
 
@@ -220,13 +249,22 @@ impl AckBody {
 }
 
 /// A failure, as sent.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = FailRequest)]
 pub(super) struct FailBody {
+    /// The `lease` the job was leased with (required).
     lease: Option<String>,
+    /// What went wrong, kept as the job's `last_error`.
     error: Option<String>,
+    /// Retry no sooner than this many ms from now (in place of the queue's backoff).
+    #[schema(value_type = Option<f64>, minimum = 0)]
     retry_after_ms: Option<Number>,
+    /// Pause the job's whole group for this many ms (an upstream's 429): the job keeps
+    /// its place and costs no attempt.
+    #[schema(value_type = Option<f64>, minimum = 0)]
     pause_group_ms: Option<Number>,
+    /// The job is dead at once, whatever attempts it has left.
     fatal: Option<bool>,
 }
 
@@ -244,10 +282,14 @@ impl FailBody {
 }
 
 /// An extension of a job's lease, as sent.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = JobExtendRequest)]
 pub(super) struct ExtendBody {
+    /// The `lease` the job was leased with (required).
     lease: Option<String>,
+    /// The lease lives this many ms from now; the queue's `lease` by default.
+    #[schema(value_type = Option<f64>, minimum = 0)]
     lease_ms: Option<Number>,
 }
 
@@ -262,24 +304,32 @@ impl ExtendBody {
 }
 
 /// The dead list's query: `?offset=0&limit=100`.
-#[derive(Deserialize)]
+#[derive(Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct DeadQuery {
+    /// How many dead jobs to skip, oldest first.
     pub(super) offset: Option<usize>,
+    /// How many to list: 1 to 1000, 100 by default.
+    #[param(minimum = 1, maximum = 1000)]
     pub(super) limit: Option<usize>,
 }
 
 /// Dead jobs to retry, as sent: these ids, or all of them.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = RetryDeadRequest)]
 pub(super) struct RetryBody {
+    /// The dead jobs to retry; every one when absent.
     pub(super) ids: Option<Vec<String>>,
 }
 
 /// `PUT .../groups/{group}/policy`'s body: `{"policy": "SPEC"}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = GroupPolicyRequest, example = json!({"policy": "fixed_window:limit=10,window=10s"}))]
 pub(super) struct PolicyBody {
+    /// A policy spec (required).
     policy: Option<String>,
 }
 
@@ -308,12 +358,18 @@ impl PolicyBody {
 }
 
 /// `PUT .../schedules/{name}`'s body: `{"cron", "group", "payload"?, "timezone"?}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(as = ScheduleRequest, example = json!({"cron": "0 3 * * *", "group": "nightly", "payload": {"report": "daily"}, "timezone": "Europe/Paris"}))]
 pub(super) struct ScheduleBody {
+    /// A cron expression: five fields, or six with seconds first (required).
     cron: Option<String>,
+    /// The group of the jobs it enqueues (required).
     group: Option<String>,
+    /// The jobs' payload, any JSON; `null` when absent.
+    #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
+    /// An IANA time zone's name; UTC by default.
     timezone: Option<String>,
 }
 
@@ -345,9 +401,12 @@ impl ScheduleBody {
 /// no `ms`): until resumed.
 pub(super) enum PauseSchema {}
 
-#[derive(Deserialize)]
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PauseBody {
+#[schema(as = PauseRequest)]
+pub(super) struct PauseBody {
+    /// How long the pause lasts, in ms; until resumed when absent (or with no body).
+    #[schema(value_type = Option<f64>, minimum = 0)]
     ms: Option<Number>,
 }
 
