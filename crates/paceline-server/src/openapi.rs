@@ -14,6 +14,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::Required;
 use utoipa::{Modify, OpenApi};
 
 use crate::state::AppState;
@@ -87,10 +88,28 @@ pub fn openapi_json() -> String {
 )]
 struct ApiDoc;
 
+/// The operations whose body may be left out (`POST .../pause` with none pauses until
+/// resumed); the derive marks every body it is given as required.
+const OPTIONAL_BODIES: &[&str] = &[
+    "/v1/queues/{queue}/pause",
+    "/v1/queues/{queue}/groups/{group}/pause",
+];
+
 /// The whole document: [`ApiDoc`] and the queues' operations.
 fn whole() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
     doc.merge(crate::queues::QueuesDoc::openapi());
+    for path in OPTIONAL_BODIES {
+        let body = doc
+            .paths
+            .paths
+            .get_mut(*path)
+            .and_then(|item| item.post.as_mut())
+            .and_then(|operation| operation.request_body.as_mut());
+        if let Some(body) = body {
+            body.required = Some(Required::False);
+        }
+    }
     doc
 }
 

@@ -351,7 +351,7 @@ async fn lease(
     path = "/v1/queues/{queue}/jobs/{id}/ack",
     tag = "queues",
     operation_id = "ack",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The job's id")),
     request_body = AckBody,
     responses(
         (status = 204, description = "The job is done"),
@@ -381,7 +381,7 @@ async fn ack(
     path = "/v1/queues/{queue}/jobs/{id}/fail",
     tag = "queues",
     operation_id = "fail",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The job's id")),
     request_body = FailBody,
     responses(
         (status = 204, description = "The job failed: retried later, dead, or back in its paused group"),
@@ -411,7 +411,7 @@ async fn fail(
     path = "/v1/queues/{queue}/jobs/{id}/extend",
     tag = "queues",
     operation_id = "extend_job_lease",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The job's id")),
     request_body = ExtendBody,
     responses(
         (status = 200, description = "The lease lives `lease_ms` from now", body = ExtendedBody),
@@ -443,7 +443,7 @@ async fn extend(
     path = "/v1/queues/{queue}/jobs/{id}",
     tag = "queues",
     operation_id = "get_job",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The job's id")),
     responses(
         (status = 200, description = "The job", body = JobBody),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
@@ -465,7 +465,7 @@ async fn job(_: Authorized, JobAt { queue, id }: JobAt) -> Result<Response, ApiE
     path = "/v1/queues/{queue}/jobs/{id}",
     tag = "queues",
     operation_id = "cancel_job",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, description = "The job's id")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The job's id")),
     responses(
         (status = 204, description = "The job is cancelled"),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
@@ -558,7 +558,7 @@ async fn resume_queue(
     path = "/v1/queues/{queue}/groups/{group}/pause",
     tag = "queues",
     operation_id = "pause_group",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$", description = "The group: 1 to 256 bytes, no control characters")),
     request_body(content = PauseBody, description = "Optional: no body pauses until resumed"),
     responses(
         (status = 200, description = "The group starts nothing until resumed or for `ms`", body = PausedBody),
@@ -586,7 +586,7 @@ async fn pause_group(
     path = "/v1/queues/{queue}/groups/{group}/resume",
     tag = "queues",
     operation_id = "resume_group",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$", description = "The group: 1 to 256 bytes, no control characters")),
     responses(
         (status = 200, description = "Every pause of the group ends", body = PausedBody),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
@@ -610,7 +610,7 @@ async fn resume_group(
     path = "/v1/queues/{queue}/groups/{group}/policy",
     tag = "queues",
     operation_id = "get_group_policy",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$", description = "The group: 1 to 256 bytes, no control characters")),
     responses(
         (status = 200, description = "The group's policy, and where it comes from", body = GroupPolicyBody),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
@@ -630,7 +630,7 @@ async fn group_policy(_: Authorized, at: GroupAt) -> Result<Response, ApiError> 
     path = "/v1/queues/{queue}/groups/{group}/policy",
     tag = "queues",
     operation_id = "set_group_policy",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$", description = "The group: 1 to 256 bytes, no control characters")),
     request_body = PolicyBody,
     responses(
         (status = 200, description = "The group's policy from now on", body = GroupPolicyBody),
@@ -659,7 +659,7 @@ async fn set_group_policy(
     path = "/v1/queues/{queue}/groups/{group}/policy",
     tag = "queues",
     operation_id = "unset_group_policy",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, description = "The group")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("group" = String, Path, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$", description = "The group: 1 to 256 bytes, no control characters")),
     responses(
         (status = 200, description = "The group's policy is the config's again", body = GroupPolicyBody),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
@@ -715,7 +715,7 @@ async fn list_schedules(
     path = "/v1/queues/{queue}/schedules/{name}",
     tag = "queues",
     operation_id = "get_schedule",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, description = "The schedule's name")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The schedule's name: 1 to 128 bytes of `A-Z a-z 0-9 - _ . :`")),
     responses(
         (status = 200, description = "The schedule", body = ScheduleBodyOut),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
@@ -742,7 +742,7 @@ async fn get_schedule(_: Authorized, at: GroupAt) -> Result<Response, ApiError> 
     path = "/v1/queues/{queue}/schedules/{name}",
     tag = "queues",
     operation_id = "put_schedule",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, description = "The schedule's name")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The schedule's name: 1 to 128 bytes of `A-Z a-z 0-9 - _ . :`")),
     request_body = ScheduleBody,
     responses(
         (status = 200, description = "The schedule, kept", body = ScheduleBodyOut),
@@ -770,7 +770,7 @@ async fn put_schedule(
     path = "/v1/queues/{queue}/schedules/{name}",
     tag = "queues",
     operation_id = "delete_schedule",
-    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, description = "The schedule's name")),
+    params(("queue" = String, Path, description = "A configured queue's name"), ("name" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The schedule's name: 1 to 128 bytes of `A-Z a-z 0-9 - _ . :`")),
     responses(
         (status = 204, description = "The schedule is removed"),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),

@@ -82,18 +82,22 @@ impl JsonSchema for JobsArray {
 #[serde(deny_unknown_fields)]
 #[schema(as = EnqueueRequest, example = json!({"group": "guild:42", "payload": {"user": 7, "role": 3}}))]
 pub(super) struct EnqueueBody {
-    /// The group whose policy limits when the job starts (required).
+    /// The group whose policy limits when the job starts: 1 to 256 bytes, no control
+    /// characters.
+    #[schema(value_type = String, required = true, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
     group: Option<String>,
     /// Any JSON; `null` when absent.
     #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
-    /// The job's id; enqueuing the same id again answers the job already enqueued.
+    /// The job's id (1 to 128 bytes of `A-Z a-z 0-9 - _ . :`); enqueuing the same id
+    /// again answers the job already enqueued.
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     id: Option<String>,
-    /// Start no sooner than this many ms from now.
-    #[schema(value_type = Option<f64>, minimum = 0)]
+    /// Start no sooner than this many ms from now (at most a year).
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 31_536_000_000.0)]
     delay_ms: Option<Number>,
     /// Start no sooner than this Unix time, in ms.
-    #[schema(value_type = Option<f64>, minimum = 0)]
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 9_007_199_254_740.0)]
     not_before_ms: Option<Number>,
     /// How many times the job is tried before it is dead.
     #[schema(minimum = 1, maximum = 1000)]
@@ -108,10 +112,11 @@ pub(super) struct EnqueueBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = Dedup)]
 struct DedupBody {
-    /// The key jobs are deduplicated by (required).
+    /// The key jobs are deduplicated by.
+    #[schema(value_type = String, required = true)]
     key: Option<String>,
-    /// How long the key holds, in ms (required).
-    #[schema(value_type = Option<f64>, minimum = 1)]
+    /// How long the key holds, in ms (at most a year).
+    #[schema(value_type = f64, required = true, minimum = 1, maximum = 31_536_000_000.0)]
     ttl_ms: Option<Number>,
     /// Debounce: a new job under a held key replaces the waiting one.
     replace: Option<bool>,
@@ -182,17 +187,19 @@ impl EnqueueBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = QueueLeaseRequest, example = json!({"worker": "worker-1", "max_jobs": 10, "lease_ms": 30000, "wait_ms": 0}))]
 pub(super) struct LeaseBody {
-    /// A name for the worker (required).
+    /// A name for the worker.
+    #[schema(value_type = String, required = true)]
     worker: Option<String>,
     /// Retrying a call with the same id answers the jobs it leased.
     request_id: Option<String>,
     /// The most jobs to lease; 1 by default.
     max_jobs: Option<u64>,
-    /// How long the leases last, in ms; the queue's `lease` by default.
-    #[schema(value_type = Option<f64>, minimum = 0)]
+    /// How long the leases last, in ms (1 ms to a day); the queue's `lease` by default.
+    #[schema(value_type = Option<f64>, minimum = 1, maximum = 86_400_000)]
     lease_ms: Option<Number>,
-    /// How long to wait for a job when none may start now, in ms; 0 by default.
-    #[schema(value_type = Option<f64>, minimum = 0)]
+    /// How long to wait for a job when none may start now, in ms (at most 5 minutes); 0
+    /// by default.
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 300_000)]
     wait_ms: Option<Number>,
 }
 
@@ -237,7 +244,8 @@ impl LeaseBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = AckRequest)]
 pub(super) struct AckBody {
-    /// The `lease` the job was leased with (required).
+    /// The `lease` the job was leased with.
+    #[schema(value_type = String, required = true, pattern = "^[0-9a-fA-F]{48}$")]
     lease: Option<String>,
 }
 
@@ -253,16 +261,18 @@ impl AckBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = FailRequest)]
 pub(super) struct FailBody {
-    /// The `lease` the job was leased with (required).
+    /// The `lease` the job was leased with.
+    #[schema(value_type = String, required = true, pattern = "^[0-9a-fA-F]{48}$")]
     lease: Option<String>,
     /// What went wrong, kept as the job's `last_error`.
     error: Option<String>,
-    /// Retry no sooner than this many ms from now (in place of the queue's backoff).
-    #[schema(value_type = Option<f64>, minimum = 0)]
+    /// Retry no sooner than this many ms from now (in place of the queue's backoff; at
+    /// most a year).
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 31_536_000_000.0)]
     retry_after_ms: Option<Number>,
     /// Pause the job's whole group for this many ms (an upstream's 429): the job keeps
-    /// its place and costs no attempt.
-    #[schema(value_type = Option<f64>, minimum = 0)]
+    /// its place and costs no attempt (at most a day).
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 86_400_000)]
     pause_group_ms: Option<Number>,
     /// The job is dead at once, whatever attempts it has left.
     fatal: Option<bool>,
@@ -286,10 +296,12 @@ impl FailBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = JobExtendRequest)]
 pub(super) struct ExtendBody {
-    /// The `lease` the job was leased with (required).
+    /// The `lease` the job was leased with.
+    #[schema(value_type = String, required = true, pattern = "^[0-9a-fA-F]{48}$")]
     lease: Option<String>,
-    /// The lease lives this many ms from now; the queue's `lease` by default.
-    #[schema(value_type = Option<f64>, minimum = 0)]
+    /// The lease lives this many ms from now (1 ms to a day); the queue's `lease` by
+    /// default.
+    #[schema(value_type = Option<f64>, minimum = 1, maximum = 86_400_000)]
     lease_ms: Option<Number>,
 }
 
@@ -329,7 +341,8 @@ pub(super) struct RetryBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = GroupPolicyRequest, example = json!({"policy": "fixed_window:limit=10,window=10s"}))]
 pub(super) struct PolicyBody {
-    /// A policy spec (required).
+    /// A policy spec, at most 1024 bytes.
+    #[schema(value_type = String, required = true, max_length = 1024)]
     policy: Option<String>,
 }
 
@@ -362,9 +375,11 @@ impl PolicyBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = ScheduleRequest, example = json!({"cron": "0 3 * * *", "group": "nightly", "payload": {"report": "daily"}, "timezone": "Europe/Paris"}))]
 pub(super) struct ScheduleBody {
-    /// A cron expression: five fields, or six with seconds first (required).
+    /// A cron expression: five fields, or six with seconds first.
+    #[schema(value_type = String, required = true)]
     cron: Option<String>,
-    /// The group of the jobs it enqueues (required).
+    /// The group of the jobs it enqueues.
+    #[schema(value_type = String, required = true, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
     group: Option<String>,
     /// The jobs' payload, any JSON; `null` when absent.
     #[schema(value_type = Option<serde_json::Value>)]
@@ -405,8 +420,9 @@ pub(super) enum PauseSchema {}
 #[serde(deny_unknown_fields)]
 #[schema(as = PauseRequest)]
 pub(super) struct PauseBody {
-    /// How long the pause lasts, in ms; until resumed when absent (or with no body).
-    #[schema(value_type = Option<f64>, minimum = 0)]
+    /// How long the pause lasts, in ms (at most a year); until resumed when absent (or
+    /// with no body).
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 31_536_000_000.0)]
     ms: Option<Number>,
 }
 
