@@ -91,7 +91,7 @@ async fn policies(Authorized(live): Authorized) -> Json<PoliciesBody> {
     operation_id = "reset_key",
     params(
         ("policy" = String, Path, description = "A configured policy's name"),
-        ("key" = String, Path, description = "The key whose state is dropped"),
+        ("key" = String, Path, min_length = 1, max_length = 512, description = "The key whose state is dropped: 1 to 512 bytes"),
     ),
     responses(
         (status = 204, description = "The key's state is dropped: its limit is whole again"),

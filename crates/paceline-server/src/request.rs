@@ -43,10 +43,9 @@ pub(crate) struct RawAsk<'a> {
     #[serde(borrow)]
     #[schema(value_type = Option<String>)]
     pub(crate) policy: Option<Text<'a>>,
-    /// The key limited: a user, a tenant, an API route (at most 512 bytes, no control
-    /// characters).
+    /// The key limited: a user, a tenant, an API route (1 to 512 bytes).
     #[serde(borrow)]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<String>, min_length = 1, max_length = 512)]
     pub(crate) key: Option<Text<'a>>,
     /// `limit` (admit or refuse now), `pace` (book the earliest slot and say how long to
     /// wait) or `peek` (what `limit` would answer, changing nothing); `limit` by default.
@@ -75,11 +74,11 @@ pub(crate) struct RawAsk<'a> {
 pub(crate) struct RawLimit<'a> {
     /// A configured policy's name, or an inline spec.
     #[serde(borrow)]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = String, required = true)]
     pub(crate) policy: Option<Text<'a>>,
-    /// The key this limit counts.
+    /// The key this limit counts: 1 to 512 bytes.
     #[serde(borrow)]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = String, required = true, min_length = 1, max_length = 512)]
     pub(crate) key: Option<Text<'a>>,
     /// This limit's own cost, in place of the request's.
     #[schema(value_type = Option<u64>, minimum = 1)]
