@@ -1,0 +1,255 @@
+"""The asyncio client: ``AsyncClient``, its concurrency ``AsyncLease`` and an ``AsyncQueue``'s
+producer and worker calls (the same calls as the blocking ones, awaited)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator, Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+
+from . import _api
+from ._api import Call
+from ._client import DEFAULT_URL, headers
+from ._errors import PacelineError, UnknownLease
+from ._models import Decision, Enqueued, Job, JobInfo, Limit, NewJob, QueueStats, SetDecision
+
+T = TypeVar("T")
+
+
+class AsyncClient:
+    """An asyncio client of ``paceline serve`` at ``url`` (with its ``token``, if it has
+    one). Use it as an async context manager, or ``await aclose()`` it."""
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._http = http or httpx.AsyncClient(base_url=url, headers=headers(token), timeout=timeout)
+
+    async def _run(self, call: Call[T]) -> T:
+        if call.body is _api.NO_BODY:
+            response = await self._http.request(call.method, call.path)
+        else:
+            response = await self._http.request(call.method, call.path, json=call.body)
+        return call.read(response)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    # Decisions.
+
+    async def limit(self, policy: str, key: str, cost: int = 1) -> Decision:
+        """Admit or refuse now: refused, nothing is counted and ``delay`` says when to ask
+        again."""
+        return await self._run(_api.decide(policy, key, "limit", cost, None))
+
+    async def peek(self, policy: str, key: str, cost: int = 1) -> Decision:
+        """What ``limit`` would answer, changing nothing."""
+        return await self._run(_api.decide(policy, key, "peek", cost, None))
+
+    async def pace(
+        self, policy: str, key: str, cost: int = 1, *, max_wait: float | None = None, sleep: bool = True
+    ) -> Decision:
+        """Books the earliest slot the limit allows and (unless ``sleep=False``) sleeps until
+        it. With ``max_wait`` (seconds), a longer wait is refused (``allowed`` false)
+        without booking."""
+        d = await self._run(_api.decide(policy, key, "pace", cost, max_wait))
+        if sleep and d.allowed and d.delay > 0:
+            await asyncio.sleep(d.delay)
+        return d
+
+    async def limits(
+        self,
+        limits: Sequence[Limit | tuple[str, str]],
+        *,
+        op: str = "limit",
+        cost: int = 1,
+        max_wait: float | None = None,
+        sleep: bool = True,
+    ) -> SetDecision:
+        """Several limits decided as one: admitted only if every limit admits (each counts
+        it); refused, none changes. ``op="pace"`` books the earliest time every limit
+        admits and sleeps until it."""
+        d = await self._run(_api.decide_set(limits, op, cost, max_wait))
+        if op == "pace" and sleep and d.allowed and d.delay > 0:
+            await asyncio.sleep(d.delay)
+        return d
+
+    async def batch(self, requests: Iterable[Limit], *, op: str = "limit") -> list[Decision | PacelineError]:
+        """Up to 1000 single decisions in one call, answered in order (an entry that failed
+        is its typed exception, not raised)."""
+        return await self._run(_api.decide_batch(requests, op))
+
+    def lease(self, policy: str, key: str, cost: int = 1) -> Taking:
+        """A lease of a ``concurrency`` policy, taken when awaited or when its ``async
+        with`` block starts (``RateLimited`` when its limit's leases are all live), given
+        back when the block ends."""
+        return Taking(self, policy, key, cost)
+
+    async def policies(self) -> dict[str, Any]:
+        """The configured policies."""
+        return await self._run(_api.policies())
+
+    def queue(self, name: str) -> AsyncQueue:
+        """The queue ``name`` of the service's config."""
+        return AsyncQueue(self, name)
+
+
+class AsyncLease:
+    """A concurrency lease: ``extend()`` it while the work goes on, ``release()`` it (or
+    leave the ``with`` block) when it ends."""
+
+    def __init__(self, client: AsyncClient, decision: Decision) -> None:
+        self._client = client
+        self.decision = decision
+        self.token = decision.lease
+        self.released = False
+
+    async def extend(self) -> float:
+        """The lease lives its policy's ``lease`` from now; the seconds it has left."""
+        if self.token is None:
+            return self.decision.reset_after
+        return await self._client._run(_api.extend_lease(self.token))
+
+    async def release(self) -> None:
+        """Gives the lease back (once; a lease reclaimed already is no error)."""
+        if self.released or self.token is None:
+            return
+        self.released = True
+        try:
+            await self._client._run(_api.release_lease(self.token))
+        except UnknownLease:
+            pass
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.release()
+
+
+class Taking:
+    """A lease about to be taken: ``await`` it for the ``AsyncLease``, or use it in ``async
+    with`` to give the lease back when the block ends."""
+
+    def __init__(self, client: AsyncClient, policy: str, key: str, cost: int) -> None:
+        self._client = client
+        self._call = _api.take_lease(policy, key, cost)
+        self._lease: AsyncLease | None = None
+
+    async def _take(self) -> AsyncLease:
+        return AsyncLease(self._client, await self._client._run(self._call))
+
+    def __await__(self) -> Generator[Any, None, AsyncLease]:
+        return self._take().__await__()
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._take()
+        return self._lease
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._lease is not None:
+            await self._lease.release()
+
+
+class AsyncQueue:
+    """A queue of the service: the producer's calls, and the worker's (which
+    ``paceline.Worker`` makes for you)."""
+
+    def __init__(self, client: AsyncClient, name: str) -> None:
+        self._client = client
+        self.name = name
+
+    async def enqueue(self, job: NewJob | str, payload: Any = None, **options: Any) -> Enqueued:
+        """Enqueues ``job`` (a ``NewJob``, or a group with ``payload`` and ``NewJob``'s
+        options); ``estimated_start`` says when it should start."""
+        new = job if isinstance(job, NewJob) else NewJob(job, payload, **options)
+        return await self._client._run(_api.enqueue(self.name, new))
+
+    async def enqueue_batch(self, jobs: Iterable[NewJob]) -> list[Enqueued | PacelineError]:
+        """Up to 1000 jobs, each enqueued on its own (a refused one is its typed exception,
+        not raised)."""
+        return await self._client._run(_api.enqueue_batch(self.name, jobs))
+
+    async def lease(
+        self,
+        worker: str,
+        max_jobs: int = 1,
+        *,
+        lease: float | None = None,
+        wait: float | None = None,
+        request_id: str | None = None,
+    ) -> list[Job]:
+        """The jobs that may start now, waiting up to ``wait`` seconds for one."""
+        return await self._client._run(_api.lease_jobs(self.name, worker, max_jobs, lease, wait, request_id))
+
+    async def ack(self, job: Job) -> None:
+        """The job is done (``LeaseLost`` if its lease is no longer this one)."""
+        await self._client._run(_api.ack(self.name, job.id, job.lease))
+
+    async def fail(
+        self,
+        job: Job,
+        error: str | None = None,
+        *,
+        retry_after: float | None = None,
+        pause_group: float | None = None,
+        fatal: bool = False,
+    ) -> None:
+        """The job failed: retried after the queue's backoff (or ``retry_after``), dead if
+        ``fatal`` or out of attempts; ``pause_group`` (an upstream's 429) puts it back at
+        its group's head, costing no attempt, and pauses the group that long."""
+        await self._client._run(_api.fail(self.name, job.id, job.lease, error, retry_after, pause_group, fatal))
+
+    async def extend(self, job: Job, lease: float | None = None) -> int:
+        """The job's lease lives ``lease`` seconds (the queue's lease by default) from now;
+        its new expiry in Unix ms."""
+        return await self._client._run(_api.extend_job(self.name, job.id, job.lease, lease))
+
+    async def job(self, job_id: str) -> JobInfo:
+        return await self._client._run(_api.job(self.name, job_id))
+
+    async def cancel(self, job_id: str) -> None:
+        await self._client._run(_api.cancel(self.name, job_id))
+
+    async def stats(self) -> QueueStats:
+        return await self._client._run(_api.stats(self.name))
+
+    async def pause(self, seconds: float | None = None, *, group: str | None = None) -> dict[str, Any]:
+        """The queue (or one group) starts nothing for ``seconds``, or until resumed."""
+        return await self._client._run(_api.pause(self.name, group, seconds))
+
+    async def resume(self, *, group: str | None = None) -> dict[str, Any]:
+        return await self._client._run(_api.resume(self.name, group))
+
+    async def set_group_policy(self, group: str, policy: str | None) -> dict[str, Any]:
+        """The group's policy from now on (``None``: the config's again)."""
+        return await self._client._run(_api.set_group_policy(self.name, group, policy))
+
+    async def dead(self, offset: int = 0, limit: int = 100) -> list[JobInfo]:
+        return await self._client._run(_api.dead(self.name, offset, limit))
+
+    async def retry_dead(self, ids: Sequence[str] | None = None) -> int:
+        return await self._client._run(_api.retry_dead(self.name, ids))
+
+    async def purge_dead(self) -> int:
+        return await self._client._run(_api.purge_dead(self.name))
