@@ -77,6 +77,8 @@ fn fields_of(op: &str) -> Option<&'static [&'static str]> {
             "max_attempts",
             "payload",
             "dedup",
+            "priority",
+            "cost",
         ],
         "lease" => &["op", "worker", "max_jobs", "lease_ms"],
         "pause" => &["op", "group", "ms"],
@@ -325,6 +327,24 @@ impl Sim<'_> {
         }
         if let Some(dedup) = map.get("dedup") {
             job = with_dedup(job, dedup)?;
+        }
+        if let Some(v) = map.get("priority") {
+            let max = paceline_queue::job::MAX_PRIORITY;
+            let p = v
+                .as_u64()
+                .and_then(|p| u8::try_from(p).ok())
+                .filter(|p| *p <= max)
+                .ok_or_else(|| {
+                    field_err(
+                        "priority",
+                        format!("must be a whole number from 0 (the default) to {max}, not {v}"),
+                    )
+                })?;
+            job = job.priority(p);
+        }
+        let max_cost = u64::from(paceline_queue::job::MAX_COST);
+        if let Some(cost) = count(map, "cost", max_cost)? {
+            job = job.cost(u32::try_from(cost).unwrap_or(u32::MAX));
         }
         // Checked once, so that an invalid line adds no job.
         job.validate(self.queue.config().max_payload)

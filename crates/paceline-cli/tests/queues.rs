@@ -1415,6 +1415,113 @@ on_memory_and_redis!(
     deduplicating_jobs_on_redis
 );
 
+/// Priorities and costs over HTTP: within a group jobs start by priority, then in order;
+/// across groups, the one whose next job is more urgent first; a job's cost counts against
+/// its group's policy, one its policies can never admit is refused, and a waiting one whose
+/// policy changed to one that can never admit it goes to the dead set, saying why; bad
+/// priorities and costs are `400`s naming them, adding nothing.
+fn prioritising_and_costing_jobs(p: u16) {
+    let put = |body: &str| post(p, "/v1/queues/roles/jobs", body);
+    for (payload, priority) in [(1, Some(5)), (2, None), (3, Some(9)), (4, Some(0))] {
+        let body = match priority {
+            Some(n) => format!(r#"{{"group": "guild:p", "payload": {payload}, "priority": {n}}}"#),
+            None => format!(r#"{{"group": "guild:p", "payload": {payload}}}"#),
+        };
+        assert_eq!(put(&body).status, 201);
+    }
+    let started = lease(p, r#"{"worker": "w", "max_jobs": 4, "lease_ms": 60000}"#);
+    let payloads: Vec<_> = started.iter().map(|j| j["payload"].clone()).collect();
+    assert_eq!(payloads, [2, 4, 1, 3].map(|n| serde_json::json!(n)));
+    // Across groups: b's next job is more urgent than a's, enqueued first.
+    let a = put(r#"{"group": "guild:a", "payload": "a", "priority": 3}"#);
+    let b = put(r#"{"group": "guild:b", "payload": "b", "priority": 1}"#);
+    assert_eq!((a.status, b.status), (201, 201));
+    let shown = job(p, &text(&a.json()["id"]));
+    assert_eq!(shown["priority"], serde_json::json!(3), "{shown}");
+    assert!(
+        shown.get("cost").is_none(),
+        "the default is not shown: {shown}"
+    );
+    let first = lease(p, r#"{"worker": "w", "max_jobs": 1, "lease_ms": 60000}"#);
+    assert_eq!(first[0]["payload"], serde_json::json!("b"));
+    let second = lease(p, r#"{"worker": "w", "max_jobs": 1, "lease_ms": 60000}"#);
+    assert_eq!(second[0]["payload"], serde_json::json!("a"));
+    // Costs: 3 of a limit of 10 each, so the fourth waits for the next window.
+    let url = "/v1/queues/roles/groups/guild:c/policy";
+    let r = http(
+        p,
+        "PUT",
+        url,
+        &[],
+        br#"{"policy": "fixed_window:limit=10,window=1h"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        let r = put(&format!(
+            r#"{{"group": "guild:c", "payload": {n}, "cost": 3}}"#
+        ));
+        assert_eq!(r.status, 201, "{}", r.body);
+        ids.push(text(&r.json()["id"]));
+    }
+    assert_eq!(job(p, &ids[0])["cost"], serde_json::json!(3));
+    let started = lease(p, r#"{"worker": "w", "max_jobs": 10, "lease_ms": 60000}"#);
+    assert_eq!(started.len(), 3, "{started:?}");
+    // More than the group's policy can ever admit a start: refused, naming `cost`.
+    let r = put(r#"{"group": "guild:slow", "payload": 1, "cost": 2}"#);
+    assert_eq!(r.status, 400, "{}", r.body);
+    let (code, named) = r.error();
+    assert_eq!(
+        (code.as_str(), named.as_str()),
+        ("invalid_argument", "cost"),
+        "{}",
+        r.body
+    );
+    assert!(r.body.contains("at most 1"), "{}", r.body);
+    // The policy lowered below the waiting job's cost: it dies at the head of its line.
+    let r = http(
+        p,
+        "PUT",
+        url,
+        &[],
+        br#"{"policy": "fixed_window:limit=2,window=1s"}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(lease(p, r#"{"worker": "w", "max_jobs": 10}"#).is_empty());
+    let dead = job(p, &ids[3]);
+    assert_eq!(text(&dead["state"]), "dead", "{dead}");
+    assert!(text(&dead["last_error"]).contains("its cost, 3,"), "{dead}");
+    assert_eq!(dead["attempts"], serde_json::json!(0), "{dead}");
+    let before = counts(p);
+    for (field, value) in [
+        ("priority", "10"),
+        ("priority", "-1"),
+        ("priority", "1.5"),
+        ("priority", "1e400"),
+        ("priority", r#""1""#),
+        ("priority", "256"),
+        ("cost", "0"),
+        ("cost", "1000001"),
+        ("cost", "-3"),
+        ("cost", "2.5"),
+        ("cost", "1e400"),
+        ("cost", "18446744073709551616"),
+    ] {
+        let body = format!(r#"{{"group": "guild:p", "payload": 1, "{field}": {value}}}"#);
+        let r = put(&body);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        let (code, named) = r.error();
+        assert_eq!(code, "invalid_argument", "{body}: {}", r.body);
+        assert_eq!(named, field, "{body}: {}", r.body);
+    }
+    assert_eq!(counts(p), before, "nothing added");
+}
+
+on_memory_and_redis!(
+    prioritising_and_costing_jobs: prioritising_and_costing_jobs_on_memory,
+    prioritising_and_costing_jobs_on_redis
+);
+
 /// Schedules over HTTP: the config file's is listed; one put, read, put again unchanged
 /// (its next tick kept), removed; bad ones are `400`s naming their field.
 fn scheduling_jobs(p: u16) {

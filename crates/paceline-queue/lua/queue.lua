@@ -23,9 +23,12 @@
 --   g:GROUP      the group (see `group_entry`): flat and binary when its policy states are
 --                `gcra`'s or none (see `pack_group`), else MessagePack
 --   l:GROUP      the front of the group's line: the jobs that went back to it (a lease
---                ran out, a retry came due, a release, a pause), a sorted set of ids
---                scored by rank (in queues written before, the whole line)
---   q:GROUP      the rest of the line: a list in rank order, each entry a rank (20 digits)
+--                ran out, a retry came due, a release, a pause) and every job of a
+--                priority above 0, a sorted set of ids scored by priority * 2^49 + rank
+--                (in queues written before, the whole line); its jobs of priority 0 come
+--                before the list's, the others after
+--   q:GROUP      the rest of the line, jobs of priority 0 only: a list in rank order, each
+--                entry a rank (20 digits)
 --                then an id (new ranks only ever join its tail; a job that goes back to
 --                the group ranks below all of it, having been the line's first when it
 --                was leased). A cancelled job's entry stays until it reaches the head,
@@ -34,8 +37,10 @@
 --                `ended`: the fence of the last lease whose failure a worker reported
 --   r:REQUEST    MessagePack of what a lease call with that request id took (see
 --                `ops.lease`), expiring a second after its leases
---   ready        sorted set of the groups with a job waiting: score the time the group is
---                eligible, member its order (20 digits) then its name
+--   ready        sorted set of the groups with a job waiting whose next job's priority is
+--                0: score the time the group is eligible, member its order (20 digits)
+--                then its name; `ready:P` the same for priority P (1 to 9), kept only
+--                while it holds a group (the meta record's `lv` says which may)
 --   scheduled    jobs waiting for a time: score the time, member the order then the id
 --   leases       score the expiry, member the token (20 digits) then the id
 --   dead         score the order of death, member the id
@@ -88,6 +93,16 @@ local INF = 1 / 0
 -- Rust's `UNTIL_RESUMED`: the end of a pause that lasts until resumed.
 local UNTIL_RESUMED = 2 ^ 53 - 1
 local MAX_PROJECTION_STEPS = 64
+-- A job's place in its group's line is priority * PRIO_UNIT + rank (Rust's `line_key`):
+-- ranks, taken from `meta.seq`, stay below 2^49.
+local PRIO_UNIT = 2 ^ 49
+-- Rust's `too_costly_error`: the error kept on a job whose cost its policies can never
+-- admit.
+local function too_costly_error(cost)
+  return 'its cost, ' .. cost .. ', is more than its group\'s policy or the queue\'s can ' ..
+    'ever admit (the policy changed since it was enqueued): set a policy that admits it and ' ..
+    'retry it from the dead set, or purge it'
+end
 
 local int, padded = PL.int, PL.padded
 
@@ -143,13 +158,17 @@ local GROUPS_KEPT = 256
 local records, records_kept = {}, 0
 
 -- A group record in its flat layout, for a group whose policy states are `gcra`'s (a TAT
--- each) or none, as most are: a tag byte ('G'), 14 little-endian doubles (n, active,
+-- each) or none, as most are: a tag byte ('H'), 14 little-endian doubles (n, active,
 -- idle_at, next_at, paused_until, f, x, ra, ro, rt, the state's TAT, and the projection's
 -- last, covers and TAT; -1 for none, and the projection's last -1 for no projection),
--- then whether each of the two states is `gcra`'s. It costs the server half of what a
--- MessagePack map of the same group does to write, and a group is written at every lease
--- and ack of its jobs. Any other group is a MessagePack map (first byte 0x80 and up).
-local GROUP_TAG, GROUP_LAYOUT = 71, '<BddddddddddddddBB'
+-- then whether each of the two states is `gcra`'s, then two doubles: `c`, how many of
+-- its waiting jobs cost more than 1, and `rl`, the priority of the ready set its entry is
+-- in. It costs the server half of what a MessagePack map of the same group does to write,
+-- and a group is written at every lease and ack of its jobs. Any other group is a
+-- MessagePack map (first byte 0x80 and up). The layout before `c` and `rl` (tag 'G') is
+-- read, and written back in this one.
+local GROUP_TAG, GROUP_LAYOUT = 72, '<BddddddddddddddBBdd'
+local GROUP_TAG_BEFORE, GROUP_LAYOUT_BEFORE = 71, '<BddddddddddddddBB'
 
 local function gcra_shaped(alg, state)
   return alg == 'gcra' or (alg == nil and state == nil)
@@ -164,7 +183,7 @@ local function pack_group(g)
   return struct.pack(GROUP_LAYOUT, GROUP_TAG, g.n, g.active, g.idle_at, g.next_at,
     g.paused_until, g.f or -1, g.x or -1, g.ra or -1, g.ro or -1, g.rt or -1,
     state and state[1] or -1, p and p.last or -1, p and p.covers or -1, ps and ps[1] or -1,
-    g.alg and 1 or 0, p and p.alg and 1 or 0)
+    g.alg and 1 or 0, p and p.alg and 1 or 0, g.c or 0, g.rl or 0)
 end
 
 local function unopt(x)
@@ -181,11 +200,19 @@ local function unpack_group(raw)
     records_kept = records_kept - 1
     return object
   end
-  if raw:byte(1) ~= GROUP_TAG then
+  local tag = raw:byte(1)
+  local _, n, active, idle_at, next_at, paused_until, f, x, ra, ro, rt, tat, last, covers, ptat,
+    alg, palg, c, rl
+  if tag == GROUP_TAG then
+    _, n, active, idle_at, next_at, paused_until, f, x, ra, ro, rt, tat, last, covers, ptat,
+      alg, palg, c, rl = struct.unpack(GROUP_LAYOUT, raw)
+  elseif tag == GROUP_TAG_BEFORE then
+    _, n, active, idle_at, next_at, paused_until, f, x, ra, ro, rt, tat, last, covers, ptat,
+      alg, palg = struct.unpack(GROUP_LAYOUT_BEFORE, raw)
+    c, rl = 0, 0
+  else
     return cmsgpack.unpack(raw)
   end
-  local _, n, active, idle_at, next_at, paused_until, f, x, ra, ro, rt, tat, last, covers, ptat,
-    alg, palg = struct.unpack(GROUP_LAYOUT, raw)
   local p
   if last >= 0 then
     p = { s = ptat >= 0 and { ptat } or nil, alg = palg == 1 and 'gcra' or nil, last = last,
@@ -194,7 +221,8 @@ local function unpack_group(raw)
   return {
     n = n, active = active, idle_at = idle_at, next_at = next_at, paused_until = paused_until,
     f = unopt(f), x = unopt(x), ra = unopt(ra), ro = unopt(ro), rt = unopt(rt),
-    state = tat >= 0 and { tat } or nil, alg = alg == 1 and 'gcra' or nil, p = p,
+    state = tat >= 0 and { tat } or nil, alg = alg == 1 and 'gcra' or nil, p = p, c = c,
+    rl = rl,
   }
 end
 
@@ -203,12 +231,14 @@ end
 -- it has an error, then 12 little-endian doubles (rank, attempts, max_attempts,
 -- enqueued_at, estimated_start, token, started, expires, at, order, ended, dead_order; -1
 -- for none), then four strings, each after its length: group, worker, last_error and
--- payload. A lease and an ack read and write it without making a table of it (see
--- `ops.lease` and `ops.ack`): a table made and packed per job was the largest part of their
--- time. A MessagePack map (first byte 0x80 and up: jobs written before) is read as one,
--- and written back in this layout.
-local JOB_TAG = 74
-local JOB_LAYOUT = '<BBBBddddddddddddI4c0I4c0I4c0I4c0'
+-- payload, then its priority (a byte) and its cost (a double). A lease and an ack read and
+-- write it without making a table of it (see `ops.lease` and `ops.ack`): a table made and
+-- packed per job was the largest part of their time. Records of the layout before priority
+-- and cost (tag 'J') and MessagePack maps (first byte 0x80 and up: jobs written before)
+-- are read as tables, and written back in this layout.
+local JOB_TAG = 75
+local JOB_LAYOUT = '<BBBBddddddddddddI4c0I4c0I4c0I4c0Bd'
+local JOB_TAG_BEFORE, JOB_LAYOUT_BEFORE = 74, '<BBBBddddddddddddI4c0I4c0I4c0I4c0'
 -- The record up to its group: what an ack needs.
 local JOB_HEAD = '<BBBBddddddddddddI4c0'
 local PLACE_CODE = { waiting = 1, scheduled = 2, active = 3, dead = 4 }
@@ -222,10 +252,10 @@ end
 -- '' for a string), the one place the layout is written.
 local function job_record(place, head, has_error, rank, attempts, max_attempts, enqueued_at,
                           estimate, token, started, expires, at, order, ended, dead_order,
-                          group, worker, err, payload)
+                          group, worker, err, payload, priority, cost)
   return struct.pack(JOB_LAYOUT, JOB_TAG, place, head, has_error, rank, attempts,
     max_attempts, enqueued_at, estimate, token, started, expires, at, order, ended,
-    dead_order, #group, group, #worker, worker, #err, err, #payload, payload)
+    dead_order, #group, group, #worker, worker, #err, err, #payload, payload, priority, cost)
 end
 
 local function pack_job(j)
@@ -236,16 +266,27 @@ local function pack_job(j)
   return job_record(PLACE_CODE[j.place], head, j.last_error and 1 or 0, j.rank or 0,
     j.attempts, j.max_attempts, j.enqueued_at, opt(j.estimated_start), opt(j.token),
     opt(j.started), opt(j.expires), opt(j.at), opt(j.order), opt(j.ended), opt(j.dead_order),
-    j.group, j.worker or '', j.last_error or '', j.payload)
+    j.group, j.worker or '', j.last_error or '', j.payload, j.priority or 0, j.cost or 1)
 end
 
 local function unpack_job(raw)
-  if raw:byte(1) ~= JOB_TAG then
-    return cmsgpack.unpack(raw)
-  end
+  local tag = raw:byte(1)
   local _, place, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, token,
-    started, expires, at, order, ended, dead_order, group, worker, err, payload =
-    struct.unpack(JOB_LAYOUT, raw)
+    started, expires, at, order, ended, dead_order, group, worker, err, payload, priority, cost
+  if tag == JOB_TAG then
+    _, place, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, token,
+      started, expires, at, order, ended, dead_order, group, worker, err, payload, priority,
+      cost = struct.unpack(JOB_LAYOUT, raw)
+  elseif tag == JOB_TAG_BEFORE then
+    _, place, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, token,
+      started, expires, at, order, ended, dead_order, group, worker, err, payload =
+      struct.unpack(JOB_LAYOUT_BEFORE, raw)
+    priority, cost = 0, 1
+  else
+    local j = cmsgpack.unpack(raw)
+    j.priority, j.cost = j.priority or 0, j.cost or 1
+    return j
+  end
   local head_flag
   if head > 0 then
     head_flag = head == 2
@@ -257,6 +298,7 @@ local function unpack_job(raw)
     expires = unopt(expires), worker = place == 3 and worker or nil, at = unopt(at),
     order = unopt(order), head = head_flag, ended = unopt(ended),
     dead_order = unopt(dead_order), last_error = has_error == 1 and err or nil,
+    priority = priority, cost = cost,
   }
 end
 
@@ -272,34 +314,43 @@ end
 
 -- The meta record: a tag byte ('m') and 13 little-endian doubles (exact for whole numbers
 -- below 2^53): seq, last_id, now, jobs, due (-1: unknown), then the totals enqueued,
--- started, acked, failed, retried, dead, lease_expiries and pauses. Every call reads and
--- writes it: binary, it costs the server a fraction of a MessagePack map's work. A
+-- started, acked, failed, retried, dead, lease_expiries and pauses, then `lv`: which ready
+-- sets may hold a group, bit P for priority P (bit 0, `ready`, always). Every call reads
+-- and writes it: binary, it costs the server a fraction of a MessagePack map's work. A
 -- MessagePack map (first byte 0x80 and up: queues written before) is read as one.
-local META_TAG, META_LAYOUT = 110, '<Bdddddddddddddd'
--- The layout before `rdue` (tag 'm'): read, and written back in the one above.
+local META_TAG, META_LAYOUT = 111, '<Bddddddddddddddd'
+-- The layouts before `lv` (tag 'n') and before `rdue` (tag 'm'): read, and written back in
+-- the one above.
+local META_TAG_LV, META_LAYOUT_LV = 110, '<Bdddddddddddddd'
 local META_TAG_BEFORE, META_LAYOUT_BEFORE = 109, '<Bddddddddddddd'
 
 local function read_meta(raw)
   if not raw then
     return {
-      seq = 0, last_id = 0, now = 0, jobs = 0,
+      seq = 0, last_id = 0, now = 0, jobs = 0, lv = 1,
       totals = { enqueued = 0, started = 0, acked = 0, failed = 0, retried = 0, dead = 0,
         lease_expiries = 0, pauses = 0 },
     }
   end
   local tag = raw:byte(1)
-  local _, seq, last_id, t, jobs, due, rdue, a, b, c, d, e, f, g, h
+  local _, seq, last_id, t, jobs, due, rdue, a, b, c, d, e, f, g, h, lv
   if tag == META_TAG then
-    _, seq, last_id, t, jobs, due, rdue, a, b, c, d, e, f, g, h = struct.unpack(META_LAYOUT, raw)
+    _, seq, last_id, t, jobs, due, rdue, a, b, c, d, e, f, g, h, lv =
+      struct.unpack(META_LAYOUT, raw)
+  elseif tag == META_TAG_LV then
+    _, seq, last_id, t, jobs, due, rdue, a, b, c, d, e, f, g, h = struct.unpack(META_LAYOUT_LV, raw)
   elseif tag == META_TAG_BEFORE then
     _, seq, last_id, t, jobs, due, a, b, c, d, e, f, g, h = struct.unpack(META_LAYOUT_BEFORE, raw)
     -- Unknown: the first maintenance finds it.
     due, rdue = -1, -1
   else
-    return cmsgpack.unpack(raw)
+    local m = cmsgpack.unpack(raw)
+    m.lv = m.lv or 1
+    return m
   end
   return {
-    seq = seq, last_id = last_id, now = t, jobs = jobs, due = due >= 0 and due or nil,
+    seq = seq, last_id = last_id, now = t, jobs = jobs, lv = lv or 1,
+    due = due >= 0 and due or nil,
     rdue = rdue >= 0 and rdue or nil,
     totals = { enqueued = a, started = b, acked = c, failed = d, retried = e, dead = f,
       lease_expiries = g, pauses = h },
@@ -309,7 +360,8 @@ end
 local function write_meta(m)
   local t = m.totals
   return struct.pack(META_LAYOUT, META_TAG, m.seq, m.last_id, m.now, m.jobs, m.due or -1,
-    m.rdue or -1, t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries, t.pauses)
+    m.rdue or -1, t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries,
+    t.pauses, m.lv or 1)
 end
 
 local function begin(KEYS, clock_arg)
@@ -494,11 +546,13 @@ local drops_left = 0
 -- they are spent, nil and true (the rest next call).
 local function next_job(name, g)
   if front_of(name, g) > 0 then
-    local id = redis.call('ZRANGE', base .. 'l:' .. name, '0', '0')[1]
-    if id then
-      return id, true
+    local e = redis.call('ZRANGE', base .. 'l:' .. name, '0', '0', 'WITHSCORES')
+    if not e[1] then
+      g.f = 0
+    elseif g.n <= g.f or tonumber(e[2]) < PRIO_UNIT then
+      -- The front's first is of priority 0, or the list holds no job (of priority 0).
+      return e[1], true
     end
-    g.f = 0
   end
   if (g.x or 0) == 0 then
     return g.n > 0 or nil
@@ -524,6 +578,16 @@ local function next_job(name, g)
   end
 end
 
+-- A policy from its arguments as the Rust side wrote them (`queue_policy_args`): the
+-- algorithm's, then the most a start may cost (`mc`; '' or none: any cost).
+local function read_policy(args)
+  local policy, after = PL.read_policy(args, 1)
+  if policy then
+    policy.mc = tonumber(args[after])
+  end
+  return policy
+end
+
 local function policy_of(name)
   local policy = policy_cache[name]
   if not policy then
@@ -537,10 +601,10 @@ local function policy_of(name)
       raw = redis.call('HGET', base .. 'policies', name)
     end
     if raw then
-      policy = PL.read_policy(cmsgpack.unpack(raw), 1)
+      policy = read_policy(cmsgpack.unpack(raw))
     else
       -- The default, read once a call and shared (a policy is never changed once read).
-      default_policy = default_policy or PL.read_policy(config.default, 1)
+      default_policy = default_policy or read_policy(config.default)
       policy = default_policy
     end
     policy_cache[name] = policy
@@ -585,12 +649,12 @@ local function micros_up(us)
   return max(whole, 1)
 end
 
--- `policy.apply(&mut state, t, Op::Limit, 1)` on a state kept by algorithm `alg`: another
--- algorithm's state counts as none, and stays unless the decision writes one of its own.
--- Answers allowed, delay, reset_after, and the state and its algorithm after.
-local function apply(policy, state, alg, t)
+-- `policy.apply(&mut state, t, Op::Limit, cost)` on a state kept by algorithm `alg`:
+-- another algorithm's state counts as none, and stays unless the decision writes one of its
+-- own. Answers allowed, delay, reset_after, and the state and its algorithm after.
+local function apply(policy, state, alg, t, cost)
   local own = alg == policy.alg and state or nil
-  local allowed, delay, _, reset_after, new_state = policy.f(policy.p, own, t, 'limit', 1,
+  local allowed, delay, _, reset_after, new_state = policy.f(policy.p, own, t, 'limit', cost,
     nil, nil)
   if new_state then
     return allowed, delay, reset_after, new_state, policy.alg
@@ -598,11 +662,15 @@ local function apply(policy, state, alg, t)
   return allowed, delay, reset_after, state, alg
 end
 
--- Runs the policy forward to the next start after the projection's last; returns it.
-local function project_one(policy, p, t0)
+-- Runs the policy forward to the next start, of a job costing `cost`, after the
+-- projection's last; returns it.
+local function project_one(policy, p, t0, cost)
   local t = max(p.last, t0)
-  for _ = 1, MAX_PROJECTION_STEPS do
-    local allowed, delay, _, state, alg = apply(policy, p.s, p.alg, t)
+  -- A cost the policy can never admit: Rust's `apply` refuses it as an error, and the
+  -- projection stops where it is.
+  local steps = (policy.mc and cost > policy.mc) and 0 or MAX_PROJECTION_STEPS
+  for _ = 1, steps do
+    local allowed, delay, _, state, alg = apply(policy, p.s, p.alg, t, cost)
     p.s, p.alg = state, alg
     if allowed then
       break
@@ -614,43 +682,138 @@ local function project_one(policy, p, t0)
   return t
 end
 
--- The group's projection, brought to cover every waiting job: a copy, or (`own`) the
--- group's own when it is current, for a caller that stores what it gets back.
-local function projection(name, g, t, own)
-  if g.p and g.p.covers == g.n then
+-- The costs of the first `upto` jobs of group `name`'s line, in its order: the front's of
+-- priority 0, the list's (entries of cancelled jobs aside), then the rest of the front.
+local function line_costs(name, g, upto)
+  local costs = {}
+  local front = {}
+  if front_of(name, g) > 0 then
+    front = redis.call('ZRANGE', base .. 'l:' .. name, '0', '-1', 'WITHSCORES')
+  end
+  local k = 1
+  local function take(id)
+    local job = load_job(id)
+    costs[#costs + 1] = job and job.cost or 1
+  end
+  while k <= #front and #costs < upto and tonumber(front[k + 1]) < PRIO_UNIT do
+    take(front[k])
+    k = k + 2
+  end
+  if #costs < upto and g.n > g.f then
+    for _, entry in ipairs(redis.call('LRANGE', base .. 'q:' .. name, '0', '-1')) do
+      if #costs >= upto then
+        break
+      end
+      local job = load_job(entry:sub(21))
+      if job and job.place == 'waiting' and job.rank == tonumber(entry:sub(1, 20)) then
+        costs[#costs + 1] = job.cost or 1
+      end
+    end
+  end
+  while k <= #front and #costs < upto do
+    take(front[k])
+    k = k + 2
+  end
+  return costs
+end
+
+-- The projection of the first `upto` jobs of the group's line (nil: all), each at its
+-- cost: the group's own when it covers the whole line (a copy, or with `own` the group's
+-- own, for a caller that stores what it gets back), else run afresh from its state.
+local function projection(name, g, t, own, upto)
+  upto = upto or g.n
+  if g.p and upto == g.n and g.p.covers == g.n then
     return own and g.p or copy(g.p)
   end
   local p = {
     s = copy(g.state), alg = g.alg, last = max(t, g.next_at, g.paused_until), covers = 0,
   }
   local policy = policy_of(name)
-  for _ = 1, g.n do
-    project_one(policy, p, t)
+  if (g.c or 0) == 0 then
+    for _ = 1, upto do
+      project_one(policy, p, t, 1)
+    end
+  else
+    local costs = line_costs(name, g, upto)
+    for i = 1, upto do
+      project_one(policy, p, t, costs[i] or 1)
+    end
   end
   return p
 end
 
-local function peek_tail(name, t)
+-- How many of group `name`'s waiting jobs a job of `priority` joining it would have ahead:
+-- all but the front's of a larger priority.
+local function ahead_of(name, g, priority)
+  if priority >= 9 or front_of(name, g) == 0 then
+    return g.n
+  end
+  return g.n - redis.call('ZCOUNT', base .. 'l:' .. name, int((priority + 1) * PRIO_UNIT),
+    '+inf')
+end
+
+-- When a job of `priority` costing `cost` would start if it joined group `name`'s line now,
+-- behind every job of its priority or a more urgent one, without adding it.
+local function peek_place(name, t, priority, cost)
   local g = load_group(name)
   local p
   if g then
-    p = projection(name, g, t)
+    p = projection(name, g, t, false, ahead_of(name, g, priority))
   else
     p = { last = t, covers = 0 }
   end
-  return project_one(policy_of(name), p, t)
+  return project_one(policy_of(name), p, t, cost)
 end
 
--- Adds the entries `ready_adds` holds to `ready`, in one command.
+-- The tail's projection when a job costing `cost` joins the line ahead of the tail: one
+-- more step keeps the tail's estimate in step without replaying the line.
+local function one_more_ahead(name, g, cost)
+  if g.p and g.p.covers == g.n then
+    project_one(policy_of(name), g.p, now, cost)
+  else
+    g.p = nil
+  end
+end
+
+-- The ready set of the groups whose next job has priority `level`.
+local function ready_key(level)
+  if level == 0 then
+    return base .. 'ready'
+  end
+  return base .. 'ready:' .. level
+end
+
+-- Whether bit `level` of `meta.lv` is set: the ready set of that priority may hold a group.
+local function level_used(level)
+  return floor(meta.lv / 2 ^ level) % 2 == 1
+end
+
+-- The ready sets' priorities that may hold a group, most urgent first.
+local function levels_used()
+  local out = { 0 }
+  if meta.lv > 1 then
+    for level = 1, 9 do
+      if level_used(level) then
+        out[#out + 1] = level
+      end
+    end
+  end
+  return out
+end
+
+-- The ready set a lease is taking groups from (see `ops.lease`).
+local ready_level = 0
+
+-- Adds the entries `ready_adds` holds to the ready set of `ready_level`, in one command.
 local function add_ready()
   if ready_adds and #ready_adds > 0 then
-    redis.call('ZADD', base .. 'ready', unpack(ready_adds))
+    redis.call('ZADD', ready_key(ready_level), unpack(ready_adds))
     ready_adds = {}
   end
 end
 
--- Puts the entries of `ready` a ZPOPMIN answered (`taken`, member then score) from
--- `from` on back as they were.
+-- Puts the entries of the ready set of `ready_level` a ZPOPMIN answered (`taken`, member
+-- then score) from `from` on back as they were.
 local function put_back(taken, from)
   local back = {}
   for k = from, #taken, 2 do
@@ -658,8 +821,18 @@ local function put_back(taken, from)
     back[#back + 1] = taken[k]
   end
   if #back > 0 then
-    redis.call('ZADD', base .. 'ready', unpack(back))
+    redis.call('ZADD', ready_key(ready_level), unpack(back))
   end
+end
+
+-- The priority of group `name`'s next job (0 for an empty line): 0 when the list holds a
+-- job or the front's first is of priority 0.
+local function level_of(name, g)
+  if g.n == 0 or front_of(name, g) == 0 or g.n > g.f then
+    return 0
+  end
+  local _, score = first(base .. 'l:' .. name)
+  return score and floor(score / PRIO_UNIT) or 0
 end
 
 -- Puts the group in or out of the ready and retiring sets as its state says.
@@ -671,21 +844,26 @@ local function refresh(name)
   local cap = config.gc
   local ready = g.n > 0 and (cap == 0 or g.active < cap)
   local at = max(g.next_at, g.paused_until)
+  local level = ready and level_of(name, g) or 0
   if g.ra then
-    -- A group stays where it is unless it leaves the set or must wait longer.
-    if not ready or g.ra < at then
-      redis.call('ZREM', base .. 'ready', padded(g.ro) .. name)
+    -- A group stays where it is unless it leaves the set, must wait longer or its next
+    -- job's priority changed.
+    if not ready or g.ra < at or (g.rl or 0) ~= level then
+      redis.call('ZREM', ready_key(g.rl or 0), padded(g.ro) .. name)
       g.ra, g.ro = nil, nil
     end
   end
   if ready and not g.ra then
     local order = next_seq()
-    g.ra, g.ro = max(at, now), order
-    if ready_adds then
+    g.ra, g.ro, g.rl = max(at, now), order, level
+    if ready_adds and level == ready_level then
       local n = #ready_adds
       ready_adds[n + 1], ready_adds[n + 2] = int_at(g.ra), padded(order) .. name
     else
-      redis.call('ZADD', base .. 'ready', int_at(g.ra), padded(order) .. name)
+      redis.call('ZADD', ready_key(level), int_at(g.ra), padded(order) .. name)
+      if level > 0 and not level_used(level) then
+        meta.lv = meta.lv + 2 ^ level
+      end
     end
   end
   local empty = g.n == 0 and g.active == 0
@@ -705,33 +883,49 @@ local function refresh(name)
   end
 end
 
--- Puts `id` at the tail of the group's line; returns its estimated start and its rank.
-local function join_tail(name, id, t)
+-- Puts `id`, of `priority` and costing `cost`, in the group's line with a new rank, behind
+-- every job of its priority or a more urgent one (a job of priority 0 at the list's tail,
+-- any other in the front); returns its estimated start and its rank.
+local function join_tail(name, id, t, priority, cost)
   local rank = next_seq()
   local g = group_entry(name)
-  local p = projection(name, g, t, true)
-  local estimate = project_one(policy_of(name), p, t)
-  g.p = p
-  redis.call('RPUSH', base .. 'q:' .. name, padded(rank) .. id)
+  local ahead = ahead_of(name, g, priority)
+  local p = projection(name, g, t, ahead == g.n, ahead)
+  local estimate = project_one(policy_of(name), p, t, cost)
+  if ahead == g.n then
+    g.p = p
+  else
+    one_more_ahead(name, g, cost)
+  end
+  if priority == 0 then
+    redis.call('RPUSH', base .. 'q:' .. name, padded(rank) .. id)
+  else
+    local front = front_of(name, g)
+    redis.call('ZADD', base .. 'l:' .. name, int(priority * PRIO_UNIT + rank), id)
+    g.f = front + 1
+  end
   g.n = g.n + 1
+  if cost > 1 then
+    g.c = (g.c or 0) + 1
+  end
   refresh(name)
   return estimate, rank
 end
 
--- Puts `id` back in its group's line at its rank.
+-- Puts `id` back in its group's line at its place, in the front.
 local function join_head(name, id)
   local job = load_job(id)
   local rank = job and job.rank or 0
+  local priority, cost = job and job.priority or 0, job and job.cost or 1
   local g = group_entry(name)
-  if g.p and g.p.covers == g.n then
-    project_one(policy_of(name), g.p, now)
-  else
-    g.p = nil
-  end
+  one_more_ahead(name, g, cost)
   local front = front_of(name, g)
-  redis.call('ZADD', base .. 'l:' .. name, int(rank), id)
+  redis.call('ZADD', base .. 'l:' .. name, int(priority * PRIO_UNIT + rank), id)
   g.f = front + 1
   g.n = g.n + 1
+  if cost > 1 then
+    g.c = (g.c or 0) + 1
+  end
   refresh(name)
 end
 
@@ -831,7 +1025,7 @@ local function schedule_due(member)
     if head then
       join_head(job.group, id)
     else
-      local _, rank = join_tail(job.group, id, now)
+      local _, rank = join_tail(job.group, id, now, job.priority or 0, job.cost or 1)
       job.rank = rank
     end
   end
@@ -929,7 +1123,13 @@ end
 -- when that ends; while its concurrency cap is reached, when a job ends.
 local function next_event()
   local best = earliest({ 'scheduled', 'leases' })
-  local ready = earliest({ 'ready' })
+  local sets = { 'ready' }
+  for _, level in ipairs(levels_used()) do
+    if level > 0 then
+      sets[#sets + 1] = 'ready:' .. level
+    end
+  end
+  local ready = earliest(sets)
   local active = queue_active()
   if ready and not (active and active >= config.qc) then
     ready = max(ready, queue_opens())
@@ -942,7 +1142,7 @@ end
 
 -- The job as `JobInfo` reads it: group, state, attempts, max_attempts, last_error ('' and
 -- a 0 flag for none), enqueued_at, not_before, started, lease_expires (-1: none), worker,
--- payload.
+-- payload, priority, cost.
 local function job_reply(id, job, out)
   out[#out + 1] = id
   out[#out + 1] = job.group
@@ -957,6 +1157,8 @@ local function job_reply(id, job, out)
   out[#out + 1] = job.place == 'active' and job.expires or -1
   out[#out + 1] = job.place == 'active' and job.worker or ''
   out[#out + 1] = job.payload
+  out[#out + 1] = job.priority or 0
+  out[#out + 1] = job.cost or 1
 end
 
 local ops = {}
@@ -1086,6 +1288,17 @@ end
 -- ('1'). Answers status ('created', 'exists', 'dedup', 'full', 'late': a not-before time
 -- beyond MAX_DELAY), id, state, estimated start (for 'full' the most jobs, for 'late' the
 -- queue's clock).
+-- The most a job of group `name` may cost: what its policy and the queue's own can ever
+-- admit a start (nil: any cost, eventually), as Rust's `max_cost`.
+local function max_cost_of(name)
+  local own = policy_of(name).mc
+  local queue = config.qp and read_policy(config.qp).mc
+  if own and queue then
+    return min(own, queue)
+  end
+  return own or queue
+end
+
 local function enqueue_one(ARGV, a, out)
   maintain(now)
   local id, name, payload = ARGV[a], ARGV[a + 1], ARGV[a + 2]
@@ -1137,6 +1350,17 @@ local function enqueue_one(ARGV, a, out)
     out[#out + 1] = now
     return
   end
+  local priority, cost = tonumber(ARGV[a + 9]) or 0, tonumber(ARGV[a + 10]) or 1
+  if cost > 1 then
+    local most = max_cost_of(name)
+    if most and cost > most then
+      out[#out + 1] = 'costly'
+      out[#out + 1] = id
+      out[#out + 1] = cost
+      out[#out + 1] = most
+      return
+    end
+  end
   if id == '' then
     -- Free without a look: a producer's id is never all digits (`check_id`), nor, in a
     -- queue of several partitions, digits, a dot and digits (`Partitioned`), and the
@@ -1154,10 +1378,10 @@ local function enqueue_one(ARGV, a, out)
   if at > now then
     order = next_seq()
     add_due('scheduled', at, padded(order) .. id)
-    local line = peek_tail(name, now)
+    local line = peek_place(name, now, priority, cost)
     place, head, estimate = PLACE_CODE.scheduled, 1, max(at, line)
   else
-    estimate, rank = join_tail(name, id, now)
+    estimate, rank = join_tail(name, id, now, priority, cost)
     at = -1
   end
   -- A group paused until resumed has no time to give: the pause's end stands for it.
@@ -1171,7 +1395,7 @@ local function enqueue_one(ARGV, a, out)
     add_due('dedupx', expires, dedup_key)
   end
   redis.call('SET', base .. 'j:' .. id, job_record(place, head, 0, rank, 0, max_attempts, now,
-    estimate, -1, -1, -1, at, order or -1, -1, -1, name, '', '', payload))
+    estimate, -1, -1, -1, at, order or -1, -1, -1, name, '', '', payload, priority, cost))
   out[#out + 1] = 'created'
   out[#out + 1] = id
   out[#out + 1] = PLACE_NAME[place]
@@ -1179,13 +1403,13 @@ local function enqueue_one(ARGV, a, out)
 end
 
 -- enqueue N (ID GROUP PAYLOAD DELAY MAX_ATTEMPTS NOT_BEFORE DEDUP_KEY DEDUP_TTL
--- DEDUP_REPLACE)*N: answers now, then four values per job.
+-- DEDUP_REPLACE PRIORITY COST)*N: answers now, then four values per job.
 function ops.enqueue(ARGV, o)
   local out = { now }
   local created = false
   local count = tonumber(ARGV[o + 3])
   for i = 0, count - 1 do
-    enqueue_one(ARGV, o + 4 + i * 9, out)
+    enqueue_one(ARGV, o + 4 + i * 11, out)
     if out[#out - 3] == 'created' then
       created = true
     end
@@ -1208,12 +1432,13 @@ local function start_job(id, worker, expires)
     local raw = redis.call('GET', key)
     if raw and raw:byte(1) == JOB_TAG then
       local _, _, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, _, _, _,
-        at, order, ended, dead_order, group, _, err, payload = struct.unpack(JOB_LAYOUT, raw)
+        at, order, ended, dead_order, group, _, err, payload, priority, cost =
+        struct.unpack(JOB_LAYOUT, raw)
       local token = next_seq()
       attempts = attempts + 1
       redis.call('SET', key, job_record(PLACE_CODE.active, head, has_error, rank, attempts,
         max_attempts, enqueued_at, estimate, token, now, expires, at, order, ended, dead_order,
-        group, worker, err, payload))
+        group, worker, err, payload, priority, cost))
       return payload, attempts, token
     end
     read_as['j:' .. id] = raw
@@ -1260,8 +1485,18 @@ function ops.lease(ARGV, o)
       return out
     end
   end
-  if not first_due(base .. 'ready', now) then
-    -- No group is eligible: nothing to take out of `ready` and put back.
+  -- The ready sets that may hold a group, most urgent first, and whether any group in
+  -- them is eligible now. A set of a priority above 0 found empty is no longer looked at.
+  local due = false
+  for _, level in ipairs(levels_used()) do
+    if first_due(ready_key(level), now) then
+      due = true
+    elseif level > 0 and redis.call('EXISTS', ready_key(level)) == 0 then
+      meta.lv = meta.lv - 2 ^ level
+    end
+  end
+  if not due then
+    -- No group is eligible: nothing to take out of a ready set and put back.
     return out
   end
   if queue_opens() > now then
@@ -1271,122 +1506,176 @@ function ops.lease(ARGV, o)
   end
   -- The queue's cap: the jobs leased before this call (this call's count below).
   local active = queue_active()
-  local queue_policy = config.qp and PL.read_policy(config.qp, 1)
-  -- The groups come out of `ready` as many at once as jobs are still wanted, and those
-  -- that go back (`refresh`) are added together once the ones taken out are spent. The
-  -- order is the same as one at a time: a group put back is scored no earlier than now
-  -- and ordered after every entry in the set, so no due entry taken out with it would
-  -- have come after it. The leases are added together at the end, all expiring alike.
+  local queue_policy = config.qp and read_policy(config.qp)
+  local most = max_cost_of
+  -- The ready sets are taken in order of priority, each until none of its groups is
+  -- eligible: a group's next job only ever gets less urgent within a call, so a group
+  -- that goes back goes to the set being taken or a later one (maybe one this call
+  -- starts: `meta.lv` is asked as the call goes). From each, the groups come
+  -- out as many at once as jobs are still wanted, and those that go back to it (`refresh`)
+  -- are added together once the ones taken out are spent. The order is the same as one at
+  -- a time: a group put back is scored no earlier than now and ordered after every entry
+  -- in the set, so no due entry taken out with it would have come after it. The leases
+  -- are added together at the end, all expiring alike.
   ready_adds = {}
   local leased = {}
   local expires = now + lease
   local count = 0
-  local taken, next_taken = {}, 1
-  while count < max_jobs and not (active and active + count >= config.qc) do
-    if next_taken > #taken then
-      add_ready()
-      taken, next_taken = redis.call('ZPOPMIN', base .. 'ready', int(max_jobs - count)), 1
-    end
-    -- The first ready group, taken out of the set (put back as it was if not due yet).
-    local member, score = taken[next_taken], taken[next_taken + 1]
-    if not member then
+  local stop = false
+  for level = 0, 9 do
+    if stop or count >= max_jobs or (active and active + count >= config.qc) then
       break
     end
-    local at = tonumber(score)
-    if at > now then
-      -- Not due: it goes back with the rest taken out; the groups put back meanwhile may
-      -- be due, and are asked for again.
-      put_back(taken, next_taken)
-      taken, next_taken = {}, 1
-      if #ready_adds == 0 then
-        break
-      end
-    else
-      next_taken = next_taken + 2
-      local name = member:sub(21)
-      local policy = policy_of(name)
-      local g = load_group(name)
-      local id, in_front
-      if g then
-        id, in_front = next_job(name, g)
-      end
-      if g and not id and in_front then
-        -- MAINTENANCE_BATCH entries of cancelled jobs dropped: the group goes back as it
-        -- was, and the next call goes on.
-        next_taken = next_taken - 2
-        break
-      elseif g and not id then
-        -- The line is what is waiting: none.
-        g.ra, g.ro = nil, nil
-        g.n = 0
-        refresh(name)
-      elseif g then
-        g.ra, g.ro = nil, nil
-        -- Kept to undo the group's start if the queue's own policy refuses it.
-        local before_state, before_alg = g.state, g.alg
-        if queue_policy then
-          before_state = copy(g.state)
+    -- A set of a priority no group's next job has is not looked at.
+    if level == 0 or level_used(level) then
+      ready_level = level
+      local key = ready_key(level)
+      local taken, next_taken = {}, 1
+      while count < max_jobs and not (active and active + count >= config.qc) do
+        if next_taken > #taken then
+          add_ready()
+          taken, next_taken = redis.call('ZPOPMIN', key, int(max_jobs - count)), 1
         end
-        local allowed, delay, reset_after, state, alg = apply(policy, g.state, g.alg, now)
-        g.state, g.alg = state, alg
-        local queue_refused
-        if allowed and queue_policy then
-          local q = queue_gate()
-          local ok, qdelay, _, qstate, qalg = apply(queue_policy, q.s, q.a, now)
-          if ok then
-            q.s, q.a = qstate, qalg
-          else
-            queue_refused = qdelay
-          end
-          gate_changed = true
-        end
-        if queue_refused then
-          -- The queue waits; the group keeps its state and its place (put back with the
-          -- entries taken and not reached).
-          queue_gate().n = now + micros_up(queue_refused)
-          g.state, g.alg = before_state, before_alg
-          g.ra, g.ro = at, tonumber(member:sub(1, 20))
-          next_taken = next_taken - 2
+        -- The first ready group, taken out of the set (put back as it was if not due yet).
+        local member, score = taken[next_taken], taken[next_taken + 1]
+        if not member then
           break
-        elseif not allowed then
-          g.next_at = now + micros_up(delay)
-          refresh(name)
-        else
-          g.idle_at = now + round_micros(reset_after)
-          if in_front then
-            redis.call('ZREM', base .. 'l:' .. name, id)
-            g.f = g.f - 1
-          else
-            local entry = redis.call('LPOP', base .. 'q:' .. name)
-            if id == true then
-              id = entry and entry:sub(21)
-            end
+        end
+        local at = tonumber(score)
+        if at > now then
+          -- Not due: it goes back with the rest taken out; the groups put back meanwhile may
+          -- be due, and are asked for again.
+          put_back(taken, next_taken)
+          taken, next_taken = {}, 1
+          if #ready_adds == 0 then
+            break
           end
-          g.n = g.n - 1
-          local payload, attempts, token = start_job(id, worker, expires)
-          if not payload then
+        else
+          next_taken = next_taken + 2
+          local name = member:sub(21)
+          local policy = policy_of(name)
+          local g = load_group(name)
+          local id, in_front
+          if g then
+            id, in_front = next_job(name, g)
+          end
+          if g and not id and in_front then
+            -- MAINTENANCE_BATCH entries of cancelled jobs dropped: the group goes back as it
+            -- was, and the next call goes on.
+            next_taken = next_taken - 2
+            stop = true
+            break
+          elseif g and not id then
+            -- The line is what is waiting: none.
+            g.ra, g.ro = nil, nil
+            g.n = 0
             refresh(name)
-          else
-            g.active = g.active + 1
-            if g.p then
-              g.p.covers = max(g.p.covers - 1, 0)
+          elseif g then
+            g.ra, g.ro = nil, nil
+            -- What the next job costs: 1 unless the line holds a job that costs more.
+            local cost = 1
+            if (g.c or 0) > 0 then
+              if id == true then
+                local entry = redis.call('LINDEX', base .. 'q:' .. name, '0')
+                id = entry and entry:sub(21)
+              end
+              local job = id and load_job(id)
+              cost = job and job.cost or 1
             end
-            leased[#leased + 1] = padded(token) .. id
-            meta.totals.started = meta.totals.started + 1
-            count = count + 1
-            local n = #out
-            out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, name, payload, attempts
-            out[n + 5], out[n + 6], out[n + 7], out[n + 8] = token, now, at, expires
-            refresh(name)
+            local limit = cost > 1 and most(name)
+            if limit and cost > limit then
+              -- Its policies can never admit it (changed since it was enqueued): it dies,
+              -- costing no attempt and nothing of the group's policy.
+              if in_front then
+                redis.call('ZREM', base .. 'l:' .. name, id)
+                g.f = g.f - 1
+              else
+                redis.call('LPOP', base .. 'q:' .. name)
+              end
+              g.n, g.c = g.n - 1, g.c - 1
+              if g.p then
+                g.p.covers = max(g.p.covers - 1, 0)
+              end
+              local job = load_job(id)
+              job.last_error = too_costly_error(cost)
+              meta.totals.dead = meta.totals.dead + 1
+              to_dead(id, job)
+              refresh(name)
+            else
+              -- Kept to undo the group's start if the queue's own policy refuses it.
+              local before_state, before_alg = g.state, g.alg
+              if queue_policy then
+                before_state = copy(g.state)
+              end
+              local allowed, delay, reset_after, state, alg =
+                apply(policy, g.state, g.alg, now, cost)
+              g.state, g.alg = state, alg
+              local queue_refused
+              if allowed and queue_policy then
+                local q = queue_gate()
+                local ok, qdelay, _, qstate, qalg = apply(queue_policy, q.s, q.a, now, cost)
+                if ok then
+                  q.s, q.a = qstate, qalg
+                else
+                  queue_refused = qdelay
+                end
+                gate_changed = true
+              end
+              if queue_refused then
+                -- The queue waits; the group keeps its state and its place (put back with
+                -- the entries taken and not reached).
+                queue_gate().n = now + micros_up(queue_refused)
+                g.state, g.alg = before_state, before_alg
+                g.ra, g.ro, g.rl = at, tonumber(member:sub(1, 20)), level
+                next_taken = next_taken - 2
+                stop = true
+                break
+              elseif not allowed then
+                g.next_at = now + micros_up(delay)
+                refresh(name)
+              else
+                g.idle_at = now + round_micros(reset_after)
+                if in_front then
+                  redis.call('ZREM', base .. 'l:' .. name, id)
+                  g.f = g.f - 1
+                else
+                  local entry = redis.call('LPOP', base .. 'q:' .. name)
+                  if id == true then
+                    id = entry and entry:sub(21)
+                  end
+                end
+                g.n = g.n - 1
+                if cost > 1 then
+                  g.c = g.c - 1
+                end
+                local payload, attempts, token = start_job(id, worker, expires)
+                if not payload then
+                  refresh(name)
+                else
+                  g.active = g.active + 1
+                  if g.p then
+                    g.p.covers = max(g.p.covers - 1, 0)
+                  end
+                  leased[#leased + 1] = padded(token) .. id
+                  meta.totals.started = meta.totals.started + 1
+                  count = count + 1
+                  local n = #out
+                  out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, name, payload, attempts
+                  out[n + 5], out[n + 6], out[n + 7], out[n + 8] = token, now, at, expires
+                  refresh(name)
+                end
+              end
+            end
           end
         end
       end
+      -- The groups taken out and not reached go back as they were.
+      put_back(taken, next_taken)
+      add_ready()
     end
   end
-  -- The groups taken out and not reached go back as they were.
-  put_back(taken, next_taken)
-  add_ready()
   ready_adds = nil
+  ready_level = 0
   if gate_changed then
     redis.call('SET', base .. 'qgate', cmsgpack.pack(gate))
     gate_changed = false
@@ -1634,6 +1923,9 @@ function ops.cancel(ARGV, o)
       -- it now would scan the list.
       g.x = (g.x or 0) + 1
     end
+    if g and (job.cost or 1) > 1 and (g.c or 0) > 0 then
+      g.c = g.c - 1
+    end
     if g and g.n > 0 then
       local before = g.n
       g.n = g.n - 1
@@ -1711,7 +2003,7 @@ local function place_again(name)
     return
   end
   if g.ra then
-    redis.call('ZREM', base .. 'ready', padded(g.ro) .. name)
+    redis.call('ZREM', ready_key(g.rl or 0), padded(g.ro) .. name)
     g.ra, g.ro = nil, nil
   end
   if g.rt then
@@ -1838,7 +2130,7 @@ function ops.fire(ARGV, o)
     return { now, 'big', #s.p, config.mp }
   end
   local out = { now }
-  enqueue_one({ '', s.g, s.p, '0', '', '', '', '', '' }, 1, out)
+  enqueue_one({ '', s.g, s.p, '0', '', '', '', '', '', '0', '1' }, 1, out)
   if out[2] == 'created' then
     s.n = max(next, now + 1)
     redis.call('HSET', base .. 'sched', name, cmsgpack.pack(s))
@@ -1910,7 +2202,7 @@ function ops.retry_dead(ARGV, o, last)
       job.attempts = 0
       to_waiting(job)
       job.dead_order = nil
-      local estimate, rank = join_tail(job.group, id, now)
+      local estimate, rank = join_tail(job.group, id, now, job.priority or 0, job.cost or 1)
       job.estimated_start, job.rank = estimate, rank
       n = n + 1
     end

@@ -48,7 +48,19 @@ pub struct NewJob {
     pub max_attempts: Option<u32>,
     /// A deduplication key: see [`dedup`](NewJob::dedup).
     pub dedup: Option<Dedup>,
+    /// How urgent the job is: 0 (the default, first) to [`MAX_PRIORITY`]; see
+    /// [`priority`](NewJob::priority).
+    pub priority: u8,
+    /// What one start of the job counts against its group's and the queue's policies: 1
+    /// (the default) to [`MAX_COST`]; see [`cost`](NewJob::cost).
+    pub cost: u32,
 }
+
+/// The least urgent priority a job may have (0 is the most urgent, and the default).
+pub const MAX_PRIORITY: u8 = 9;
+
+/// The largest cost a job may have.
+pub const MAX_COST: u32 = 1_000_000;
 
 /// The longest deduplication key, in bytes.
 pub const MAX_DEDUP_KEY: usize = 256;
@@ -76,7 +88,52 @@ impl NewJob {
             not_before: None,
             max_attempts: None,
             dedup: None,
+            priority: 0,
+            cost: 1,
         }
+    }
+
+    /// Gives the job a priority: 0 (the default) starts first, [`MAX_PRIORITY`] last.
+    /// Within a group, jobs start by priority, then in the order they were enqueued; among
+    /// the groups that may start a job now, one whose next job is more urgent goes first,
+    /// round robin among equals. No priority lets a job start before its group's policy
+    /// allows. In a queue of several partitions the order across groups holds within each
+    /// partition.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, QueueConfig, QueueCore};
+    /// let mut queue = QueueCore::new(QueueConfig::new("gcra:rate=10/s,burst=10".parse()?))?;
+    /// queue.enqueue(0, NewJob::new("g", b"later".to_vec()).priority(5))?;
+    /// queue.enqueue(0, NewJob::new("g", b"urgent".to_vec()))?;
+    /// let started = queue.lease(0, "w", 2, None)?;
+    /// assert_eq!(started[0].payload, b"urgent".to_vec());
+    /// # Ok::<(), paceline_queue::QueueError>(())
+    /// ```
+    #[must_use]
+    pub fn priority(mut self, priority: u8) -> NewJob {
+        self.priority = priority;
+        self
+    }
+
+    /// Counts each start of the job as `cost` against its group's policy and the queue's
+    /// own (a job that costs 3 uses 3 of a `fixed_window:limit=10`). A cost above what a
+    /// policy can ever admit (its limit or burst) is refused when enqueued; a job whose
+    /// group's policy is later changed to one that can never admit it goes to the dead set
+    /// when it comes to the head of its line, with an error saying so.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, QueueConfig, QueueCore};
+    /// let mut queue = QueueCore::new(QueueConfig::new("fixed_window:limit=10,window=10s".parse()?))?;
+    /// for _ in 0..4 {
+    ///     queue.enqueue(0, NewJob::new("g", b"big".to_vec()).cost(3))?;
+    /// }
+    /// assert_eq!(queue.lease(0, "w", 10, None)?.len(), 3); // 9 of 10: the fourth waits
+    /// # Ok::<(), paceline_queue::QueueError>(())
+    /// ```
+    #[must_use]
+    pub fn cost(mut self, cost: u32) -> NewJob {
+        self.cost = cost;
+        self
     }
 
     /// Gives the job the producer's id (1 to 128 bytes of `A-Z a-z 0-9 - _ . :`, not all
@@ -171,6 +228,18 @@ impl NewJob {
         }
         if self.delay > MAX_DELAY {
             return Err(InputError::new("delay", "must be at most 365 days"));
+        }
+        if self.priority > MAX_PRIORITY {
+            return Err(InputError::new(
+                "priority",
+                format!("must be from 0 (the most urgent, the default) to {MAX_PRIORITY}"),
+            ));
+        }
+        if self.cost == 0 || self.cost > MAX_COST {
+            return Err(InputError::new(
+                "cost",
+                format!("must be from 1 (the default) to {MAX_COST}"),
+            ));
         }
         if let Some(d) = &self.dedup {
             if d.key.is_empty()
@@ -485,6 +554,10 @@ pub struct JobInfo {
     pub worker: Option<String>,
     /// Its payload.
     pub payload: Vec<u8>,
+    /// Its priority (0, the most urgent, to [`MAX_PRIORITY`]).
+    pub priority: u8,
+    /// What each of its starts counts against its policies.
+    pub cost: u32,
 }
 
 /// What a queue has done since it was created, counted once each.

@@ -476,3 +476,131 @@ fn a_full_queue_refuses_new_jobs_but_answers_existing_ids() {
     q.ack(0, &l[0].id, l[0].lease).unwrap();
     assert!(q.enqueue(0, NewJob::new("g", vec![])).is_ok());
 }
+
+/// Within a group jobs start by priority, then in order of enqueue; a job that goes back
+/// (here, a retry) keeps its place among its priority; the estimates count the jobs ahead.
+#[test]
+fn a_group_starts_its_jobs_by_priority_then_in_order() {
+    let mut q = queue(
+        config("fixed_window:limit=1,window=10s")
+            .retry_backoff(Duration::from_secs(1), Duration::from_secs(1)),
+    );
+    let mut estimates = Vec::new();
+    for (name, priority) in [("p5a", 5), ("p0a", 0), ("p9", 9), ("p5b", 5), ("p0b", 0)] {
+        let job = NewJob::new("g", name.as_bytes().to_vec())
+            .id(name)
+            .priority(priority);
+        estimates.push(q.enqueue(0, job).unwrap().estimated_start / S);
+    }
+    // p5a alone (0 s); p0a ahead of it (0 s); p9 behind both (20 s); p5b behind p0a and
+    // p5a (20 s: the estimates count the jobs ahead now); p0b behind p0a (10 s).
+    assert_eq!(estimates, [0, 0, 20, 20, 10]);
+    let mut order = Vec::new();
+    for window in 0..5 {
+        let now = window * 10 * S;
+        let leased = q.lease(now, "w", 10, None).unwrap();
+        assert_eq!(
+            leased.len(),
+            1,
+            "one start a window, whatever the priorities"
+        );
+        order.push(leased[0].id.clone());
+        if leased[0].id == "p0a" && leased[0].attempt == 1 {
+            // Retried: back before p0b, which joined after it.
+            let retry = Failure::Retry {
+                error: None,
+                after: Some(Duration::ZERO),
+            };
+            q.fail(now, "p0a", leased[0].lease, retry, 0.5).unwrap();
+        } else {
+            q.ack(now, &leased[0].id, leased[0].lease).unwrap();
+        }
+    }
+    assert_eq!(order, ["p0a", "p0a", "p0b", "p5a", "p5b"]);
+    q.check_invariants().unwrap();
+}
+
+/// Across groups that may start a job now, the one whose next job is more urgent goes
+/// first, round robin among equals; a more urgent group that may not start yet does not
+/// hold the others back.
+#[test]
+fn the_group_whose_next_job_is_more_urgent_goes_first() {
+    let mut q = queue(config("fixed_window:limit=1,window=10s"));
+    for (group, priority) in [("a", 3), ("b", 1), ("c", 3), ("d", 0)] {
+        q.enqueue(
+            0,
+            NewJob::new(group, group.as_bytes().to_vec()).priority(priority),
+        )
+        .unwrap();
+    }
+    let groups: Vec<String> = q
+        .lease(0, "w", 10, None)
+        .unwrap()
+        .into_iter()
+        .map(|j| j.group)
+        .collect();
+    assert_eq!(groups, ["d", "b", "a", "c"]);
+    // d has used its window: its urgent job waits, and b's starts now.
+    q.enqueue(S, NewJob::new("d", b"d2".to_vec())).unwrap();
+    q.enqueue(S, NewJob::new("e", b"e".to_vec()).priority(9))
+        .unwrap();
+    let leased = q.lease(S, "w", 10, None).unwrap();
+    assert_eq!(
+        leased.iter().map(|j| j.group.as_str()).collect::<Vec<_>>(),
+        ["e"]
+    );
+    let leased = q.lease(10 * S, "w", 10, None).unwrap();
+    assert_eq!(leased[0].group, "d");
+    q.check_invariants().unwrap();
+}
+
+/// A job's cost counts against its group's policy and the queue's own; a cost a policy can
+/// never admit is refused when enqueued, and a waiting job whose policy changed to one that
+/// cannot admit it goes to the dead set, costing no attempt.
+#[test]
+fn a_job_s_cost_counts_against_its_policies() {
+    let mut q = queue(
+        config("fixed_window:limit=10,window=10s")
+            .queue_policy("fixed_window:limit=12,window=10s".parse().unwrap()),
+    );
+    for group in ["a", "b"] {
+        for _ in 0..2 {
+            q.enqueue(0, NewJob::new(group, b"x".to_vec()).cost(4))
+                .unwrap();
+        }
+    }
+    // a: 4 + 4; b: 4, then the queue's 12 are spent.
+    assert_eq!(q.lease(0, "w", 10, None).unwrap().len(), 3);
+    let e = q
+        .enqueue(0, NewJob::new("a", b"y".to_vec()).cost(11))
+        .unwrap_err();
+    assert_eq!(field(e), "cost");
+    let e = q
+        .enqueue(0, NewJob::new("a", b"y".to_vec()).cost(0))
+        .unwrap_err();
+    assert_eq!(field(e), "cost");
+    let e = q
+        .enqueue(0, NewJob::new("a", b"y".to_vec()).priority(10))
+        .unwrap_err();
+    assert_eq!(field(e), "priority");
+    // b's last job waits; its group's limit falls below its cost.
+    q.set_policy(
+        0,
+        "b",
+        Some("fixed_window:limit=3,window=10s".parse().unwrap()),
+    )
+    .unwrap();
+    assert!(q.lease(10 * S, "w", 10, None).unwrap().is_empty());
+    let dead = q.dead(0, 10);
+    assert_eq!(dead.len(), 1);
+    assert_eq!(
+        (dead[0].group.as_str(), dead[0].attempts, dead[0].cost),
+        ("b", 0, 4)
+    );
+    assert!(dead[0]
+        .last_error
+        .as_deref()
+        .unwrap_or("")
+        .contains("its cost, 4,"));
+    q.check_invariants().unwrap();
+}

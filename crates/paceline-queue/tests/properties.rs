@@ -20,6 +20,8 @@ enum Step {
         /// A not-before time, in ms from the step's time (negative: already past).
         not_before_ms: Option<i16>,
         id: Option<u8>,
+        /// Its priority: whatever it is, the group's policy holds every start.
+        priority: u8,
     },
     Lease {
         max_jobs: u8,
@@ -59,12 +61,14 @@ fn step() -> impl Strategy<Value = Step> {
             prop_oneof![3 => Just(0u16), 1 => 1u16..3_000],
             prop_oneof![3 => Just(None), 1 => (-1_000i16..3_000).prop_map(Some)],
             proptest::option::of(0u8..6),
+            prop_oneof![2 => Just(0u8), 1 => 0u8..10],
         )
-            .prop_map(|(group, delay_ms, not_before_ms, id)| Step::Enqueue {
+            .prop_map(|(group, delay_ms, not_before_ms, id, priority)| Step::Enqueue {
                 group,
                 delay_ms,
                 not_before_ms,
                 id,
+                priority,
             }),
         4 => (1u8..5).prop_map(|max_jobs| Step::Lease { max_jobs }),
         3 => any::<u8>().prop_map(|pick| Step::Ack { pick }),
@@ -125,9 +129,11 @@ fn run(spec: &str, cap: u32, steps: Vec<Step>) -> Result<(), TestCaseError> {
                 delay_ms,
                 not_before_ms,
                 id,
+                priority,
             } => {
                 let mut job = NewJob::new(format!("g{group}"), vec![group])
-                    .delay(Duration::from_millis(u64::from(delay_ms)));
+                    .delay(Duration::from_millis(u64::from(delay_ms)))
+                    .priority(priority);
                 if let Some(d) = not_before_ms {
                     let at = now.saturating_add_signed(i64::from(d) * 1_000);
                     job = job.not_before(UNIX_EPOCH + Duration::from_micros(at));

@@ -39,6 +39,8 @@ enum Step {
         max_attempts: Option<u8>,
         /// A deduplication key, its time to live (ms) and whether it replaces.
         dedup: Option<(u8, u16, bool)>,
+        /// The job's priority and cost.
+        urgency: (u8, u8),
     },
     Batch {
         groups: Vec<u8>,
@@ -208,9 +210,10 @@ fn step() -> impl Strategy<Value = Step> {
         5 => (0u8..3, prop_oneof![3 => Just(0u16), 1 => 1u16..3_000],
               prop_oneof![3 => Just(None), 1 => (-1_000i16..3_000).prop_map(Some)],
               proptest::option::of(0u8..6), proptest::option::of(1u8..4),
-              prop_oneof![2 => Just(None), 1 => (0u8..3, 1u16..3_000, any::<bool>()).prop_map(Some)])
-            .prop_map(|(group, delay_ms, not_before_ms, id, max_attempts, dedup)| Step::Enqueue {
-                group, delay_ms, not_before_ms, id, max_attempts, dedup,
+              prop_oneof![2 => Just(None), 1 => (0u8..3, 1u16..3_000, any::<bool>()).prop_map(Some)],
+              (prop_oneof![2 => Just(0u8), 1 => 0u8..10], prop_oneof![3 => Just(1u8), 1 => 1u8..5]))
+            .prop_map(|(group, delay_ms, not_before_ms, id, max_attempts, dedup, urgency)| Step::Enqueue {
+                group, delay_ms, not_before_ms, id, max_attempts, dedup, urgency,
             }),
         1 => proptest::collection::vec(0u8..3, 1..6).prop_map(|groups| Step::Batch { groups }),
         5 => (1u8..4, proptest::option::of(1u16..3_000)).prop_map(|(max_jobs, lease_ms)| Step::Lease { max_jobs, lease_ms }),
@@ -333,9 +336,12 @@ impl differential::Twin<Step> for QueueTwin {
                 id,
                 max_attempts,
                 dedup,
+                urgency: (priority, cost),
             } => {
                 let mut job = NewJob::new(format!("g{group}"), vec![group, 0xff, at.index as u8])
-                    .delay(Duration::from_millis(u64::from(delay_ms)));
+                    .delay(Duration::from_millis(u64::from(delay_ms)))
+                    .priority(priority)
+                    .cost(u32::from(cost));
                 if let Some(d) = not_before_ms {
                     let at = at.now.saturating_add_signed(i64::from(d) * 1_000);
                     job = job.not_before(std::time::UNIX_EPOCH + Duration::from_micros(at));

@@ -250,10 +250,10 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
         assert_eq!(server.command(&["ZCARD", &front]).unwrap(), ":6");
         assert_eq!(server.command(&["LLEN", &list]).unwrap(), ":1");
-        // Written back in the binary layout ('n').
+        // Written back in the binary layout ('o').
         assert_eq!(
             server.command(&["EVAL", meta_tag, "1", &base]).unwrap(),
-            ":110"
+            ":111"
         );
         let tag = "return string.byte(redis.call('GET', KEYS[1]), 1)";
         let (group, job) = (format!("{base}g:g0"), format!("{base}j:1"));
@@ -268,9 +268,77 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         );
         assert_eq!(a.len(), 13);
         assert_eq!(unsigned(&a), b);
-        // Each record written back in the flat layout: 'G' for groups, 'J' for jobs.
-        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":71");
-        assert_eq!(server.command(&["EVAL", tag, "1", &job]).unwrap(), ":74");
+        // Each record written back in the flat layout: 'H' for groups, 'K' for jobs.
+        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":72");
+        assert_eq!(server.command(&["EVAL", tag, "1", &job]).unwrap(), ":75");
+        let now = clock.now_micros();
+        assert_eq!(redis.stats().await.unwrap(), core.stats(now).unwrap());
+    });
+}
+
+/// A queue written in the flat layouts before priorities and costs (meta 'n', groups 'G',
+/// jobs 'J': the same records without their last fields) goes on as the core in memory
+/// does, and each record is written back in the layout of now.
+#[test]
+fn a_queue_in_the_layout_before_priorities_goes_on_as_in_memory() {
+    runtime().block_on(async {
+        let (clock, mut core, opener) = unlimited_twins("before-priorities");
+        let (server, name) = (shared_server(), &opener.name);
+        let redis = Queue::new(opener.open().await);
+        for n in 0..8u8 {
+            let job = NewJob::new(format!("g{}", n % 2), vec![n]);
+            let now = clock.now_micros();
+            assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        }
+        let now = clock.now_micros();
+        let leased = redis.lease("w", 2, None, Duration::ZERO).await.unwrap();
+        assert_eq!(unsigned(&leased), core.lease(now, "w", 2, None).unwrap());
+        let base = format!("paceline:v2:{{q:{name}}}:");
+        // Each record cut to the layout before: the meta record's `lv` (8 bytes), a group's
+        // `c` and `rl` (16), a job's priority and cost (9), and the earlier tag.
+        let downgrade = r"
+            local function cut(key, drop, tag)
+              local raw = redis.call('GET', key)
+              redis.call('SET', key, string.char(tag) .. raw:sub(2, #raw - drop))
+            end
+            cut(KEYS[1] .. 'meta', 8, 110)
+            cut(KEYS[1] .. 'g:g0', 16, 71)
+            cut(KEYS[1] .. 'g:g1', 16, 71)
+            local n = 0
+            for _, key in ipairs(redis.call('KEYS', KEYS[1] .. 'j:*')) do
+              cut(key, 9, 74)
+              n = n + 1
+            end
+            return n";
+        assert_eq!(
+            server.command(&["EVAL", downgrade, "1", &base]).unwrap(),
+            ":8"
+        );
+        let (a, b) = (redis.job("1").await.unwrap(), core.job("1"));
+        assert_eq!(a, b);
+        let job = NewJob::new("g0", b"after".to_vec());
+        let now = clock.now_micros();
+        assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        let id = leased[0].id.clone();
+        let now = clock.now_micros();
+        assert_eq!(
+            redis.ack(&id, &leased[0].token).await,
+            core.ack(now, &id, leased[0].lease)
+        );
+        let now = clock.now_micros();
+        let (a, b) = (
+            redis.lease("w", 100, None, Duration::ZERO).await.unwrap(),
+            core.lease(now, "w", 100, None).unwrap(),
+        );
+        assert_eq!(a.len(), 7);
+        assert_eq!(unsigned(&a), b);
+        let tag = "return string.byte(redis.call('GET', KEYS[1]), 1)";
+        let meta = format!("{base}meta");
+        assert_eq!(server.command(&["EVAL", tag, "1", &meta]).unwrap(), ":111");
+        let group = format!("{base}g:g0");
+        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":72");
+        let job = format!("{base}j:3");
+        assert_eq!(server.command(&["EVAL", tag, "1", &job]).unwrap(), ":75");
         let now = clock.now_micros();
         assert_eq!(redis.stats().await.unwrap(), core.stats(now).unwrap());
     });

@@ -2,7 +2,9 @@
 //! (listed, retried, purged), cancelling a job, the next event, and the invariants tests
 //! check.
 
-use super::records::Place;
+use std::collections::BTreeSet;
+
+use super::records::{key_priority, Place};
 #[cfg(doc)]
 use super::MAINTENANCE_BATCH;
 use super::{active_conflict, QueueCore};
@@ -28,10 +30,14 @@ impl QueueCore {
             }
             Place::Waiting => {
                 if let Some(g) = self.groups.get_mut(&job.group) {
-                    let at = g.waiting.partition_point(|(r, _)| *r < job.rank);
+                    let key = job.key();
+                    let at = g.waiting.partition_point(|(r, _)| *r < key);
                     if g.waiting.get(at).is_some_and(|(_, w)| w == id) {
                         let before = g.waiting.len();
                         g.waiting.remove(at);
+                        if job.cost > 1 {
+                            g.costly -= 1;
+                        }
                         // One job fewer ahead: the tail's estimate keeps its (now slightly
                         // pessimistic) projection rather than replaying the line.
                         if let Some(p) = &mut g.projection {
@@ -70,6 +76,8 @@ impl QueueCore {
             max_attempts: job.max_attempts,
             last_error: job.last_error.clone(),
             enqueued_at: job.enqueued_at,
+            priority: job.priority,
+            cost: job.cost,
             not_before,
             started,
             lease_expires,
@@ -165,8 +173,8 @@ impl QueueCore {
             };
             job.attempts = 0;
             job.place = Place::Waiting;
-            let group = job.group.clone();
-            let (estimate, rank) = self.join_tail(&group, &id, now);
+            let (group, priority, cost) = (job.group.clone(), job.priority, job.cost);
+            let (estimate, rank) = self.join_tail(&group, &id, now, priority, cost);
             if let Some(job) = self.jobs.get_mut(&id) {
                 job.estimated_start = estimate;
                 job.rank = rank;
@@ -198,7 +206,7 @@ impl QueueCore {
     /// refuses starts, its groups become eligible when that ends; while its concurrency
     /// cap is reached, when a job ends.
     pub fn next_event(&self) -> Option<u64> {
-        let ready = self.ready.first().map(|r| r.0.max(self.queue_gate()));
+        let ready = self.ready_first_at().map(|at| at.max(self.queue_gate()));
         [
             ready.filter(|_| !self.queue_full_of_leases()),
             self.scheduled.first().map(|s| s.0),
@@ -245,23 +253,39 @@ impl QueueCore {
             {
                 return Err(format!("group {name}: its line is out of rank order"));
             }
-            for (rank, id) in &g.waiting {
+            let mut costly = 0;
+            for (key, id) in &g.waiting {
                 let job = self
                     .jobs
                     .get(id)
                     .ok_or(format!("{id} waiting but unknown"))?;
-                if !matches!(job.place, Place::Waiting) || &job.group != name || job.rank != *rank {
+                if !matches!(job.place, Place::Waiting) || &job.group != name || job.key() != *key {
                     return Err(format!("{id} in {name}'s line but {:?}", job.place));
                 }
+                costly += usize::from(job.cost > 1);
+            }
+            if costly != g.costly {
+                return Err(format!(
+                    "group {name}: {} costly, should be {costly}",
+                    g.costly
+                ));
             }
             waiting += g.waiting.len();
             let cap = self.config.group_concurrency;
             let should = !g.waiting.is_empty() && (cap == 0 || g.active < cap);
+            let level = usize::from(g.level);
             let is = g
                 .ready
-                .is_some_and(|(at, o)| self.ready.contains(&(at, o, name.clone())));
+                .is_some_and(|(at, o)| self.ready[level].contains(&(at, o, name.clone())));
             if should != is {
                 return Err(format!("group {name}: ready {is}, should be {should}"));
+            }
+            let head = g.waiting.front().map_or(0, |(key, _)| key_priority(*key));
+            if is && head != g.level {
+                return Err(format!(
+                    "group {name}: ready at {}, its next job's {head}",
+                    g.level
+                ));
             }
         }
         let waiting_jobs = self
@@ -291,7 +315,8 @@ impl QueueCore {
         if states(JobState::Scheduled) != self.scheduled.len()
             || states(JobState::Active) != self.leases.len()
             || states(JobState::Dead) != self.dead.len()
-            || self.ready.len() != self.groups.values().filter(|g| g.ready.is_some()).count()
+            || self.ready.iter().map(BTreeSet::len).sum::<usize>()
+                != self.groups.values().filter(|g| g.ready.is_some()).count()
         {
             return Err("an index holds entries of no job".into());
         }

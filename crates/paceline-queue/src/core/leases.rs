@@ -6,7 +6,7 @@ use std::time::Duration;
 use paceline_core::{round_to_micros, Op};
 
 use super::records::{Place, Taken};
-use super::{check_failure, check_lease_request, cut, micros_up, QueueCore};
+use super::{check_failure, check_lease_request, cut, max_cost, micros_up, QueueCore};
 use crate::error::QueueError;
 use crate::job::{check_lease_length, FailOutcome, Failure, Leased};
 use crate::token::LeaseToken;
@@ -133,25 +133,38 @@ impl QueueCore {
     fn take(&mut self, now: u64, worker: &str, max_jobs: usize, lease_us: u64) -> Vec<Leased> {
         let mut out = Vec::new();
         while out.len() < max_jobs && !self.queue_full_of_leases() {
-            let Some(first) = self.ready.first().cloned() else {
+            // The most urgent ready set's first group, if it is eligible now; else the
+            // next set's.
+            let Some((level, first)) = self.ready.iter().enumerate().find_map(|(level, set)| {
+                set.first()
+                    .filter(|first| first.0 <= now)
+                    .map(|first| (level, first.clone()))
+            }) else {
                 break;
             };
-            if first.0 > now {
-                break;
-            }
-            self.ready.remove(&first);
+            self.ready[level].remove(&first);
             let name = first.2;
             let policy = self.config.policy_of(&name);
             let Some(g) = self.groups.get_mut(&name) else {
                 continue;
             };
             g.ready = None;
+            let cost = g
+                .waiting
+                .front()
+                .and_then(|(_, id)| self.jobs.get(id))
+                .map_or(1, |j| j.cost);
+            if cost > 1 && max_cost(&self.config, &name).is_some_and(|m| u64::from(cost) > m) {
+                self.too_costly(&name, cost);
+                continue;
+            }
             // Kept to undo the group's start if the queue's own policy refuses it.
             let before = self.config.queue_policy.as_ref().map(|_| g.state.clone());
-            let decision = match policy.apply(&mut g.state, now, Op::Limit, 1) {
+            let decision = match policy.apply(&mut g.state, now, Op::Limit, u64::from(cost)) {
                 Ok(d) => d,
-                // Cost 1 and a checked `now` are valid for every policy; were it not so,
-                // the group would be asked again a second later rather than spin.
+                // A cost within the policy's and a checked `now` are valid for every
+                // policy; were it not so, the group would be asked again a second later
+                // rather than spin.
                 Err(_) => {
                     g.next_at = now.saturating_add(1_000_000);
                     self.refresh(&name);
@@ -164,7 +177,7 @@ impl QueueCore {
                 continue;
             }
             if let (Some(queue_policy), Some(before)) = (&self.config.queue_policy, before) {
-                match queue_policy.apply(&mut self.queue_state, now, Op::Limit, 1) {
+                match queue_policy.apply(&mut self.queue_state, now, Op::Limit, u64::from(cost)) {
                     Ok(d) if d.allowed => {}
                     refused => {
                         // The queue waits; the group keeps its state and its place.
@@ -172,7 +185,7 @@ impl QueueCore {
                         self.queue_next_at = now.saturating_add(delay);
                         g.state = before;
                         g.ready = Some((first.0, first.1));
-                        self.ready.insert((first.0, first.1, name));
+                        self.ready[level].insert((first.0, first.1, name));
                         break;
                     }
                 }
@@ -192,6 +205,9 @@ impl QueueCore {
                 continue;
             };
             g.active += 1;
+            if cost > 1 {
+                g.costly -= 1;
+            }
             if let Some(p) = &mut g.projection {
                 p.covers = p.covers.saturating_sub(1);
             }
@@ -225,6 +241,30 @@ impl QueueCore {
             self.refresh(&name);
         }
         out
+    }
+
+    /// Sends the next job of group `name`, which costs `cost`, to the dead set: its group's
+    /// policy or the queue's can never admit that cost (a policy changed since it was
+    /// enqueued). It costs no attempt and takes nothing of the group's policy.
+    fn too_costly(&mut self, name: &str, cost: u32) {
+        let Some(g) = self.groups.get_mut(name) else {
+            return;
+        };
+        let Some((_, id)) = g.waiting.pop_front() else {
+            return;
+        };
+        g.costly -= 1;
+        if let Some(p) = &mut g.projection {
+            p.covers = p.covers.saturating_sub(1);
+        }
+        self.seq += 1;
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.place = Place::Dead { order: self.seq };
+            job.last_error = Some(too_costly_error(cost));
+            self.dead.insert((self.seq, id));
+            self.totals.dead += 1;
+        }
+        self.refresh(name);
     }
 
     /// The job `id` leased with `token`, if that lease is live at `now`; an expired one is
@@ -416,4 +456,13 @@ impl QueueCore {
         self.leases.insert((*expires, token, id.to_string()));
         Ok(*expires)
     }
+}
+
+/// The error kept on a job whose cost its policies can never admit.
+fn too_costly_error(cost: u32) -> String {
+    format!(
+        "its cost, {cost}, is more than its group's policy or the queue's can ever admit \
+         (the policy changed since it was enqueued): set a policy that admits it and retry \
+         it from the dead set, or purge it"
+    )
 }

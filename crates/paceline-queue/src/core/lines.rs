@@ -4,9 +4,10 @@
 
 use paceline_core::round_to_micros;
 
-use super::records::{project_one, Group, Job, Place, Projection};
-use super::{queue_full, QueueCore, UNTIL_RESUMED};
-use crate::config::QueueConfig;
+use super::records::{
+    key_priority, line_key, project_one, Group, Job, Place, Projection, RANK_BITS,
+};
+use super::{cost_beyond, max_cost, queue_full, QueueCore, UNTIL_RESUMED};
 use crate::error::QueueError;
 use crate::job::{not_before_too_late, Enqueued, JobState, NewJob, MAX_DELAY};
 
@@ -67,6 +68,11 @@ impl QueueCore {
         if job.not_before.is_some_and(|at| at > latest) {
             return Err(not_before_too_late(now).into());
         }
+        if let Some(max) = max_cost(&self.config, &job.group) {
+            if u64::from(job.cost) > max {
+                return Err(cost_beyond(job.cost, max).into());
+            }
+        }
         let id = match job.id {
             Some(id) => id,
             None => loop {
@@ -86,7 +92,7 @@ impl QueueCore {
         let (place, estimated_start) = if at > now {
             let order = self.next_seq();
             self.scheduled.insert((at, order, id.clone()));
-            let line = self.peek_tail(&job.group, now);
+            let line = self.peek_place(&job.group, job.priority, job.cost, now);
             (
                 Place::Scheduled {
                     at,
@@ -96,7 +102,7 @@ impl QueueCore {
                 at.max(line),
             )
         } else {
-            let (estimate, joined) = self.join_tail(&job.group, &id, now);
+            let (estimate, joined) = self.join_tail(&job.group, &id, now, job.priority, job.cost);
             rank = joined;
             (Place::Waiting, estimate)
         };
@@ -117,6 +123,8 @@ impl QueueCore {
             Job {
                 group: job.group,
                 rank,
+                priority: job.priority,
+                cost: job.cost,
                 payload: job.payload,
                 attempts: 0,
                 max_attempts,
@@ -136,10 +144,11 @@ impl QueueCore {
         })
     }
 
-    /// The group's projection, brought to cover every waiting job.
-    fn projection(config: &QueueConfig, name: &str, g: &Group, now: u64) -> Projection {
+    /// The projection of the first `upto` jobs of the group's line, each at its cost: the
+    /// group's own when it covers the whole line, else run afresh from the group's state.
+    fn projection(&self, name: &str, g: &Group, now: u64, upto: usize) -> Projection {
         if let Some(p) = &g.projection {
-            if p.covers == g.waiting.len() {
+            if upto == g.waiting.len() && p.covers == upto {
                 return p.clone();
             }
         }
@@ -148,58 +157,91 @@ impl QueueCore {
             last: now.max(g.next_at).max(g.paused_until),
             covers: 0,
         };
-        let policy = config.policy_of(name);
-        for _ in 0..g.waiting.len() {
-            project_one(policy, &mut p, now);
+        let policy = self.config.policy_of(name);
+        for (_, id) in g.waiting.iter().take(upto) {
+            let cost = match g.costly {
+                0 => 1,
+                _ => self.jobs.get(id).map_or(1, |j| j.cost),
+            };
+            project_one(policy, &mut p, now, cost);
         }
         p
     }
 
-    /// When a job joining the tail of `group` now would start, without adding it.
-    fn peek_tail(&self, group: &str, now: u64) -> u64 {
+    /// When a job of `priority` costing `cost` would start if it joined `group`'s line
+    /// now, behind every job of its priority or a more urgent one, without adding it.
+    fn peek_place(&self, group: &str, priority: u8, cost: u32, now: u64) -> u64 {
         let policy = self.config.policy_of(group);
         let mut p = match self.groups.get(group) {
-            Some(g) => Self::projection(&self.config, group, g, now),
+            Some(g) => {
+                let key = line_key(priority, (1 << RANK_BITS) - 1);
+                let ahead = g.waiting.partition_point(|(k, _)| *k < key);
+                self.projection(group, g, now, ahead)
+            }
             None => Projection {
                 state: None,
                 last: now,
                 covers: 0,
             },
         };
-        project_one(policy, &mut p, now)
+        project_one(policy, &mut p, now, cost)
     }
 
-    /// Puts `id` at the tail of `group`'s line with a new rank; returns its estimated start
-    /// and its rank (the caller keeps the rank on the job).
-    pub(super) fn join_tail(&mut self, group: &str, id: &str, now: u64) -> (u64, u64) {
+    /// Puts `id` in `group`'s line with a new rank, behind every job of its priority or a
+    /// more urgent one; returns its estimated start (the jobs ahead of it started as early
+    /// as the policy allows, then it) and its rank (the caller keeps the rank on the job).
+    pub(super) fn join_tail(
+        &mut self,
+        group: &str,
+        id: &str,
+        now: u64,
+        priority: u8,
+        cost: u32,
+    ) -> (u64, u64) {
         self.seq += 1;
         let rank = self.seq;
+        let key = line_key(priority, rank);
         let g = self.groups.entry(group.to_string()).or_default();
-        let mut p = Self::projection(&self.config, group, g, now);
-        let estimate = project_one(self.config.policy_of(group), &mut p, now);
-        g.projection = Some(p);
-        g.waiting.push_back((rank, id.to_string()));
+        let at = g.waiting.partition_point(|(k, _)| *k < key);
+        let g = &self.groups[group];
+        let policy = self.config.policy_of(group);
+        let mut p = self.projection(group, g, now, at);
+        let estimate = project_one(policy, &mut p, now, cost);
+        let tail = at == g.waiting.len();
+        let g = self.groups.entry(group.to_string()).or_default();
+        if tail {
+            g.projection = Some(p);
+        } else {
+            Self::one_more_ahead(g, policy, now, cost);
+        }
+        g.waiting.insert(at, (key, id.to_string()));
+        g.costly += usize::from(cost > 1);
         self.refresh(group);
         (estimate, rank)
     }
 
-    /// Puts `id` back in `group`'s line at its rank (a retry, an expired lease, a pause):
-    /// ahead of every job that joined after it.
-    pub(super) fn join_head(&mut self, group: &str, id: &str) {
-        let rank = self.jobs.get(id).map_or(0, |j| j.rank);
-        let now = self.now;
-        let policy = self.config.policy_of(group);
-        let g = self.groups.entry(group.to_string()).or_default();
-        let at = g.waiting.partition_point(|(r, _)| *r < rank);
-        // The line's projection now has one more job to start: one more step keeps the
-        // tail's estimate in step without replaying the line.
+    /// The tail's projection when a job costing `cost` joins the line ahead of the tail:
+    /// one more step keeps the tail's estimate in step without replaying the line.
+    fn one_more_ahead(g: &mut Group, policy: &paceline_core::Policy, now: u64, cost: u32) {
         match &mut g.projection {
             Some(p) if p.covers == g.waiting.len() => {
-                project_one(policy, p, now);
+                project_one(policy, p, now, cost);
             }
             _ => g.projection = None,
         }
-        g.waiting.insert(at, (rank, id.to_string()));
+    }
+
+    /// Puts `id` back in `group`'s line at its place (a retry, an expired lease, a pause):
+    /// ahead of every job of its priority that joined after it.
+    pub(super) fn join_head(&mut self, group: &str, id: &str) {
+        let (key, cost) = self.jobs.get(id).map_or((0, 1), |j| (j.key(), j.cost));
+        let now = self.now;
+        let policy = self.config.policy_of(group);
+        let g = self.groups.entry(group.to_string()).or_default();
+        let at = g.waiting.partition_point(|(k, _)| *k < key);
+        Self::one_more_ahead(g, policy, now, cost);
+        g.waiting.insert(at, (key, id.to_string()));
+        g.costly += usize::from(cost > 1);
         self.refresh(group);
     }
 
@@ -212,19 +254,23 @@ impl QueueCore {
         };
         let ready = !g.waiting.is_empty() && (cap == 0 || g.active < cap);
         let at = g.next_at.max(g.paused_until);
+        // The priority of the group's next job: the ready set it belongs in.
+        let level = g.waiting.front().map_or(0, |(key, _)| key_priority(*key));
         if let Some((old_at, order)) = g.ready {
-            // A group stays where it is unless it leaves the set or must wait longer (a
-            // pause); moving it for anything else would cost it its turn.
-            if !ready || old_at < at {
-                self.ready.remove(&(old_at, order, name.to_string()));
+            // A group stays where it is unless it leaves the set, must wait longer (a
+            // pause) or its next job's priority changed; moving it for anything else would
+            // cost it its turn.
+            if !ready || old_at < at || g.level != level {
+                self.ready[usize::from(g.level)].remove(&(old_at, order, name.to_string()));
                 g.ready = None;
             }
         }
         if ready && g.ready.is_none() {
             self.seq += 1;
             let key = (at.max(now), self.seq);
-            self.ready.insert((key.0, key.1, name.to_string()));
+            self.ready[usize::from(level)].insert((key.0, key.1, name.to_string()));
             g.ready = Some(key);
+            g.level = level;
         }
         let empty = g.waiting.is_empty() && g.active == 0;
         match (g.retiring, empty) {
@@ -241,6 +287,7 @@ impl QueueCore {
         }
         if g.waiting.is_empty() {
             g.projection = None;
+            g.costly = 0;
         }
     }
 }

@@ -53,11 +53,11 @@ impl QueueCore {
             };
             let head = matches!(job.place, Place::Scheduled { head: true, .. });
             job.place = Place::Waiting;
-            let group = job.group.clone();
+            let (group, priority, cost) = (job.group.clone(), job.priority, job.cost);
             if head {
                 self.join_head(&group, &id);
             } else {
-                let (_, rank) = self.join_tail(&group, &id, now);
+                let (_, rank) = self.join_tail(&group, &id, now, priority, cost);
                 if let Some(job) = self.jobs.get_mut(&id) {
                     job.rank = rank;
                 }

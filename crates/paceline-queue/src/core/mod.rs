@@ -75,7 +75,8 @@ pub use pauses::UNTIL_RESUMED;
 pub use policies::PolicySource;
 use records::{Group, Job, Taken};
 pub(crate) use rules::{
-    active_conflict, check_failure, check_lease_request, cut, micros_up, queue_full, Jitter,
+    active_conflict, check_failure, check_lease_request, cost_beyond, cut, max_cost, micros_up,
+    queue_full, Jitter,
 };
 
 /// The most expired leases, due jobs and idle groups each call handles before its own work;
@@ -87,6 +88,9 @@ pub const MAX_LEASE_JOBS: usize = 1_000;
 pub const MAX_WORKER: usize = 128;
 /// The longest error message kept on a job, in bytes (longer ones are cut).
 pub const MAX_ERROR: usize = 4_096;
+/// How many priorities there are (0 to [`MAX_PRIORITY`](crate::job::MAX_PRIORITY)).
+const LEVELS: usize = crate::job::MAX_PRIORITY as usize + 1;
+
 /// The longest group pause.
 pub const MAX_PAUSE: Duration = Duration::from_secs(86_400);
 
@@ -102,8 +106,9 @@ pub struct QueueCore {
     run_time: BTreeMap<String, Policy>,
     jobs: HashMap<String, Job>,
     groups: HashMap<String, Group>,
-    /// Groups with a job waiting, below their cap: (eligible at, order, group).
-    ready: BTreeSet<(u64, u64, String)>,
+    /// Groups with a job waiting, below their cap, one set per priority of their next job
+    /// (index 0, the most urgent, first): (eligible at, order, group).
+    ready: Vec<BTreeSet<(u64, u64, String)>>,
     /// Jobs waiting for a time: (not before, order, id).
     scheduled: BTreeSet<(u64, u64, String)>,
     /// Leases: (expires, token, id).
@@ -153,7 +158,7 @@ impl QueueCore {
             config,
             jobs: HashMap::new(),
             groups: HashMap::new(),
-            ready: BTreeSet::new(),
+            ready: vec![BTreeSet::new(); LEVELS],
             scheduled: BTreeSet::new(),
             leases: BTreeSet::new(),
             dead: BTreeSet::new(),
@@ -218,6 +223,16 @@ impl QueueCore {
     /// its own policy's last refusal (0 or past: now).
     fn queue_gate(&self) -> u64 {
         self.paused_until.max(self.queue_next_at)
+    }
+
+    /// The earliest time a group in the ready sets becomes eligible, whatever its
+    /// priority.
+    fn ready_first_at(&self) -> Option<u64> {
+        self.ready
+            .iter()
+            .filter_map(|set| set.first())
+            .map(|r| r.0)
+            .min()
     }
 
     /// Whether the queue's concurrency cap holds every further start.

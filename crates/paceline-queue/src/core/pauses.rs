@@ -110,7 +110,7 @@ impl QueueCore {
     pub(super) fn place_again(&mut self, name: &str) {
         if let Some(g) = self.groups.get_mut(name) {
             if let Some((at, order)) = g.ready.take() {
-                self.ready.remove(&(at, order, name.to_string()));
+                self.ready[usize::from(g.level)].remove(&(at, order, name.to_string()));
             }
             if let Some(t) = g.retiring.take() {
                 self.retiring.remove(&(t, name.to_string()));

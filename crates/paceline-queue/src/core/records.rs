@@ -22,6 +22,10 @@ pub(super) struct Job {
     /// comes back (a retry, an expired lease, a pause) goes before every job that joined
     /// after it, and jobs that come back together keep their order.
     pub(super) rank: u64,
+    /// 0 (the most urgent) to `MAX_PRIORITY`: lines are kept by priority, then rank.
+    pub(super) priority: u8,
+    /// What each start counts against the group's and the queue's policies.
+    pub(super) cost: u32,
     pub(super) payload: Vec<u8>,
     pub(super) attempts: u32,
     pub(super) max_attempts: u32,
@@ -54,6 +58,28 @@ pub(super) enum Place {
     },
 }
 
+impl Job {
+    /// The job's place in its group's line: see [`line_key`].
+    pub(super) fn key(&self) -> u64 {
+        line_key(self.priority, self.rank)
+    }
+}
+
+/// How many bits of a line key hold the rank: ranks (taken from the queue's sequence) stay
+/// below 2^49, and the priority sits above them.
+pub(super) const RANK_BITS: u32 = 49;
+
+/// A job's place in its group's line: by priority, then by rank. The Lua twin scores the
+/// front of a line with the same number.
+pub(super) fn line_key(priority: u8, rank: u64) -> u64 {
+    (u64::from(priority) << RANK_BITS) | rank
+}
+
+/// The priority a line key holds.
+pub(super) fn key_priority(key: u64) -> u8 {
+    u8::try_from(key >> RANK_BITS).unwrap_or(u8::MAX)
+}
+
 impl Place {
     pub(super) fn state(&self) -> JobState {
         match self {
@@ -67,8 +93,11 @@ impl Place {
 
 #[derive(Debug, Default)]
 pub(super) struct Group {
-    /// The line: (rank, job id), in rank order.
+    /// The line: (line key, job id), in key order (priority, then rank: see [`line_key`]).
     pub(super) waiting: VecDeque<(u64, String)>,
+    /// How many waiting jobs cost more than 1 (the Lua twin reads the costs of a line's
+    /// jobs only when some do).
+    pub(super) costly: usize,
     pub(super) active: u32,
     /// The group's policy state.
     pub(super) state: Option<State>,
@@ -78,8 +107,10 @@ pub(super) struct Group {
     pub(super) next_at: u64,
     /// An upstream's pause: no start before this.
     pub(super) paused_until: u64,
-    /// Its entry in `ready`, if there.
+    /// Its entry in `ready`, if there: in the set of priority `level`, (at, order).
     pub(super) ready: Option<(u64, u64)>,
+    /// The priority of the ready set its entry is in (that of its next job).
+    pub(super) level: u8,
     /// Its entry in `retiring`, if there.
     pub(super) retiring: Option<u64>,
     /// Where the waiting line is expected to have got to (for `estimated_start`).
@@ -99,11 +130,12 @@ pub(super) struct Projection {
 /// (every algorithm's retry-after is exact, so one is the norm).
 const MAX_PROJECTION_STEPS: usize = 64;
 
-/// Runs the policy forward to the next start after the projection's last; returns it.
-pub(super) fn project_one(policy: &Policy, p: &mut Projection, now: u64) -> u64 {
+/// Runs the policy forward to the next start, of a job costing `cost`, after the
+/// projection's last; returns it.
+pub(super) fn project_one(policy: &Policy, p: &mut Projection, now: u64, cost: u32) -> u64 {
     let mut t = p.last.max(now);
     for _ in 0..MAX_PROJECTION_STEPS {
-        match policy.apply(&mut p.state, t, Op::Limit, 1) {
+        match policy.apply(&mut p.state, t, Op::Limit, u64::from(cost)) {
             Ok(d) if d.allowed => break,
             Ok(d) => t = t.saturating_add(micros_up(d.delay)),
             Err(_) => break,

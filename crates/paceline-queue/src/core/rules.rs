@@ -35,6 +35,32 @@ pub(crate) fn cut(error: Option<String>) -> Option<String> {
     })
 }
 
+/// The error for a job costing `cost` in a group whose policy, or the queue's own, can
+/// admit at most `max` a start.
+pub(crate) fn cost_beyond(cost: u32, max: u64) -> InputError {
+    InputError::new(
+        "cost",
+        format!(
+            "is {cost}, but the group's policy or the queue's own admits at most {max} a start: \
+             lower the cost, or give the group a policy with a larger limit or burst"
+        ),
+    )
+}
+
+/// The most a job of `group` may cost: what its group's policy and the queue's own can
+/// ever admit a start (`None`: any cost, eventually).
+pub(crate) fn max_cost(config: &QueueConfig, group: &str) -> Option<u64> {
+    let own = config.policy_of(group).max_cost(paceline_core::Op::Limit);
+    let queue = config
+        .queue_policy
+        .as_ref()
+        .and_then(|p| p.max_cost(paceline_core::Op::Limit));
+    match (own, queue) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// The backoff's jitter for a backend: numbers from 0 to 1 (xorshift), seeded from the
 /// clock, so that a backend's sequence on a virtual clock repeats.
 #[derive(Debug)]

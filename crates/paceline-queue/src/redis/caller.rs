@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use paceline_core::Clock;
+use paceline_core::{Clock, Policy};
 use paceline_store::redis::{
     error_code, fingerprint, policy_args, CallFuture, FunctionHost, Reply, ServerClock,
 };
@@ -146,7 +146,7 @@ impl Caller {
 pub(super) fn config_args(c: &QueueConfig, extra: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
     let mut args = Vec::new();
     let push_policy = |args: &mut Vec<Vec<u8>>, policy| {
-        let list = policy_args(policy);
+        let list = queue_policy_args(policy);
         args.push(arg(list.len()));
         args.extend(list);
     };
@@ -180,6 +180,19 @@ pub(super) fn config_args(c: &QueueConfig, extra: Vec<Vec<u8>>) -> Vec<Vec<u8>> 
     let mut all = vec![arg(fingerprint(&args))];
     all.extend(args);
     all
+}
+
+/// A policy's arguments as the queue's Lua twin reads them: the algorithm's (as the
+/// decisions' functions take them), then the most one start may cost ('' for any cost).
+pub(super) fn queue_policy_args(policy: &Policy) -> Vec<Vec<u8>> {
+    let mut list = policy_args(policy);
+    list.push(
+        policy
+            .max_cost(paceline_core::Op::Limit)
+            .map(arg)
+            .unwrap_or_default(),
+    );
+    list
 }
 
 pub(super) fn arg(x: impl ToString) -> Vec<u8> {

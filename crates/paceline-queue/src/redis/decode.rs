@@ -41,6 +41,8 @@ pub(super) fn read_job(r: &mut Reader) -> Result<JobInfo, QueueError> {
     let lease_expires = r.time()?;
     let worker = r.text()?;
     let payload = r.bytes()?;
+    let priority = u8::try_from(r.u64()?).map_err(|_| protocol("a job's priority"))?;
+    let cost = r.u32()?;
     Ok(JobInfo {
         id,
         group,
@@ -54,6 +56,8 @@ pub(super) fn read_job(r: &mut Reader) -> Result<JobInfo, QueueError> {
         lease_expires,
         worker: (state == JobState::Active).then_some(worker),
         payload,
+        priority,
+        cost,
     })
 }
 

@@ -4,15 +4,15 @@
 use std::time::Duration;
 
 use paceline_core::{InputError, Policy};
-use paceline_store::redis::{policy_args, Reader, Reply};
+use paceline_store::redis::{Reader, Reply};
 
-use super::caller::arg;
+use super::caller::{arg, queue_policy_args};
 use super::decode::{protocol, read_counts, read_job, read_state, reader};
 use super::RedisQueue;
 use crate::config::{check_group, check_policy};
 use crate::core::{
-    active_conflict, check_failure, check_lease_request, check_pause, cut, micros_up, queue_full,
-    PolicySource, MAINTENANCE_BATCH,
+    active_conflict, check_failure, check_lease_request, check_pause, cost_beyond, cut, micros_up,
+    queue_full, PolicySource, MAINTENANCE_BATCH,
 };
 use crate::error::QueueError;
 use crate::job::{
@@ -48,6 +48,8 @@ impl RedisQueue {
                 }
                 None => args.extend([Vec::new(), Vec::new(), Vec::new()]),
             }
+            args.push(arg(job.priority));
+            args.push(arg(job.cost));
         }
         if sent > 0 {
             let mut all = vec![arg(sent)];
@@ -96,6 +98,10 @@ impl RedisQueue {
                 "late" => {
                     r.item()?;
                     out.push(Err(not_before_too_late(r.u64()?).into()));
+                }
+                "costly" => {
+                    let cost = r.u32()?;
+                    out.push(Err(cost_beyond(cost, r.u64()?).into()));
                 }
                 "created" | "exists" | "dedup" => {
                     let state = read_state(&mut r)?;
@@ -300,7 +306,7 @@ impl RedisQueue {
         match policy {
             Some(policy) => {
                 check_policy("policy", policy)?;
-                let list = policy_args(policy);
+                let list = queue_policy_args(policy);
                 args.push(arg(policy));
                 args.push(arg(list.len()));
                 args.extend(list);

@@ -225,6 +225,22 @@ pub struct JobBody<'a> {
     lease_expires_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     worker: Option<&'a str>,
+    /// Its priority, when not 0 (the default): 0 starts first, 9 last.
+    #[serde(skip_serializing_if = "is_zero")]
+    #[schema(minimum = 0, maximum = 9)]
+    priority: u8,
+    /// What each start counts against its policies, when not 1 (the default).
+    #[serde(skip_serializing_if = "is_one")]
+    #[schema(minimum = 1)]
+    cost: u32,
+}
+
+fn is_zero(n: &u8) -> bool {
+    *n == 0
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 impl std::fmt::Display for JobBody<'_> {
@@ -250,6 +266,8 @@ pub fn job_body(job: &JobInfo) -> JobBody<'_> {
         started_ms: job.started.map(unix_ms),
         lease_expires_ms: job.lease_expires.map(unix_ms),
         worker: job.worker.as_deref(),
+        priority: job.priority,
+        cost: job.cost,
     }
 }
 

@@ -6,6 +6,7 @@ use std::marker::PhantomData;
 use std::time::Duration;
 
 use paceline_core::{InputError, Policy};
+use paceline_queue::job::{MAX_COST, MAX_PRIORITY};
 use paceline_queue::schedule::Schedule;
 use paceline_queue::{Failure, LeaseToken, NewJob};
 use serde::de::DeserializeOwned;
@@ -105,6 +106,14 @@ pub(super) struct EnqueueBody {
     /// Deduplication (or, with `replace`, debounce) by a key for a time.
     #[schema(value_type = Option<DedupBody>)]
     dedup: Option<DedupBody>,
+    /// How urgent the job is: 0 (the default) starts first, 9 last; within its group's
+    /// limit, never past it.
+    #[schema(minimum = 0, maximum = 9)]
+    priority: Option<u64>,
+    /// What each start of the job counts against its group's and the queue's policies
+    /// (1 by default); at most what those policies can ever admit.
+    #[schema(minimum = 1, maximum = 1_000_000)]
+    cost: Option<u64>,
 }
 
 /// A job's deduplication, as sent: `{"key", "ttl_ms", "replace"?}`.
@@ -160,6 +169,30 @@ impl EnqueueBody {
             let n = u32::try_from(n)
                 .map_err(|_| ApiError::invalid("max_attempts", "must be from 1 to 1000"))?;
             job = job.max_attempts(n);
+        }
+        if let Some(p) = self.priority {
+            let p = u8::try_from(p)
+                .ok()
+                .filter(|p| *p <= MAX_PRIORITY)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "priority",
+                        format!("must be from 0 (the most urgent, the default) to {MAX_PRIORITY}"),
+                    )
+                })?;
+            job = job.priority(p);
+        }
+        if let Some(c) = self.cost {
+            let c = u32::try_from(c)
+                .ok()
+                .filter(|c| (1..=MAX_COST).contains(c))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "cost",
+                        format!("must be from 1 (the default) to {MAX_COST}"),
+                    )
+                })?;
+            job = job.cost(c);
         }
         if let Some(d) = self.dedup {
             let key = d.key.ok_or_else(|| {
