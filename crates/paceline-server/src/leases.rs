@@ -67,7 +67,7 @@ struct RawTake<'a> {
     #[schema(value_type = String, required = true, min_length = 1, max_length = 512)]
     key: Option<Text<'a>>,
     /// How many of the `limit` leases it holds; 1 by default.
-    #[schema(value_type = Option<u64>, minimum = 1)]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1_099_511_627_776_u64)]
     cost: Option<Number>,
 }
 
@@ -209,7 +209,7 @@ struct ExtendedBody {
     path = "/v1/leases/{lease}/extend",
     tag = "leases",
     operation_id = "extend_lease",
-    params(("lease" = String, Path, pattern = r"^[0-9]+\.[0-9a-fA-F]+\.[0-9a-fA-F]+\.[0-9a-fA-F]{32}$", description = "The lease's token, as `POST /v1/leases` answered it")),
+    params(("lease" = String, Path, pattern = r"^[0-9]+\.([0-9a-fA-F]{2})+\.([0-9a-fA-F]{2})+\.[0-9a-fA-F]{32}$", description = "The lease's token, as `POST /v1/leases` answered it")),
     responses(
         (status = 200, description = "The lease lives its policy's `lease` from now", body = ExtendedBody),
         (status = 400, description = "`invalid_argument`: not a lease token", body = Envelope),
@@ -242,7 +242,7 @@ async fn extend(
     path = "/v1/leases/{lease}",
     tag = "leases",
     operation_id = "release_lease",
-    params(("lease" = String, Path, pattern = r"^[0-9]+\.[0-9a-fA-F]+\.[0-9a-fA-F]+\.[0-9a-fA-F]{32}$", description = "The lease's token")),
+    params(("lease" = String, Path, pattern = r"^[0-9]+\.([0-9a-fA-F]{2})+\.([0-9a-fA-F]{2})+\.[0-9a-fA-F]{32}$", description = "The lease's token")),
     responses(
         (status = 204, description = "Given back"),
         (status = 400, description = "`invalid_argument`: not a lease token", body = Envelope),

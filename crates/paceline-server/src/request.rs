@@ -53,7 +53,7 @@ pub(crate) struct RawAsk<'a> {
     #[schema(value_type = Option<OpName>)]
     pub(crate) op: Option<Text<'a>>,
     /// How many units the request takes; 1 by default.
-    #[schema(value_type = Option<u64>, minimum = 1)]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1_099_511_627_776_u64)]
     pub(crate) cost: Option<Number>,
     /// For `pace`: the longest wait accepted, in ms; a longer one is refused (`429`)
     /// without booking.
@@ -81,7 +81,7 @@ pub(crate) struct RawLimit<'a> {
     #[schema(value_type = String, required = true, min_length = 1, max_length = 512)]
     pub(crate) key: Option<Text<'a>>,
     /// This limit's own cost, in place of the request's.
-    #[schema(value_type = Option<u64>, minimum = 1)]
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1_099_511_627_776_u64)]
     pub(crate) cost: Option<Number>,
 }
 

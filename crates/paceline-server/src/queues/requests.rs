@@ -90,8 +90,9 @@ pub(super) struct EnqueueBody {
     /// Any JSON; `null` when absent.
     #[schema(value_type = Option<serde_json::Value>)]
     payload: Option<Box<RawValue>>,
-    /// The job's id (1 to 128 bytes of `A-Z a-z 0-9 - _ . :`); enqueuing the same id
-    /// again answers the job already enqueued.
+    /// The job's id (1 to 128 bytes of `A-Z a-z 0-9 - _ . :`, not all digits: those are
+    /// the ids the queue gives); enqueuing the same id again answers the job already
+    /// enqueued.
     #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     id: Option<String>,
     /// Start no sooner than this many ms from now (at most a year).
@@ -220,8 +221,8 @@ impl EnqueueBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = QueueLeaseRequest, example = json!({"worker": "worker-1", "max_jobs": 10, "lease_ms": 30000, "wait_ms": 0}))]
 pub(super) struct LeaseBody {
-    /// A name for the worker.
-    #[schema(value_type = String, required = true)]
+    /// A name for the worker: 1 to 128 bytes, no control characters.
+    #[schema(value_type = String, required = true, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,128}$")]
     worker: Option<String>,
     /// Retrying a call with the same id answers the jobs it leased.
     request_id: Option<String>,
@@ -304,8 +305,8 @@ pub(super) struct FailBody {
     #[schema(value_type = Option<f64>, minimum = 0, maximum = 31_536_000_000.0)]
     retry_after_ms: Option<Number>,
     /// Pause the job's whole group for this many ms (an upstream's 429): the job keeps
-    /// its place and costs no attempt (at most a day).
-    #[schema(value_type = Option<f64>, minimum = 0, maximum = 86_400_000)]
+    /// its place and costs no attempt (1 µs to a day; not with `retry_after_ms`).
+    #[schema(value_type = Option<f64>, minimum = 0.001, maximum = 86_400_000)]
     pause_group_ms: Option<Number>,
     /// The job is dead at once, whatever attempts it has left.
     fatal: Option<bool>,
@@ -453,9 +454,9 @@ pub(super) enum PauseSchema {}
 #[serde(deny_unknown_fields)]
 #[schema(as = PauseRequest)]
 pub(super) struct PauseBody {
-    /// How long the pause lasts, in ms (at most a year); until resumed when absent (or
+    /// How long the pause lasts, in ms (1 ms to a year); until resumed when absent (or
     /// with no body).
-    #[schema(value_type = Option<f64>, minimum = 0, maximum = 31_536_000_000.0)]
+    #[schema(value_type = Option<f64>, minimum = 1, maximum = 31_536_000_000.0)]
     ms: Option<Number>,
 }
 
