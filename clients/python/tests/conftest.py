@@ -108,6 +108,19 @@ def redis_url() -> Iterator[str]:
 def url(request: pytest.FixtureRequest) -> Iterator[str]:
     """The URL of a ``paceline serve`` on the memory store, then on Redis."""
     store = "memory" if request.param == "memory" else request.getfixturevalue("redis_url")
+    yield from serve(store, [])
+
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="session")
+def token_url() -> Iterator[str]:
+    """The URL of a ``paceline serve`` that asks for the token ``TOKEN``."""
+    yield from serve("memory", ["--auth-token", TOKEN])
+
+
+def serve(store: str, flags: list[str]) -> Iterator[str]:
     folder = tempfile.mkdtemp(prefix="paceline-py-")
     config = Path(folder) / "paceline.toml"
     config.write_text(
@@ -116,7 +129,7 @@ def url(request: pytest.FixtureRequest) -> Iterator[str]:
     port = free_port()
     log = open(Path(folder) / "serve.log", "wb")
     proc = subprocess.Popen(
-        [paceline_bin(), "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--config", str(config)],
+        [paceline_bin(), "serve", "--listen", f"127.0.0.1:{port}", "--store", store, "--config", str(config), *flags],
         stdout=log,
         stderr=log,
     )

@@ -13,8 +13,11 @@ from paceline import (
     Limit,
     PacelineError,
     RateLimited,
+    Unauthenticated,
     UnknownPolicy,
 )
+
+from .conftest import TOKEN
 
 
 def test_limit_admits_the_burst_then_refuses_with_a_delay(url: str, unique: str) -> None:
@@ -133,3 +136,12 @@ def test_the_asyncio_client_decides_and_leases_as_the_blocking_one(url: str, uni
                 await client.limit("uploads", unique)
 
     asyncio.run(main())
+
+
+def test_the_token_is_sent_and_a_wrong_one_is_a_typed_error(token_url: str, unique: str) -> None:
+    with Client(token_url, token=TOKEN) as client:
+        assert client.limit("api", unique).allowed
+    with Client(token_url, token="wrong") as client:
+        with pytest.raises(Unauthenticated) as e:
+            client.limit("api", unique)
+    assert (e.value.status, e.value.code, e.value.field) == (401, "unauthenticated", "authorization")

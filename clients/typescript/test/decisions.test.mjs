@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { Client, InvalidArgument, PacelineError, RateLimited, UnknownPolicy } from "../dist/index.js";
+import { Client, InvalidArgument, PacelineError, RateLimited, Unauthenticated, UnknownPolicy } from "../dist/index.js";
 import { startService, STORES, unique } from "./service.mjs";
 
 for (const store of STORES) {
@@ -104,3 +104,21 @@ for (const store of STORES) {
     });
   });
 }
+
+describe("a service with a token", () => {
+  let service;
+  before(async () => {
+    service = await startService("memory", ["--auth-token", "s3cret-token"]);
+  });
+  after(async () => service?.stop());
+
+  test("the token is sent, and a wrong one is a typed error", async () => {
+    const key = unique("token");
+    assert.ok((await new Client(service.url, { token: "s3cret-token" }).limit("api", key)).allowed);
+    await assert.rejects(new Client(service.url, { token: "wrong" }).limit("api", key), (e) => {
+      assert.ok(e instanceof Unauthenticated);
+      assert.deepEqual([e.status, e.code, e.field], [401, "unauthenticated", "authorization"]);
+      return true;
+    });
+  });
+});

@@ -72,8 +72,9 @@ function stop(child) {
   });
 }
 
-/** Starts the service on `store` ("memory" or "redis"); answers its URL and a stop(). */
-export async function startService(store) {
+/** Starts the service on `store` ("memory" or "redis"), with more `flags`; answers its URL
+ * and a stop(). */
+export async function startService(store, flags = []) {
   const children = [];
   const folder = mkdtempSync(join(tmpdir(), "paceline-ts-"));
   const stopAll = async () => {
@@ -98,7 +99,7 @@ export async function startService(store) {
     const port = await freePort();
     const serve = spawn(
       paceline(),
-      ["serve", "--listen", `127.0.0.1:${port}`, "--store", storeUrl, "--config", config],
+      ["serve", "--listen", `127.0.0.1:${port}`, "--store", storeUrl, "--config", config, ...flags],
       { stdio: "ignore" },
     );
     children.push(serve);
