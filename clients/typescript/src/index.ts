@@ -5,7 +5,7 @@ export type { ClientOptions, Op } from "./client.js";
 export { Queue } from "./queue.js";
 export type { Failure } from "./queue.js";
 export { Worker, PauseGroup, Retry, Fatal, retryAfterMs, upstreamPauseOf } from "./worker.js";
-export type { Handler, Report, WorkerOptions } from "./worker.js";
+export type { Handler, JobOf, Report, WorkerOptions } from "./worker.js";
 export {
   PacelineError,
   InvalidArgument,

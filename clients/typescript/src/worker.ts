@@ -8,9 +8,12 @@ import { LeaseLost, PacelineError } from "./errors.js";
 import type { Queue, Failure } from "./queue.js";
 import type { Job } from "./types.js";
 
+/** A leased job whose payload is of type `P` (the JSON its producer gave). */
+export type JobOf<P> = Omit<Job, "payload"> & { payload: P };
+
 /** Works on one job. `signal` aborts when the job's lease is lost, or when the worker shuts
  * down past its grace: stop working on the job then. */
-export type Handler = (job: Job, signal: AbortSignal) => Promise<void> | void;
+export type Handler<P = unknown> = (job: JobOf<P>, signal: AbortSignal) => Promise<void> | void;
 
 /** Throw it from a handler when the upstream refused with a 429: the job's whole group
  * starts nothing for `retryAfterMs`, and the job keeps its place at the group's head,
@@ -111,8 +114,9 @@ const HAND_BACK_MS = 1;
 class LostLease extends Error {}
 class ShutDown extends Error {}
 
-/** Runs a handler on the jobs of a queue, `concurrency` at a time: see the README. */
-export class Worker {
+/** Runs a handler on the jobs of a queue, `concurrency` at a time: see the README. `P` is
+ * the type of the jobs' payloads. */
+export class Worker<P = unknown> {
   readonly client: Client;
   readonly queue: Queue;
   readonly name: string;
@@ -122,7 +126,7 @@ export class Worker {
   private readonly extendAt: number;
   private readonly waitMs: number;
   private readonly graceMs: number;
-  private work?: Handler;
+  private work?: Handler<P>;
   private stopping = new AbortController();
   private readonly jobs = new Set<AbortController>();
 
@@ -140,7 +144,7 @@ export class Worker {
   }
 
   /** Sets the function that works on one job (async or not); answers it. */
-  handler<H extends Handler>(fn: H): H {
+  handler<H extends Handler<P>>(fn: H): H {
     this.work = fn;
     return fn;
   }
@@ -234,7 +238,7 @@ export class Worker {
     let error: unknown = undefined;
     let failed = false;
     try {
-      await Promise.race([Promise.resolve().then(() => handler(job, control.signal)), aborted]);
+      await Promise.race([Promise.resolve().then(() => handler(job as JobOf<P>, control.signal)), aborted]);
     } catch (e) {
       error = e;
       failed = true;
