@@ -1522,6 +1522,63 @@ on_memory_and_redis!(
     prioritising_and_costing_jobs_on_redis
 );
 
+/// Jobs listed by state over HTTP: waiting ones by group then place in line (one group's
+/// line with `group`), active and dead ones; bad listings are `400`s naming the field.
+fn listing_jobs(p: u16) {
+    for (group, payload, priority) in [("guild:y", 1, 0), ("guild:x", 2, 4), ("guild:x", 3, 0)] {
+        let body =
+            format!(r#"{{"group": "{group}", "payload": {payload}, "priority": {priority}}}"#);
+        assert_eq!(post(p, "/v1/queues/roles/jobs", &body).status, 201);
+    }
+    let list = |query: &str| {
+        let r = get(p, &format!("/v1/queues/roles/jobs?{query}"));
+        assert_eq!(r.status, 200, "{query}: {}", r.body);
+        r.json()["jobs"]
+            .as_array()
+            .map(|jobs| {
+                jobs.iter()
+                    .map(|j| j["payload"].clone())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    let n = |v: &[i64]| v.iter().map(|n| serde_json::json!(n)).collect::<Vec<_>>();
+    assert_eq!(list("state=waiting"), n(&[3, 2, 1]));
+    assert_eq!(list("state=waiting&group=guild:x"), n(&[3, 2]));
+    assert_eq!(list("state=waiting&offset=1&limit=1"), n(&[2]));
+    assert_eq!(list("state=waiting&offset=18446744073709551615"), n(&[]));
+    assert_eq!(list("state=waiting&group=guild:none"), n(&[]));
+    let leased = lease(p, r#"{"worker": "w", "max_jobs": 1, "lease_ms": 60000}"#);
+    assert_eq!(list("state=active"), [leased[0]["payload"].clone()]);
+    let id = text(&leased[0]["id"]);
+    let token = text(&leased[0]["lease"]);
+    let body = format!(r#"{{"lease": "{token}", "error": "bad", "fatal": true}}"#);
+    assert_eq!(on_job(p, &id, "fail", &body).status, 204);
+    assert_eq!(list("state=dead"), [leased[0]["payload"].clone()]);
+    assert_eq!(list("state=active"), n(&[]));
+    assert_eq!(list("state=scheduled"), n(&[]));
+    for (query, field) in [
+        ("", "state"),
+        ("state=finished", "state"),
+        ("state=gone", "state"),
+        ("state=dead&group=guild:x", "group"),
+        ("state=waiting&group=%07", "group"),
+        ("state=waiting&limit=0", "limit"),
+        ("state=waiting&limit=1001", "limit"),
+        ("state=waiting&offset=-1", "query"),
+        ("state=waiting&colour=red", "query"),
+    ] {
+        let r = get(p, &format!("/v1/queues/roles/jobs?{query}"));
+        assert_eq!(r.status, 400, "{query}: {}", r.body);
+        assert_eq!(r.error().1, field, "{query}: {}", r.body);
+    }
+}
+
+on_memory_and_redis!(
+    listing_jobs: listing_jobs_on_memory,
+    listing_jobs_on_redis
+);
+
 /// Schedules over HTTP: the config file's is listed; one put, read, put again unchanged
 /// (its next tick kept), removed; bad ones are `400`s naming their field.
 fn scheduling_jobs(p: u16) {

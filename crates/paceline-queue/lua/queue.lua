@@ -682,37 +682,44 @@ local function project_one(policy, p, t0, cost)
   return t
 end
 
--- The costs of the first `upto` jobs of group `name`'s line, in its order: the front's of
+-- The ids of the first `upto` jobs of group `name`'s line, in its order: the front's of
 -- priority 0, the list's (entries of cancelled jobs aside), then the rest of the front.
-local function line_costs(name, g, upto)
-  local costs = {}
+local function line_ids(name, g, upto)
+  local ids = {}
   local front = {}
   if front_of(name, g) > 0 then
     front = redis.call('ZRANGE', base .. 'l:' .. name, '0', '-1', 'WITHSCORES')
   end
   local k = 1
-  local function take(id)
-    local job = load_job(id)
-    costs[#costs + 1] = job and job.cost or 1
-  end
-  while k <= #front and #costs < upto and tonumber(front[k + 1]) < PRIO_UNIT do
-    take(front[k])
+  while k <= #front and #ids < upto and tonumber(front[k + 1]) < PRIO_UNIT do
+    ids[#ids + 1] = front[k]
     k = k + 2
   end
-  if #costs < upto and g.n > g.f then
+  if #ids < upto and g.n > g.f then
     for _, entry in ipairs(redis.call('LRANGE', base .. 'q:' .. name, '0', '-1')) do
-      if #costs >= upto then
+      if #ids >= upto then
         break
       end
-      local job = load_job(entry:sub(21))
+      local id = entry:sub(21)
+      local job = load_job(id)
       if job and job.place == 'waiting' and job.rank == tonumber(entry:sub(1, 20)) then
-        costs[#costs + 1] = job.cost or 1
+        ids[#ids + 1] = id
       end
     end
   end
-  while k <= #front and #costs < upto do
-    take(front[k])
+  while k <= #front and #ids < upto do
+    ids[#ids + 1] = front[k]
     k = k + 2
+  end
+  return ids
+end
+
+-- The costs of the first `upto` jobs of group `name`'s line, in its order.
+local function line_costs(name, g, upto)
+  local costs = {}
+  for i, id in ipairs(line_ids(name, g, upto)) do
+    local job = load_job(id)
+    costs[i] = job and job.cost or 1
   end
   return costs
 end
@@ -2161,19 +2168,62 @@ function ops.groups()
   return redis.call('SCARD', base .. 'groups')
 end
 
--- dead OFFSET LIMIT: the dead jobs in order of death, each as `job_reply`. Reads only.
-function ops.dead(ARGV, o)
-  local offset, limit = tonumber(ARGV[o + 3]), tonumber(ARGV[o + 4])
+-- jobs STATE GROUP OFFSET LIMIT: the jobs in STATE ('scheduled', 'waiting', 'active' or
+-- 'dead') after the first OFFSET, at most LIMIT, each as `job_reply`, in the order
+-- `QueueCore::jobs` gives: waiting ones by group name (GROUP's only, unless '') then their
+-- place in line. Reads only.
+function ops.jobs(ARGV, o)
+  local state, group = ARGV[o + 3], ARGV[o + 4]
+  local offset, limit = tonumber(ARGV[o + 5]), tonumber(ARGV[o + 6])
   local out = {}
   -- Positions beyond 2^53 hold nothing (a queue holds fewer jobs).
   local last = 2 ^ 53
-  if limit > 0 and offset < last then
-    local stop = min(offset + limit - 1, last)
-    for _, id in ipairs(redis.call('ZRANGE', base .. 'dead', int(offset), int(stop))) do
-      local job = load_job(id)
-      if job then
-        job_reply(id, job, out)
+  if limit <= 0 or offset >= last then
+    return out
+  end
+  local ids = {}
+  if state == 'waiting' then
+    local names = { group }
+    if group == '' then
+      names = redis.call('SMEMBERS', base .. 'groups')
+      table.sort(names)
+    end
+    local skip = offset
+    for _, name in ipairs(names) do
+      if #ids >= limit then
+        break
       end
+      local g = load_group(name)
+      if g and g.n > 0 then
+        if skip >= g.n then
+          skip = skip - g.n
+        else
+          for i, id in ipairs(line_ids(name, g, skip + limit - #ids)) do
+            if i > skip then
+              ids[#ids + 1] = id
+            end
+          end
+          skip = 0
+        end
+      end
+    end
+  else
+    -- Scheduled jobs' and leases' members are 20 digits then the id; `KEEP`, scored +inf,
+    -- is last and no job.
+    local key = ({ scheduled = 'scheduled', active = 'leases', dead = 'dead' })[state]
+    if key then
+      local stop = min(offset + limit - 1, last)
+      for _, member in ipairs(redis.call('ZRANGE', base .. key, int(offset), int(stop))) do
+        if member ~= KEEP then
+          ids[#ids + 1] = key == 'dead' and member or member:sub(21)
+        end
+      end
+    end
+  end
+  for _, id in ipairs(ids) do
+    local job = load_job(id)
+    if job then
+      job_reply(id, job, out)
     end
   end
   return out

@@ -332,6 +332,36 @@ pub fn check_request_id(id: &str) -> Result<(), InputError> {
     Ok(())
 }
 
+/// Checks what a listing of jobs asks for ([`Queue::jobs`](crate::Queue::jobs)): a state
+/// jobs are kept in (not `finished`), and a group only for waiting jobs.
+///
+/// ```
+/// use paceline_queue::job::check_listing;
+/// use paceline_queue::JobState;
+/// assert!(check_listing(JobState::Waiting, Some("guild:1")).is_ok());
+/// assert_eq!(check_listing(JobState::Dead, Some("guild:1")).unwrap_err().field(), "group");
+/// assert_eq!(check_listing(JobState::Finished, None).unwrap_err().field(), "state");
+/// ```
+pub fn check_listing(state: JobState, group: Option<&str>) -> Result<(), InputError> {
+    if state == JobState::Finished {
+        return Err(InputError::new(
+            "state",
+            "must be scheduled, waiting, active or dead: finished jobs are not kept",
+        ));
+    }
+    if let Some(group) = group {
+        if state != JobState::Waiting {
+            return Err(InputError::new(
+                "group",
+                "filters waiting jobs only (a group's line): leave it out to list the queue's \
+                 scheduled, active or dead jobs",
+            ));
+        }
+        check_group(group)?;
+    }
+    Ok(())
+}
+
 /// Checks a requested lease length.
 pub fn check_lease_length(lease: Duration) -> Result<(), InputError> {
     check_lease("lease_ms", lease)

@@ -16,7 +16,7 @@ use tokio::sync::Notify;
 use crate::config::QueueConfig;
 use crate::core::{Jitter, QueueCore};
 use crate::error::QueueError;
-use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
+use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, JobState, Leased, NewJob, Stats};
 use crate::queue::{QueueBackend, QueueFuture};
 
 /// A queue in this process's memory. See [`Queue::in_memory`](crate::Queue::in_memory).
@@ -328,12 +328,14 @@ impl QueueBackend for MemoryQueue {
         ready(self.core().counts(now))
     }
 
-    fn dead(
-        &self,
+    fn jobs<'a>(
+        &'a self,
+        state: JobState,
+        group: Option<&'a str>,
         offset: usize,
         limit: usize,
-    ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>> {
-        ready(Ok(self.core().dead(offset, limit)))
+    ) -> QueueFuture<'a, Result<Vec<JobInfo>, QueueError>> {
+        ready(Ok(self.core().jobs(state, group, offset, limit)))
     }
 
     fn retry_dead<'a>(

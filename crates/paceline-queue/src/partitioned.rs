@@ -102,7 +102,9 @@ use paceline_store::secret::TokenKey;
 use crate::config::QueueConfig;
 use crate::core::{check_lease_request, PolicySource, UNTIL_RESUMED};
 use crate::error::QueueError;
-use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats, Totals};
+use crate::job::{
+    Enqueued, FailOutcome, Failure, JobInfo, JobState, Leased, NewJob, Stats, Totals,
+};
 use crate::memory::MemoryQueue;
 use crate::queue::{QueueBackend, QueueFuture};
 use crate::schedule::{Schedule, ScheduleInfo};
@@ -582,9 +584,21 @@ impl<B: Partition> Partitioned<B> {
         }
     }
 
-    async fn dead_across(&self, offset: usize, limit: usize) -> Result<Vec<JobInfo>, QueueError> {
+    /// Jobs in `state` across the partitions, partition 0's first (a group's: its
+    /// partition's).
+    async fn jobs_across(
+        &self,
+        state: JobState,
+        group: Option<&str>,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<JobInfo>, QueueError> {
         if limit == 0 {
             return Ok(Vec::new());
+        }
+        if let Some(group) = group {
+            let p = partition_of(group, self.config.partitions);
+            return self.parts[p].jobs(state, Some(group), offset, limit).await;
         }
         let counts = join_all(self.parts.iter().map(QueueBackend::counts)).await;
         let mut skip = offset;
@@ -593,12 +607,24 @@ impl<B: Partition> Partitioned<B> {
             if out.len() >= limit {
                 break;
             }
-            let dead = usize::try_from(counts?.dead).unwrap_or(usize::MAX);
-            if skip >= dead {
-                skip -= dead;
+            let counts = counts?;
+            let held = match state {
+                JobState::Scheduled => counts.scheduled,
+                JobState::Waiting => counts.waiting,
+                JobState::Active => counts.active,
+                JobState::Dead => counts.dead,
+                JobState::Finished => 0,
+            };
+            let held = usize::try_from(held).unwrap_or(usize::MAX);
+            if skip >= held {
+                skip -= held;
                 continue;
             }
-            out.extend(self.parts[p].dead(skip, limit - out.len()).await?);
+            out.extend(
+                self.parts[p]
+                    .jobs(state, None, skip, limit - out.len())
+                    .await?,
+            );
             skip = 0;
         }
         Ok(out)
@@ -901,12 +927,14 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
         Box::pin(self.stats_across(false))
     }
 
-    fn dead(
-        &self,
+    fn jobs<'a>(
+        &'a self,
+        state: JobState,
+        group: Option<&'a str>,
         offset: usize,
         limit: usize,
-    ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>> {
-        Box::pin(self.dead_across(offset, limit))
+    ) -> QueueFuture<'a, Result<Vec<JobInfo>, QueueError>> {
+        Box::pin(self.jobs_across(state, group, offset, limit))
     }
 
     fn retry_dead<'a>(
@@ -1263,12 +1291,16 @@ mod failing {
         fn counts(&self) -> QueueFuture<'_, Result<Stats, QueueError>> {
             now(self.run("counts", || at_once(self.inner.counts())))
         }
-        fn dead(
-            &self,
+        fn jobs<'a>(
+            &'a self,
+            state: JobState,
+            group: Option<&'a str>,
             offset: usize,
             limit: usize,
-        ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>> {
-            now(self.run("dead", || at_once(self.inner.dead(offset, limit))))
+        ) -> QueueFuture<'a, Result<Vec<JobInfo>, QueueError>> {
+            now(self.run("jobs", || {
+                at_once(self.inner.jobs(state, group, offset, limit))
+            }))
         }
         fn retry_dead<'a>(
             &'a self,
@@ -1503,14 +1535,17 @@ mod failing {
             q.parts[p].fail(&job.id, fence, fatal).await.unwrap();
         }
         let reads =
-            |q: &Partitioned<Flaky>| q.parts.iter().map(|p| p.calls("dead")).collect::<Vec<_>>();
+            |q: &Partitioned<Flaky>| q.parts.iter().map(|p| p.calls("jobs")).collect::<Vec<_>>();
         // An offset beyond every dead job: the counts, read at once, and no page.
-        assert_eq!(q.dead(usize::MAX, 10).await, Ok(Vec::new()));
+        assert_eq!(
+            q.jobs(JobState::Dead, None, usize::MAX, 10).await,
+            Ok(Vec::new())
+        );
         assert_eq!(reads(&q), [0, 0, 0]);
         assert!(q.parts.iter().all(|p| p.calls("counts") == 1));
         // A page in partition 2 alone reads partition 2 alone.
         let page: Vec<String> = q
-            .dead(3, 10)
+            .jobs(JobState::Dead, None, 3, 10)
             .await
             .unwrap()
             .into_iter()
@@ -1520,7 +1555,7 @@ mod failing {
         assert_eq!(reads(&q), [0, 0, 1]);
         // One across partitions 0 and 2 passes over partition 1.
         let page: Vec<String> = q
-            .dead(1, 2)
+            .jobs(JobState::Dead, None, 1, 2)
             .await
             .unwrap()
             .into_iter()

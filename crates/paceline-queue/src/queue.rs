@@ -13,7 +13,7 @@ use paceline_store::{SharedStore, StoreOptions, SystemClock};
 
 use crate::config::QueueConfig;
 use crate::error::QueueError;
-use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
+use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, JobState, Leased, NewJob, Stats};
 use crate::memory::MemoryQueue;
 use crate::partitioned::Partitioned;
 use crate::schedule::{Schedule, ScheduleInfo, SCHEDULE_POLL};
@@ -133,12 +133,16 @@ pub trait QueueBackend: Send + Sync + 'static {
     fn stats(&self) -> QueueFuture<'_, Result<Stats, QueueError>>;
     /// The counts and totals without the groups, at a cost that does not grow with them.
     fn counts(&self) -> QueueFuture<'_, Result<Stats, QueueError>>;
-    /// Dead jobs, oldest death first.
-    fn dead(
-        &self,
+    /// Jobs in `state` (of `group`, for waiting ones), in the order the queue keeps them;
+    /// see [`QueueCore::jobs`](crate::QueueCore::jobs). Called with what
+    /// [`check_listing`](crate::job::check_listing) accepts.
+    fn jobs<'a>(
+        &'a self,
+        state: JobState,
+        group: Option<&'a str>,
         offset: usize,
         limit: usize,
-    ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>>;
+    ) -> QueueFuture<'a, Result<Vec<JobInfo>, QueueError>>;
     /// Retries dead jobs (`None`: all); answers how many.
     fn retry_dead<'a>(
         &'a self,
@@ -726,7 +730,34 @@ impl Queue {
 
     /// Up to `limit` dead jobs, oldest death first, after the first `offset`.
     pub async fn dead(&self, offset: usize, limit: usize) -> Result<Vec<JobInfo>, QueueError> {
-        self.backend.dead(offset, limit).await
+        self.backend.jobs(JobState::Dead, None, offset, limit).await
+    }
+
+    /// Up to `limit` jobs in `state`, after the first `offset`, in the order the queue keeps
+    /// them: scheduled ones by when they join their groups, waiting ones by group name then
+    /// their place in line (only `group`'s, with `group`: waiting jobs only), active ones by
+    /// when their leases run out, dead ones by death.
+    ///
+    /// ```
+    /// use paceline_queue::{JobState, NewJob, Queue, QueueConfig};
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let queue = Queue::in_memory("q", QueueConfig::new("gcra:rate=1/s".parse()?))?;
+    /// queue.enqueue(NewJob::new("guild:1", b"a".to_vec())).await?;
+    /// queue.enqueue(NewJob::new("guild:1", b"b".to_vec()).priority(0)).await?;
+    /// let waiting = queue.jobs(JobState::Waiting, Some("guild:1"), 0, 10).await?;
+    /// assert_eq!(waiting.len(), 2);
+    /// # Ok::<(), paceline_queue::QueueError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn jobs(
+        &self,
+        state: JobState,
+        group: Option<&str>,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<JobInfo>, QueueError> {
+        crate::job::check_listing(state, group)?;
+        self.backend.jobs(state, group, offset, limit).await
     }
 
     /// Puts dead jobs back in line with fresh attempts (`None`: all); answers how many.

@@ -15,8 +15,8 @@ use paceline_core::{Clock, ManualClock, Policy};
 use paceline_queue::core::PolicySource;
 use paceline_queue::schedule::{Schedule, ScheduleInfo};
 use paceline_queue::{
-    Enqueued, FailOutcome, Failure, JobInfo, LeaseToken, Leased, MemoryQueue, NewJob, Partitioned,
-    Queue, QueueConfig, QueueError, RedisQueue, Stats,
+    Enqueued, FailOutcome, Failure, JobInfo, JobState, LeaseToken, Leased, MemoryQueue, NewJob,
+    Partitioned, Queue, QueueConfig, QueueError, RedisQueue, Stats,
 };
 use paceline_testkit::differential::{self, At, Cases, Differential, Redis, Tick};
 use paceline_testkit::{connect, runtime, unique_name};
@@ -73,6 +73,13 @@ enum Step {
     },
     Stats,
     Dead,
+    /// A listing of jobs: scheduled, waiting (of one group, or all), active or dead, from an
+    /// offset.
+    Jobs {
+        state: u8,
+        group: Option<u8>,
+        offset: u8,
+    },
     RetryDead {
         all: bool,
         id: u8,
@@ -225,6 +232,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..8).prop_map(|id| Step::Job { id }),
         1 => Just(Step::Stats),
         1 => Just(Step::Dead),
+        1 => (0u8..4, proptest::option::of(0u8..3), prop_oneof![3 => Just(0u8), 1 => 0u8..4])
+            .prop_map(|(state, group, offset)| Step::Jobs { state, group, offset }),
         1 => (any::<bool>(), 0u8..8).prop_map(|(all, id)| Step::RetryDead { all, id }),
         1 => Just(Step::PurgeDead),
         1 => (proptest::option::of(0u8..3), proptest::option::of(prop_oneof![1 => Just(0u16), 6 => 1u16..4_000]))
@@ -430,6 +439,24 @@ impl differential::Twin<Step> for QueueTwin {
             Step::Job { id } => Said::Job(queue.job(&id_of(id, self.partitions)).await),
             Step::Stats => Said::Stats(queue.stats().await, queue.counts().await),
             Step::Dead => Said::Dead(queue.dead(0, 100).await),
+            Step::Jobs {
+                state,
+                group,
+                offset,
+            } => {
+                let state = [
+                    JobState::Scheduled,
+                    JobState::Waiting,
+                    JobState::Active,
+                    JobState::Dead,
+                ][usize::from(state)];
+                // A group only for waiting jobs: any other state with one is an error.
+                let group = group.map(|g| format!("g{g}"));
+                let listed = queue
+                    .jobs(state, group.as_deref(), usize::from(offset), 5)
+                    .await;
+                Said::Dead(listed)
+            }
             Step::RetryDead { all, id } => {
                 let ids = vec![id_of(id, self.partitions), id_of(id, self.partitions)];
                 let ids = (!all).then_some(ids.as_slice());

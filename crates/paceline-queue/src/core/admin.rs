@@ -140,11 +140,44 @@ impl QueueCore {
 
     /// Up to `limit` dead jobs, oldest death first, skipping the first `offset`.
     pub fn dead(&self, offset: usize, limit: usize) -> Vec<JobInfo> {
-        self.dead
-            .iter()
+        self.jobs(JobState::Dead, None, offset, limit)
+    }
+
+    /// Up to `limit` jobs in `state`, skipping the first `offset`, in the order the queue
+    /// keeps them: scheduled ones by when they join their groups, waiting ones by group
+    /// name then their place in line (`group`'s only, with `group`), active ones by when
+    /// their leases run out, dead ones by death. See
+    /// [`check_listing`](crate::job::check_listing) for what may be asked; anything else
+    /// lists nothing.
+    pub fn jobs(
+        &self,
+        state: JobState,
+        group: Option<&str>,
+        offset: usize,
+        limit: usize,
+    ) -> Vec<JobInfo> {
+        fn line(g: &super::records::Group) -> Vec<&String> {
+            g.waiting.iter().map(|(_, id)| id).collect()
+        }
+        let ids: Vec<&String> = match (state, group) {
+            (JobState::Scheduled, None) => self.scheduled.iter().map(|(_, _, id)| id).collect(),
+            (JobState::Active, None) => self.leases.iter().map(|(_, _, id)| id).collect(),
+            (JobState::Dead, None) => self.dead.iter().map(|(_, id)| id).collect(),
+            (JobState::Waiting, Some(name)) => self.groups.get(name).map(line).unwrap_or_default(),
+            (JobState::Waiting, None) => {
+                let mut names: Vec<&String> = self.groups.keys().collect();
+                names.sort();
+                names
+                    .into_iter()
+                    .flat_map(|n| line(&self.groups[n]))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        ids.into_iter()
             .skip(offset)
             .take(limit)
-            .filter_map(|(_, id)| self.job(id))
+            .filter_map(|id| self.job(id))
             .collect()
     }
 

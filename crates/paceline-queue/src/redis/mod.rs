@@ -42,7 +42,7 @@ use tokio::sync::Notify;
 use crate::config::QueueConfig;
 use crate::core::{Jitter, PolicySource};
 use crate::error::QueueError;
-use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, Leased, NewJob, Stats};
+use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, JobState, Leased, NewJob, Stats};
 use crate::memory::check_queue_name;
 use crate::queue::{QueueBackend, QueueFuture};
 use crate::schedule::{check_schedule_name, Schedule, ScheduleInfo};
@@ -522,12 +522,14 @@ impl QueueBackend for RedisQueue {
         Box::pin(self.read_stats(false))
     }
 
-    fn dead(
-        &self,
+    fn jobs<'a>(
+        &'a self,
+        state: JobState,
+        group: Option<&'a str>,
         offset: usize,
         limit: usize,
-    ) -> QueueFuture<'_, Result<Vec<JobInfo>, QueueError>> {
-        Box::pin(self.dead_jobs(offset, limit))
+    ) -> QueueFuture<'a, Result<Vec<JobInfo>, QueueError>> {
+        Box::pin(self.list_jobs(state, group, offset, limit))
     }
 
     fn retry_dead<'a>(

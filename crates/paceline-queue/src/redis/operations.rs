@@ -17,7 +17,7 @@ use crate::core::{
 use crate::error::QueueError;
 use crate::job::{
     check_lease_length, check_request_id, not_before_too_late, Enqueued, FailOutcome, Failure,
-    GroupStats, JobInfo, Leased, NewJob, Stats,
+    GroupStats, JobInfo, JobState, Leased, NewJob, Stats,
 };
 use crate::schedule::{Schedule, ScheduleInfo};
 use crate::token::LeaseToken;
@@ -458,12 +458,21 @@ impl RedisQueue {
         Ok(stats)
     }
 
-    pub(super) async fn dead_jobs(
+    pub(super) async fn list_jobs(
         &self,
+        state: JobState,
+        group: Option<&str>,
         offset: usize,
         limit: usize,
     ) -> Result<Vec<JobInfo>, QueueError> {
-        let reply = self.call("dead", vec![arg(offset), arg(limit)]).await?;
+        crate::job::check_listing(state, group)?;
+        let args = vec![
+            arg(state.name()),
+            arg(group.unwrap_or("")),
+            arg(offset),
+            arg(limit),
+        ];
+        let reply = self.call("jobs", args).await?;
         let mut r = reader(reply)?;
         let mut jobs = Vec::new();
         while !r.is_empty() {

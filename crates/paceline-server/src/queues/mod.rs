@@ -13,6 +13,7 @@
 //! | `POST /v1/queues/{queue}/groups/{group}/pause` `{"ms"?}`, `.../resume` | `200`: the group starts nothing until resumed or for `ms` |
 //! | `GET`, `PUT`, `DELETE /v1/queues/{queue}/groups/{group}/policy` `{"policy"}` | `200 {"group", "policy", "queue", "source"}`: the group's policy, set at run time, or back to the config's |
 //! | `GET /v1/queues/{queue}/schedules`; `GET`, `PUT`, `DELETE .../schedules/{name}` `{"cron", "group", "payload"?, "timezone"?}` | the schedules; one, kept (`200`), or removed (`204`) |
+//! | `GET /v1/queues/{queue}/jobs?state=S&group=G` | list jobs by state (`scheduled`, `waiting`, `active`, `dead`) |
 //! | `GET`, `DELETE /v1/queues/{queue}/dead`, `POST .../dead/retry` | list, purge, retry the dead jobs |
 //!
 //! Times (`*_ms`) are Unix milliseconds on the queue's clock, so `started_ms` of jobs leased
@@ -30,7 +31,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use paceline_queue::{Failure, NewJob, Queue, QueueError};
+use paceline_queue::{Failure, JobState, NewJob, Queue, QueueError};
 
 use crate::error::{ApiError, Envelope, ErrorCode};
 use crate::extract::{path_parts, Authorized, JsonBody};
@@ -42,8 +43,8 @@ use answers::{
 pub use answers::{job_body, paused_body, stats_body, JobBody};
 pub use requests::MAX_ENQUEUE_BATCH;
 use requests::{
-    AckBody, DeadQuery, EnqueueBody, ExtendBody, FailBody, JobsArray, LeaseBody, LeaseCall, Object,
-    PauseBody, PauseSchema, PolicyBody, RetryBody, ScheduleBody,
+    AckBody, DeadQuery, EnqueueBody, ExtendBody, FailBody, JobsArray, JobsQuery, LeaseBody,
+    LeaseCall, Object, PauseBody, PauseSchema, PolicyBody, RetryBody, ScheduleBody,
 };
 
 /// The most dead jobs one listing answers.
@@ -61,6 +62,7 @@ const MAX_DEAD_LIST: usize = 1_000;
     ack,
     fail,
     extend,
+    list_jobs,
     dead,
     purge_dead,
     retry_dead,
@@ -82,7 +84,7 @@ pub(crate) struct QueuesDoc;
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/queues/{queue}", get(stats))
-        .route("/v1/queues/{queue}/jobs", post(enqueue))
+        .route("/v1/queues/{queue}/jobs", get(list_jobs).post(enqueue))
         .route("/v1/queues/{queue}/jobs/batch", post(enqueue_batch))
         .route("/v1/queues/{queue}/leases", post(lease))
         .route("/v1/queues/{queue}/jobs/{id}", get(job).delete(cancel))
@@ -796,6 +798,51 @@ fn no_schedule(name: &str) -> ApiError {
             "no schedule `{name}` in this queue; GET /v1/queues/{{queue}}/schedules lists them"
         ),
     )
+}
+
+/// `GET /v1/queues/{queue}/jobs?state=waiting&group=G&offset=0&limit=100`: jobs in a state,
+/// in the order the queue keeps them.
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/jobs",
+    tag = "queues",
+    operation_id = "list_jobs",
+    params(("queue" = String, Path, description = "A configured queue's name"), JobsQuery),
+    responses(
+        (status = 200, description = "The jobs: scheduled ones by when they join their groups, waiting ones by group then place in line, active ones by lease expiry, dead ones by death", body = JobsBody<JobBody>),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
+async fn list_jobs(
+    _: Authorized,
+    QueueAt { queue, .. }: QueueAt,
+    query: Result<Query<JobsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
+    let allowed = "must be scheduled, waiting, active or dead";
+    let state = query
+        .state
+        .as_deref()
+        .ok_or_else(|| ApiError::invalid("state", format!("is required: {allowed}")))?;
+    let state = JobState::from_name(state)
+        .filter(|s| *s != JobState::Finished)
+        .ok_or_else(|| ApiError::invalid("state", allowed))?;
+    let limit = query.limit.unwrap_or(100);
+    if limit == 0 || limit > MAX_DEAD_LIST {
+        return Err(ApiError::invalid(
+            "limit",
+            format!("must be from 1 to {MAX_DEAD_LIST}"),
+        ));
+    }
+    let offset = query.offset.unwrap_or(0);
+    let jobs = queue
+        .jobs(state, query.group.as_deref(), offset, limit)
+        .await?;
+    let jobs: Vec<JobBody<'_>> = jobs.iter().map(job_body).collect();
+    Ok(Json(JobsBody { jobs }).into_response())
 }
 
 /// `GET /v1/queues/{queue}/dead?offset=0&limit=100`: the dead jobs, oldest first.

@@ -361,6 +361,23 @@ pub(super) struct DeadQuery {
     pub(super) limit: Option<usize>,
 }
 
+/// A listing's query: `?state=waiting&group=G&offset=0&limit=100`.
+#[derive(Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(super) struct JobsQuery {
+    /// `scheduled`, `waiting`, `active` or `dead`.
+    #[param(value_type = String, required = true, pattern = "^(scheduled|waiting|active|dead)$")]
+    pub(super) state: Option<String>,
+    /// Waiting jobs only: this group's line.
+    pub(super) group: Option<String>,
+    /// How many to skip, in the order the queue keeps them.
+    pub(super) offset: Option<usize>,
+    /// How many to list: 1 to 1000, 100 by default.
+    #[param(minimum = 1, maximum = 1000)]
+    pub(super) limit: Option<usize>,
+}
+
 /// Dead jobs to retry, as sent: these ids, or all of them.
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
