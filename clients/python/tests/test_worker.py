@@ -276,3 +276,27 @@ def test_sigterm_lets_the_running_job_finish_then_the_worker_exits(url: str, uni
         assert out.strip() == "acked 1"
         stats = client.queue("sigterm").stats()
         assert stats.waiting + stats.active == 0
+
+
+def test_a_handler_may_be_an_instance_of_a_class(url: str, unique: str) -> None:
+    class Granter:
+        def __init__(self) -> None:
+            self.granted: list[object] = []
+
+        async def __call__(self, job: Job) -> None:
+            self.granted.append(job.payload)
+
+    async def main() -> None:
+        async with AsyncClient(url) as client:
+            await client.queue("work").enqueue(unique, {"role": 3})
+            granter = Granter()
+            worker = Worker(client, "work", wait=0.2)
+            worker.handler(granter)
+            stop = asyncio.Event()
+            running = asyncio.create_task(worker.serve(stop))
+            await until(lambda: drained(client, "work"), "the job done")
+            stop.set()
+            assert (await running).acked == 1
+            assert granter.granted == [{"role": 3}]
+
+    asyncio.run(main())

@@ -130,7 +130,8 @@ class Worker:
         self._stop: asyncio.Event | None = None
 
     def handler(self, fn: H) -> H:
-        """Decorates the function (async or blocking) that works on one job."""
+        """Decorates the function (async or blocking) that works on one job; any callable
+        does, an instance of a class with ``__call__`` too."""
         self._handler = fn
         return fn
 
@@ -204,12 +205,14 @@ class Worker:
     async def _call_handler(self, job: Job) -> None:
         handler = self._handler
         assert handler is not None
-        if inspect.iscoroutinefunction(handler):
+        call = getattr(handler, "__call__", None)
+        if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call):
             result = handler(job)
-            if inspect.isawaitable(result):
-                await result
         else:
-            await asyncio.to_thread(handler, job)
+            # A blocking handler runs in a thread, so that it holds up no other job.
+            result = await asyncio.to_thread(handler, job)
+        if inspect.isawaitable(result):
+            await result
 
     async def _extend(self, job: Job, lost: asyncio.Event) -> None:
         length = self.lease or max(0.001, (job.lease_expires_ms - job.started_ms) / 1000.0)
