@@ -70,16 +70,27 @@ pub(crate) fn parse(signer: &TokenKey, token: &str) -> Result<Token, ApiError> {
     if !from_hex(signed, &mut given) {
         return Err(bad());
     }
-    let unhex = |text: &str| -> Option<String> {
+    // The shape: a decimal id, then two hex parts. What does not have it is the request's
+    // error; what has it but does not read back (an id past 2^64, bytes that are no UTF-8)
+    // this service never signed, and is an unknown lease like any other such token.
+    let unhex = |text: &str| -> Option<Vec<u8>> {
         let mut bytes = vec![0u8; text.len() / 2];
-        (!text.is_empty() && from_hex(text, &mut bytes)).then_some(())?;
-        String::from_utf8(bytes).ok()
+        (!text.is_empty() && from_hex(text, &mut bytes)).then_some(bytes)
     };
-    let token = Token {
-        id: id.parse().map_err(|_| bad())?,
-        namespace: unhex(namespace).ok_or_else(bad)?,
-        key: unhex(key).ok_or_else(bad)?,
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let (Some(namespace), Some(key)) = (unhex(namespace), unhex(key)) else {
+        return Err(bad());
     };
+    let (Ok(id), Ok(namespace), Ok(key)) = (
+        id.parse(),
+        String::from_utf8(namespace),
+        String::from_utf8(key),
+    ) else {
+        return Err(unknown_lease());
+    };
+    let token = Token { id, namespace, key };
     let parts: [&[u8]; 4] = [
         PURPOSE,
         token.namespace.as_bytes(),
@@ -135,6 +146,9 @@ mod tests {
             "1.61.61.61",
             "1..61",
             "1.ff.61",
+            &format!("+1.61.61.{tag}"),
+            &format!("1.6.61.{tag}"),
+            &format!("1.61..{tag}"),
             &format!("1.61.61.{tag}.61"),
             &format!("x.61.61.{tag}"),
             "1.61.61.0011",
@@ -162,7 +176,15 @@ mod tests {
             format!("{}.{rest}", 1_699_999_999_999_999u64),
         ];
         assert_eq!(id, "1700000000000000");
-        for forged in neighbours.iter().chain([&elsewhere]) {
+        // Of the right shape, but nothing this service could have signed: an id past 2^64,
+        // a namespace or a key that is no UTF-8.
+        let tag = "00112233445566778899aabbccddeeff";
+        let unreadable = [
+            format!("99999999999999999999.61.61.{tag}"),
+            format!("1.ff.61.{tag}"),
+            format!("1.61.c3.{tag}"),
+        ];
+        for forged in neighbours.iter().chain([&elsewhere]).chain(&unreadable) {
             let e = parse(&signer, forged)
                 .err()
                 .unwrap_or_else(|| panic!("{forged} was read"));
