@@ -35,6 +35,8 @@ class Call(Generic[T]):
     path: str
     read: Callable[[httpx.Response], T]
     body: Any = NO_BODY
+    # Seconds the service may take beyond the client's timeout (a lease call's wait).
+    longer: float = 0.0
 
 
 def seg(part: str) -> str:
@@ -168,7 +170,13 @@ def lease_jobs(
         body["wait_ms"] = wait * 1000.0
     if request_id is not None:
         body["request_id"] = request_id
-    return Call("POST", _q(queue, "/leases"), lambda r: [Job.from_json(j, queue) for j in _json(r)["jobs"]], body)
+    return Call(
+        "POST",
+        _q(queue, "/leases"),
+        lambda r: [Job.from_json(j, queue) for j in _json(r)["jobs"]],
+        body,
+        longer=wait or 0.0,
+    )
 
 
 def ack(queue: str, job_id: str, lease: str) -> Call[None]:

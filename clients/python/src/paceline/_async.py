@@ -31,13 +31,16 @@ class AsyncClient:
         timeout: float = 30.0,
         http: httpx.AsyncClient | None = None,
     ) -> None:
+        self._timeout = timeout
         self._http = http or httpx.AsyncClient(base_url=url, headers=headers(token), timeout=timeout)
 
     async def _run(self, call: Call[T]) -> T:
-        if call.body is _api.NO_BODY:
-            response = await self._http.request(call.method, call.path)
-        else:
-            response = await self._http.request(call.method, call.path, json=call.body)
+        extra: dict[str, Any] = {}
+        if call.body is not _api.NO_BODY:
+            extra["json"] = call.body
+        if call.longer > 0:
+            extra["timeout"] = self._timeout + call.longer
+        response = await self._http.request(call.method, call.path, **extra)
         return call.read(response)
 
     async def aclose(self) -> None:

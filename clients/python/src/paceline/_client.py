@@ -39,13 +39,16 @@ class Client:
         timeout: float = 30.0,
         http: httpx.Client | None = None,
     ) -> None:
+        self._timeout = timeout
         self._http = http or httpx.Client(base_url=url, headers=headers(token), timeout=timeout)
 
     def _run(self, call: Call[T]) -> T:
-        if call.body is _api.NO_BODY:
-            response = self._http.request(call.method, call.path)
-        else:
-            response = self._http.request(call.method, call.path, json=call.body)
+        extra: dict[str, Any] = {}
+        if call.body is not _api.NO_BODY:
+            extra["json"] = call.body
+        if call.longer > 0:
+            extra["timeout"] = self._timeout + call.longer
+        response = self._http.request(call.method, call.path, **extra)
         return call.read(response)
 
     def close(self) -> None:
