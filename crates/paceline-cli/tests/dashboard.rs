@@ -307,3 +307,336 @@ fn the_proxy_dashboard_shows_outcomes_and_buckets_in_a_real_browser() {
         "the proxy's section is shown"
     );
 }
+
+/// A call to the service with its token.
+fn api(port: u16, method: &str, path: &str, body: &str) -> common::Reply {
+    let auth = format!("Bearer {TOKEN}");
+    let mut headers = vec![("authorization", auth.as_str())];
+    if !body.is_empty() {
+        headers.push(("content-type", "application/json"));
+    }
+    http(port, method, path, &headers, body.as_bytes())
+}
+
+/// Clicks the element `selector` names in the page (it must be there).
+fn click(browser: &mut Browser, selector: &str) {
+    let quoted = serde_json::to_string(selector).expect("a selector");
+    let clicked = browser.eval(&format!(
+        "(() => {{ const e = document.querySelector({quoted}); if (!e) return false; \
+         e.click(); return true; }})()"
+    ));
+    assert_eq!(clicked, true, "no {selector} to click");
+}
+
+/// The text of the element `selector` names, or `null`.
+fn text(browser: &mut Browser, selector: &str) -> serde_json::Value {
+    let quoted = serde_json::to_string(selector).expect("a selector");
+    browser.eval(&format!(
+        "document.querySelector({quoted})?.textContent ?? null"
+    ))
+}
+
+/// The ids of the jobs the queue page lists now.
+const LISTED: &str = "Array.from(document.querySelectorAll('#queue-jobs tr[data-job]'), \
+                      (r) => r.dataset.job).sort().join(',')";
+
+#[test]
+fn the_queue_page_lists_jobs_by_state_and_acts_on_them_in_a_real_browser() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let config = write(
+        dir.path(),
+        "queue-page.toml",
+        &format!(
+            "auth_token = \"{TOKEN}\"\n\
+             [queues.work]\n\
+             group_policy = \"fixed_window:limit=1,window=1h\"\n"
+        ),
+    );
+    let service = start(&["--config", &config]);
+    let port = service.port;
+    let wait = Duration::from_secs(20);
+
+    // Jobs in every state: each group starts one job an hour.
+    let hostile_payload = "\"<img src=x onerror=\\\"document.body.dataset.pwned=1\\\">\"";
+    let big_payload = serde_json::json!({"blob": "x".repeat(40_000)}).to_string();
+    for (id, group, payload, extra) in [
+        ("doomed", "g-dead", "{\"n\": 0}", ", \"max_attempts\": 1"),
+        (
+            "hostile",
+            "g-hostile",
+            hostile_payload,
+            ", \"max_attempts\": 1",
+        ),
+        ("big", "g-big", big_payload.as_str(), ""),
+        ("w0", "g-wait", "{\"n\": 0}", ""),
+        ("w1", "g-wait", "{\"n\": 1}", ""),
+        ("w2", "g-wait", "{\"n\": 2}", ", \"priority\": 2"),
+        ("later", "g-later", "{\"n\": 3}", ", \"delay_ms\": 3600000"),
+    ] {
+        let body =
+            format!("{{\"id\": \"{id}\", \"group\": \"{group}\", \"payload\": {payload}{extra}}}");
+        let reply = api(port, "POST", "/v1/queues/work/jobs", &body);
+        assert_eq!(reply.status, 201, "{id}: {}", reply.body);
+    }
+    // The first job of each group starts; two fail for good, one with an error that
+    // would end a script element.
+    let leased = api(
+        port,
+        "POST",
+        "/v1/queues/work/leases",
+        r#"{"worker": "page-test", "max_jobs": 10}"#,
+    );
+    assert_eq!(leased.status, 200, "{}", leased.body);
+    let leased = leased.json();
+    let jobs = leased["jobs"].as_array().expect("jobs");
+    let mut started: Vec<&str> = jobs.iter().filter_map(|j| j["id"].as_str()).collect();
+    started.sort_unstable();
+    assert_eq!(started, ["big", "doomed", "hostile", "w0"]);
+    for job in jobs {
+        let id = job["id"].as_str().expect("an id");
+        let error = match id {
+            "hostile" => "</script><b id=\"bold\">boom</b>",
+            "doomed" => "upstream said no",
+            _ => continue,
+        };
+        let body = serde_json::json!({"lease": job["lease"], "error": error}).to_string();
+        let failed = api(
+            port,
+            "POST",
+            &format!("/v1/queues/work/jobs/{id}/fail"),
+            &body,
+        );
+        assert_eq!(failed.status, 204, "{}", failed.body);
+    }
+    let other = api(
+        port,
+        "POST",
+        "/v1/queues/work/jobs",
+        r#"{"id": "other", "group": "g-other", "payload": null}"#,
+    );
+    assert_eq!(other.status, 201, "{}", other.body);
+    let stats = api(port, "GET", "/v1/queues/work", "").json();
+    assert_eq!(
+        (
+            &stats["waiting"],
+            &stats["active"],
+            &stats["scheduled"],
+            &stats["dead"]
+        ),
+        (&3.into(), &2.into(), &1.into(), &2.into()),
+        "{stats}"
+    );
+
+    let mut browser = Browser::open(&format!("http://127.0.0.1:{port}/dashboard#token={TOKEN}"));
+    let page = "document.getElementById('queue-page')";
+    browser.wait_for(&format!("Number({page}?.dataset.updates) >= 1"), wait);
+    assert_eq!(
+        browser.eval(&format!("{page}.hidden")),
+        false,
+        "the queue page is shown"
+    );
+    assert_eq!(
+        browser.eval("location.href.includes('token')"),
+        false,
+        "the token left the address bar"
+    );
+    let counts = text(&mut browser, "#queue-counts");
+    assert!(
+        counts.as_str().is_some_and(
+            |c| c.starts_with("3 waiting, 2 active, 1 scheduled, 2 dead")
+                && c.contains("the queue is not paused")
+        ),
+        "{counts}"
+    );
+
+    // Waiting jobs (the tab shown first), then one group's only.
+    browser.wait_for(&format!("{LISTED} === 'other,w1,w2'"), wait);
+    assert_eq!(
+        text(
+            &mut browser,
+            "#queue-jobs tr[data-job='w2'] td:nth-child(4)"
+        ),
+        "2",
+        "the priority is shown"
+    );
+    click(
+        &mut browser,
+        "#queue-groups tr[data-group='g-wait'] button[data-action='jobs']",
+    );
+    browser.wait_for(&format!("{LISTED} === 'w1,w2'"), wait);
+    assert_eq!(text(&mut browser, "#jobs-filter"), "group g-wait only");
+
+    // Scheduled and active jobs; a huge payload is cut short.
+    click(&mut browser, "#job-tabs button[data-state='scheduled']");
+    browser.wait_for(&format!("{LISTED} === 'later'"), wait);
+    click(&mut browser, "#job-tabs button[data-state='active']");
+    browser.wait_for(&format!("{LISTED} === 'big,w0'"), wait);
+    let shown = text(&mut browser, "#queue-jobs tr[data-job='big'] td.payload");
+    let shown = shown.as_str().expect("a payload cell");
+    assert!(shown.starts_with("{\"blob\":\"xxx"), "{shown}");
+    assert!(shown.ends_with(" more characters)"), "{shown}");
+    assert!(shown.len() < 1_100, "{} characters shown", shown.len());
+
+    // Dead jobs: the hostile payload and error are text, never markup.
+    click(&mut browser, "#job-tabs button[data-state='dead']");
+    browser.wait_for(&format!("{LISTED} === 'doomed,hostile'"), wait);
+    assert_eq!(
+        text(
+            &mut browser,
+            "#queue-jobs tr[data-job='hostile'] td.payload"
+        ),
+        hostile_payload
+    );
+    assert_eq!(
+        text(
+            &mut browser,
+            "#queue-jobs tr[data-job='hostile'] td.last-error"
+        ),
+        "</script><b id=\"bold\">boom</b>"
+    );
+    assert_eq!(
+        text(
+            &mut browser,
+            "#queue-jobs tr[data-job='hostile'] td:nth-child(3)"
+        ),
+        "1 / 1"
+    );
+    assert_eq!(
+        browser.eval("document.querySelectorAll('#queue-page img, #bold').length"),
+        0,
+        "a payload or an error became markup"
+    );
+    assert_eq!(browser.eval("'pwned' in document.body.dataset"), false);
+
+    // A group paused until resumed, then resumed, from the page.
+    let group = |port: u16, name: &str| {
+        api(port, "GET", "/v1/queues/work", "").json()["groups"][name].clone()
+    };
+    let row = "#queue-groups tr[data-group='g-wait']";
+    click(&mut browser, &format!("{row} button[data-action='pause']"));
+    browser.wait_for(
+        &format!("document.querySelector(\"{row}\")?.dataset.paused === 'true'"),
+        wait,
+    );
+    let paused = group(port, "g-wait");
+    assert_eq!(paused["paused"], true, "{paused}");
+    assert_eq!(
+        paused["paused_until_ms"],
+        serde_json::Value::Null,
+        "{paused}"
+    );
+    click(&mut browser, &format!("{row} button[data-action='resume']"));
+    browser.wait_for(
+        &format!("document.querySelector(\"{row}\")?.dataset.paused === 'false'"),
+        wait,
+    );
+    assert_eq!(group(port, "g-wait")["paused"], false);
+
+    // A group by its name for an hour, and the queue itself, then resumed.
+    browser.eval(
+        "document.getElementById('pause-for').value = '3600000'; \
+         document.getElementById('group-name').value = 'g-other'; true",
+    );
+    click(&mut browser, "#group-pause");
+    let row = "#queue-groups tr[data-group='g-other']";
+    browser.wait_for(
+        &format!("document.querySelector(\"{row}\")?.dataset.paused === 'true'"),
+        wait,
+    );
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    let paused = group(port, "g-other");
+    let until = paused["paused_until_ms"]
+        .as_u64()
+        .expect("a pause for a time");
+    assert!(
+        u128::from(until) > now_ms + 3_000_000,
+        "paused for an hour: {paused}"
+    );
+    let shown = text(&mut browser, &format!("{row} td:nth-child(5)"));
+    assert!(
+        shown
+            .as_str()
+            .is_some_and(|s| s.starts_with("for another ")),
+        "{shown}"
+    );
+    click(&mut browser, "#group-resume");
+    browser.wait_for(
+        &format!("document.querySelector(\"{row}\")?.dataset.paused === 'false'"),
+        wait,
+    );
+    assert_eq!(group(port, "g-other")["paused"], false);
+    browser.eval("document.getElementById('pause-for').value = ''; true");
+    click(&mut browser, "#queue-pause");
+    browser.wait_for(&format!("{page}.dataset.paused === 'true'"), wait);
+    let stats = api(port, "GET", "/v1/queues/work", "").json();
+    assert_eq!(
+        (&stats["paused"], &stats["paused_until_ms"]),
+        (&true.into(), &serde_json::Value::Null)
+    );
+    click(&mut browser, "#queue-resume");
+    browser.wait_for(&format!("{page}.dataset.paused === 'false'"), wait);
+    assert_eq!(
+        api(port, "GET", "/v1/queues/work", "").json()["paused"],
+        false
+    );
+
+    // One dead job retried, then the rest purged (a second click confirms).
+    click(
+        &mut browser,
+        "#queue-jobs tr[data-job='doomed'] button[data-action='retry']",
+    );
+    browser.wait_for(&format!("{LISTED} === 'hostile'"), wait);
+    let retried = api(port, "GET", "/v1/queues/work/jobs/doomed", "").json();
+    assert_eq!(retried["state"], "waiting", "{retried}");
+    assert!(text(&mut browser, "#queue-message")
+        .as_str()
+        .is_some_and(|m| m == "retried 1 dead job"));
+    click(&mut browser, "#dead-purge");
+    assert_eq!(
+        browser.eval("document.getElementById('dead-purge').dataset.armed"),
+        "true"
+    );
+    assert_eq!(api(port, "GET", "/v1/queues/work", "").json()["dead"], 1);
+    click(&mut browser, "#dead-purge");
+    browser.wait_for(&format!("{LISTED} === ''"), wait);
+    assert_eq!(api(port, "GET", "/v1/queues/work", "").json()["dead"], 0);
+    assert_eq!(
+        api(port, "GET", "/v1/queues/work/jobs/hostile", "").status,
+        404
+    );
+    assert_eq!(text(&mut browser, "#queue-message"), "purged 1 dead job");
+
+    // The `completed` tab is offered exactly when the service counts and lists completed
+    // jobs (a service without them answers 400 to the listing).
+    let listed = api(
+        port,
+        "GET",
+        "/v1/queues/work/jobs?state=completed&limit=1",
+        "",
+    );
+    assert!(matches!(listed.status, 200 | 400), "{}", listed.body);
+    let counted = api(port, "GET", "/v1/queues/work", "").json()["completed"].is_number();
+    let tab = "#job-tabs button[data-state='completed']";
+    assert_eq!(
+        browser.eval(&format!("document.querySelector(\"{tab}\").hidden")),
+        !(counted && listed.status == 200)
+    );
+    if counted && listed.status == 200 {
+        click(&mut browser, tab);
+        browser.wait_for(
+            &format!("document.querySelector(\"{tab}\").getAttribute('aria-selected') === 'true'"),
+            wait,
+        );
+    }
+
+    assert_eq!(browser.eval("document.body.dataset.errors"), "0");
+    assert!(browser.console.is_empty(), "console: {:?}", browser.console);
+    // A screenshot of the queue page, kept for a look.
+    browser.eval("document.getElementById('queue-page').scrollIntoView(); true");
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-queue.png");
+    browser.screenshot(&shot);
+    assert!(shot.metadata().is_ok_and(|m| m.len() > 0));
+}

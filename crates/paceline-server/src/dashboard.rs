@@ -10,6 +10,11 @@
 //! into the page, which keeps it for the tab's session. Its Content-Security-Policy lets
 //! only its own script run (by the script's hash) and lets it ask only this service.
 //!
+//! Its queue page reads and acts on one queue through the queue endpoints themselves
+//! (`GET /v1/queues/{queue}`, `GET .../jobs?state=`, pause, resume, retry and purge; see
+//! [`crate::queues`]) with the same token, and shows payloads, errors and results as text,
+//! cut to their first 1,000 characters.
+//!
 //! `GET /v1/dashboard` answers:
 //!
 //! ```json

@@ -1,6 +1,7 @@
 //! The dashboard's page: one HTML file served from the binary (no CDN, nothing downloaded)
 //! by the service (`GET /dashboard`) and by `paceline proxy`'s admin address. It holds no
-//! data: it reads everything from `/v1/dashboard`.
+//! data: it reads everything from `/v1/dashboard`, and its queue page from the queue
+//! endpoints, with the token the user gave it.
 //!
 //! Its Content-Security-Policy lets only its own script run (by the script's hash) and lets
 //! it ask only the address that served it.
