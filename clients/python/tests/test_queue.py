@@ -87,6 +87,8 @@ def test_the_asyncio_producer(url: str, unique: str) -> None:
             assert all(e.created for e in enqueued)
             stats = await q.stats()
             assert stats.groups[unique].waiting == 5
+            waiting = await q.jobs("waiting", group=unique)
+            assert sorted(j.id for j in waiting) == sorted(e.id for e in enqueued)
             await q.pause(60, group=unique)
             assert (await q.stats()).groups[unique].paused
             await q.resume(group=unique)

@@ -124,6 +124,22 @@ export class Queue {
     return policy === null ? this.client.call("DELETE", path) : this.client.call("PUT", path, { policy });
   }
 
+  /** The jobs in `state`, in the order the queue keeps them; `group`: one group's waiting
+   * line. */
+  async jobs(
+    state: "scheduled" | "waiting" | "active" | "dead",
+    options: { group?: string; offset?: number; limit?: number } = {},
+  ): Promise<JobInfo[]> {
+    const query = new URLSearchParams({
+      state,
+      offset: String(options.offset ?? 0),
+      limit: String(options.limit ?? 100),
+    });
+    if (options.group !== undefined) query.set("group", options.group);
+    const answer = await this.client.call<{ jobs: JobInfo[] }>("GET", this.path(`/jobs?${query}`));
+    return answer.jobs;
+  }
+
   async dead(offset = 0, limit = 100): Promise<JobInfo[]> {
     const answer = await this.client.call<{ jobs: JobInfo[] }>("GET", this.path(`/dead?offset=${offset}&limit=${limit}`));
     return answer.jobs;

@@ -71,6 +71,9 @@ for (const store of STORES) {
       const group = unique("pause");
       const q = client.queue("jobs");
       await q.enqueue(group, 1);
+      const waiting = await q.jobs("waiting", { group });
+      assert.equal(waiting.length, 1);
+      assert.equal(waiting[0].group, group);
       await q.pause({ group, ms: 60_000 });
       assert.equal((await q.stats()).groups[group].paused, true);
       await q.resume({ group });

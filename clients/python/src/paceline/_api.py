@@ -249,6 +249,17 @@ def dead(queue: str, offset: int, limit: int) -> Call[list[JobInfo]]:
     )
 
 
+def jobs(queue: str, state: str, group: str | None, offset: int, limit: int) -> Call[list[JobInfo]]:
+    query = f"state={quote(state, safe='')}&offset={offset}&limit={limit}"
+    if group is not None:
+        query += f"&group={quote(group, safe='')}"
+    return Call(
+        "GET",
+        _q(queue, f"/jobs?{query}"),
+        lambda r: [JobInfo.from_json(j) for j in _json(r)["jobs"]],
+    )
+
+
 def retry_dead(queue: str, ids: Sequence[str] | None) -> Call[int]:
     body: dict[str, Any] = {} if ids is None else {"ids": list(ids)}
     return Call("POST", _q(queue, "/dead/retry"), lambda r: int(_json(r)["retried"]), body)

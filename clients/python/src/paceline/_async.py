@@ -248,6 +248,13 @@ class AsyncQueue:
         """The group's policy from now on (``None``: the config's again)."""
         return await self._client._run(_api.set_group_policy(self.name, group, policy))
 
+    async def jobs(
+        self, state: str, *, group: str | None = None, offset: int = 0, limit: int = 100
+    ) -> list[JobInfo]:
+        """The jobs in ``state`` (``scheduled``, ``waiting``, ``active`` or ``dead``), in
+        the order the queue keeps them; ``group``: one group's waiting line."""
+        return await self._client._run(_api.jobs(self.name, state, group, offset, limit))
+
     async def dead(self, offset: int = 0, limit: int = 100) -> list[JobInfo]:
         return await self._client._run(_api.dead(self.name, offset, limit))
 

@@ -229,6 +229,13 @@ class Queue:
         """The group's policy from now on (``None``: the config's again)."""
         return self._client._run(_api.set_group_policy(self.name, group, policy))
 
+    def jobs(
+        self, state: str, *, group: str | None = None, offset: int = 0, limit: int = 100
+    ) -> list[JobInfo]:
+        """The jobs in ``state`` (``scheduled``, ``waiting``, ``active`` or ``dead``), in
+        the order the queue keeps them; ``group``: one group's waiting line."""
+        return self._client._run(_api.jobs(self.name, state, group, offset, limit))
+
     def dead(self, offset: int = 0, limit: int = 100) -> list[JobInfo]:
         return self._client._run(_api.dead(self.name, offset, limit))
 
