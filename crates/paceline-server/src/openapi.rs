@@ -7,7 +7,7 @@
 //! checked-in copy with
 //! `PACELINE_WRITE_OPENAPI=1 cargo test -p paceline-server --test openapi`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -34,7 +34,12 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
     responses((status = 200, description = "This OpenAPI 3.1 document", content_type = "application/json", body = Object))
 )]
 async fn document() -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/json")], openapi_json())
+    // Derived once: it is the same for the life of the process.
+    static TEXT: OnceLock<String> = OnceLock::new();
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        TEXT.get_or_init(openapi_json).as_str(),
+    )
 }
 
 /// The document as JSON, pretty-printed with a final newline, as `docs/openapi.json`
