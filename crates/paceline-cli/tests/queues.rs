@@ -32,6 +32,14 @@ retry_backoff = "1h"
 [queues.roles.groups."guild:slow"]
 policy = "sliding_log:limit=1,window=1h"
 
+[queues.kept]
+group_policy = "gcra:rate=1000/s,burst=1000"
+max_payload = 1024
+keep_completed = 2
+keep_completed_for = "1h"
+keep_dead = 1
+keep_dead_for = "7d"
+
 [queues.roles.schedules.new-year]
 cron = "0 0 1 1 *"
 group = "reports"
@@ -1577,6 +1585,177 @@ fn listing_jobs(p: u16) {
 on_memory_and_redis!(
     listing_jobs: listing_jobs_on_memory,
     listing_jobs_on_redis
+);
+
+/// Results, progress and retention over HTTP: a queue that keeps completed jobs answers
+/// them with their result, progress and end; the oldest beyond `keep_completed` leave; a
+/// repeated ack of a completed job is `204`; the dead set keeps at most `keep_dead`; bad
+/// reports are `400`s naming the field.
+fn keeping_results(p: u16) {
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let body = format!(r#"{{"group": "g", "payload": {n}}}"#);
+        let r = post(p, "/v1/queues/kept/jobs", &body);
+        assert_eq!(r.status, 201, "{}", r.body);
+        ids.push(text(&r.json()["id"]));
+    }
+    let leased = {
+        let r = post(
+            p,
+            "/v1/queues/kept/leases",
+            r#"{"worker": "w", "max_jobs": 3, "lease_ms": 60000}"#,
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["jobs"].as_array().cloned().unwrap_or_default()
+    };
+    assert_eq!(leased.len(), 3);
+    let token = |n: usize| text(&leased[n]["lease"]);
+    let at = |id: &str, what: &str, body: &str| {
+        post(p, &format!("/v1/queues/kept/jobs/{id}/{what}"), body)
+    };
+    let body = format!(
+        r#"{{"lease": "{}", "progress": {{"rows": 500}}}}"#,
+        token(0)
+    );
+    assert_eq!(at(&ids[0], "progress", &body).status, 204);
+    let seen = get(p, &format!("/v1/queues/kept/jobs/{}", ids[0])).json();
+    assert_eq!(seen["progress"], serde_json::json!({"rows": 500}), "{seen}");
+    for (n, result) in [
+        (0, r#""result": {"granted": true}, "#),
+        (1, ""),
+        (2, r#""result": [2], "#),
+    ] {
+        let body = format!(r#"{{{result}"lease": "{}"}}"#, token(n));
+        let r = at(&ids[n], "ack", &body);
+        assert_eq!(r.status, 204, "{}", r.body);
+    }
+    // The first pushed out by the third (keep_completed = 2); the second and third kept.
+    assert_eq!(
+        get(p, &format!("/v1/queues/kept/jobs/{}", ids[0])).status,
+        404
+    );
+    let done = get(p, &format!("/v1/queues/kept/jobs/{}", ids[2])).json();
+    assert_eq!(
+        (text(&done["state"]), &done["result"]),
+        ("completed".into(), &serde_json::json!([2])),
+        "{done}"
+    );
+    assert!(done["finished_ms"].as_u64().is_some(), "{done}");
+    let second = get(p, &format!("/v1/queues/kept/jobs/{}", ids[1])).json();
+    assert!(second.get("result").is_none(), "{second}");
+    // A repeated ack of a completed job: as the first answered.
+    let body = format!(r#"{{"lease": "{}"}}"#, token(2));
+    assert_eq!(at(&ids[2], "ack", &body).status, 204);
+    let r = get(p, "/v1/queues/kept/jobs?state=completed");
+    let listed: Vec<String> = r.json()["jobs"]
+        .as_array()
+        .map(|jobs| jobs.iter().map(|j| text(&j["id"])).collect())
+        .unwrap_or_default();
+    assert_eq!(listed, [ids[1].clone(), ids[2].clone()], "{}", r.body);
+    assert_eq!(
+        get(p, "/v1/queues/kept").json()["completed"],
+        serde_json::json!(2)
+    );
+    // Enqueueing a kept job's id again answers it.
+    let r = post(
+        p,
+        "/v1/queues/kept/jobs",
+        r#"{"group": "g", "payload": 9, "id": "order-1"}"#,
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let leased = post(
+        p,
+        "/v1/queues/kept/leases",
+        r#"{"worker": "w", "lease_ms": 60000}"#,
+    )
+    .json();
+    let token = text(&leased["jobs"][0]["lease"]);
+    assert_eq!(
+        at("order-1", "ack", &format!(r#"{{"lease": "{token}"}}"#)).status,
+        204
+    );
+    let r = post(
+        p,
+        "/v1/queues/kept/jobs",
+        r#"{"group": "g", "payload": 9, "id": "order-1"}"#,
+    );
+    assert_eq!(
+        (r.status, text(&r.json()["state"])),
+        (200, "completed".into()),
+        "{}",
+        r.body
+    );
+    // The dead set keeps 1: the older death leaves.
+    for id in ["d1", "d2"] {
+        let body = format!(r#"{{"group": "g", "payload": 0, "id": "{id}"}}"#);
+        assert_eq!(post(p, "/v1/queues/kept/jobs", &body).status, 201);
+        let leased = post(p, "/v1/queues/kept/leases", r#"{"worker": "w"}"#).json();
+        let body = format!(
+            r#"{{"lease": "{}", "fatal": true}}"#,
+            text(&leased["jobs"][0]["lease"])
+        );
+        assert_eq!(at(id, "fail", &body).status, 204);
+    }
+    assert_eq!(get(p, "/v1/queues/kept/jobs/d1").status, 404);
+    assert_eq!(
+        text(&get(p, "/v1/queues/kept/jobs/d2").json()["state"]),
+        "dead"
+    );
+    // Bad reports change nothing.
+    let body = r#"{"group": "g", "payload": 0, "id": "busy"}"#;
+    assert_eq!(post(p, "/v1/queues/kept/jobs", body).status, 201);
+    let leased = post(
+        p,
+        "/v1/queues/kept/leases",
+        r#"{"worker": "w", "lease_ms": 60000}"#,
+    )
+    .json();
+    let token = text(&leased["jobs"][0]["lease"]);
+    for (body, status, field) in [
+        (format!(r#"{{"lease": "{token}"}}"#), 400, "progress"),
+        (r#"{"progress": 1}"#.to_string(), 400, "lease"),
+        (
+            format!(r#"{{"lease": "{token}", "progress": 1, "colour": 2}}"#),
+            400,
+            "colour",
+        ),
+        (
+            format!(
+                r#"{{"lease": "{token}", "progress": "{}"}}"#,
+                "x".repeat(2048)
+            ),
+            400,
+            "progress",
+        ),
+        (
+            format!(r#"{{"lease": "{}", "progress": 1}}"#, "0".repeat(48)),
+            409,
+            "lease",
+        ),
+    ] {
+        let r = at("busy", "progress", &body);
+        assert_eq!(r.status, status, "{body}: {}", r.body);
+        assert!(r.error().1.starts_with(field), "{body}: {}", r.body);
+    }
+    let big = format!(
+        r#"{{"lease": "{token}", "result": "{}"}}"#,
+        "x".repeat(2048)
+    );
+    let r = at("busy", "ack", &big);
+    assert_eq!(
+        (r.status, r.error().1),
+        (400, "result".into()),
+        "{}",
+        r.body
+    );
+    let busy = get(p, "/v1/queues/kept/jobs/busy").json();
+    assert_eq!(text(&busy["state"]), "active", "{busy}");
+    assert!(busy.get("progress").is_none(), "{busy}");
+}
+
+on_memory_and_redis!(
+    keeping_results: keeping_results_on_memory,
+    keeping_results_on_redis
 );
 
 /// Schedules over HTTP: the config file's is listed; one put, read, put again unchanged

@@ -4,7 +4,8 @@
 //! 1. enqueue: one job per call from 64 producers, and batches of 100 from 8;
 //! 2. end to end: preloaded jobs drained by a worker with 64 at a time and a no-op
 //!    handler (jobs/s from the first lease to the last ack), over the cells' groups and,
-//!    for paceline, again over 10,000 groups (two jobs each: many guilds, few jobs each);
+//!    for paceline, again over 10,000 groups (two jobs each: many guilds, few jobs each),
+//!    and with priorities, a deduplication key per job and a queue-wide limit in use;
 //! 3. group limits (paceline only: BullMQ's open-source edition has no per-group limits):
 //!    100 groups at 10 starts/s each for `PACELINE_BENCH_GROUP_SECONDS` (default 20): the
 //!    aggregate rate over the whole seconds inside the run, the aligned one-second windows
@@ -60,15 +61,28 @@ async fn open(url: &str, name: &str, spec: &str) -> Queue {
 
 /// The queue `name` in `partitions` partitions (a Redis Cluster's URL spreads them).
 async fn open_partitioned(url: &str, name: &str, spec: &str, partitions: u32) -> Queue {
+    open_with(url, name, spec, partitions, |c| c).await
+}
+
+/// The queue `name` as `open_partitioned` opens it, its configuration changed by `more`.
+async fn open_with(
+    url: &str,
+    name: &str,
+    spec: &str,
+    partitions: u32,
+    more: impl FnOnce(QueueConfig) -> QueueConfig,
+) -> Queue {
     let store = RedisStore::builder(url, FailurePolicy::FailClosed)
         .response_timeout(Duration::from_secs(10))
         .connect()
         .await
         .expect("the private Redis");
-    let config = QueueConfig::new(spec.parse().expect("a policy"))
-        .max_jobs(10_000_000)
-        .lease(Duration::from_secs(60))
-        .partitions(partitions);
+    let config = more(
+        QueueConfig::new(spec.parse().expect("a policy"))
+            .max_jobs(10_000_000)
+            .lease(Duration::from_secs(60))
+            .partitions(partitions),
+    );
     let shared: paceline_store::SharedStore = std::sync::Arc::new(store);
     Queue::with_store(&shared, name, config)
         .await
@@ -252,6 +266,29 @@ async fn end_to_end_cluster(
         .map(|(a, b)| a.saturating_sub(*b))
         .collect();
     (cell, spent)
+}
+
+/// [`end_to_end`] with the queue's features in use: each job with a priority (0 to 9 in
+/// turn) and a deduplication key of its own, under a queue-wide limit no group reaches.
+async fn end_to_end_featured(url: &str, pid: Option<u32>, groups: u64, jobs: u64) -> Cell {
+    let wide = |c: QueueConfig| c.queue_policy(UNLIMITED.parse().expect("a policy"));
+    let q = open_with(url, "end-to-end-featured", UNLIMITED, 1, wide).await;
+    let payload = payload();
+    let mut n = 0;
+    while n < jobs {
+        let batch = (n..(n + 1_000).min(jobs))
+            .map(|i| {
+                NewJob::new(format!("g{}", i % groups), payload.clone())
+                    .priority((i % 10) as u8)
+                    .dedup(format!("d{i}"), Duration::from_secs(3_600))
+            })
+            .collect();
+        for e in q.enqueue_batch(batch).await {
+            e.expect("enqueued");
+        }
+        n += 1_000;
+    }
+    measured(&[pid], drain(q, jobs)).await
 }
 
 async fn drain(q: Queue, jobs: u64) -> (f64, f64) {
@@ -528,11 +565,14 @@ fn main() {
         flush();
         let e2e_many = runtime.block_on(end_to_end(&url, pid, many, jobs));
         flush();
+        let featured = runtime.block_on(end_to_end_featured(&url, pid, cell_groups(), jobs));
+        flush();
         vec![
             ("enqueue one", one),
             ("enqueue batch", batch),
             ("end to end", e2e),
             ("end to end, many groups", e2e_many),
+            ("end to end, features", featured),
         ]
     };
     let theirs = if full && !only_groups {
@@ -551,6 +591,7 @@ fn main() {
             "enqueue, batches of 100, 8 producers",
             "end to end, no-op handler, 64 at a time",
             many_label.as_str(),
+            "end to end, priorities, dedup keys and a queue-wide limit (paceline only)",
         ];
         println!(
             "| cell | paceline jobs/s | BullMQ jobs/s | paceline / BullMQ | paceline redis-server µs/job | BullMQ redis-server µs/job | paceline / BullMQ |"

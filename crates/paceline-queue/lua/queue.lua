@@ -44,6 +44,11 @@
 --   scheduled    jobs waiting for a time: score the time, member the order then the id
 --   leases       score the expiry, member the token (20 digits) then the id
 --   dead         score the order of death, member the id
+--   deadx        with `keep_dead_for`: the dead jobs scored by when they are dropped for
+--                their age, member the order of death (20 digits) then the id
+--   done         the completed jobs kept readable (`keep_completed`), scored by when they
+--                are dropped (their end plus `keep_completed_for`, or 2^52 µs), member
+--                the order of their end (20 digits) then the id
 --   retiring     groups with nothing waiting or active: score when they may be dropped
 --   paused       the queue's own pause: the time it ends, as text (none: not paused)
 --   dedup        hash: deduplication key -> when it is free again and the first job's
@@ -90,6 +95,8 @@ local MAX_DELAY = 365 * 86400 * 1000000
 local TILDES = '~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~'
 local KEEP = '\001' .. TILDES .. TILDES .. TILDES .. TILDES
 local INF = 1 / 0
+-- Rust's `KEPT_UNTIL_PUSHED_OUT`: how long a kept job with no age bound is kept.
+local KEPT_UNTIL_PUSHED_OUT = 2 ^ 52
 -- Rust's `UNTIL_RESUMED`: the end of a pause that lasts until resumed.
 local UNTIL_RESUMED = 2 ^ 53 - 1
 local MAX_PROJECTION_STEPS = 64
@@ -165,8 +172,8 @@ local records, records_kept = {}, 0
 -- its waiting jobs cost more than 1, and `rl`, the priority of the ready set its entry is
 -- in. It costs the server half of what a MessagePack map of the same group does to write,
 -- and a group is written at every lease and ack of its jobs. Any other group is a
--- MessagePack map (first byte 0x80 and up). The layout before `c` and `rl` (tag 'G') is
--- read, and written back in this one.
+-- MessagePack map (first byte 0x80 and up). A group whose `c` and `rl` are 0 is written in
+-- the layout before them (tag 'G'), as most are.
 local GROUP_TAG, GROUP_LAYOUT = 72, '<BddddddddddddddBBdd'
 local GROUP_TAG_BEFORE, GROUP_LAYOUT_BEFORE = 71, '<BddddddddddddddBB'
 
@@ -180,6 +187,13 @@ local function pack_group(g)
     return cmsgpack.pack(g)
   end
   local state, ps = g.state, p and p.s
+  if (g.c or 0) == 0 and (g.rl or 0) == 0 then
+    -- No costly job waiting and a next job of priority 0: the layout before `c` and `rl`.
+    return struct.pack(GROUP_LAYOUT_BEFORE, GROUP_TAG_BEFORE, g.n, g.active, g.idle_at,
+      g.next_at, g.paused_until, g.f or -1, g.x or -1, g.ra or -1, g.ro or -1, g.rt or -1,
+      state and state[1] or -1, p and p.last or -1, p and p.covers or -1, ps and ps[1] or -1,
+      g.alg and 1 or 0, p and p.alg and 1 or 0)
+  end
   return struct.pack(GROUP_LAYOUT, GROUP_TAG, g.n, g.active, g.idle_at, g.next_at,
     g.paused_until, g.f or -1, g.x or -1, g.ra or -1, g.ro or -1, g.rt or -1,
     state and state[1] or -1, p and p.last or -1, p and p.covers or -1, ps and ps[1] or -1,
@@ -231,18 +245,21 @@ end
 -- it has an error, then 12 little-endian doubles (rank, attempts, max_attempts,
 -- enqueued_at, estimated_start, token, started, expires, at, order, ended, dead_order; -1
 -- for none), then four strings, each after its length: group, worker, last_error and
--- payload, then its priority (a byte) and its cost (a double). A lease and an ack read and
--- write it without making a table of it (see `ops.lease` and `ops.ack`): a table made and
--- packed per job was the largest part of their time. Records of the layout before priority
--- and cost (tag 'J') and MessagePack maps (first byte 0x80 and up: jobs written before)
--- are read as tables, and written back in this layout.
+-- payload, then its priority (a byte) and its cost (a double), then a byte of flags (1: a
+-- progress report, 2: a result) and the two strings after their lengths. Completed and dead
+-- jobs keep when they ended in `at`, completed ones the order of their end in `order`. A
+-- lease and an ack read and write it without making a table of it (see `ops.lease` and `ops.ack`): a table made and
+-- packed per job was the largest part of their time. A job whose priority, cost, progress
+-- and result are the defaults (0, 1, none, none) is written without them, in the layout
+-- before them (tag 'J'), which both fast paths read too. MessagePack maps (first byte 0x80
+-- and up: jobs written before) are read as tables, and written back in these layouts.
 local JOB_TAG = 75
-local JOB_LAYOUT = '<BBBBddddddddddddI4c0I4c0I4c0I4c0Bd'
+local JOB_LAYOUT = '<BBBBddddddddddddI4c0I4c0I4c0I4c0BdBI4c0I4c0'
 local JOB_TAG_BEFORE, JOB_LAYOUT_BEFORE = 74, '<BBBBddddddddddddI4c0I4c0I4c0I4c0'
 -- The record up to its group: what an ack needs.
 local JOB_HEAD = '<BBBBddddddddddddI4c0'
-local PLACE_CODE = { waiting = 1, scheduled = 2, active = 3, dead = 4 }
-local PLACE_NAME = { 'waiting', 'scheduled', 'active', 'dead' }
+local PLACE_CODE = { waiting = 1, scheduled = 2, active = 3, dead = 4, completed = 5 }
+local PLACE_NAME = { 'waiting', 'scheduled', 'active', 'dead', 'completed' }
 
 local function opt(x)
   return x or -1
@@ -252,10 +269,19 @@ end
 -- '' for a string), the one place the layout is written.
 local function job_record(place, head, has_error, rank, attempts, max_attempts, enqueued_at,
                           estimate, token, started, expires, at, order, ended, dead_order,
-                          group, worker, err, payload, priority, cost)
+                          group, worker, err, payload, priority, cost, flags, progress,
+                          result)
+  if priority == 0 and cost == 1 and flags == 0 then
+    -- The fields after the payload at their defaults: the layout before them, shorter and
+    -- cheaper to write (most jobs).
+    return struct.pack(JOB_LAYOUT_BEFORE, JOB_TAG_BEFORE, place, head, has_error, rank,
+      attempts, max_attempts, enqueued_at, estimate, token, started, expires, at, order, ended,
+      dead_order, #group, group, #worker, worker, #err, err, #payload, payload)
+  end
   return struct.pack(JOB_LAYOUT, JOB_TAG, place, head, has_error, rank, attempts,
     max_attempts, enqueued_at, estimate, token, started, expires, at, order, ended,
-    dead_order, #group, group, #worker, worker, #err, err, #payload, payload, priority, cost)
+    dead_order, #group, group, #worker, worker, #err, err, #payload, payload, priority, cost,
+    flags, #progress, progress, #result, result)
 end
 
 local function pack_job(j)
@@ -266,17 +292,19 @@ local function pack_job(j)
   return job_record(PLACE_CODE[j.place], head, j.last_error and 1 or 0, j.rank or 0,
     j.attempts, j.max_attempts, j.enqueued_at, opt(j.estimated_start), opt(j.token),
     opt(j.started), opt(j.expires), opt(j.at), opt(j.order), opt(j.ended), opt(j.dead_order),
-    j.group, j.worker or '', j.last_error or '', j.payload, j.priority or 0, j.cost or 1)
+    j.group, j.worker or '', j.last_error or '', j.payload, j.priority or 0, j.cost or 1,
+    (j.progress and 1 or 0) + (j.result and 2 or 0), j.progress or '', j.result or '')
 end
 
 local function unpack_job(raw)
   local tag = raw:byte(1)
   local _, place, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, token,
-    started, expires, at, order, ended, dead_order, group, worker, err, payload, priority, cost
+    started, expires, at, order, ended, dead_order, group, worker, err, payload, priority, cost,
+    flags, progress, result
   if tag == JOB_TAG then
     _, place, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, token,
       started, expires, at, order, ended, dead_order, group, worker, err, payload, priority,
-      cost = struct.unpack(JOB_LAYOUT, raw)
+      cost, flags, progress, result = struct.unpack(JOB_LAYOUT, raw)
   elseif tag == JOB_TAG_BEFORE then
     _, place, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, token,
       started, expires, at, order, ended, dead_order, group, worker, err, payload =
@@ -299,6 +327,8 @@ local function unpack_job(raw)
     order = unopt(order), head = head_flag, ended = unopt(ended),
     dead_order = unopt(dead_order), last_error = has_error == 1 and err or nil,
     priority = priority, cost = cost,
+    progress = flags and flags % 2 == 1 and progress or nil,
+    result = flags and flags >= 2 and result or nil,
   }
 end
 
@@ -319,8 +349,8 @@ end
 -- and writes it: binary, it costs the server a fraction of a MessagePack map's work. A
 -- MessagePack map (first byte 0x80 and up: queues written before) is read as one.
 local META_TAG, META_LAYOUT = 111, '<Bddddddddddddddd'
--- The layouts before `lv` (tag 'n') and before `rdue` (tag 'm'): read, and written back in
--- the one above.
+-- A queue whose `lv` is 1 is written in the layout before it (tag 'n'); the one before
+-- `rdue` (tag 'm') is read, and written back in these.
 local META_TAG_LV, META_LAYOUT_LV = 110, '<Bdddddddddddddd'
 local META_TAG_BEFORE, META_LAYOUT_BEFORE = 109, '<Bddddddddddddd'
 
@@ -359,6 +389,12 @@ end
 
 local function write_meta(m)
   local t = m.totals
+  if (m.lv or 1) == 1 then
+    -- No ready set of a priority above 0: the layout before `lv`.
+    return struct.pack(META_LAYOUT_LV, META_TAG_LV, m.seq, m.last_id, m.now, m.jobs,
+      m.due or -1, m.rdue or -1, t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead,
+      t.lease_expiries, t.pauses)
+  end
   return struct.pack(META_LAYOUT, META_TAG, m.seq, m.last_id, m.now, m.jobs, m.due or -1,
     m.rdue or -1, t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries,
     t.pauses, m.lv or 1)
@@ -936,10 +972,77 @@ local function join_head(name, id)
   refresh(name)
 end
 
+-- Removes dead job `id` (`job`) from the dead set and the queue.
+local function forget_dead(id, job)
+  redis.call('ZREM', base .. 'dead', id)
+  if config.kdf and job.dead_order then
+    redis.call('ZREM', base .. 'deadx', padded(job.dead_order) .. id)
+  end
+  remove_job(id)
+end
+
+-- Takes dead job `id` out of the dead set (a retry): answers whether it was there.
+local function unbury(id, job)
+  if redis.call('ZREM', base .. 'dead', id) == 0 then
+    return false
+  end
+  if config.kdf and job.dead_order then
+    redis.call('ZREM', base .. 'deadx', padded(job.dead_order) .. id)
+  end
+  return true
+end
+
+-- Job `id` goes to the dead set now; the oldest deaths beyond `keep_dead` leave the queue
+-- (Rust's `bury`).
 local function to_dead(id, job)
   local order = next_seq()
-  job.place, job.dead_order = 'dead', order
+  job.place, job.dead_order, job.at = 'dead', order, now
   redis.call('ZADD', base .. 'dead', int(order), id)
+  if config.kdf then
+    add_due('deadx', now + config.kdf, padded(order) .. id)
+  end
+  if config.kd then
+    local extra = redis.call('ZCARD', base .. 'dead') - config.kd
+    if extra > 0 then
+      for _, oldest in ipairs(redis.call('ZRANGE', base .. 'dead', '0', int(extra - 1))) do
+        local gone = load_job(oldest)
+        if gone then
+          forget_dead(oldest, gone)
+        else
+          redis.call('ZREM', base .. 'dead', oldest)
+        end
+      end
+    end
+  end
+end
+
+-- Deletes the record of a kept completed job (not counted in `meta.jobs`).
+local function drop_completed(id)
+  jobs[id] = false
+  deleted_jobs[id] = true
+end
+
+-- Acknowledged job `id` (`job`, out of its lease) ends now: kept readable with `result`
+-- while `keep_completed` allows (the oldest beyond it leave), else gone at once (Rust's
+-- `complete`).
+local function complete(id, job, result)
+  if (config.kc or 0) == 0 then
+    remove_job(id)
+    return
+  end
+  local order = next_seq()
+  job.place, job.at, job.order, job.result = 'completed', now, order, result
+  job.token, job.started, job.expires, job.worker, job.head = nil, nil, nil, nil, nil
+  meta.jobs = meta.jobs - 1
+  add_due('done', now + (config.kcf or KEPT_UNTIL_PUSHED_OUT), padded(order) .. id)
+  local extra = redis.call('ZCARD', base .. 'done') - config.kc
+  if extra > 0 then
+    -- ZPOPMIN answers each member, then its score.
+    local popped = redis.call('ZPOPMIN', base .. 'done', int(extra))
+    for k = 1, #popped, 2 do
+      drop_completed(popped[k]:sub(21))
+    end
+  end
 end
 
 local function to_waiting(job)
@@ -1007,6 +1110,22 @@ local function drain(set, t, handle)
   return #due < MAINTENANCE_BATCH or not first_due(key, t)
 end
 
+-- A completed job due to be dropped for its age.
+local function expire_done(member)
+  redis.call('ZREM', base .. 'done', member)
+  drop_completed(member:sub(21))
+end
+
+-- A dead job due to be dropped for its age.
+local function expire_dead(member)
+  redis.call('ZREM', base .. 'deadx', member)
+  local id = member:sub(21)
+  redis.call('ZREM', base .. 'dead', id)
+  if load_job(id) then
+    remove_job(id)
+  end
+end
+
 local function expire_lease(member)
   if not lease_expired(member:sub(21)) then
     redis.call('ZREM', base .. 'leases', member)
@@ -1070,9 +1189,11 @@ local function maintain(t)
     finished = drain('leases', t, expire_lease)
     finished = drain('scheduled', t, schedule_due) and finished
     finished = drain('dedupx', t, expire_dedup) and finished
+    finished = drain('done', t, expire_done) and finished
+    finished = drain('deadx', t, expire_dead) and finished
     if finished then
       -- The first entry left in any (2^53: none).
-      meta.due = earliest({ 'leases', 'scheduled', 'dedupx' }) or 2 ^ 53
+      meta.due = earliest({ 'leases', 'scheduled', 'dedupx', 'done', 'deadx' }) or 2 ^ 53
     end
   end
   -- Lease expiries and due jobs may have put groups in `retiring`, lowering `rdue`.
@@ -1149,7 +1270,8 @@ end
 
 -- The job as `JobInfo` reads it: group, state, attempts, max_attempts, last_error ('' and
 -- a 0 flag for none), enqueued_at, not_before, started, lease_expires (-1: none), worker,
--- payload, priority, cost.
+-- payload, priority, cost, progress and result (each a 1 flag then the bytes; 0 and '' for
+-- none), and when it ended (-1: not completed or dead).
 local function job_reply(id, job, out)
   out[#out + 1] = id
   out[#out + 1] = job.group
@@ -1166,14 +1288,22 @@ local function job_reply(id, job, out)
   out[#out + 1] = job.payload
   out[#out + 1] = job.priority or 0
   out[#out + 1] = job.cost or 1
+  out[#out + 1] = job.progress and 1 or 0
+  out[#out + 1] = job.progress or ''
+  out[#out + 1] = job.result and 1 or 0
+  out[#out + 1] = job.result or ''
+  local ended = job.place == 'dead' or job.place == 'completed'
+  out[#out + 1] = ended and job.at or -1
 end
 
 local ops = {}
 
 -- config FP SPEC DEFAULT_N DEFAULT... OVERRIDES (NAME GROUP_SPEC N ARGS...)... GC MA LEASE BO
--- BO_MAX MAX_JOBS MAX_PAYLOAD QC QSPEC QN QARGS... [PARTITIONS SUFFIX]: the default policy's
--- spec and arguments, each group's own, the settings (durations in µs), the queue's own
--- concurrency cap and policy (QSPEC '' and QN 0 for none); for a queue of several partitions,
+-- BO_MAX MAX_JOBS MAX_PAYLOAD QC QSPEC QN QARGS... KC KCF KD KDF [PARTITIONS SUFFIX]: the
+-- default policy's spec and arguments, each group's own, the settings (durations in µs), the
+-- queue's own concurrency cap and policy (QSPEC '' and QN 0 for none), what it keeps of ended
+-- jobs (`keep_completed`, `keep_completed_for`, `keep_dead`, `keep_dead_for`; '' for no
+-- bound); for a queue of several partitions,
 -- their number and what the ids this partition gives end with. Stores the configuration
 -- unless it is the one stored (same fingerprint); a changed one applies to every group as
 -- `QueueCore::set_config` does. Answers 1 if it changed; -1 then the stored number of
@@ -1201,6 +1331,10 @@ function ops.config(ARGV, o)
   end
   local qspec = ARGV[s + 9]
   s = s + 3 + qn
+  -- What the queue keeps of ended jobs: KC KCF KD KDF ('' for no bound).
+  local kc, kcf = tonumber(ARGV[s + 8]), tonumber(ARGV[s + 9])
+  local kd, kdf = tonumber(ARGV[s + 10]), tonumber(ARGV[s + 11])
+  s = s + 4
   local parts = tonumber(ARGV[s + 8]) or 1
   if config and (config.parts or 1) ~= parts then
     return { now, -1, config.parts or 1 }
@@ -1242,6 +1376,7 @@ function ops.config(ARGV, o)
     max_jobs = tonumber(ARGV[a + 5]), mp = tonumber(ARGV[a + 6]), qc = tonumber(ARGV[a + 7]),
     qp = qspec ~= '' and queue_args or nil, qspec = qspec ~= '' and qspec or nil,
     parts = parts > 1 and parts or nil, sfx = ARGV[s + 9],
+    kc = kc and kc > 0 and kc or nil, kcf = kcf, kd = kd, kdf = kdf,
   }
   redis.call('SET', base .. 'config', cmsgpack.pack(config))
   if previous then
@@ -1285,6 +1420,15 @@ function ops.read_config()
   if (config.qc or 0) > 0 then
     out[#out + 1] = '\001queue_concurrency'
     out[#out + 1] = int(config.qc)
+  end
+  if config.kc or config.kd or config.kdf then
+    -- KC,KCF,KD,KDF, each '' for none.
+    local function opt_int(x)
+      return x and int(x) or ''
+    end
+    out[#out + 1] = '\001keep'
+    out[#out + 1] = opt_int(config.kc) .. ',' .. opt_int(config.kcf) .. ',' .. opt_int(config.kd)
+      .. ',' .. opt_int(config.kdf)
   end
   return out
 end
@@ -1402,7 +1546,8 @@ local function enqueue_one(ARGV, a, out)
     add_due('dedupx', expires, dedup_key)
   end
   redis.call('SET', base .. 'j:' .. id, job_record(place, head, 0, rank, 0, max_attempts, now,
-    estimate, -1, -1, -1, at, order or -1, -1, -1, name, '', '', payload, priority, cost))
+    estimate, -1, -1, -1, at, order or -1, -1, -1, name, '', '', payload, priority, cost, 0, '',
+    ''))
   out[#out + 1] = 'created'
   out[#out + 1] = id
   out[#out + 1] = PLACE_NAME[place]
@@ -1437,15 +1582,24 @@ local function start_job(id, worker, expires)
   if jobs[id] == nil then
     local key = base .. 'j:' .. id
     local raw = redis.call('GET', key)
-    if raw and raw:byte(1) == JOB_TAG then
-      local _, _, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, _, _, _,
-        at, order, ended, dead_order, group, _, err, payload, priority, cost =
-        struct.unpack(JOB_LAYOUT, raw)
+    local tag = raw and raw:byte(1)
+    if tag == JOB_TAG or tag == JOB_TAG_BEFORE then
+      local _, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, at, order,
+        ended, dead_order, group, err, payload, priority, cost, flags, progress, result
+      if tag == JOB_TAG then
+        _, _, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, _, _, _, at,
+          order, ended, dead_order, group, _, err, payload, priority, cost, flags, progress,
+          result = struct.unpack(JOB_LAYOUT, raw)
+      else
+        _, _, head, has_error, rank, attempts, max_attempts, enqueued_at, estimate, _, _, _, at,
+          order, ended, dead_order, group, _, err, payload = struct.unpack(JOB_LAYOUT_BEFORE, raw)
+        priority, cost, flags, progress, result = 0, 1, 0, '', ''
+      end
       local token = next_seq()
       attempts = attempts + 1
       redis.call('SET', key, job_record(PLACE_CODE.active, head, has_error, rank, attempts,
         max_attempts, enqueued_at, estimate, token, now, expires, at, order, ended, dead_order,
-        group, worker, err, payload, priority, cost))
+        group, worker, err, payload, priority, cost, flags, progress, result))
       return payload, attempts, token
     end
     read_as['j:' .. id] = raw
@@ -1732,9 +1886,12 @@ local function held(id, token)
 end
 
 
--- ack ID TOKEN: answers now, then 'ok', 'lost', or 'gone' (no such job).
-function ops.ack(ARGV, o)
+-- ack ID TOKEN [RESULT]: answers now, then 'ok', 'lost', or 'gone' (no such job, or one
+-- completed). RESULT is kept with the job while it stays readable as completed.
+function ops.ack(ARGV, o, last)
   local id, token = ARGV[o + 3], ARGV[o + 4]
+  -- The result, if the call sends one (in a `multi`, the next operation's follow).
+  local result = last >= o + 5 and ARGV[o + 5] or nil
   maintain(now)
   if jobs[id] == nil then
     -- Read without a table: the record's head says whether this lease holds the job, and
@@ -1742,7 +1899,8 @@ function ops.ack(ARGV, o)
     -- written before) takes the path below, from the same record.
     local raw = redis.call('GET', base .. 'j:' .. id)
     read_as['j:' .. id] = raw
-    if raw and raw:byte(1) == JOB_TAG then
+    local tag = raw and raw:byte(1)
+    if (tag == JOB_TAG or tag == JOB_TAG_BEFORE) and (config.kc or 0) == 0 then
       local _, place, _, _, _, _, _, _, _, fence, _, expires, _, _, _, _, group =
         struct.unpack(JOB_HEAD, raw)
       -- The fence as the Rust side sends it: its decimal digits, as `int` prints them.
@@ -1763,7 +1921,9 @@ function ops.ack(ARGV, o)
     end
     jobs[id] = raw and unpack_job(raw) or false
   end
-  if not load_job(id) then
+  local found = load_job(id)
+  if not found or found.place == 'completed' then
+    -- A completed job has left the queue as far as its workers go.
     return { now, 'gone' }
   end
   if not held(id, token) then
@@ -1771,7 +1931,7 @@ function ops.ack(ARGV, o)
   end
   local name = release(id)
   if name then
-    remove_job(id)
+    complete(id, load_job(id), result)
     meta.totals.acked = meta.totals.acked + 1
     refresh(name)
   end
@@ -1886,6 +2046,21 @@ function ops.fail(ARGV, o)
   return { now, outcome, at }
 end
 
+-- progress ID TOKEN DATA: records a running job's progress report. Answers now, then 'ok',
+-- 'lost', or 'gone' (no such job).
+function ops.progress(ARGV, o)
+  local id = ARGV[o + 3]
+  maintain(now)
+  if not load_job(id) then
+    return { now, 'gone' }
+  end
+  if not held(id, ARGV[o + 4]) then
+    return { now, 'lost' }
+  end
+  load_job(id).progress = ARGV[o + 5]
+  return { now, 'ok' }
+end
+
 -- extend ID TOKEN LEASE: answers now, then 'ok' and the new expiry, or 'lost' and 0.
 function ops.extend(ARGV, o)
   local id = ARGV[o + 3]
@@ -1916,10 +2091,14 @@ function ops.cancel(ARGV, o)
   end
   if job.place == 'active' then
     return { now, 'active' }
+  elseif job.place == 'completed' then
+    redis.call('ZREM', base .. 'done', padded(job.order) .. id)
+    drop_completed(id)
+    return { now, 'ok' }
   elseif job.place == 'scheduled' then
     redis.call('ZREM', base .. 'scheduled', padded(job.order) .. id)
   elseif job.place == 'dead' then
-    redis.call('ZREM', base .. 'dead', id)
+    unbury(id, job)
   else
     local g = load_group(job.group)
     if g and front_of(job.group, g) > 0
@@ -1964,9 +2143,10 @@ local function counts(out)
   local scheduled = redis.call('ZCOUNT', base .. 'scheduled', '-inf', '(inf')
   local active = redis.call('ZCOUNT', base .. 'leases', '-inf', '(inf')
   local dead = redis.call('ZCARD', base .. 'dead')
+  local completed = redis.call('ZCARD', base .. 'done')
   local t = meta.totals
   local values = { now, scheduled, max(meta.jobs - scheduled - active - dead, 0), active, dead,
-    t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries, t.pauses }
+    completed, t.enqueued, t.started, t.acked, t.failed, t.retried, t.dead, t.lease_expiries, t.pauses }
   local paused = queue_paused()
   values[#values + 1] = paused > now and paused or -1
   for i = 1, #values do
@@ -1975,7 +2155,7 @@ local function counts(out)
   return out
 end
 
--- counts: answers now, scheduled, waiting, active, dead, then the totals (enqueued,
+-- counts: answers now, scheduled, waiting, active, dead, completed, then the totals (enqueued,
 -- started, acked, failed, retried, dead, lease expiries, pauses), then when the queue's
 -- pause ends (-1: not paused).
 function ops.counts()
@@ -2210,7 +2390,8 @@ function ops.jobs(ARGV, o)
   else
     -- Scheduled jobs' and leases' members are 20 digits then the id; `KEEP`, scored +inf,
     -- is last and no job.
-    local key = ({ scheduled = 'scheduled', active = 'leases', dead = 'dead' })[state]
+    local key = ({ scheduled = 'scheduled', active = 'leases', dead = 'dead', completed = 'done' })[
+      state]
     if key then
       local stop = min(offset + limit - 1, last)
       for _, member in ipairs(redis.call('ZRANGE', base .. key, int(offset), int(stop))) do
@@ -2248,7 +2429,7 @@ function ops.retry_dead(ARGV, o, last)
   local n = 0
   for _, id in ipairs(chosen) do
     local job = load_job(id)
-    if job and redis.call('ZREM', base .. 'dead', id) == 1 then
+    if job and unbury(id, job) then
       job.attempts = 0
       to_waiting(job)
       job.dead_order = nil
@@ -2270,8 +2451,13 @@ function ops.purge_dead()
   maintain(now)
   local ids = redis.call('ZRANGE', base .. 'dead', 0, MAINTENANCE_BATCH - 1)
   for _, id in ipairs(ids) do
-    remove_job(id)
-    redis.call('ZREM', base .. 'dead', id)
+    local job = config.kdf and load_job(id)
+    if job then
+      forget_dead(id, job)
+    else
+      remove_job(id)
+      redis.call('ZREM', base .. 'dead', id)
+    end
   end
   return { #ids, redis.call('ZCARD', base .. 'dead') }
 end
@@ -2288,12 +2474,13 @@ local ticking = {
   enqueue = true, lease = true, ack = true, fail = true, extend = true, cancel = true,
   counts = true, stats = true, retry_dead = true, purge_dead = true, pause = true,
   resume = true, set_policy = true, put_schedule = true, delete_schedule = true, fire = true,
+  progress = true,
 }
 local writing = {
   config = true, enqueue = true, lease = true, ack = true, fail = true, extend = true,
   cancel = true, counts = true, stats = true, retry_dead = true, purge_dead = true,
   pause = true, resume = true, set_policy = true, put_schedule = true, delete_schedule = true,
-  fire = true,
+  fire = true, progress = true,
 }
 
 -- multi COUNT (OP N ARGS...)...: the operations in order, as if each were its own call at

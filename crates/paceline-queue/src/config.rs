@@ -75,6 +75,18 @@ pub struct QueueConfig {
     /// Schedules the queue is given when a service opens it (see
     /// [`Queue::put_schedule`](crate::Queue::put_schedule)), by name.
     pub schedules: BTreeMap<String, Schedule>,
+    /// How many acknowledged jobs stay readable, with their results, as `completed` (the
+    /// latest ones; 0, the default: none, an acknowledged job leaves at once). See
+    /// [`keep_completed`](QueueConfig::keep_completed).
+    pub keep_completed: usize,
+    /// How long a completed job stays readable at most (none: until
+    /// [`keep_completed`](QueueConfig::keep_completed) newer ones push it out).
+    pub keep_completed_for: Option<Duration>,
+    /// The most dead jobs kept (the oldest deaths go first; none, the default: every dead
+    /// job until retried or purged).
+    pub keep_dead: Option<usize>,
+    /// How long a dead job is kept at most (none: until retried or purged).
+    pub keep_dead_for: Option<Duration>,
 }
 
 impl QueueConfig {
@@ -96,7 +108,47 @@ impl QueueConfig {
             max_jobs: 1_000_000,
             partitions: 1,
             schedules: BTreeMap::new(),
+            keep_completed: 0,
+            keep_completed_for: None,
+            keep_dead: None,
+            keep_dead_for: None,
         }
+    }
+
+    /// Keeps up to `n` acknowledged jobs readable (the latest ones), with their results and
+    /// times, for at most `age` (none: until newer ones push them out): `GET
+    /// .../jobs/{id}` answers them with `"state": "completed"`, and enqueueing one's id
+    /// again answers it rather than adding a job.
+    ///
+    /// ```
+    /// use paceline_queue::{JobState, NewJob, QueueConfig, QueueCore};
+    /// use std::time::Duration;
+    /// let config = QueueConfig::new("gcra:rate=10/s".parse()?)
+    ///     .keep_completed(1_000, Some(Duration::from_secs(3_600)));
+    /// let mut queue = QueueCore::new(config)?;
+    /// let job = queue.enqueue(0, NewJob::new("g", b"x".to_vec()))?;
+    /// let leased = queue.lease(0, "w", 1, None)?;
+    /// queue.ack_with_result(0, &job.id, leased[0].lease, Some(b"{\"ok\":true}".to_vec()))?;
+    /// let done = queue.job(&job.id).unwrap();
+    /// assert_eq!((done.state, done.result), (JobState::Completed, Some(b"{\"ok\":true}".to_vec())));
+    /// queue.counts(3_600_000_000)?; // any call an hour on drops it
+    /// assert!(queue.job(&job.id).is_none());
+    /// # Ok::<(), paceline_queue::QueueError>(())
+    /// ```
+    #[must_use]
+    pub fn keep_completed(mut self, n: usize, age: Option<Duration>) -> QueueConfig {
+        self.keep_completed = n;
+        self.keep_completed_for = age;
+        self
+    }
+
+    /// Bounds the dead set: at most `n` dead jobs (the oldest deaths dropped first), each
+    /// for at most `age` (none for either: no bound of that kind).
+    #[must_use]
+    pub fn keep_dead(mut self, n: Option<usize>, age: Option<Duration>) -> QueueConfig {
+        self.keep_dead = n;
+        self.keep_dead_for = age;
+        self
     }
 
     /// Gives the queue schedule `name` (see [`schedules`](QueueConfig::schedules)).
@@ -296,6 +348,35 @@ impl QueueConfig {
             };
             crate::schedule::check_schedule_name(name).map_err(named)?;
             schedule.validate(self.max_payload, 0).map_err(named)?;
+        }
+        if self.keep_completed > MAX_JOBS_LIMIT {
+            return Err(InputError::new(
+                "keep_completed",
+                format!("must be from 0 (none, the default) to {MAX_JOBS_LIMIT}"),
+            ));
+        }
+        if self.keep_completed_for.is_some() && self.keep_completed == 0 {
+            return Err(InputError::new(
+                "keep_completed_for",
+                "needs keep_completed, the most completed jobs kept (e.g. keep_completed = 1000)",
+            ));
+        }
+        if self.keep_dead.is_some_and(|n| n == 0 || n > MAX_JOBS_LIMIT) {
+            return Err(InputError::new(
+                "keep_dead",
+                format!(
+                    "must be from 1 to {MAX_JOBS_LIMIT}; leave it out to keep every dead job \
+                     until retried or purged"
+                ),
+            ));
+        }
+        for (field, age) in [
+            ("keep_completed_for", self.keep_completed_for),
+            ("keep_dead_for", self.keep_dead_for),
+        ] {
+            if age.is_some_and(|d| d < Duration::from_secs(1) || d > crate::job::MAX_DELAY) {
+                return Err(InputError::new(field, "must be from 1s to 365d, e.g. 7d"));
+            }
         }
         if self.partitions == 0 || self.partitions > MAX_PARTITIONS {
             return Err(InputError::new(

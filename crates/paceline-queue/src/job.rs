@@ -346,7 +346,7 @@ pub fn check_listing(state: JobState, group: Option<&str>) -> Result<(), InputEr
     if state == JobState::Finished {
         return Err(InputError::new(
             "state",
-            "must be scheduled, waiting, active or dead: finished jobs are not kept",
+            "must be scheduled, waiting, active, dead or completed: finished jobs are not kept",
         ));
     }
     if let Some(group) = group {
@@ -378,19 +378,23 @@ pub enum JobState {
     Active,
     /// Out of attempts, or failed fatally: kept in the dead set until retried or purged.
     Dead,
+    /// Acknowledged, and kept readable with its result (see
+    /// [`QueueConfig::keep_completed`](crate::QueueConfig::keep_completed)).
+    Completed,
     /// No longer in the queue (acknowledged, cancelled or purged): only an enqueue
     /// deduplicated against a job that has finished answers it.
     Finished,
 }
 
 impl JobState {
-    /// `scheduled`, `waiting`, `active`, `dead` or `finished`.
+    /// `scheduled`, `waiting`, `active`, `dead`, `completed` or `finished`.
     pub const fn name(self) -> &'static str {
         match self {
             JobState::Scheduled => "scheduled",
             JobState::Waiting => "waiting",
             JobState::Active => "active",
             JobState::Dead => "dead",
+            JobState::Completed => "completed",
             JobState::Finished => "finished",
         }
     }
@@ -408,6 +412,7 @@ impl JobState {
             JobState::Waiting,
             JobState::Active,
             JobState::Dead,
+            JobState::Completed,
             JobState::Finished,
         ]
         .into_iter()
@@ -588,6 +593,13 @@ pub struct JobInfo {
     pub priority: u8,
     /// What each of its starts counts against its policies.
     pub cost: u32,
+    /// What its worker last reported of its progress ([`Queue::progress`](crate::Queue::progress)),
+    /// while it runs and after.
+    pub progress: Option<Vec<u8>>,
+    /// Completed: what its worker acknowledged it with, if anything.
+    pub result: Option<Vec<u8>>,
+    /// Completed or dead: when it was acknowledged, or died.
+    pub finished: Option<u64>,
 }
 
 /// What a queue has done since it was created, counted once each.
@@ -624,6 +636,9 @@ pub struct Stats {
     pub active: u64,
     /// Jobs in the dead set.
     pub dead: u64,
+    /// Acknowledged jobs kept readable
+    /// ([`QueueConfig::keep_completed`](crate::QueueConfig::keep_completed)).
+    pub completed: u64,
     /// The groups with jobs waiting or active or that are paused, by name.
     pub groups: Vec<GroupStats>,
     /// What the queue has done since it was created.

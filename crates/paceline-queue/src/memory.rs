@@ -193,13 +193,30 @@ impl QueueBackend for MemoryQueue {
         &self.key
     }
 
-    fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
+    fn ack<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        result: Option<&'a [u8]>,
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
         let now = self.now();
-        let answer = self.core().ack(now, id, lease);
+        let answer = self
+            .core()
+            .ack_with_result(now, id, lease, result.map(<[u8]>::to_vec));
         if answer.is_ok() && self.config.caps_leases() {
             self.wake();
         }
         ready(answer)
+    }
+
+    fn progress<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        progress: &'a [u8],
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
+        let now = self.now();
+        ready(self.core().progress(now, id, lease, progress.to_vec()))
     }
 
     fn fail<'a>(

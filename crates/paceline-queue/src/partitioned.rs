@@ -613,6 +613,7 @@ impl<B: Partition> Partitioned<B> {
                 JobState::Waiting => counts.waiting,
                 JobState::Active => counts.active,
                 JobState::Dead => counts.dead,
+                JobState::Completed => counts.completed,
                 JobState::Finished => 0,
             };
             let held = usize::try_from(held).unwrap_or(usize::MAX);
@@ -807,9 +808,24 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
         self.first().token_key()
     }
 
-    fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
+    fn ack<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        result: Option<&'a [u8]>,
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
         let (p, fence) = self.own_fence(lease);
-        self.parts[p].ack(id, fence)
+        self.parts[p].ack(id, fence, result)
+    }
+
+    fn progress<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        progress: &'a [u8],
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
+        let (p, fence) = self.own_fence(lease);
+        self.parts[p].progress(id, fence, progress)
     }
 
     fn fail<'a>(
@@ -1213,8 +1229,21 @@ mod failing {
         fn token_key(&self) -> &TokenKey {
             self.inner.token_key()
         }
-        fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
-            self.inner.ack(id, lease)
+        fn ack<'a>(
+            &'a self,
+            id: &'a str,
+            lease: u64,
+            result: Option<&'a [u8]>,
+        ) -> QueueFuture<'a, Result<(), QueueError>> {
+            self.inner.ack(id, lease, result)
+        }
+        fn progress<'a>(
+            &'a self,
+            id: &'a str,
+            lease: u64,
+            progress: &'a [u8],
+        ) -> QueueFuture<'a, Result<(), QueueError>> {
+            self.inner.progress(id, lease, progress)
         }
         fn fail<'a>(
             &'a self,

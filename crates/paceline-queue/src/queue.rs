@@ -68,7 +68,19 @@ pub trait QueueBackend: Send + Sync + 'static {
     /// every process that shares the queue.
     fn token_key(&self) -> &TokenKey;
     /// Acknowledges a job.
-    fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>>;
+    fn ack<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        result: Option<&'a [u8]>,
+    ) -> QueueFuture<'a, Result<(), QueueError>>;
+    /// Records a running job's progress.
+    fn progress<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        progress: &'a [u8],
+    ) -> QueueFuture<'a, Result<(), QueueError>>;
     /// Fails a job.
     fn fail<'a>(
         &'a self,
@@ -514,11 +526,51 @@ impl Queue {
     /// a holder whose lease ran out answers `Ok` too once the job is gone, done by another
     /// holder; while another holder has it, `LeaseLost`.)
     pub async fn ack(&self, id: &str, token: &LeaseToken) -> Result<(), QueueError> {
+        self.ack_with_result(id, token, None).await
+    }
+
+    /// [`ack`](Self::ack), with what the job produced (any bytes, at most the queue's
+    /// `max_payload`): kept with the job while it stays readable as `completed`
+    /// ([`QueueConfig::keep_completed`](crate::QueueConfig::keep_completed)), and shown by
+    /// [`job`](Self::job) as its `result`.
+    pub async fn ack_with_result(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        result: Option<&[u8]>,
+    ) -> Result<(), QueueError> {
         let fence = self.fence(id, token)?;
-        match once_more_if_lost(|| self.backend.ack(id, fence)).await {
+        match once_more_if_lost(|| self.backend.ack(id, fence, result)).await {
             Err(QueueError::UnknownJob { .. }) => Ok(()),
             answer => answer,
         }
+    }
+
+    /// Reports a running job's progress (any bytes, at most the queue's `max_payload`):
+    /// [`job`](Self::job) shows the latest report as its `progress` while the job runs and
+    /// after. `LeaseLost` once the lease is no longer this token's.
+    ///
+    /// ```
+    /// use paceline_queue::{NewJob, Queue, QueueConfig};
+    /// use std::time::Duration;
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let queue = Queue::in_memory("q", QueueConfig::new("gcra:rate=10/s".parse()?))?;
+    /// let job = queue.enqueue(NewJob::new("g", b"import".to_vec())).await?;
+    /// let leased = queue.lease("w", 1, None, Duration::ZERO).await?;
+    /// queue.progress(&job.id, &leased[0].token, br#"{"rows": 500}"#).await?;
+    /// let seen = queue.job(&job.id).await?.unwrap();
+    /// assert_eq!(seen.progress.as_deref(), Some(&br#"{"rows": 500}"#[..]));
+    /// # Ok::<(), paceline_queue::QueueError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn progress(
+        &self,
+        id: &str,
+        token: &LeaseToken,
+        progress: &[u8],
+    ) -> Result<(), QueueError> {
+        let fence = self.fence(id, token)?;
+        once_more_if_lost(|| self.backend.progress(id, fence, progress)).await
     }
 
     /// Fails a job: see [`Failure`].

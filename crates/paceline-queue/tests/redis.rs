@@ -62,6 +62,10 @@ enum Step {
         pick: u8,
         ms: u16,
     },
+    /// A progress report on a held job.
+    Progress {
+        pick: u8,
+    },
     Advance {
         ms: u16,
     },
@@ -227,12 +231,13 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (any::<u8>(), proptest::bool::weighted(0.1)).prop_map(|(pick, stale)| Step::Ack { pick, stale }),
         2 => (any::<u8>(), 0u8..5, 1u16..3_000).prop_map(|(pick, kind, ms)| Step::Fail { pick, kind, ms }),
         1 => (any::<u8>(), 1u16..3_000).prop_map(|(pick, ms)| Step::Extend { pick, ms }),
+        1 => any::<u8>().prop_map(|pick| Step::Progress { pick }),
         5 => (1u16..2_500).prop_map(|ms| Step::Advance { ms }),
         1 => (0u8..8).prop_map(|id| Step::Cancel { id }),
         1 => (0u8..8).prop_map(|id| Step::Job { id }),
         1 => Just(Step::Stats),
         1 => Just(Step::Dead),
-        1 => (0u8..4, proptest::option::of(0u8..3), prop_oneof![3 => Just(0u8), 1 => 0u8..4])
+        1 => (0u8..5, proptest::option::of(0u8..3), prop_oneof![3 => Just(0u8), 1 => 0u8..4])
             .prop_map(|(state, group, offset)| Step::Jobs { state, group, offset }),
         1 => (any::<bool>(), 0u8..8).prop_map(|(all, id)| Step::RetryDead { all, id }),
         1 => Just(Step::PurgeDead),
@@ -398,6 +403,14 @@ impl differential::Twin<Step> for QueueTwin {
                 Said::Leased(leased)
             }
             Step::Ack { pick: p, stale } => match self.give_up(p, stale) {
+                // Every other ack with a result.
+                Some((id, token)) if p % 2 == 0 => {
+                    let result = format!("r{p}");
+                    let acked = self
+                        .queue
+                        .ack_with_result(&id, &token, Some(result.as_bytes()));
+                    Said::Acked(acked.await)
+                }
                 Some((id, token)) => Said::Acked(self.queue.ack(&id, &token).await),
                 None => Said::Nothing,
             },
@@ -434,6 +447,14 @@ impl differential::Twin<Step> for QueueTwin {
                 let d = Duration::from_millis(u64::from(ms));
                 Said::Extended(queue.extend(&id, &token, d).await)
             }
+            Step::Progress { pick: p } => {
+                if self.held.is_empty() {
+                    return Said::Nothing;
+                }
+                let (id, token) = self.held[p as usize % self.held.len()].clone();
+                let report = format!("{{\"done\": {p}}}");
+                Said::Acked(queue.progress(&id, &token, report.as_bytes()).await)
+            }
             Step::Advance { .. } => unreachable!("clock steps are the runner's"),
             Step::Cancel { id } => Said::Cancelled(queue.cancel(&id_of(id, self.partitions)).await),
             Step::Job { id } => Said::Job(queue.job(&id_of(id, self.partitions)).await),
@@ -449,6 +470,7 @@ impl differential::Twin<Step> for QueueTwin {
                     JobState::Waiting,
                     JobState::Active,
                     JobState::Dead,
+                    JobState::Completed,
                 ][usize::from(state)];
                 // A group only for waiting jobs: any other state with one is an error.
                 let group = group.map(|g| format!("g{g}"));
@@ -533,9 +555,10 @@ async fn differential(
     spec: &str,
     cap: u32,
     wide: QueueWide,
+    keep: bool,
     steps: Vec<Step>,
 ) -> Result<(), TestCaseError> {
-    differential_of(spec, cap, 1, wide, steps).await
+    differential_of(spec, cap, 1, wide, keep, steps).await
 }
 
 /// [`differential`] of a queue of `partitions`.
@@ -544,6 +567,7 @@ async fn differential_of(
     cap: u32,
     partitions: u32,
     (queue_policy, queue_cap): QueueWide,
+    keep: bool,
     steps: Vec<Step>,
 ) -> Result<(), TestCaseError> {
     let policy: Policy = spec
@@ -556,6 +580,12 @@ async fn differential_of(
         .max_attempts(3)
         .lease(Duration::from_millis(1_500))
         .retry_backoff(Duration::from_millis(200), Duration::from_secs(2));
+    if keep {
+        // Few and short, so that the steps reach every bound.
+        config = config
+            .keep_completed(3, Some(Duration::from_secs(2)))
+            .keep_dead(Some(2), Some(Duration::from_secs(3)));
+    }
     if let Some(spec) = POLICIES.get(queue_policy) {
         let policy: Policy = spec
             .parse()
@@ -623,9 +653,10 @@ fn partitioned_redis_answers_as_partitioned_memory_does() {
         0..POLICIES.len(),
         prop_oneof![Just(0u32), 1u32..3],
         prop_oneof![Just(2u32), Just(4u32)],
+        any::<bool>(),
         proptest::collection::vec(step(), 1..80),
     );
-    Cases::new(24).run(&cases, |(policy, cap, partitions, steps)| {
+    Cases::new(24).run(&cases, |(policy, cap, partitions, keep, steps)| {
         let steps = steps
             .into_iter()
             .map(|step| match step {
@@ -643,6 +674,7 @@ fn partitioned_redis_answers_as_partitioned_memory_does() {
             cap,
             partitions,
             (usize::MAX, 0),
+            keep,
             steps,
         ))
     });
@@ -654,16 +686,19 @@ fn redis_answers_as_memory_does() {
         0..POLICIES.len(),
         prop_oneof![Just(0u32), 1u32..3],
         proptest::collection::vec(step(), 1..80),
+        any::<bool>(),
     );
     Cases::new(48)
         .regressions(file!())
-        .run(&cases, |(policy, cap, steps)| {
-            runtime().block_on(differential(POLICIES[policy], cap, (usize::MAX, 0), steps))
+        .run(&cases, |(policy, cap, steps, keep)| {
+            let wide = (usize::MAX, 0);
+            runtime().block_on(differential(POLICIES[policy], cap, wide, keep, steps))
         });
 }
 
-/// Queues with limits over all their groups too (a policy, a concurrency cap or both): the
-/// same answers in memory and in Redis.
+/// Queues with limits over all their groups too (a policy, a concurrency cap or both), and
+/// keeping few completed and dead jobs for a short time: the same answers in memory and in
+/// Redis.
 #[test]
 fn redis_answers_as_memory_does_under_a_queue_wide_limit() {
     let cases = (
@@ -676,6 +711,6 @@ fn redis_answers_as_memory_does_under_a_queue_wide_limit() {
         proptest::collection::vec(step(), 1..80),
     );
     Cases::new(32).run(&cases, |(policy, cap, wide, steps)| {
-        runtime().block_on(differential(POLICIES[policy], cap, wide, steps))
+        runtime().block_on(differential(POLICIES[policy], cap, wide, true, steps))
     });
 }

@@ -250,10 +250,10 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
         assert_eq!(server.command(&["ZCARD", &front]).unwrap(), ":6");
         assert_eq!(server.command(&["LLEN", &list]).unwrap(), ":1");
-        // Written back in the binary layout ('o').
+        // Written back in the binary layout ('n': no priorities in use).
         assert_eq!(
             server.command(&["EVAL", meta_tag, "1", &base]).unwrap(),
-            ":111"
+            ":110"
         );
         let tag = "return string.byte(redis.call('GET', KEYS[1]), 1)";
         let (group, job) = (format!("{base}g:g0"), format!("{base}j:1"));
@@ -268,9 +268,10 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
         );
         assert_eq!(a.len(), 13);
         assert_eq!(unsigned(&a), b);
-        // Each record written back in the flat layout: 'H' for groups, 'K' for jobs.
-        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":72");
-        assert_eq!(server.command(&["EVAL", tag, "1", &job]).unwrap(), ":75");
+        // Each record written back in the flat layout: 'G' for groups, 'J' for jobs (their
+        // fields after those at the defaults).
+        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":71");
+        assert_eq!(server.command(&["EVAL", tag, "1", &job]).unwrap(), ":74");
         let now = clock.now_micros();
         assert_eq!(redis.stats().await.unwrap(), core.stats(now).unwrap());
     });
@@ -278,7 +279,8 @@ fn a_queue_in_the_earlier_layout_goes_on_as_in_memory() {
 
 /// A queue written in the flat layouts before priorities and costs (meta 'n', groups 'G',
 /// jobs 'J': the same records without their last fields) goes on as the core in memory
-/// does, and each record is written back in the layout of now.
+/// does; records whose new fields are not the defaults are written in the longer layouts
+/// (meta 'o', groups 'H', jobs 'K'), the others stay short.
 #[test]
 fn a_queue_in_the_layout_before_priorities_goes_on_as_in_memory() {
     runtime().block_on(async {
@@ -294,21 +296,26 @@ fn a_queue_in_the_layout_before_priorities_goes_on_as_in_memory() {
         let leased = redis.lease("w", 2, None, Duration::ZERO).await.unwrap();
         assert_eq!(unsigned(&leased), core.lease(now, "w", 2, None).unwrap());
         let base = format!("paceline:v2:{{q:{name}}}:");
-        // Each record cut to the layout before: the meta record's `lv` (8 bytes), a group's
-        // `c` and `rl` (16), a job's priority and cost (9), and the earlier tag.
+        // Each record in the layout before (jobs of defaults are written so already): the
+        // meta record without `lv` (8 bytes), a group without `c` and `rl` (16), a job
+        // without its priority, cost, flags and empty progress and result (18).
         let downgrade = r"
-            local function cut(key, drop, tag)
+            local function cut(key, from, drop, tag)
               local raw = redis.call('GET', key)
-              redis.call('SET', key, string.char(tag) .. raw:sub(2, #raw - drop))
+              if raw:byte(1) == from then
+                redis.call('SET', key, string.char(tag) .. raw:sub(2, #raw - drop))
+              end
+              return raw:byte(1) == from or raw:byte(1) == tag
             end
-            cut(KEYS[1] .. 'meta', 8, 110)
-            cut(KEYS[1] .. 'g:g0', 16, 71)
-            cut(KEYS[1] .. 'g:g1', 16, 71)
             local n = 0
             for _, key in ipairs(redis.call('KEYS', KEYS[1] .. 'j:*')) do
-              cut(key, 9, 74)
-              n = n + 1
+              if cut(key, 75, 18, 74) then
+                n = n + 1
+              end
             end
+            cut(KEYS[1] .. 'meta', 111, 8, 110)
+            cut(KEYS[1] .. 'g:g0', 72, 16, 71)
+            cut(KEYS[1] .. 'g:g1', 72, 16, 71)
             return n";
         assert_eq!(
             server.command(&["EVAL", downgrade, "1", &base]).unwrap(),
@@ -334,11 +341,25 @@ fn a_queue_in_the_layout_before_priorities_goes_on_as_in_memory() {
         assert_eq!(unsigned(&a), b);
         let tag = "return string.byte(redis.call('GET', KEYS[1]), 1)";
         let meta = format!("{base}meta");
-        assert_eq!(server.command(&["EVAL", tag, "1", &meta]).unwrap(), ":111");
+        assert_eq!(server.command(&["EVAL", tag, "1", &meta]).unwrap(), ":110");
         let group = format!("{base}g:g0");
-        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":72");
+        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":71");
         let job = format!("{base}j:3");
+        assert_eq!(server.command(&["EVAL", tag, "1", &job]).unwrap(), ":74");
+        // A job of priority 3 and cost 2 alone in its group: the longer layouts.
+        let job = NewJob::new("g9", b"urgent".to_vec()).priority(3).cost(2);
+        let now = clock.now_micros();
+        assert_eq!(redis.enqueue(job.clone()).await, core.enqueue(now, job));
+        assert_eq!(server.command(&["EVAL", tag, "1", &meta]).unwrap(), ":111");
+        let group = format!("{base}g:g9");
+        assert_eq!(server.command(&["EVAL", tag, "1", &group]).unwrap(), ":72");
+        let job = format!("{base}j:10");
         assert_eq!(server.command(&["EVAL", tag, "1", &job]).unwrap(), ":75");
+        let now = clock.now_micros();
+        assert_eq!(
+            unsigned(&redis.lease("w", 1, None, Duration::ZERO).await.unwrap()),
+            core.lease(now, "w", 1, None).unwrap()
+        );
         let now = clock.now_micros();
         assert_eq!(redis.stats().await.unwrap(), core.stats(now).unwrap());
     });

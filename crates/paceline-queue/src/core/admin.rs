@@ -12,7 +12,7 @@ use crate::error::QueueError;
 use crate::job::{GroupStats, JobInfo, JobState, Stats};
 
 impl QueueCore {
-    /// Removes a job that is not active (scheduled, waiting or dead).
+    /// Removes a job that is not active (scheduled, waiting, dead or completed).
     pub fn cancel(&mut self, now: u64, id: &str) -> Result<(), QueueError> {
         let now = self.tick(now)?;
         self.maintain(now);
@@ -22,11 +22,19 @@ impl QueueCore {
             .ok_or_else(|| QueueError::UnknownJob { id: id.to_string() })?;
         match job.place {
             Place::Active { .. } => return Err(active_conflict(id)),
+            Place::Completed { .. } => {
+                self.forget_completed(id);
+                return Ok(());
+            }
             Place::Scheduled { at, order, .. } => {
                 self.scheduled.remove(&(at, order, id.to_string()));
             }
-            Place::Dead { order } => {
-                self.dead.remove(&(order, id.to_string()));
+            Place::Dead { order, .. } => {
+                let group = job.group.clone();
+                self.unbury(order, id);
+                self.jobs.remove(id);
+                self.refresh(&group);
+                return Ok(());
             }
             Place::Waiting => {
                 if let Some(g) = self.groups.get_mut(&job.group) {
@@ -66,7 +74,13 @@ impl QueueCore {
                 worker,
                 ..
             } => (None, Some(*started), Some(*expires), Some(worker.clone())),
-            Place::Waiting | Place::Dead { .. } => (None, None, None, None),
+            Place::Waiting | Place::Dead { .. } | Place::Completed { .. } => {
+                (None, None, None, None)
+            }
+        };
+        let finished = match job.place {
+            Place::Dead { at, .. } | Place::Completed { at, .. } => Some(at),
+            _ => None,
         };
         Some(JobInfo {
             id: id.to_string(),
@@ -78,6 +92,9 @@ impl QueueCore {
             enqueued_at: job.enqueued_at,
             priority: job.priority,
             cost: job.cost,
+            progress: job.progress.clone(),
+            result: job.result.clone(),
+            finished,
             not_before,
             started,
             lease_expires,
@@ -108,6 +125,7 @@ impl QueueCore {
             waiting: groups.iter().map(|g| g.waiting).sum(),
             active: self.leases.len() as u64,
             dead: self.dead.len() as u64,
+            completed: self.completed.len() as u64,
             groups,
             totals: self.totals,
             paused_until: self.paused_until(now),
@@ -120,11 +138,14 @@ impl QueueCore {
         let now = self.tick(now)?;
         self.maintain(now);
         let (scheduled, active, dead) = (self.scheduled.len(), self.leases.len(), self.dead.len());
+        let completed = self.completed.len();
+        let held = scheduled + active + dead + completed;
         Ok(Stats {
             scheduled: scheduled as u64,
-            waiting: self.jobs.len().saturating_sub(scheduled + active + dead) as u64,
+            waiting: self.jobs.len().saturating_sub(held) as u64,
             active: active as u64,
             dead: dead as u64,
+            completed: completed as u64,
             groups: Vec::new(),
             totals: self.totals,
             paused_until: self.paused_until(now),
@@ -163,6 +184,7 @@ impl QueueCore {
             (JobState::Scheduled, None) => self.scheduled.iter().map(|(_, _, id)| id).collect(),
             (JobState::Active, None) => self.leases.iter().map(|(_, _, id)| id).collect(),
             (JobState::Dead, None) => self.dead.iter().map(|(_, id)| id).collect(),
+            (JobState::Completed, None) => self.completed.iter().map(|(_, _, id)| id).collect(),
             (JobState::Waiting, Some(name)) => self.groups.get(name).map(line).unwrap_or_default(),
             (JobState::Waiting, None) => {
                 let mut names: Vec<&String> = self.groups.keys().collect();
@@ -191,14 +213,14 @@ impl QueueCore {
             Some(ids) => ids
                 .iter()
                 .filter_map(|id| match self.jobs.get(id)?.place {
-                    Place::Dead { order } => Some((order, id.clone())),
+                    Place::Dead { order, .. } => Some((order, id.clone())),
                     _ => None,
                 })
                 .collect(),
         };
         let mut n = 0;
         for (order, id) in chosen {
-            if !self.dead.remove(&(order, id.clone())) {
+            if !self.unbury(order, &id) {
                 continue;
             }
             let Some(job) = self.jobs.get_mut(&id) else {
@@ -225,6 +247,7 @@ impl QueueCore {
         let now = self.tick(now)?;
         self.maintain(now);
         let dead = std::mem::take(&mut self.dead);
+        self.dead_expiry.clear();
         for (_, id) in &dead {
             self.jobs.remove(id);
         }
@@ -337,7 +360,10 @@ impl QueueCore {
                 Place::Active { token, expires, .. } => {
                     self.leases.contains(&(expires, token, id.clone()))
                 }
-                Place::Dead { order } => self.dead.contains(&(order, id.clone())),
+                Place::Dead { order, .. } => self.dead.contains(&(order, id.clone())),
+                Place::Completed { order, until, .. } => {
+                    self.completed.contains(&(until, order, id.clone()))
+                }
                 Place::Waiting => true,
             };
             if !indexed {
@@ -348,6 +374,7 @@ impl QueueCore {
         if states(JobState::Scheduled) != self.scheduled.len()
             || states(JobState::Active) != self.leases.len()
             || states(JobState::Dead) != self.dead.len()
+            || states(JobState::Completed) != self.completed.len()
             || self.ready.iter().map(BTreeSet::len).sum::<usize>()
                 != self.groups.values().filter(|g| g.ready.is_some()).count()
         {

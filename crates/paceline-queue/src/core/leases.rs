@@ -257,19 +257,17 @@ impl QueueCore {
         if let Some(p) = &mut g.projection {
             p.covers = p.covers.saturating_sub(1);
         }
-        self.seq += 1;
         if let Some(job) = self.jobs.get_mut(&id) {
-            job.place = Place::Dead { order: self.seq };
             job.last_error = Some(too_costly_error(cost));
-            self.dead.insert((self.seq, id));
             self.totals.dead += 1;
+            self.bury(&id, self.now);
         }
         self.refresh(name);
     }
 
     /// The job `id` leased with `token`, if that lease is live at `now`; an expired one is
     /// handled on the spot.
-    fn held(&mut self, now: u64, id: &str, token: u64) -> Result<(), QueueError> {
+    pub(super) fn held(&mut self, now: u64, id: &str, token: u64) -> Result<(), QueueError> {
         let lost = || QueueError::LeaseLost { id: id.to_string() };
         let job = self.jobs.get(id).ok_or_else(lost)?;
         match job.place {
@@ -300,16 +298,37 @@ impl QueueCore {
         Some(group)
     }
 
-    /// The job is done: it leaves the queue (its id may be used again).
+    /// The job is done: it leaves the queue (its id may be used again), or with
+    /// [`QueueConfig::keep_completed`](crate::QueueConfig::keep_completed) stays readable
+    /// as `completed` for a while.
     pub fn ack(&mut self, now: u64, id: &str, lease: u64) -> Result<(), QueueError> {
+        self.ack_with_result(now, id, lease, None)
+    }
+
+    /// [`ack`](Self::ack), with what the job produced (any bytes, at most the queue's
+    /// `max_payload`), kept with the job while it stays readable as `completed`.
+    pub fn ack_with_result(
+        &mut self,
+        now: u64,
+        id: &str,
+        lease: u64,
+        result: Option<Vec<u8>>,
+    ) -> Result<(), QueueError> {
+        if let Some(result) = &result {
+            super::rules::check_size("result", result, self.config.max_payload)?;
+        }
         let now = self.tick(now)?;
         self.maintain(now);
-        if !self.jobs.contains_key(id) {
-            return Err(QueueError::UnknownJob { id: id.to_string() });
+        // A completed job has left the queue as far as its workers go.
+        match self.jobs.get(id).map(|j| &j.place) {
+            None | Some(Place::Completed { .. }) => {
+                return Err(QueueError::UnknownJob { id: id.to_string() })
+            }
+            Some(_) => {}
         }
         self.held(now, id, lease)?;
         if let Some(group) = self.release(id) {
-            self.jobs.remove(id);
+            self.complete(id, now, result);
             self.totals.acked += 1;
             self.refresh(&group);
         }
@@ -383,9 +402,7 @@ impl QueueCore {
         match outcome {
             FailOutcome::Dead => {
                 self.totals.dead += 1;
-                self.seq += 1;
-                job.place = Place::Dead { order: self.seq };
-                self.dead.insert((self.seq, id.to_string()));
+                self.bury(id, now);
                 self.refresh(&group);
             }
             FailOutcome::Retrying { at } => {

@@ -61,7 +61,7 @@ impl QueueCore {
                 }
             }
         }
-        if self.jobs.len() >= self.config.max_jobs {
+        if self.jobs.len() - self.completed.len() >= self.config.max_jobs {
             return Err(queue_full(self.config.max_jobs));
         }
         let latest = now.saturating_add(round_to_micros(MAX_DELAY));
@@ -133,6 +133,8 @@ impl QueueCore {
                 estimated_start,
                 place,
                 ended: None,
+                progress: None,
+                result: None,
             },
         );
         Ok(Enqueued {

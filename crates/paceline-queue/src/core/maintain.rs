@@ -79,6 +79,7 @@ impl QueueCore {
                 self.groups.remove(&name);
             }
         }
+        self.drop_expired(now);
     }
 
     /// A lease ran out: the job goes back to the head of its group, or dies if it has had
@@ -102,9 +103,7 @@ impl QueueCore {
                 "the lease expired on attempt {} of {}",
                 job.attempts, job.max_attempts
             ));
-            self.seq += 1;
-            job.place = Place::Dead { order: self.seq };
-            self.dead.insert((self.seq, id.to_string()));
+            self.bury(id, self.now);
             self.refresh(&group);
         } else {
             job.place = Place::Waiting;

@@ -58,6 +58,7 @@ mod maintain;
 mod pauses;
 mod policies;
 mod records;
+mod retention;
 mod rules;
 mod schedules;
 
@@ -75,8 +76,8 @@ pub use pauses::UNTIL_RESUMED;
 pub use policies::PolicySource;
 use records::{Group, Job, Taken};
 pub(crate) use rules::{
-    active_conflict, check_failure, check_lease_request, cost_beyond, cut, max_cost, micros_up,
-    queue_full, Jitter,
+    active_conflict, check_failure, check_lease_request, check_progress, check_size, cost_beyond,
+    cut, max_cost, micros_up, queue_full, Jitter,
 };
 
 /// The most expired leases, due jobs and idle groups each call handles before its own work;
@@ -115,6 +116,11 @@ pub struct QueueCore {
     leases: BTreeSet<(u64, u64, String)>,
     /// The dead set in order of death: (order, id).
     dead: BTreeSet<(u64, String)>,
+    /// Dead jobs by when they are dropped for their age, with `keep_dead_for`: (until,
+    /// order, id).
+    dead_expiry: BTreeSet<(u64, u64, String)>,
+    /// Completed jobs kept readable, by when they are dropped: (until, order, id).
+    completed: BTreeSet<(u64, u64, String)>,
     /// Groups with nothing waiting or active, dropped once their policy state is idle:
     /// (droppable at, group).
     retiring: BTreeSet<(u64, String)>,
@@ -162,6 +168,8 @@ impl QueueCore {
             scheduled: BTreeSet::new(),
             leases: BTreeSet::new(),
             dead: BTreeSet::new(),
+            dead_expiry: BTreeSet::new(),
+            completed: BTreeSet::new(),
             retiring: BTreeSet::new(),
             requests: HashMap::new(),
             request_expiry: BTreeSet::new(),

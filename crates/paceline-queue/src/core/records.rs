@@ -36,6 +36,10 @@ pub(super) struct Job {
     /// The fence of the last lease that ended in a failure report (a retried report of it
     /// answers [`FailOutcome::Repeated`]).
     pub(super) ended: Option<u64>,
+    /// What its worker last reported of its progress.
+    pub(super) progress: Option<Vec<u8>>,
+    /// Completed: what it was acknowledged with.
+    pub(super) result: Option<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -53,8 +57,16 @@ pub(super) enum Place {
         expires: u64,
         worker: String,
     },
+    /// In the dead set under `order`, since `at`.
     Dead {
         order: u64,
+        at: u64,
+    },
+    /// Acknowledged at `at` and kept readable (under `order`) until `until`.
+    Completed {
+        order: u64,
+        at: u64,
+        until: u64,
     },
 }
 
@@ -87,6 +99,7 @@ impl Place {
             Place::Waiting => JobState::Waiting,
             Place::Active { .. } => JobState::Active,
             Place::Dead { .. } => JobState::Dead,
+            Place::Completed { .. } => JobState::Completed,
         }
     }
 }

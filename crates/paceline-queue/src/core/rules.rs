@@ -35,6 +35,23 @@ pub(crate) fn cut(error: Option<String>) -> Option<String> {
     })
 }
 
+/// Checks a progress report or an acknowledgement's result: at most the queue's largest
+/// payload (`max`), naming `field`.
+pub(crate) fn check_progress(data: &[u8], max: usize) -> Result<(), InputError> {
+    check_size("progress", data, max)
+}
+
+/// Checks `data`, sent as `field`, against the queue's largest payload `max`.
+pub(crate) fn check_size(field: &'static str, data: &[u8], max: usize) -> Result<(), InputError> {
+    if data.len() > max {
+        return Err(InputError::new(
+            field,
+            format!("is {} bytes; this queue takes at most {max}", data.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// The error for a job costing `cost` in a group whose policy, or the queue's own, can
 /// admit at most `max` a start.
 pub(crate) fn cost_beyond(cost: u32, max: u64) -> InputError {

@@ -3,6 +3,7 @@
 //! operations that are combined.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use paceline_core::{Clock, Policy};
 use paceline_store::redis::{
@@ -176,6 +177,12 @@ pub(super) fn config_args(c: &QueueConfig, extra: Vec<Vec<u8>>) -> Vec<Vec<u8>> 
             args.push(arg(0));
         }
     }
+    // What the queue keeps of ended jobs ('' for no bound).
+    let micros = |d: Option<Duration>| d.map(|d| arg(paceline_core::round_to_micros(d)));
+    args.push(arg(c.keep_completed));
+    args.push(micros(c.keep_completed_for).unwrap_or_default());
+    args.push(c.keep_dead.map(arg).unwrap_or_default());
+    args.push(micros(c.keep_dead_for).unwrap_or_default());
     args.extend(extra);
     let mut all = vec![arg(fingerprint(&args))];
     all.extend(args);

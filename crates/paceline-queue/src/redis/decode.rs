@@ -43,6 +43,14 @@ pub(super) fn read_job(r: &mut Reader) -> Result<JobInfo, QueueError> {
     let payload = r.bytes()?;
     let priority = u8::try_from(r.u64()?).map_err(|_| protocol("a job's priority"))?;
     let cost = r.u32()?;
+    // A flag (1: present) then the bytes, for the progress and the result.
+    let mut optional = || -> Result<Option<Vec<u8>>, QueueError> {
+        let present = r.int()? == 1;
+        let bytes = r.bytes()?;
+        Ok(present.then_some(bytes))
+    };
+    let (progress, result) = (optional()?, optional()?);
+    let finished = r.time()?;
     Ok(JobInfo {
         id,
         group,
@@ -58,12 +66,16 @@ pub(super) fn read_job(r: &mut Reader) -> Result<JobInfo, QueueError> {
         payload,
         priority,
         cost,
+        progress,
+        result,
+        finished,
     })
 }
 
 pub(super) fn read_counts(r: &mut Reader) -> Result<Stats, QueueError> {
     let _now = r.u64()?;
     let (scheduled, waiting, active, dead) = (r.u64()?, r.u64()?, r.u64()?, r.u64()?);
+    let completed = r.u64()?;
     let totals = Totals {
         enqueued: r.u64()?,
         started: r.u64()?,
@@ -79,6 +91,7 @@ pub(super) fn read_counts(r: &mut Reader) -> Result<Stats, QueueError> {
         waiting,
         active,
         dead,
+        completed,
         groups: Vec::new(),
         totals,
         paused_until: r.time()?,

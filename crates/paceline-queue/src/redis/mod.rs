@@ -314,6 +314,32 @@ async fn read_stored(host: &FunctionHost, name: &str) -> Result<QueueConfig, Que
             config = config.queue_concurrency(n);
             continue;
         }
+        if group == KEEP_ENTRY {
+            let bad = || {
+                let e = InputError::new("keep_completed", format!("`{spec}` is not four numbers"));
+                stored_config(name, host.key_prefix(), &e)
+            };
+            let parts: Vec<&str> = spec.split(',').collect();
+            let [kc, kcf, kd, kdf] = parts[..] else {
+                return Err(bad());
+            };
+            let number = |x: &str| -> Result<Option<u64>, QueueError> {
+                (!x.is_empty())
+                    .then(|| x.parse::<u64>().map_err(|_| bad()))
+                    .transpose()
+            };
+            let count = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
+            config = config
+                .keep_completed(
+                    number(kc)?.map_or(0, count),
+                    number(kcf)?.map(Duration::from_micros),
+                )
+                .keep_dead(
+                    number(kd)?.map(count),
+                    number(kdf)?.map(Duration::from_micros),
+                );
+            continue;
+        }
         if group == PARTITIONS_ENTRY {
             let n = spec.parse().map_err(|_| {
                 let e = InputError::new("partitions", format!("`{spec}` is not a number"));
@@ -351,6 +377,9 @@ fn stored_config(name: &str, prefix: &str, e: &InputError) -> QueueError {
 const QUEUE_POLICY_ENTRY: &str = "\u{1}queue_policy";
 /// Where `read_config` answers the queue's concurrency cap, likewise.
 const QUEUE_CONCURRENCY_ENTRY: &str = "\u{1}queue_concurrency";
+
+/// Where `read_config` answers what the queue keeps of ended jobs, likewise.
+const KEEP_ENTRY: &str = "\u{1}keep";
 
 /// Where `read_config` answers the number of partitions among the groups' own policies
 /// (a control character first: no group's name).
@@ -422,8 +451,22 @@ impl QueueBackend for RedisQueue {
         &self.key
     }
 
-    fn ack<'a>(&'a self, id: &'a str, lease: u64) -> QueueFuture<'a, Result<(), QueueError>> {
-        Box::pin(self.ack_job(id, lease))
+    fn ack<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        result: Option<&'a [u8]>,
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.ack_job(id, lease, result))
+    }
+
+    fn progress<'a>(
+        &'a self,
+        id: &'a str,
+        lease: u64,
+        progress: &'a [u8],
+    ) -> QueueFuture<'a, Result<(), QueueError>> {
+        Box::pin(self.report_progress(id, lease, progress))
     }
 
     fn fail<'a>(

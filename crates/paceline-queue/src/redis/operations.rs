@@ -11,8 +11,8 @@ use super::decode::{protocol, read_counts, read_job, read_state, reader};
 use super::RedisQueue;
 use crate::config::{check_group, check_policy};
 use crate::core::{
-    active_conflict, check_failure, check_lease_request, check_pause, cost_beyond, cut, micros_up,
-    queue_full, PolicySource, MAINTENANCE_BATCH,
+    active_conflict, check_failure, check_lease_request, check_pause, check_size, cost_beyond, cut,
+    micros_up, queue_full, PolicySource, MAINTENANCE_BATCH,
 };
 use crate::error::QueueError;
 use crate::job::{
@@ -190,13 +190,41 @@ impl RedisQueue {
         Ok((status, r))
     }
 
-    pub(super) async fn ack_job(&self, id: &str, lease: u64) -> Result<(), QueueError> {
-        let reply = self.call("ack", vec![arg(id), arg(lease)]).await?;
+    pub(super) async fn ack_job(
+        &self,
+        id: &str,
+        lease: u64,
+        result: Option<&[u8]>,
+    ) -> Result<(), QueueError> {
+        let mut args = vec![arg(id), arg(lease)];
+        if let Some(result) = result {
+            check_size("result", result, self.config.max_payload)?;
+            args.push(result.to_vec());
+        }
+        let reply = self.call("ack", args).await?;
         match Self::status(reply)?.0.as_str() {
             "ok" => Ok(()),
             "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
             "gone" => Err(QueueError::UnknownJob { id: id.to_string() }),
             other => Err(protocol(&format!("`ack` with the status `{other}`"))),
+        }
+    }
+
+    pub(super) async fn report_progress(
+        &self,
+        id: &str,
+        lease: u64,
+        progress: &[u8],
+    ) -> Result<(), QueueError> {
+        check_size("progress", progress, self.config.max_payload)?;
+        let reply = self
+            .call("progress", vec![arg(id), arg(lease), progress.to_vec()])
+            .await?;
+        match Self::status(reply)?.0.as_str() {
+            "ok" => Ok(()),
+            "lost" => Err(QueueError::LeaseLost { id: id.to_string() }),
+            "gone" => Err(QueueError::UnknownJob { id: id.to_string() }),
+            other => Err(protocol(&format!("`progress` with the status `{other}`"))),
         }
     }
 

@@ -95,6 +95,10 @@ struct QueueToml {
     max_payload: Option<usize>,
     max_jobs: Option<usize>,
     partitions: Option<u32>,
+    keep_completed: Option<usize>,
+    keep_completed_for: Option<String>,
+    keep_dead: Option<usize>,
+    keep_dead_for: Option<String>,
     #[serde(default)]
     groups: BTreeMap<String, GroupToml>,
     #[serde(default)]
@@ -143,6 +147,16 @@ impl QueueToml {
         config.max_payload = self.max_payload.unwrap_or(config.max_payload);
         config.max_jobs = self.max_jobs.unwrap_or(config.max_jobs);
         config.partitions = self.partitions.unwrap_or(config.partitions);
+        let age = |field: &str, text: Option<String>| match text {
+            None => Ok(None),
+            Some(t) => paceline_store::spec::parse_duration(field, &t)
+                .map(|us| Some(Duration::from_micros(us)))
+                .map_err(|e| (field.to_string(), e.message().to_string())),
+        };
+        config.keep_completed = self.keep_completed.unwrap_or(0);
+        config.keep_completed_for = age("keep_completed_for", self.keep_completed_for)?;
+        config.keep_dead = self.keep_dead;
+        config.keep_dead_for = age("keep_dead_for", self.keep_dead_for)?;
         config.groups = self
             .groups
             .into_iter()

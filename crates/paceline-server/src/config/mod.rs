@@ -31,6 +31,10 @@
 //! max_jobs = 1000000                                  # jobs held; more are refused (503)
 //! partitions = 1                                      # 1 to 64: groups spread over this many
 //!                                                     # partitions (Redis Cluster primaries)
+//! keep_completed = 0                                  # acked jobs kept readable: the latest N
+//! # keep_completed_for = "1d"                         #   each for at most this long
+//! # keep_dead = 10000                                 # dead jobs kept at most (none: all)
+//! # keep_dead_for = "7d"                              #   each for at most this long
 //!
 //! [queues.discord-roles.groups."guild:1"]
 //! policy = "fixed_window:limit=50,window=10s"         # one group's own override
@@ -383,6 +387,26 @@ queue_concurrency = 8
             (
                 "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\n[queues.q.schedules.\"a b\"]\ncron = \"0 3 * * *\"\ngroup = \"g\"",
                 "queues.q.schedules.a b.name",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nkeep_completed_for = \"1h\"",
+                "queues.q.keep_completed_for",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nkeep_completed = 5\nkeep_completed_for = \"soon\"",
+                "queues.q.keep_completed_for",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nkeep_dead = 0",
+                "queues.q.keep_dead",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nkeep_dead_for = \"400d\"",
+                "queues.q.keep_dead_for",
+            ),
+            (
+                "[queues.q]\ngroup_policy = \"gcra:rate=1/s\"\nkeep_completed = -1",
+                "queues.q.keep_completed",
             ),
             ("[queues.q]\nmax_attempts = 3", "queues.q"),
             (

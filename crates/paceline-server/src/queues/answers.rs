@@ -233,6 +233,17 @@ pub struct JobBody<'a> {
     #[serde(skip_serializing_if = "is_one")]
     #[schema(minimum = 1)]
     cost: u32,
+    /// Its worker's last progress report, as sent (any JSON), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<serde_json::Value>)]
+    progress: Option<Box<RawValue>>,
+    /// Completed: what it was acknowledged with (any JSON), if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<serde_json::Value>)]
+    result: Option<Box<RawValue>>,
+    /// Completed or dead: when it was acknowledged or died, Unix ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    finished_ms: Option<u64>,
 }
 
 fn is_zero(n: &u8) -> bool {
@@ -241,6 +252,10 @@ fn is_zero(n: &u8) -> bool {
 
 fn is_one(n: &u32) -> bool {
     *n == 1
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 impl std::fmt::Display for JobBody<'_> {
@@ -268,6 +283,9 @@ pub fn job_body(job: &JobInfo) -> JobBody<'_> {
         worker: job.worker.as_deref(),
         priority: job.priority,
         cost: job.cost,
+        progress: job.progress.as_deref().map(payload),
+        result: job.result.as_deref().map(payload),
+        finished_ms: job.finished.map(unix_ms),
     }
 }
 
@@ -276,6 +294,9 @@ pub fn job_body(job: &JobInfo) -> JobBody<'_> {
 #[schema(as = QueueStats)]
 pub(super) struct StatsBody<'a> {
     active: u64,
+    /// Acknowledged jobs kept readable (`keep_completed`); shown when there are any.
+    #[serde(skip_serializing_if = "is_zero_u64")]
+    completed: u64,
     dead: u64,
     #[schema(value_type = BTreeMap<String, GroupCounts>)]
     groups: BTreeMap<&'a str, GroupCounts>,
@@ -398,6 +419,7 @@ impl<'a> StatsBody<'a> {
         let (paused, paused_until_ms) = pause_fields(s.paused_until);
         StatsBody {
             active: s.active,
+            completed: s.completed,
             dead: s.dead,
             groups,
             paused,

@@ -44,7 +44,7 @@ pub use answers::{job_body, paused_body, stats_body, JobBody};
 pub use requests::MAX_ENQUEUE_BATCH;
 use requests::{
     AckBody, DeadQuery, EnqueueBody, ExtendBody, FailBody, JobsArray, JobsQuery, LeaseBody,
-    LeaseCall, Object, PauseBody, PauseSchema, PolicyBody, RetryBody, ScheduleBody,
+    LeaseCall, Object, PauseBody, PauseSchema, PolicyBody, ProgressBody, RetryBody, ScheduleBody,
 };
 
 /// The most dead jobs one listing answers.
@@ -60,6 +60,7 @@ const MAX_DEAD_LIST: usize = 1_000;
     job,
     cancel,
     ack,
+    progress,
     fail,
     extend,
     list_jobs,
@@ -89,6 +90,7 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
         .route("/v1/queues/{queue}/leases", post(lease))
         .route("/v1/queues/{queue}/jobs/{id}", get(job).delete(cancel))
         .route("/v1/queues/{queue}/jobs/{id}/ack", post(ack))
+        .route("/v1/queues/{queue}/jobs/{id}/progress", post(progress))
         .route("/v1/queues/{queue}/jobs/{id}/fail", post(fail))
         .route("/v1/queues/{queue}/jobs/{id}/extend", post(extend))
         .route("/v1/queues/{queue}/dead", get(dead).delete(purge_dead))
@@ -371,8 +373,40 @@ async fn ack(
     JobAt { queue, id }: JobAt,
     body: JsonBody<Object<AckBody>>,
 ) -> Result<StatusCode, ApiError> {
-    let lease = body.read()?.lease()?;
-    queue.ack(&id, &lease).await?;
+    let body = body.read()?;
+    let lease = body.lease()?;
+    queue.ack_with_result(&id, &lease, body.result()).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/queues/{queue}/jobs/{id}/progress` `{"lease", "progress"}`: how far a running
+/// job has got (`204`), shown by `GET .../jobs/{id}` while it runs and after.
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/jobs/{id}/progress",
+    tag = "queues",
+    operation_id = "progress",
+    params(("queue" = String, Path, description = "A configured queue's name"), ("id" = String, Path, pattern = "^[A-Za-z0-9._:-]{1,128}$", description = "The job's id")),
+    request_body = ProgressBody,
+    responses(
+        (status = 204, description = "The report is kept"),
+        (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
+        (status = 401, description = "`unauthenticated`", body = Envelope),
+        (status = 404, description = "`unknown_queue`, or `unknown_job`: acknowledged, cancelled, purged or never enqueued", body = Envelope),
+        (status = 409, description = "`lease_lost`: the lease is no longer the job's: stop working on it", body = Envelope),
+        (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 413, description = "`payload_too_large`", body = Envelope),
+        (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
+    )
+)]
+async fn progress(
+    _: Authorized,
+    JobAt { queue, id }: JobAt,
+    body: JsonBody<Object<ProgressBody>>,
+) -> Result<StatusCode, ApiError> {
+    let body = body.read()?;
+    let (lease, report) = body.read()?;
+    queue.progress(&id, &lease, report).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -281,12 +281,48 @@ pub(super) struct AckBody {
     /// The `lease` the job was leased with.
     #[schema(value_type = String, required = true, pattern = "^[0-9a-fA-F]{48}$")]
     lease: Option<String>,
+    /// What the job produced (any JSON): kept with it while the queue keeps completed jobs
+    /// (`keep_completed`), shown as its `result`.
+    #[schema(value_type = Option<serde_json::Value>)]
+    result: Option<Box<RawValue>>,
 }
 
 impl AckBody {
     /// The lease the job was leased with.
     pub(super) fn lease(&self) -> Result<LeaseToken, ApiError> {
         token(self.lease.as_deref())
+    }
+
+    /// The result, as the JSON text sent.
+    pub(super) fn result(&self) -> Option<&[u8]> {
+        self.result.as_deref().map(|r| r.get().as_bytes())
+    }
+}
+
+/// A progress report, as sent: `{"lease", "progress"}`.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = ProgressRequest)]
+pub(super) struct ProgressBody {
+    /// The `lease` the job was leased with.
+    #[schema(value_type = String, required = true, pattern = "^[0-9a-fA-F]{48}$")]
+    lease: Option<String>,
+    /// How far the job has got (any JSON): shown as the job's `progress`.
+    #[schema(value_type = serde_json::Value, required = true)]
+    progress: Option<Box<RawValue>>,
+}
+
+impl ProgressBody {
+    /// The lease, and the report as the JSON text sent.
+    pub(super) fn read(&self) -> Result<(LeaseToken, &[u8]), ApiError> {
+        let lease = token(self.lease.as_deref())?;
+        let progress = self.progress.as_deref().ok_or_else(|| {
+            ApiError::invalid(
+                "progress",
+                "is required: any JSON saying how far the job has got",
+            )
+        })?;
+        Ok((lease, progress.get().as_bytes()))
     }
 }
 
