@@ -843,7 +843,7 @@ fn no_schedule(name: &str) -> ApiError {
     operation_id = "list_jobs",
     params(("queue" = String, Path, description = "A configured queue's name"), JobsQuery),
     responses(
-        (status = 200, description = "The jobs: scheduled ones by when they join their groups, waiting ones by group then place in line, active ones by lease expiry, dead ones by death", body = JobsBody<JobBody>),
+        (status = 200, description = "The jobs: scheduled ones by when they join their groups, waiting ones by group then place in line, active ones by lease expiry, dead ones by death, completed ones by their end", body = JobsBody<JobBody>),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
         (status = 401, description = "`unauthenticated`", body = Envelope),
         (status = 404, description = "`unknown_queue`", body = Envelope),
@@ -856,7 +856,7 @@ async fn list_jobs(
     query: Result<Query<JobsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
-    let allowed = "must be scheduled, waiting, active or dead";
+    let allowed = "must be scheduled, waiting, active, dead or completed";
     let state = query
         .state
         .as_deref()
@@ -864,17 +864,27 @@ async fn list_jobs(
     let state = JobState::from_name(state)
         .filter(|s| *s != JobState::Finished)
         .ok_or_else(|| ApiError::invalid("state", allowed))?;
-    let limit = query.limit.unwrap_or(100);
+    let (offset, limit) = (query.offset, query.limit);
+    listed(&queue, state, query.group.as_deref(), offset, limit).await
+}
+
+/// A page of the jobs in `state` (of `group`), as `GET .../jobs` and `GET .../dead` answer
+/// it: `limit` 1 to [`MAX_DEAD_LIST`] (100 by default) after `offset` (0).
+async fn listed(
+    queue: &Queue,
+    state: JobState,
+    group: Option<&str>,
+    offset: Option<usize>,
+    limit: Option<usize>,
+) -> Result<Response, ApiError> {
+    let limit = limit.unwrap_or(100);
     if limit == 0 || limit > MAX_DEAD_LIST {
         return Err(ApiError::invalid(
             "limit",
             format!("must be from 1 to {MAX_DEAD_LIST}"),
         ));
     }
-    let offset = query.offset.unwrap_or(0);
-    let jobs = queue
-        .jobs(state, query.group.as_deref(), offset, limit)
-        .await?;
+    let jobs = queue.jobs(state, group, offset.unwrap_or(0), limit).await?;
     let jobs: Vec<JobBody<'_>> = jobs.iter().map(job_body).collect();
     Ok(Json(JobsBody { jobs }).into_response())
 }
@@ -900,16 +910,7 @@ async fn dead(
     query: Result<Query<DeadQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
-    let limit = query.limit.unwrap_or(100);
-    if limit == 0 || limit > MAX_DEAD_LIST {
-        return Err(ApiError::invalid(
-            "limit",
-            format!("must be from 1 to {MAX_DEAD_LIST}"),
-        ));
-    }
-    let jobs = queue.dead(query.offset.unwrap_or(0), limit).await?;
-    let jobs: Vec<JobBody<'_>> = jobs.iter().map(job_body).collect();
-    Ok(Json(JobsBody { jobs }).into_response())
+    listed(&queue, JobState::Dead, None, query.offset, query.limit).await
 }
 
 /// `POST /v1/queues/{queue}/dead/retry` `{"ids"?}`: those dead jobs (all without `ids`) go

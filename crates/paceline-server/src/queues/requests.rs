@@ -402,8 +402,8 @@ pub(super) struct DeadQuery {
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(super) struct JobsQuery {
-    /// `scheduled`, `waiting`, `active` or `dead`.
-    #[param(value_type = String, required = true, pattern = "^(scheduled|waiting|active|dead)$")]
+    /// `scheduled`, `waiting`, `active`, `dead` or `completed`.
+    #[param(value_type = String, required = true, pattern = "^(scheduled|waiting|active|dead|completed)$")]
     pub(super) state: Option<String>,
     /// Waiting jobs only: this group's line.
     pub(super) group: Option<String>,
