@@ -1737,6 +1737,33 @@ fn keeping_results(p: u16) {
         assert_eq!(r.status, status, "{body}: {}", r.body);
         assert!(r.error().1.starts_with(field), "{body}: {}", r.body);
     }
+    // Handed back: waiting again, no attempt spent; release with anything else is refused.
+    let body = format!(r#"{{"lease": "{token}", "release": true, "fatal": true}}"#);
+    let r = at("busy", "fail", &body);
+    assert_eq!(
+        (r.status, r.error().1),
+        (400, "release".into()),
+        "{}",
+        r.body
+    );
+    let r = at(
+        "busy",
+        "fail",
+        &format!(r#"{{"lease": "{token}", "release": true}}"#),
+    );
+    assert_eq!(r.status, 204, "{}", r.body);
+    let back = get(p, "/v1/queues/kept/jobs/busy").json();
+    assert_eq!(
+        (text(&back["state"]), &back["attempts"]),
+        ("waiting".into(), &serde_json::json!(0)),
+        "{back}"
+    );
+    let leased = post(
+        p,
+        "/v1/queues/kept/leases",
+        r#"{"worker": "w", "lease_ms": 60000}"#,
+    );
+    let token = text(&leased.json()["jobs"][0]["lease"]);
     let big = format!(
         r#"{{"lease": "{token}", "result": "{}"}}"#,
         "x".repeat(2048)

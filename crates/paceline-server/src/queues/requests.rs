@@ -346,12 +346,29 @@ pub(super) struct FailBody {
     pause_group_ms: Option<Number>,
     /// The job is dead at once, whatever attempts it has left.
     fatal: Option<bool>,
+    /// Hand the job back: it keeps its place at the head of its group and costs no attempt
+    /// (a worker shutting down before it started the work); nothing else with it.
+    release: Option<bool>,
 }
 
 impl FailBody {
     /// The lease the job was leased with, and what failed.
     pub(super) fn check(self) -> Result<(LeaseToken, Failure), ApiError> {
         let lease = token(self.lease.as_deref())?;
+        if self.release == Some(true) {
+            let others = self.error.is_some()
+                || self.retry_after_ms.is_some()
+                || self.pause_group_ms.is_some()
+                || self.fatal.is_some();
+            if others {
+                return Err(ApiError::invalid(
+                    "release",
+                    "hands the job back as it is: send it without error, retry_after_ms, \
+                     pause_group_ms or fatal",
+                ));
+            }
+            return Ok((lease, Failure::Release));
+        }
         let retry_after = millis("retry_after_ms", self.retry_after_ms.as_ref(), MAX_DELAY_MS)?;
         let pause = millis("pause_group_ms", self.pause_group_ms.as_ref(), MAX_PAUSE_MS)?;
         let failure =
