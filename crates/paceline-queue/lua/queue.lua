@@ -972,16 +972,7 @@ local function join_head(name, id)
   refresh(name)
 end
 
--- Removes dead job `id` (`job`) from the dead set and the queue.
-local function forget_dead(id, job)
-  redis.call('ZREM', base .. 'dead', id)
-  if config.kdf and job.dead_order then
-    redis.call('ZREM', base .. 'deadx', padded(job.dead_order) .. id)
-  end
-  remove_job(id)
-end
-
--- Takes dead job `id` out of the dead set (a retry): answers whether it was there.
+-- Takes dead job `id` (`job`) out of the dead set (a retry): answers whether it was there.
 local function unbury(id, job)
   if redis.call('ZREM', base .. 'dead', id) == 0 then
     return false
@@ -990,6 +981,12 @@ local function unbury(id, job)
     redis.call('ZREM', base .. 'deadx', padded(job.dead_order) .. id)
   end
   return true
+end
+
+-- Removes dead job `id` (`job`) from the dead set and the queue.
+local function forget_dead(id, job)
+  unbury(id, job)
+  remove_job(id)
 end
 
 -- Job `id` goes to the dead set now; the oldest deaths beyond `keep_dead` leave the queue
@@ -1440,10 +1437,11 @@ end
 -- beyond MAX_DELAY), id, state, estimated start (for 'full' the most jobs, for 'late' the
 -- queue's clock).
 -- The most a job of group `name` may cost: what its policy and the queue's own can ever
--- admit a start (nil: any cost, eventually), as Rust's `max_cost`.
-local function max_cost_of(name)
+-- admit a start (nil: any cost, eventually), as Rust's `max_cost`; `queue_policy` the
+-- queue's own policy if the caller has read it already.
+local function max_cost_of(name, queue_policy)
   local own = policy_of(name).mc
-  local queue = config.qp and read_policy(config.qp).mc
+  local queue = config.qp and (queue_policy or read_policy(config.qp)).mc
   if own and queue then
     return min(own, queue)
   end
@@ -1668,7 +1666,6 @@ function ops.lease(ARGV, o)
   -- The queue's cap: the jobs leased before this call (this call's count below).
   local active = queue_active()
   local queue_policy = config.qp and read_policy(config.qp)
-  local most = max_cost_of
   -- The ready sets are taken in order of priority, each until none of its groups is
   -- eligible: a group's next job only ever gets less urgent within a call, so a group
   -- that goes back goes to the set being taken or a later one (maybe one this call
@@ -1743,7 +1740,7 @@ function ops.lease(ARGV, o)
               local job = id and load_job(id)
               cost = job and job.cost or 1
             end
-            local limit = cost > 1 and most(name)
+            local limit = cost > 1 and max_cost_of(name, queue_policy)
             if limit and cost > limit then
               -- Its policies can never admit it (changed since it was enqueued): it dies,
               -- costing no attempt and nothing of the group's policy.

@@ -42,11 +42,7 @@ impl QueueCore {
 
     /// Removes dead job `id` (of death `order`) from the dead set and the queue.
     pub(super) fn forget_dead(&mut self, order: u64, id: &str) {
-        self.dead.remove(&(order, id.to_string()));
-        if let Some(Place::Dead { at, .. }) = self.jobs.get(id).map(|j| &j.place) {
-            let until = Self::kept_until(*at, self.config.keep_dead_for);
-            self.dead_expiry.remove(&(until, order, id.to_string()));
-        }
+        self.unbury(order, id);
         self.jobs.remove(id);
     }
 
