@@ -60,6 +60,11 @@
 --                algorithm `a`, and `n` the earliest start it allows as of its last
 --                refusal (see `queue_gate`)
 --   changed      the channel a call publishes on when a job may start sooner
+--   events       the channel a call publishes its events on, while `watch` exists: each
+--                message the count of messages so far (`evcount`, a double), then the
+--                call's events (see `events_out`)
+--   evcount      how many messages went out on `events`
+--   watch        set (expiring) by a listener of the events: see `events_out`
 --
 -- `ready`, `scheduled`, `leases` and `retiring` each hold `KEEP`, scored +inf (see there).
 --
@@ -412,6 +417,32 @@ local function begin(KEYS, clock_arg)
   local raw = redis.call('GET', base .. 'config')
   config = unpack_config(raw or nil)
   return t
+end
+
+-- The call's events (Rust's `Event`), packed, published on the channel `events` when it
+-- ends, while someone listens: `watched` is nil until the call's first event asks whether
+-- anyone does (the key `watch`, which a listener sets for `WATCH_FOR`), so a queue nobody
+-- watches pays one EXISTS a call that has events, and builds none. Each event is its kind's
+-- code (Rust's `EventKind::code`), its time, attempt and `at` (-1: none) as doubles, then
+-- its id, group, worker and error, each a 4-byte length (2^32 - 1: none) then the bytes.
+local events_out, watched = {}, nil
+local NONE_TEXT = '\255\255\255\255'
+local function text_of(s)
+  if not s then
+    return NONE_TEXT
+  end
+  return struct.pack('<I4', #s) .. s
+end
+local EV = { enqueued = 1, started = 2, acked = 3, failed = 4, retried = 5, dead = 6,
+  lease_expired = 7, paused = 8 }
+local function emit(code, id, group, attempt, at, worker, err)
+  if watched == nil then
+    watched = redis.call('EXISTS', base .. 'watch') == 1
+  end
+  if watched then
+    events_out[#events_out + 1] = struct.pack('<Bddd', code, now, attempt or -1, at or -1)
+      .. text_of(id) .. text_of(group) .. text_of(worker) .. text_of(err)
+  end
 end
 
 -- Time never goes back inside the queue.
@@ -1070,10 +1101,12 @@ local function lease_expired(id)
   end
   local job = load_job(id)
   meta.totals.lease_expiries = meta.totals.lease_expiries + 1
+  emit(EV.lease_expired, id, name, job.attempts)
   if job.attempts >= job.max_attempts then
     meta.totals.dead = meta.totals.dead + 1
     job.last_error = 'the lease expired on attempt ' .. job.attempts .. ' of '
       .. job.max_attempts
+    emit(EV.dead, id, name, nil, nil, nil, job.last_error)
     to_waiting(job)
     to_dead(id, job)
     refresh(name)
@@ -1206,6 +1239,7 @@ end
 
 -- Asks the call to publish on the queue's channel when it ends: a job may start sooner.
 local wake = false
+
 local function publish()
   wake = true
 end
@@ -1536,6 +1570,7 @@ local function enqueue_one(ARGV, a, out)
   -- A group paused until resumed has no time to give: the pause's end stands for it.
   estimate = min(estimate, UNTIL_RESUMED)
   meta.totals.enqueued = meta.totals.enqueued + 1
+  emit(EV.enqueued, id, name)
   meta.jobs = meta.jobs + 1
   jobs[id], deleted_jobs[id] = nil, nil
   if dedup_key ~= '' then
@@ -1757,6 +1792,7 @@ function ops.lease(ARGV, o)
               local job = load_job(id)
               job.last_error = too_costly_error(cost)
               meta.totals.dead = meta.totals.dead + 1
+              emit(EV.dead, id, name, nil, nil, nil, job.last_error)
               to_dead(id, job)
               refresh(name)
             else
@@ -1816,6 +1852,7 @@ function ops.lease(ARGV, o)
                   end
                   leased[#leased + 1] = padded(token) .. id
                   meta.totals.started = meta.totals.started + 1
+                  emit(EV.started, id, name, attempts, nil, worker)
                   count = count + 1
                   local n = #out
                   out[n + 1], out[n + 2], out[n + 3], out[n + 4] = id, name, payload, attempts
@@ -1909,6 +1946,7 @@ function ops.ack(ARGV, o, last)
         end
         remove_job(id)
         meta.totals.acked = meta.totals.acked + 1
+        emit(EV.acked, id, group)
         refresh(group)
         if caps_slots() then
           publish()
@@ -1930,6 +1968,7 @@ function ops.ack(ARGV, o, last)
   if name then
     complete(id, load_job(id), result)
     meta.totals.acked = meta.totals.acked + 1
+    emit(EV.acked, id, name)
     refresh(name)
   end
   if caps_slots() then
@@ -2011,6 +2050,16 @@ function ops.fail(ARGV, o)
     totals.retried = totals.retried + 1
   elseif outcome == 'paused' then
     totals.pauses = totals.pauses + 1
+  end
+  if outcome == 'dead' or outcome == 'retrying' then
+    emit(EV.failed, id, name, job.attempts, nil, nil, job.last_error)
+    if outcome == 'dead' then
+      emit(EV.dead, id, name, nil, nil, nil, job.last_error)
+    else
+      emit(EV.retried, id, name, nil, at)
+    end
+  elseif outcome == 'paused' then
+    emit(EV.paused, id, name, nil, at)
   end
   if outcome == 'dead' then
     totals.dead = totals.dead + 1
@@ -2209,11 +2258,13 @@ function ops.pause(ARGV, o)
   if name == '' then
     ends = max(queue_paused(), ends)
     redis.call('SET', base .. 'paused', int(ends))
+    emit(EV.paused, nil, nil, nil, ends)
     return { now, ends }
   end
   local g = group_entry(name)
   g.paused_until = max(g.paused_until, ends)
   place_again(name)
+  emit(EV.paused, nil, name, nil, g.paused_until)
   return { now, g.paused_until }
 end
 
@@ -2432,6 +2483,7 @@ function ops.retry_dead(ARGV, o, last)
       job.dead_order = nil
       local estimate, rank = join_tail(job.group, id, now, job.priority or 0, job.cost or 1)
       job.estimated_start, job.rank = estimate, rank
+      emit(EV.retried, id, job.group, nil, now)
       n = n + 1
     end
   end
@@ -2479,6 +2531,13 @@ local writing = {
   pause = true, resume = true, set_policy = true, put_schedule = true, delete_schedule = true,
   fire = true, progress = true,
 }
+
+-- watch MS: a listener of the queue's events says it listens for MS more ms (see
+-- `events_out`). Answers now and the count of event messages so far.
+function ops.watch(ARGV, o)
+  redis.call('SET', base .. 'watch', '1', 'PX', tonumber(ARGV[o + 3]))
+  return { now, tonumber(redis.call('GET', base .. 'evcount')) or 0 }
+end
 
 -- multi COUNT (OP N ARGS...)...: the operations in order, as if each were its own call at
 -- the same time (each one's maintenance, ticks and answers as alone), written once.
@@ -2528,6 +2587,7 @@ local function queue_call(KEYS, ARGV)
       .. int(config.parts))
   end
   maintained_at, wake = nil, false
+  events_out, watched = {}, nil
   if ticking[name] or name == 'multi' then
     tick(t)
   else
@@ -2539,6 +2599,10 @@ local function queue_call(KEYS, ARGV)
   end
   if wake then
     redis.call('PUBLISH', base .. 'changed', '')
+  end
+  if #events_out > 0 then
+    local n = redis.call('INCR', base .. 'evcount')
+    redis.call('PUBLISH', base .. 'events', struct.pack('<d', n) .. table.concat(events_out))
   end
   return answer
 end

@@ -30,6 +30,7 @@
 pub mod config;
 pub mod core;
 pub mod error;
+pub mod events;
 pub mod job;
 pub mod memory;
 pub mod partitioned;
@@ -43,6 +44,7 @@ pub mod worker;
 pub use crate::config::QueueConfig;
 pub use crate::core::QueueCore;
 pub use crate::error::QueueError;
+pub use crate::events::{Event, EventKind, Events, Watched};
 pub use crate::job::{
     Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, Leased, NewJob, Stats, Totals,
 };

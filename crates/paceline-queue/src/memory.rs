@@ -11,11 +11,12 @@ use crate::schedule::{Schedule, ScheduleInfo};
 use paceline_core::{Clock, InputError, Policy};
 use paceline_store::secret::TokenKey;
 use paceline_store::SystemClock;
-use tokio::sync::Notify;
+use tokio::sync::{broadcast, Notify};
 
 use crate::config::QueueConfig;
 use crate::core::{Jitter, QueueCore};
 use crate::error::QueueError;
+use crate::events::{Feed, Watched};
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, JobState, Leased, NewJob, Stats};
 use crate::queue::{QueueBackend, QueueFuture};
 
@@ -25,6 +26,8 @@ pub struct MemoryQueue {
     config: QueueConfig,
     core: Mutex<QueueCore>,
     changed: Notify,
+    /// Where the core's events go, for [`Queue::events`](crate::Queue::events).
+    events: Feed,
     clock: Arc<dyn Clock>,
     /// The state of the jitter's random numbers (xorshift).
     random: Jitter,
@@ -79,6 +82,7 @@ impl MemoryQueue {
             config,
             core: Mutex::new(core),
             changed: Notify::new(),
+            events: Feed::default(),
             clock,
             random: Jitter::seeded(seed),
             key,
@@ -99,9 +103,16 @@ impl MemoryQueue {
         self.core().groups_held()
     }
 
-    fn core(&self) -> MutexGuard<'_, QueueCore> {
+    /// The core, locked, keeping its events while someone listens; they go out to the
+    /// listeners when the lock is let go, so in the order the core decided them.
+    fn core(&self) -> Locked<'_> {
         // The core's operations never panic midway, so a poisoned lock holds a whole state.
-        self.core.lock().unwrap_or_else(PoisonError::into_inner)
+        let mut core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
+        core.watch(self.events.listened());
+        Locked {
+            core,
+            events: &self.events,
+        }
     }
 
     fn now(&self) -> u64 {
@@ -111,6 +122,33 @@ impl MemoryQueue {
     /// Wakes every waiting lease call.
     fn wake(&self) {
         self.changed.notify_waiters();
+    }
+}
+
+/// The core while locked: see [`MemoryQueue::core`].
+struct Locked<'a> {
+    core: MutexGuard<'a, QueueCore>,
+    events: &'a Feed,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = QueueCore;
+    fn deref(&self) -> &QueueCore {
+        &self.core
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut QueueCore {
+        &mut self.core
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        for event in self.core.take_events() {
+            self.events.send(Watched::Event(event));
+        }
     }
 }
 
@@ -380,5 +418,9 @@ impl QueueBackend for MemoryQueue {
         let mut notified = Box::pin(self.changed.notified());
         notified.as_mut().enable();
         notified
+    }
+
+    fn watch(&self) -> QueueFuture<'_, Result<Vec<broadcast::Receiver<Watched>>, QueueError>> {
+        ready(Ok(vec![self.events.subscribe()]))
     }
 }

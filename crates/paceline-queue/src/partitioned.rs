@@ -979,6 +979,19 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
             }
         }))
     }
+
+    fn watch(
+        &self,
+    ) -> QueueFuture<'_, Result<Vec<tokio::sync::broadcast::Receiver<crate::Watched>>, QueueError>>
+    {
+        Box::pin(async move {
+            let mut all = Vec::with_capacity(self.parts.len());
+            for part in &self.parts {
+                all.extend(part.watch().await?);
+            }
+            Ok(all)
+        })
+    }
 }
 
 impl Partitioned<MemoryQueue> {
@@ -1345,6 +1358,14 @@ mod failing {
         }
         fn changed(&self) -> QueueFuture<'_, ()> {
             self.inner.changed()
+        }
+        fn watch(
+            &self,
+        ) -> QueueFuture<
+            '_,
+            Result<Vec<tokio::sync::broadcast::Receiver<crate::Watched>>, QueueError>,
+        > {
+            self.inner.watch()
         }
     }
 

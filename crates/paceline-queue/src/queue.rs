@@ -5,6 +5,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::broadcast;
+
 use crate::core::PolicySource;
 use paceline_core::StoreErrorKind;
 use paceline_core::{Clock, InputError, Policy};
@@ -13,6 +15,7 @@ use paceline_store::{SharedStore, StoreOptions, SystemClock};
 
 use crate::config::QueueConfig;
 use crate::error::QueueError;
+use crate::events::{Events, Watched};
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, JobState, Leased, NewJob, Stats};
 use crate::memory::MemoryQueue;
 use crate::partitioned::Partitioned;
@@ -169,6 +172,10 @@ pub trait QueueBackend: Send + Sync + 'static {
     /// (a job enqueued, released or returned, a slot freed). It watches from the moment
     /// this is called, so a change between this call and the first poll is not missed.
     fn changed(&self) -> QueueFuture<'_, ()>;
+    /// Starts following the queue's [`Event`](crate::Event)s: receivers that get every
+    /// event decided from the moment this answers (one per feed: a queue of several
+    /// partitions has one for each). See [`Queue::events`].
+    fn watch(&self) -> QueueFuture<'_, Result<Vec<broadcast::Receiver<Watched>>, QueueError>>;
 }
 
 /// The store at `url` (the URLs `paceline_store::open` takes), with the default settings.
@@ -810,6 +817,33 @@ impl Queue {
     ) -> Result<Vec<JobInfo>, QueueError> {
         crate::job::check_listing(state, group)?;
         self.backend.jobs(state, group, offset, limit).await
+    }
+
+    /// Follows the queue's events: every job enqueued, started, acked, failed, retried or
+    /// dead, every lease that ran out and every pause, from every process sharing the
+    /// queue, from the moment this answers. Events are told, not kept: see
+    /// [`events`](crate::events) for what a slow or disconnected listener misses.
+    ///
+    /// ```
+    /// use paceline_queue::{EventKind, NewJob, Queue, QueueConfig, Watched};
+    /// use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_queue::QueueError> {
+    /// let queue = Queue::in_memory("roles", QueueConfig::new("gcra:rate=10/s,burst=10".parse()?))?;
+    /// let mut events = queue.events().await?;
+    /// queue.enqueue(NewJob::new("guild:1", b"grant".to_vec())).await?;
+    /// let job = &queue.lease("worker-1", 1, None, Duration::ZERO).await?[0];
+    /// queue.ack(&job.id, &job.token).await?;
+    /// let mut kinds = Vec::new();
+    /// while let Some(Watched::Event(e)) = events.next().await {
+    ///     kinds.push(e.kind);
+    ///     if e.kind == EventKind::Acked { break; }
+    /// }
+    /// assert_eq!(kinds, [EventKind::Enqueued, EventKind::Started, EventKind::Acked]);
+    /// # Ok(()) }
+    /// ```
+    pub async fn events(&self) -> Result<Events, QueueError> {
+        Ok(Events::new(self.backend.watch().await?))
     }
 
     /// Puts dead jobs back in line with fresh attempts (`None`: all); answers how many.

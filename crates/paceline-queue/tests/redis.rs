@@ -1,7 +1,8 @@
 //! The queue in Redis against the queue in memory: random sequences of every operation on
 //! one virtual clock give the same answers, step by step (ids, estimates, leases, tokens,
 //! outcomes, errors, counts, jobs), on a Redis server and on a 3-primary Redis Cluster,
-//! through the test kit's differential harness.
+//! through the test kit's differential harness; and the same events, in the same order
+//! (for a queue of several partitions, in the same order within each group).
 //!
 //! What only Redis has is tested beside this file: handles sharing a queue (`handles.rs`),
 //! queues on a cluster (`cluster.rs`), restarts (`restart.rs`), kills (`kill.rs`), and the
@@ -15,8 +16,8 @@ use paceline_core::{Clock, ManualClock, Policy};
 use paceline_queue::core::PolicySource;
 use paceline_queue::schedule::{Schedule, ScheduleInfo};
 use paceline_queue::{
-    Enqueued, FailOutcome, Failure, JobInfo, JobState, LeaseToken, Leased, MemoryQueue, NewJob,
-    Partitioned, Queue, QueueConfig, QueueError, RedisQueue, Stats,
+    Enqueued, Event, FailOutcome, Failure, JobInfo, JobState, LeaseToken, Leased, MemoryQueue,
+    NewJob, Partitioned, Queue, QueueConfig, QueueError, RedisQueue, Stats, Watched,
 };
 use paceline_testkit::differential::{self, At, Cases, Differential, Redis, Tick};
 use paceline_testkit::{connect, runtime, unique_name};
@@ -628,17 +629,46 @@ async fn differential_of(
                 .map_err(|e| fail(&e))?;
             (Queue::new(memory), Queue::new(redis))
         };
+        let mut memory_events = memory.events().await.map_err(|e| fail(&e))?;
+        let mut redis_events = twin.events().await.map_err(|e| fail(&e))?;
         let mut memory = QueueTwin::new(memory);
-        let twin = QueueTwin::new(twin);
+        // Kept to the end: a queue's handle dropped stops following its events.
+        let mut twins = [(redis.name(), QueueTwin::new(twin))];
         Differential::new(&clock)
-            .run(
-                &script,
-                ("memory", &mut memory),
-                &mut [(redis.name(), twin)],
-            )
+            .run(&script, ("memory", &mut memory), &mut twins)
             .await?;
+        // Every event the memory queue told, already sent; then as many from Redis.
+        let mut told = Vec::new();
+        while let Some(w) = memory_events.try_next() {
+            told.push(w);
+        }
+        let mut heard = Vec::new();
+        while heard.len() < told.len() {
+            match tokio::time::timeout(Duration::from_secs(20), redis_events.next()).await {
+                Ok(Some(w)) => heard.push(w),
+                _ => break,
+            }
+        }
+        let (told, heard) = (in_order(told, partitions), in_order(heard, partitions));
+        prop_assert_eq!(told, heard, "the events on {} differ", redis.name());
     }
     Ok(())
+}
+
+/// The events `watched` told, in the order a queue of `partitions` keeps: each group's in
+/// the order they came (the partitions' feeds interleave as they come).
+fn in_order(watched: Vec<Watched>, partitions: u32) -> Vec<Event> {
+    let mut events: Vec<Event> = watched
+        .into_iter()
+        .map(|w| match w {
+            Watched::Event(e) => e,
+            Watched::Missed(n) => panic!("a listener missed {n} events of a short script"),
+        })
+        .collect();
+    if partitions > 1 {
+        events.sort_by(|a, b| a.group.cmp(&b.group));
+    }
+    events
 }
 
 /// Queues of several partitions (2, or 4 with one left empty: the groups `g0`, `g1`,

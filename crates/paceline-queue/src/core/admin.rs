@@ -9,6 +9,7 @@ use super::records::{key_priority, Place};
 use super::MAINTENANCE_BATCH;
 use super::{active_conflict, QueueCore};
 use crate::error::QueueError;
+use crate::events::{Event, EventKind};
 use crate::job::{GroupStats, JobInfo, JobState, Stats};
 
 impl QueueCore {
@@ -234,6 +235,8 @@ impl QueueCore {
                 job.estimated_start = estimate;
                 job.rank = rank;
             }
+            self.events
+                .push(|| Event::new(EventKind::Retried, now).job(&id, &group).at(now));
             n += 1;
         }
         Ok(n)

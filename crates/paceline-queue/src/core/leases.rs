@@ -8,6 +8,7 @@ use paceline_core::{round_to_micros, Op};
 use super::records::{Place, Taken};
 use super::{check_failure, check_lease_request, cut, max_cost, micros_up, QueueCore};
 use crate::error::QueueError;
+use crate::events::{Event, EventKind};
 use crate::job::{check_lease_length, FailOutcome, Failure, Leased};
 use crate::token::LeaseToken;
 
@@ -226,6 +227,13 @@ impl QueueCore {
             };
             self.leases.insert((expires, token, id.clone()));
             self.totals.started += 1;
+            let attempt = job.attempts;
+            self.events.push(|| {
+                Event::new(EventKind::Started, now)
+                    .job(&id, &name)
+                    .attempt(attempt)
+                    .worker(worker)
+            });
             out.push(Leased {
                 id,
                 group: name.clone(),
@@ -260,6 +268,9 @@ impl QueueCore {
         if let Some(job) = self.jobs.get_mut(&id) {
             job.last_error = Some(too_costly_error(cost));
             self.totals.dead += 1;
+            let (now, error) = (self.now, job.last_error.as_deref());
+            self.events
+                .push(|| Event::new(EventKind::Dead, now).job(&id, name).error(error));
             self.bury(&id, self.now);
         }
         self.refresh(name);
@@ -330,6 +341,8 @@ impl QueueCore {
         if let Some(group) = self.release(id) {
             self.complete(id, now, result);
             self.totals.acked += 1;
+            self.events
+                .push(|| Event::new(EventKind::Acked, now).job(id, &group));
             self.refresh(&group);
         }
         Ok(())
@@ -398,6 +411,24 @@ impl QueueCore {
             }
             // The upstream's refusal, not the job's failure.
             FailOutcome::Paused { .. } => self.totals.pauses += 1,
+        }
+        let (attempt, error) = (job.attempts, job.last_error.as_deref());
+        let event = |kind| Event::new(kind, now).job(id, &group);
+        match outcome {
+            FailOutcome::Released | FailOutcome::Repeated => {}
+            FailOutcome::Dead => {
+                let failed = event(EventKind::Failed).attempt(attempt).error(error);
+                self.events.push(|| failed);
+                self.events.push(|| event(EventKind::Dead).error(error));
+            }
+            FailOutcome::Retrying { at } => {
+                let failed = event(EventKind::Failed).attempt(attempt).error(error);
+                self.events.push(|| failed);
+                self.events.push(|| event(EventKind::Retried).at(at));
+            }
+            FailOutcome::Paused { until } => {
+                self.events.push(|| event(EventKind::Paused).at(until));
+            }
         }
         match outcome {
             FailOutcome::Dead => {

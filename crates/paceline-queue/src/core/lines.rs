@@ -9,6 +9,7 @@ use super::records::{
 };
 use super::{cost_beyond, max_cost, queue_full, QueueCore, UNTIL_RESUMED};
 use crate::error::QueueError;
+use crate::events::{Event, EventKind};
 use crate::job::{not_before_too_late, Enqueued, JobState, NewJob, MAX_DELAY};
 
 impl QueueCore {
@@ -118,6 +119,8 @@ impl QueueCore {
             self.dedup_expiry.insert((expires, d.key.clone()));
         }
         self.totals.enqueued += 1;
+        self.events
+            .push(|| Event::new(EventKind::Enqueued, now).job(&id, &job.group));
         self.jobs.insert(
             id.clone(),
             Job {

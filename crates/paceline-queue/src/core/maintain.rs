@@ -3,6 +3,7 @@
 
 use super::records::Place;
 use super::{QueueCore, MAINTENANCE_BATCH};
+use crate::events::{Event, EventKind};
 
 impl QueueCore {
     /// Expired leases back to their groups, due jobs into theirs, idle groups and expired
@@ -94,6 +95,12 @@ impl QueueCore {
         self.leases.remove(&(expires, token, id.to_string()));
         self.totals.lease_expiries += 1;
         let group = job.group.clone();
+        let now = self.now;
+        self.events.push(|| {
+            Event::new(EventKind::LeaseExpired, now)
+                .job(id, &group)
+                .attempt(job.attempts)
+        });
         if let Some(g) = self.groups.get_mut(&group) {
             g.active = g.active.saturating_sub(1);
         }
@@ -103,6 +110,12 @@ impl QueueCore {
                 "the lease expired on attempt {} of {}",
                 job.attempts, job.max_attempts
             ));
+            let error = job.last_error.as_deref();
+            self.events.push(|| {
+                Event::new(EventKind::Dead, now)
+                    .job(id, &group)
+                    .error(error)
+            });
             self.bury(id, self.now);
             self.refresh(&group);
         } else {

@@ -69,6 +69,7 @@ use paceline_core::policy::check_now;
 use paceline_core::{InputError, Policy};
 
 use crate::config::QueueConfig;
+use crate::events::{Event, EventLog};
 use crate::job::Totals;
 #[cfg(feature = "redis")]
 pub(crate) use pauses::check_pause;
@@ -152,6 +153,8 @@ pub struct QueueCore {
     /// The earliest start the queue's own policy allows, as of its last refusal.
     queue_next_at: u64,
     totals: Totals,
+    /// The events of the calls since they were last taken, while someone listens.
+    events: EventLog,
 }
 
 impl QueueCore {
@@ -184,6 +187,7 @@ impl QueueCore {
             queue_state: None,
             queue_next_at: 0,
             totals: Totals::default(),
+            events: EventLog::default(),
         })
     }
 
@@ -219,6 +223,31 @@ impl QueueCore {
             self.refresh(&name);
         }
         Ok(())
+    }
+
+    /// Keeps the [`Event`]s of the calls from now on (`true`: someone listens), or none
+    /// (`false`, the default: nobody does, and no event is even made).
+    pub fn watch(&mut self, on: bool) {
+        self.events.watch(on);
+    }
+
+    /// The events of the calls since the last time they were taken, oldest first (none
+    /// unless [`watch`](Self::watch)ed).
+    ///
+    /// ```
+    /// use paceline_queue::events::EventKind;
+    /// use paceline_queue::{NewJob, QueueConfig, QueueCore};
+    /// let mut queue = QueueCore::new(QueueConfig::new("gcra:rate=10/s,burst=10".parse()?))?;
+    /// queue.watch(true);
+    /// let job = queue.enqueue(0, NewJob::new("guild:1", b"a".to_vec()))?;
+    /// let leased = queue.lease(0, "worker-1", 10, None)?;
+    /// queue.ack(0, &job.id, leased[0].lease)?;
+    /// let kinds: Vec<EventKind> = queue.take_events().iter().map(|e| e.kind).collect();
+    /// assert_eq!(kinds, [EventKind::Enqueued, EventKind::Started, EventKind::Acked]);
+    /// # Ok::<(), paceline_queue::QueueError>(())
+    /// ```
+    pub fn take_events(&mut self) -> Vec<Event> {
+        self.events.take()
     }
 
     fn tick(&mut self, now: u64) -> Result<u64, InputError> {

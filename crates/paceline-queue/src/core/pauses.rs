@@ -11,6 +11,7 @@ use paceline_core::{round_to_micros, InputError};
 use super::QueueCore;
 use crate::config::check_group;
 use crate::error::QueueError;
+use crate::events::{Event, EventKind};
 use crate::job::MAX_DELAY;
 
 /// The end of a pause with no end of its own (until resumed): a time no clock reaches
@@ -69,13 +70,21 @@ impl QueueCore {
         match group {
             None => {
                 self.paused_until = self.paused_until.max(until);
-                Ok(self.paused_until)
+                let until = self.paused_until;
+                self.events
+                    .push(|| Event::new(EventKind::Paused, now).at(until));
+                Ok(until)
             }
             Some(name) => {
                 let g = self.groups.entry(name.to_string()).or_default();
                 g.paused_until = g.paused_until.max(until);
                 let until = g.paused_until;
                 self.place_again(name);
+                self.events.push(|| {
+                    let mut e = Event::new(EventKind::Paused, now).at(until);
+                    e.group = Some(name.to_string());
+                    e
+                });
                 Ok(until)
             }
         }

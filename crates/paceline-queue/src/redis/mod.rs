@@ -24,6 +24,7 @@
 
 mod caller;
 mod decode;
+mod events;
 mod operations;
 mod partitions;
 
@@ -64,6 +65,8 @@ pub struct RedisQueue {
     /// The operations that change the queue, combined into calls with the concurrent ones.
     combiner: Combiner<QueueError>,
     changed: Arc<Notify>,
+    /// The follower of the queue's events, for its listeners.
+    events: Arc<events::Follower>,
     /// The task following the queue's channel (for partition 0 of a queue of several,
     /// every partition's); none for the other partitions, which partition 0's wakes.
     listener: Option<tokio::task::JoinHandle<()>>,
@@ -177,7 +180,8 @@ impl RedisQueue {
             ]
         });
         let args = config_args(&config, extra);
-        let caller = Arc::new(Caller::new(host, base, clock, args));
+        let caller = Arc::new(Caller::new(host.clone(), base.clone(), clock, args));
+        let events = Arc::new(events::Follower::new(host, Arc::clone(&caller), &base));
         let seed = caller.clock.now_micros();
         let combiner = Combiner::spawn(caller.combined(), MAX_IN_FLIGHT, MAX_COMBINED);
         Ok(RedisQueue {
@@ -187,6 +191,7 @@ impl RedisQueue {
             caller,
             combiner,
             changed,
+            events,
             listener,
             random: Jitter::seeded(seed),
             key,
@@ -594,5 +599,12 @@ impl QueueBackend for RedisQueue {
         let mut notified = Box::pin(self.changed.notified());
         notified.as_mut().enable();
         notified
+    }
+
+    fn watch(
+        &self,
+    ) -> QueueFuture<'_, Result<Vec<tokio::sync::broadcast::Receiver<crate::Watched>>, QueueError>>
+    {
+        Box::pin(async move { Ok(vec![self.events.watch().await?]) })
     }
 }

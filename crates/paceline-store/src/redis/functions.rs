@@ -108,6 +108,9 @@ pub fn never_ran(e: &StoreError) -> bool {
 /// A stream of the messages published on one channel (their payloads are not kept).
 pub type Messages = Pin<Box<dyn Stream<Item = ()> + Send>>;
 
+/// The payloads of the messages on the channels of a subscription, in order.
+pub type Payloads = Pin<Box<dyn Stream<Item = Vec<u8>> + Send>>;
+
 /// The Redis behind a store, as a host of a front end's function libraries: what a front
 /// end needs to keep more than a key's state in the store's Redis (the job queue, the API client's shared knowledge).
 ///
@@ -237,6 +240,23 @@ impl FunctionHost {
     /// stream. For a front end that follows many channels (a queue of several partitions,
     /// each with its own) at the cost of one connection.
     pub async fn subscribe_all(&self, channels: &[&str]) -> Result<Messages, StoreError> {
+        let pubsub = self.pubsub(channels).await?;
+        Ok(Box::pin(pubsub.into_on_message().map(|_| ())))
+    }
+
+    /// [`subscribe_all`](Self::subscribe_all), keeping what each message says: its
+    /// payload's bytes.
+    pub async fn subscribe_payloads(&self, channels: &[&str]) -> Result<Payloads, StoreError> {
+        let pubsub = self.pubsub(channels).await?;
+        Ok(Box::pin(
+            pubsub
+                .into_on_message()
+                .map(|m| m.get_payload_bytes().to_vec()),
+        ))
+    }
+
+    /// A connection of its own subscribed to `channels`: see [`subscribe`](Self::subscribe).
+    async fn pubsub(&self, channels: &[&str]) -> Result<redis::aio::PubSub, StoreError> {
         let what = "a subscription";
         let wait = self.store.transport().response_timeout() * 4;
         let mut last = None;
@@ -248,7 +268,7 @@ impl FunctionHost {
             })
             .await;
             match subscribed {
-                Ok(Ok(pubsub)) => return Ok(Box::pin(pubsub.into_on_message().map(|_| ()))),
+                Ok(Ok(pubsub)) => return Ok(pubsub),
                 Ok(Err(e)) => last = Some(super::transport::store_error(e, what)),
                 Err(_) => {
                     last = Some(StoreError::new(

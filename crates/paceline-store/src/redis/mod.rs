@@ -41,7 +41,7 @@ mod transport;
 pub use batch::MAX_IN_FLIGHT as MAX_BATCHES_IN_FLIGHT;
 pub use combine::{CallFuture, Combiner};
 pub use functions::{
-    error_code, fingerprint, never_ran, policy_args, FunctionHost, Library, Messages,
+    error_code, fingerprint, never_ran, policy_args, FunctionHost, Library, Messages, Payloads,
 };
 pub use health::{Health, NodeProblem, Readiness};
 pub use outage::Outage;
