@@ -13,13 +13,15 @@
 //! | `POST /v1/queues/{queue}/groups/{group}/pause` `{"ms"?}`, `.../resume` | `200`: the group starts nothing until resumed or for `ms` |
 //! | `GET`, `PUT`, `DELETE /v1/queues/{queue}/groups/{group}/policy` `{"policy"}` | `200 {"group", "policy", "queue", "source"}`: the group's policy, set at run time, or back to the config's |
 //! | `GET /v1/queues/{queue}/schedules`; `GET`, `PUT`, `DELETE .../schedules/{name}` `{"cron", "group", "payload"?, "timezone"?}` | the schedules; one, kept (`200`), or removed (`204`) |
-//! | `GET /v1/queues/{queue}/jobs?state=S&group=G` | list jobs by state (`scheduled`, `waiting`, `active`, `dead`) |
+//! | `GET /v1/queues/{queue}/jobs?state=S&group=G` | list jobs by state (`scheduled`, `waiting`, `active`, `dead`, `completed`) |
 //! | `GET`, `DELETE /v1/queues/{queue}/dead`, `POST .../dead/retry` | list, purge, retry the dead jobs |
+//! | `GET /v1/queues/{queue}/events?group=G&event=K,...` (`Accept: text/event-stream`) | the queue's events as Server-Sent Events, as they happen |
 //!
 //! Times (`*_ms`) are Unix milliseconds on the queue's clock, so `started_ms` of jobs leased
 //! through different instances compare. A lease token travels as a string.
 
 mod answers;
+mod events;
 mod requests;
 
 use std::sync::Arc;
@@ -78,6 +80,7 @@ const MAX_DEAD_LIST: usize = 1_000;
     get_schedule,
     put_schedule,
     delete_schedule,
+    events::events,
 ))]
 pub(crate) struct QueuesDoc;
 
@@ -108,6 +111,7 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
                 .put(set_group_policy)
                 .delete(unset_group_policy),
         )
+        .route("/v1/queues/{queue}/events", get(events::events))
         .route("/v1/queues/{queue}/schedules", get(list_schedules))
         .route(
             "/v1/queues/{queue}/schedules/{name}",
