@@ -295,9 +295,9 @@ pub mod queue {
     #[cfg(feature = "redis")]
     pub use paceline_queue::RedisQueue;
     pub use paceline_queue::{
-        Enqueued, FailOutcome, Failure, GroupStats, JobInfo, JobState, LeaseToken, Leased,
-        MemoryQueue, NewJob, Partitioned, Queue, QueueBackend, QueueConfig, QueueCore, QueueError,
-        QueueFuture, Report, Stats, Totals, Worker,
+        Enqueued, Event, EventKind, Events, FailOutcome, Failure, GroupStats, JobInfo, JobState,
+        LeaseToken, Leased, MemoryQueue, NewJob, Partitioned, Queue, QueueBackend, QueueConfig,
+        QueueCore, QueueError, QueueFuture, Report, Stats, Totals, Watched, Worker,
     };
 }
 
