@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use paceline_queue::schedule::Schedule;
 use paceline_queue::{FailOutcome, Failure, NewJob, QueueConfig, QueueCore, QueueError};
 use serde_json::{json, Map, Value};
 
@@ -95,6 +96,8 @@ fn fields_of(op: &str) -> Option<&'static [&'static str]> {
         ],
         "run" => &["op", "until_ms"],
         "stats" => &["op"],
+        "schedule" => &["op", "name", "cron", "group", "payload", "timezone"],
+        "unschedule" => &["op", "name"],
         _ => return None,
     })
 }
@@ -205,14 +208,13 @@ impl Sim<'_> {
     fn step(&mut self, text: &str) -> Result<(), FieldError> {
         let map = read_object(text)?;
         if let Some(to) = clock_line(&map, self.now)? {
-            self.now = to;
-            return Ok(());
+            return self.advance(to);
         }
         let op = text_required(&map, "op")?;
         let allowed = fields_of(op).ok_or_else(|| {
             field_err(
                 "op",
-                format!("`{op}` is not a queue op; use enqueue, lease, ack, fail, crash, run, stats, pause, resume or policy (or a sleep_ms / at_ms line)"),
+                format!("`{op}` is not a queue op; use enqueue, lease, ack, fail, crash, run, stats, pause, resume, policy, schedule or unschedule (or a sleep_ms / at_ms line)"),
             )
         })?;
         if let Some(unknown) = map.keys().find(|k| !allowed.contains(&k.as_str())) {
@@ -239,6 +241,16 @@ impl Sim<'_> {
             "pause" => self.pause(&map),
             "resume" => self.resume(&map),
             "policy" => self.set_policy(&map),
+            "schedule" => self.put_schedule(&map),
+            "unschedule" => {
+                let name = text_required(&map, "name")?;
+                let removed = self
+                    .queue
+                    .delete_schedule(self.now, name)
+                    .map_err(queue_err)?;
+                self.emit(json!({"event": "unscheduled", "name": name, "removed": removed}));
+                Ok(())
+            }
             _ => {
                 let stats = self.queue.stats(self.now).map_err(queue_err)?;
                 let groups: Map<String, Value> = stats
@@ -279,6 +291,84 @@ impl Sim<'_> {
         let group = text(map, "group")?;
         self.queue.resume(self.now, group).map_err(queue_err)?;
         self.emit(json!({"event": "resumed", "group": group}));
+        Ok(())
+    }
+
+    /// `{"op": "schedule", "name", "cron", "group", "payload"?, "timezone"?}`: keeps a
+    /// schedule, whose ticks then fire at their times as the script's clock moves.
+    fn put_schedule(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
+        let name = text_required(map, "name")?;
+        let cron = text_required(map, "cron")?;
+        let group = text_required(map, "group")?;
+        let payload = map
+            .get("payload")
+            .map_or(b"null".to_vec(), |v| v.to_string().into_bytes());
+        let mut schedule = Schedule::new(cron, group, payload);
+        if let Some(zone) = text(map, "timezone")? {
+            schedule = schedule.timezone(zone);
+        }
+        let next = schedule
+            .next_after(self.now)
+            .map_err(|e| field_err(e.field(), e.message()))?;
+        let kept = self
+            .queue
+            .put_schedule(self.now, name, schedule, next)
+            .map_err(queue_err)?;
+        self.emit(json!({"event": "scheduled", "name": name, "next_ms": micros_ms(kept.next)}));
+        Ok(())
+    }
+
+    /// The schedule whose tick comes first, if it comes by `to`: (its tick, its name).
+    fn next_tick(&self, to: u64) -> Option<(u64, String)> {
+        self.queue
+            .schedules()
+            .into_iter()
+            .filter(|s| s.next <= to)
+            .map(|s| (s.next, s.name))
+            .min()
+    }
+
+    /// Moves the script's clock to `to` (never back), firing every schedule's ticks on the
+    /// way, each at its time (a service that never stops fires them so).
+    fn advance(&mut self, to: u64) -> Result<(), FieldError> {
+        let mut fired = 0usize;
+        while let Some((due, name)) = self.next_tick(to) {
+            fired += 1;
+            if fired > MAX_RUN_STARTS {
+                return Err(field_err(
+                    "sleep_ms",
+                    format!("the clock's move fires more than {MAX_RUN_STARTS} schedule ticks; move it in shorter steps"),
+                ));
+            }
+            self.now = self.now.max(due);
+            let schedule = self
+                .queue
+                .schedules()
+                .into_iter()
+                .find(|s| s.name == name)
+                .map(|s| s.schedule);
+            let Some(schedule) = schedule else {
+                break;
+            };
+            // A schedule with no tick after this one fires once more at most: it stays due
+            // at a time no clock reaches.
+            let next = schedule.next_after(due).unwrap_or(u64::MAX >> 11);
+            if let Some(e) = self
+                .queue
+                .fire_schedule(self.now, &name, due, next)
+                .map_err(queue_err)?
+            {
+                self.emit(json!({
+                    "event": "enqueued",
+                    "id": e.id,
+                    "group": schedule.group,
+                    "schedule": name,
+                    "state": e.state.name(),
+                    "estimated_start_ms": micros_ms(e.estimated_start),
+                }));
+            }
+        }
+        self.now = self.now.max(to);
         Ok(())
     }
 
@@ -465,7 +555,8 @@ impl Sim<'_> {
     }
 
     /// Workers that lease every job as soon as it may start and acknowledge it at once,
-    /// until nothing is left to happen, or until `until_ms`; the clock ends at the last
+    /// until nothing is left to happen (schedules' ticks aside), or until `until_ms` (its
+    /// schedules' ticks fired on the way); the clock ends at the last
     /// event the run handled (or at `until_ms`). A job the script holds comes back, and is
     /// run, when its lease runs out.
     fn run_workers(&mut self, map: &Map<String, Value>) -> Result<(), FieldError> {
@@ -508,9 +599,17 @@ impl Sim<'_> {
             // The next thing to happen: a group's turn, a due job, a lease running out (its
             // job then comes back). Due now with nothing started means work this call left
             // (more than a call handles): the next call goes on with it.
-            match self.queue.next_event() {
+            // A schedule's tick is one too, fired on the way; without `until_ms`, ticks
+            // alone (which never end) do not keep the run going.
+            let tick = self.next_tick(until.unwrap_or(u64::MAX)).map(|(t, _)| t);
+            let next = match (self.queue.next_event(), tick) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (None, b) if until.is_some() => b,
+                (a, _) => a,
+            };
+            match next {
                 Some(next) if until.is_none_or(|u| next <= u) => {
-                    self.now = self.now.max(next);
+                    self.advance(next)?;
                 }
                 _ => break,
             }
@@ -609,6 +708,27 @@ mod tests {
     }
 
     #[test]
+    fn a_schedule_fires_each_tick_at_its_time_and_alone_does_not_keep_a_run_going() {
+        let script = "{\"op\": \"schedule\", \"name\": \"s\", \"cron\": \"*/5 * * * * *\", \"group\": \"g\"}\n\
+                      {\"sleep_ms\": 12000}\n{\"op\": \"run\"}\n{\"op\": \"stats\"}\n";
+        let events = events(&run(config("gcra:rate=100/s"), script).unwrap());
+        let ticks: Vec<f64> = events
+            .iter()
+            .filter(|e| e["schedule"] == "s")
+            .map(|e| e["t_ms"].as_f64().unwrap())
+            .collect();
+        assert_eq!(ticks, [5_000.0, 10_000.0]);
+        // The run starts both jobs (the second 10 ms after the first, at 100/s) and ends
+        // there, the next tick (15 s) notwithstanding.
+        let last = events.last().unwrap();
+        assert_eq!(
+            (last["event"].as_str(), last["t_ms"].as_f64()),
+            (Some("stats"), Some(12_010.0))
+        );
+        assert_eq!(last["waiting"], 0);
+    }
+
+    #[test]
     fn bad_lines_name_their_field() {
         for (line, field) in [
             (r#"{"op": "enqueue"}"#, "group"),
@@ -628,6 +748,23 @@ mod tests {
             (r#"{"op": "jump"}"#, "op"),
             (r#"{"sleep_ms": 1, "op": "run"}"#, "op"),
             ("[1]", "json"),
+            (
+                r#"{"op": "schedule", "name": "s", "cron": "0 0 30 2 *", "group": "g"}"#,
+                "cron",
+            ),
+            (
+                r#"{"op": "schedule", "name": "s", "cron": "* * * * *", "group": "g", "timezone": "Mars/Olympus"}"#,
+                "timezone",
+            ),
+            (
+                r#"{"op": "schedule", "name": "s", "cron": "* * * * *", "group": "g", "every": 1}"#,
+                "every",
+            ),
+            (
+                r#"{"op": "schedule", "cron": "* * * * *", "group": "g"}"#,
+                "name",
+            ),
+            (r#"{"op": "unschedule"}"#, "name"),
         ] {
             let e = run(config("gcra:rate=1/s"), line).unwrap_err();
             assert_eq!(
