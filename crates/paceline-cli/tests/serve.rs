@@ -339,6 +339,16 @@ fn a_token_guards_the_api_but_not_health() {
 }
 
 #[test]
+fn reload_without_a_config_file_is_a_conflict_naming_config() {
+    let s = start(&[]);
+    let r = post(s.port, "/v1/reload", "");
+    assert_eq!(r.status, 409, "{}", r.body);
+    let body: serde_json::Value = serde_json::from_str(&r.body).expect("a JSON error");
+    assert_eq!(body["error"]["code"], "conflict");
+    assert_eq!(body["error"]["field"], "config");
+}
+
+#[test]
 fn reload_applies_a_good_file_and_keeps_the_old_one_on_a_bad_file() {
     let dir = tempfile::tempdir().expect("temp dir");
     let config = write(dir.path(), "paceline.toml", CONFIG);

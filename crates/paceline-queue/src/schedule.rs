@@ -158,6 +158,12 @@ impl Schedule {
     }
 }
 
+/// The names a schedule's `timezone` may be: the IANA time zones (and their links) this
+/// build knows, as the API's document lists them.
+pub fn time_zones() -> impl Iterator<Item = &'static str> {
+    chrono_tz::TZ_VARIANTS.iter().map(|tz| tz.name())
+}
+
 /// Schedule names: 1 to [`MAX_SCHEDULE_NAME`] bytes of `A-Z a-z 0-9 - _ . :`.
 pub fn check_schedule_name(name: &str) -> Result<(), InputError> {
     if !crate::job::id_like(name) {

@@ -25,7 +25,18 @@ pub(crate) fn check_key(key: &str, field: &str) -> Result<(), ApiError> {
 /// A request's cost (`field`): a whole number of at least 1, if given.
 pub(crate) fn cost_field(cost: Option<&Number>, field: &str) -> Result<Option<u64>, ApiError> {
     number_field(cost, field, "use a whole number of at least 1", |n| {
-        n.as_u64().filter(|&c| c >= 1)
+        whole(n).filter(|&c| c >= 1)
+    })
+}
+
+/// A whole number from 0 up, as JSON (and JSON Schema's `integer`) has it: `7`, or `7.0`
+/// (up to 2^53, past which a float is no longer whole to the unit).
+pub(crate) fn whole(n: &Number) -> Option<u64> {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    n.as_u64().or_else(|| {
+        n.as_f64()
+            .filter(|f| f.fract() == 0.0 && (0.0..=EXACT).contains(f))
+            .map(|f| f as u64)
     })
 }
 

@@ -60,7 +60,7 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 struct RawTake<'a> {
     /// A `concurrency` policy's configured name, or its spec.
     #[serde(borrow)]
-    #[schema(value_type = String, required = true)]
+    #[schema(value_type = String, required = true, pattern = "^([^:]*|concurrency:limit=[1-9][0-9]{0,3},lease=[1-9][0-9]{0,2}(s|m))$")]
     policy: Option<Text<'a>>,
     /// The key whose leases are counted: 1 to 512 bytes.
     #[serde(borrow)]

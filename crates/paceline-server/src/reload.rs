@@ -2,7 +2,8 @@
 //! [`crate::Reloader`]) and its policies and access rules applied to the requests that
 //! follow. The listen address, the store and the queues need a restart; a reload says so
 //! when the file changed them. A file that does not load leaves the running configuration
-//! as it is, and the answer (`422 invalid_config`) says why.
+//! as it is, and the answer (`422 invalid_config`) says why; a service started without a
+//! config file has nothing to reload (`409 conflict`).
 
 use std::sync::{Arc, PoisonError};
 
@@ -39,13 +40,17 @@ struct Reloaded {
     responses(
         (status = 200, description = "The config file's policies and access rules apply now", body = Reloaded),
         (status = 401, description = "`unauthenticated`", body = Envelope),
-        (status = 422, description = "`invalid_config`: the file did not load (or there is none); the previous configuration stays", body = Envelope),
+        (status = 409, description = "`conflict`: the service was started without a config file; there is nothing to reload", body = Envelope),
+        (status = 422, description = "`invalid_config`: the file did not load; the previous configuration stays", body = Envelope),
     )
 )]
 async fn reload(
     State(state): State<Arc<AppState>>,
     _: Authorized,
 ) -> Result<Json<Reloaded>, ApiError> {
+    if !state.has_config_file() {
+        return Err(ApiError::new(ErrorCode::Conflict, "config", NO_FILE));
+    }
     let message = state
         .reload("POST /v1/reload")
         .map_err(|message| ApiError::new(ErrorCode::InvalidConfig, "config", message))?;
@@ -55,7 +60,16 @@ async fn reload(
     }))
 }
 
+/// Why a service started without a config file reloads nothing.
+const NO_FILE: &str = "the service was started without --config; there is nothing to reload";
+
 impl AppState {
+    /// Whether the service was started with a config file (one to reload).
+    fn has_config_file(&self) -> bool {
+        let base = self.base.lock().unwrap_or_else(PoisonError::into_inner);
+        base.config_file.is_some()
+    }
+
     /// Re-reads the config file and applies its policies and access rules, for `trigger`
     /// (`SIGHUP`, `POST /v1/reload`), and logs the outcome: `reloaded: ...` at INFO, or
     /// `reload failed: ...; the previous configuration stays` at WARN (an operator who
@@ -75,9 +89,7 @@ impl AppState {
     fn reload_file(&self) -> Result<String, String> {
         let base = self.base.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(path) = &base.config_file else {
-            return Err(
-                "the service was started without --config; there is nothing to reload".into(),
-            );
+            return Err(NO_FILE.into());
         };
         let file = config::read_file(path)
             .map_err(|e| format!("{e}; the previous configuration stays"))?;

@@ -39,9 +39,11 @@ impl std::ops::Deref for Text<'_> {
     example = json!({"policy": "gcra:rate=10/s,burst=5", "key": "user:42", "op": "limit"})
 )]
 pub(crate) struct RawAsk<'a> {
-    /// A configured policy's name, or an inline spec (`gcra:rate=10/s,burst=5`).
+    /// A configured policy's name, or an inline spec (`gcra:rate=10/s,burst=5`); a spec
+    /// that does not parse is a `400` naming `policy.FIELD`. The pattern: a name, or the
+    /// spec forms this document vouches for (every algorithm's spec is taken).
     #[serde(borrow)]
-    #[schema(value_type = Option<String>)]
+    #[schema(value_type = Option<String>, pattern = "^([^:]*|gcra:rate=[1-9][0-9]{0,3}/(s|m|h),burst=[1-9][0-9]{0,3}|(fixed_window|sliding_window):limit=[1-9][0-9]{0,3},window=[1-9][0-9]{0,2}(s|m|h)|concurrency:limit=[1-9][0-9]{0,3},lease=[1-9][0-9]{0,2}(s|m))$")]
     pub(crate) policy: Option<Text<'a>>,
     /// The key limited: a user, a tenant, an API route (1 to 512 bytes).
     #[serde(borrow)]
@@ -72,9 +74,11 @@ pub(crate) struct RawAsk<'a> {
 )]
 #[schema(as = DecisionLimit)]
 pub(crate) struct RawLimit<'a> {
-    /// A configured policy's name, or an inline spec.
+    /// A configured policy's name, or an inline spec. The pattern: a name, or the spec
+    /// forms this document vouches for in a set (a set that is paced refuses limits that
+    /// cannot book ahead, as `sliding_window` and `concurrency`, naming `op`).
     #[serde(borrow)]
-    #[schema(value_type = String, required = true)]
+    #[schema(value_type = String, required = true, pattern = "^([^:]*|gcra:rate=[1-9][0-9]{0,3}/(s|m|h),burst=[1-9][0-9]{0,3}|fixed_window:limit=[1-9][0-9]{0,3},window=[1-9][0-9]{0,2}(s|m|h))$")]
     pub(crate) policy: Option<Text<'a>>,
     /// The key this limit counts: 1 to 512 bytes.
     #[serde(borrow)]

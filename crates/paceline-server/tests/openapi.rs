@@ -129,3 +129,96 @@ fn the_document_is_openapi_3_1_of_every_endpoint() {
     }
     assert!(doc["components"]["schemas"]["ErrorAnswer"].is_object());
 }
+
+/// A service with one queue, `q`.
+async fn with_a_queue() -> common::Running {
+    let mut queues = std::collections::BTreeMap::new();
+    queues.insert(
+        "q".to_string(),
+        paceline_queue::QueueConfig::new("gcra:rate=1000/s,burst=1000".parse().expect("a policy")),
+    );
+    let settings = Settings {
+        queues,
+        ..Settings::default()
+    };
+    common::start(settings, None).await
+}
+
+async fn send(method: reqwest::Method, url: &str, body: Option<Value>) -> (u16, Value) {
+    let mut request = reqwest::Client::new().request(method, url);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.expect("the service answers");
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("a body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn the_document_s_integers_are_json_s_a_whole_float_is_one() {
+    let (url, _task, _stop) = with_a_queue().await;
+    let job = serde_json::json!({
+        "group": "g", "priority": 3.0, "cost": 1.0, "max_attempts": 2.0
+    });
+    let (status, body) = send(
+        reqwest::Method::POST,
+        &format!("{url}/v1/queues/q/jobs"),
+        Some(job),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = send(
+        reqwest::Method::POST,
+        &format!("{url}/v1/queues/q/leases"),
+        Some(serde_json::json!({"worker": "w", "max_jobs": 5.0})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["jobs"].as_array().map(Vec::len), Some(1));
+    // A fraction is still no integer, and the error names the field.
+    let half = serde_json::json!({"group": "g", "priority": 3.5});
+    let (status, body) = send(
+        reqwest::Method::POST,
+        &format!("{url}/v1/queues/q/jobs"),
+        Some(half),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["field"], "priority");
+}
+
+#[tokio::test]
+async fn an_offset_past_every_job_lists_none_and_a_group_filters_waiting_jobs_only() {
+    let (url, _task, _stop) = with_a_queue().await;
+    let far = "184467440737095516150000";
+    for path in [
+        format!("/v1/queues/q/dead?offset={far}"),
+        format!("/v1/queues/q/jobs?state=waiting&group=g&offset={far}"),
+    ] {
+        let (status, body) = send(reqwest::Method::GET, &format!("{url}{path}"), None).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert_eq!(body["jobs"], serde_json::json!([]), "{path}");
+    }
+    let (status, body) = send(
+        reqwest::Method::GET,
+        &format!("{url}/v1/queues/q/dead?offset=-1"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (400, Some("query"))
+    );
+    // As the document's listing says: `group` only with `waiting`.
+    let (status, body) = send(
+        reqwest::Method::GET,
+        &format!("{url}/v1/queues/q/jobs?state=dead&group=g"),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (400, Some("group"))
+    );
+}

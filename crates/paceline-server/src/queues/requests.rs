@@ -17,7 +17,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use crate::error::ApiError;
 use crate::extract::JsonSchema;
-use crate::fields::number_field;
+use crate::fields::{number_field, whole};
 use crate::request;
 
 /// The largest body of a queue request, a batch's included (a job's payload is at most
@@ -93,7 +93,11 @@ pub(super) struct EnqueueBody {
     /// The job's id (1 to 128 bytes of `A-Z a-z 0-9 - _ . :`, not all digits: those are
     /// the ids the queue gives); enqueuing the same id again answers the job already
     /// enqueued.
-    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
+    #[schema(
+        pattern = "^[A-Za-z0-9._:-]*[A-Za-z._:-][A-Za-z0-9._:-]*$",
+        min_length = 1,
+        max_length = 128
+    )]
     id: Option<String>,
     /// Start no sooner than this many ms from now (at most a year).
     #[schema(value_type = Option<f64>, minimum = 0, maximum = 31_536_000_000.0)]
@@ -102,19 +106,19 @@ pub(super) struct EnqueueBody {
     #[schema(value_type = Option<f64>, minimum = 0, maximum = 9_007_199_254_740.0)]
     not_before_ms: Option<Number>,
     /// How many times the job is tried before it is dead.
-    #[schema(minimum = 1, maximum = 1000)]
-    max_attempts: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000)]
+    max_attempts: Option<Number>,
     /// Deduplication (or, with `replace`, debounce) by a key for a time.
     #[schema(value_type = Option<DedupBody>)]
     dedup: Option<DedupBody>,
     /// How urgent the job is: 0 (the default) starts first, 9 last; within its group's
     /// limit, never past it.
-    #[schema(minimum = 0, maximum = 9)]
-    priority: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 9)]
+    priority: Option<Number>,
     /// What each start of the job counts against its group's and the queue's policies
     /// (1 by default); at most what those policies can ever admit.
-    #[schema(minimum = 1, maximum = 1_000_000)]
-    cost: Option<u64>,
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1_000_000)]
+    cost: Option<Number>,
 }
 
 /// A job's deduplication, as sent: `{"key", "ttl_ms", "replace"?}`.
@@ -122,8 +126,8 @@ pub(super) struct EnqueueBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = Dedup)]
 struct DedupBody {
-    /// The key jobs are deduplicated by.
-    #[schema(value_type = String, required = true)]
+    /// The key jobs are deduplicated by: 1 to 256 bytes, no control characters.
+    #[schema(value_type = String, required = true, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
     key: Option<String>,
     /// How long the key holds, in ms (at most a year).
     #[schema(value_type = f64, required = true, minimum = 1, maximum = 31_536_000_000.0)]
@@ -166,33 +170,39 @@ impl EnqueueBody {
         )? {
             job = job.not_before(std::time::UNIX_EPOCH + at);
         }
-        if let Some(n) = self.max_attempts {
-            let n = u32::try_from(n)
-                .map_err(|_| ApiError::invalid("max_attempts", "must be from 1 to 1000"))?;
+        let attempts = number_field(
+            self.max_attempts.as_ref(),
+            "max_attempts",
+            "must be from 1 to 1000",
+            |n| whole(n).and_then(|n| u32::try_from(n).ok()),
+        )?;
+        if let Some(n) = attempts {
             job = job.max_attempts(n);
         }
-        if let Some(p) = self.priority {
-            let p = u8::try_from(p)
-                .ok()
-                .filter(|p| *p <= MAX_PRIORITY)
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "priority",
-                        format!("must be from 0 (the most urgent, the default) to {MAX_PRIORITY}"),
-                    )
-                })?;
+        let priority = number_field(
+            self.priority.as_ref(),
+            "priority",
+            &format!("must be from 0 (the most urgent, the default) to {MAX_PRIORITY}"),
+            |n| {
+                whole(n)
+                    .and_then(|p| u8::try_from(p).ok())
+                    .filter(|p| *p <= MAX_PRIORITY)
+            },
+        )?;
+        if let Some(p) = priority {
             job = job.priority(p);
         }
-        if let Some(c) = self.cost {
-            let c = u32::try_from(c)
-                .ok()
-                .filter(|c| (1..=MAX_COST).contains(c))
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "cost",
-                        format!("must be from 1 (the default) to {MAX_COST}"),
-                    )
-                })?;
+        let cost = number_field(
+            self.cost.as_ref(),
+            "cost",
+            &format!("must be from 1 (the default) to {MAX_COST}"),
+            |n| {
+                whole(n)
+                    .and_then(|c| u32::try_from(c).ok())
+                    .filter(|c| (1..=MAX_COST).contains(c))
+            },
+        )?;
+        if let Some(c) = cost {
             job = job.cost(c);
         }
         if let Some(d) = self.dedup {
@@ -224,10 +234,13 @@ pub(super) struct LeaseBody {
     /// A name for the worker: 1 to 128 bytes, no control characters.
     #[schema(value_type = String, required = true, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,128}$")]
     worker: Option<String>,
-    /// Retrying a call with the same id answers the jobs it leased.
+    /// Retrying a call with the same id answers the jobs it leased: 1 to 128 bytes of
+    /// `A-Z a-z 0-9 - _ . :`.
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     request_id: Option<String>,
-    /// The most jobs to lease; 1 by default.
-    max_jobs: Option<u64>,
+    /// The most jobs to lease: 1 (the default) to 1000.
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 1000)]
+    max_jobs: Option<Number>,
     /// How long the leases last, in ms (1 ms to a day); the queue's `lease` by default.
     #[schema(value_type = Option<f64>, minimum = 1, maximum = 86_400_000)]
     lease_ms: Option<Number>,
@@ -257,9 +270,11 @@ impl LeaseBody {
         let worker = self
             .worker
             .ok_or_else(|| ApiError::invalid("worker", "is required: a name for the worker"))?;
-        let max_jobs = match self.max_jobs {
+        // Out of range, the queue says what it takes.
+        let max_jobs = match self.max_jobs.as_ref() {
             None => 1,
-            Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            Some(n) => number_field(Some(n), "max_jobs", "must be from 1 to 1000", whole)?
+                .map_or(1, |n| usize::try_from(n).unwrap_or(usize::MAX)),
         };
         let lease = millis("lease_ms", self.lease_ms.as_ref(), MAX_LEASE_MS)?;
         let wait = millis("wait_ms", self.wait_ms.as_ref(), MAX_WAIT_MS)?.unwrap_or(Duration::ZERO);
@@ -408,6 +423,8 @@ impl ExtendBody {
 #[into_params(parameter_in = Query)]
 pub(super) struct DeadQuery {
     /// How many dead jobs to skip, oldest first.
+    #[serde(default, deserialize_with = "saturating")]
+    #[param(value_type = Option<u64>, minimum = 0)]
     pub(super) offset: Option<usize>,
     /// How many to list: 1 to 1000, 100 by default.
     #[param(minimum = 1, maximum = 1000)]
@@ -422,13 +439,28 @@ pub(super) struct JobsQuery {
     /// `scheduled`, `waiting`, `active`, `dead` or `completed`.
     #[param(value_type = String, required = true, pattern = "^(scheduled|waiting|active|dead|completed)$")]
     pub(super) state: Option<String>,
-    /// Waiting jobs only: this group's line.
+    /// Waiting jobs only: this group's line (1 to 256 bytes, no control characters).
+    #[param(pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
     pub(super) group: Option<String>,
     /// How many to skip, in the order the queue keeps them.
+    #[serde(default, deserialize_with = "saturating")]
+    #[param(value_type = Option<u64>, minimum = 0)]
     pub(super) offset: Option<usize>,
     /// How many to list: 1 to 1000, 100 by default.
     #[param(minimum = 1, maximum = 1000)]
     pub(super) limit: Option<usize>,
+}
+
+/// An offset as a query has it: a whole number from 0, any number of digits (one past the
+/// last job lists none).
+fn saturating<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<usize>, D::Error> {
+    let text = String::deserialize(d)?;
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(serde::de::Error::custom(format!(
+            "`{text}` is not a whole number from 0"
+        )));
+    }
+    Ok(Some(text.parse().unwrap_or(usize::MAX)))
 }
 
 /// Dead jobs to retry, as sent: these ids, or all of them.
@@ -445,8 +477,10 @@ pub(super) struct RetryBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = GroupPolicyRequest, example = json!({"policy": "fixed_window:limit=10,window=10s"}))]
 pub(super) struct PolicyBody {
-    /// A policy spec, at most 1024 bytes.
-    #[schema(value_type = String, required = true, max_length = 1024)]
+    /// A rate policy's spec, at most 1024 bytes (else a `400` naming `policy` or the
+    /// spec's field): any algorithm but `concurrency`; the pattern is the part of the
+    /// grammar this document vouches for (`gcra`, `fixed_window`, `sliding_window`).
+    #[schema(value_type = String, required = true, max_length = 1024, pattern = "^(gcra:rate=[1-9][0-9]{0,3}/(s|m|h),burst=[1-9][0-9]{0,3}|(fixed_window|sliding_window):limit=[1-9][0-9]{0,3},window=[1-9][0-9]{0,2}(ms|s|m|h))$")]
     policy: Option<String>,
 }
 
@@ -479,8 +513,10 @@ impl PolicyBody {
 #[serde(deny_unknown_fields)]
 #[schema(as = ScheduleRequest, example = json!({"cron": "0 3 * * *", "group": "nightly", "payload": {"report": "daily"}, "timezone": "Europe/Paris"}))]
 pub(super) struct ScheduleBody {
-    /// A cron expression: five fields, or six with seconds first.
-    #[schema(value_type = String, required = true)]
+    /// A cron expression: five fields (minute hour day month weekday), or six with seconds
+    /// first, that fires again after now (else a `400` naming `cron`). Ranges, lists and
+    /// days past the 28th are taken too; the pattern is the part of cron that always fires.
+    #[schema(value_type = String, required = true, max_length = 256, pattern = "^((\\*(/[1-9])?|[1-5]?[0-9]) )?(\\*(/[1-9])?|[1-5]?[0-9]) (\\*(/[1-9])?|1?[0-9]|2[0-3]) (\\*|[1-9]|1[0-9]|2[0-8]) (\\*|[1-9]|1[0-2]) (\\*|[0-6])$")]
     cron: Option<String>,
     /// The group of the jobs it enqueues.
     #[schema(value_type = String, required = true, pattern = "^[^\\x00-\\x1F\\x7F-\\x9F]{1,256}$")]
