@@ -30,6 +30,13 @@ lease = "{lease}"
 retry_backoff = "10ms"
 retry_backoff_max = "20ms"
 """
+# Keeps its acknowledged jobs readable, with their results.
+RESULTS = """
+[queues.results]
+group_policy = "gcra:rate=1000/s,burst=100"
+lease = "30s"
+keep_completed = 1000
+"""
 QUEUES = {
     "jobs": "30s",
     "manual": "30s",
@@ -41,6 +48,9 @@ QUEUES = {
     "shutdown": "30s",
     "sigterm": "30s",
     "async-producer": "30s",
+    "release": "30s",
+    "paused": "30s",
+    "deep": "30s",
 }
 
 
@@ -124,7 +134,7 @@ def serve(store: str, flags: list[str]) -> Iterator[str]:
     folder = tempfile.mkdtemp(prefix="paceline-py-")
     config = Path(folder) / "paceline.toml"
     config.write_text(
-        CONFIG + "".join(QUEUE.format(name=n, lease=lease) for n, lease in QUEUES.items())
+        CONFIG + "".join(QUEUE.format(name=n, lease=lease) for n, lease in QUEUES.items()) + RESULTS
     )
     port = free_port()
     log = open(Path(folder) / "serve.log", "wb")

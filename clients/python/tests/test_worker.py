@@ -231,8 +231,9 @@ def test_shutting_down_hands_back_the_jobs_still_running(url: str, unique: str) 
             report = await running
             assert report.handed_back == 1
             info = await q.job(enqueued.id)
-            # Back in its group, and the attempt it had is not spent.
+            # Back in its group, which it does not pause, and the attempt it had is not spent.
             assert info.state in ("waiting", "scheduled")
+            assert not (await q.stats()).groups[unique].paused
             (again,) = await q.lease("next-worker", 1, wait=5.0)
             assert again.id == enqueued.id and again.attempt == 1
             await q.ack(again)

@@ -10,6 +10,7 @@ True
 from ._async import AsyncClient, AsyncLease, AsyncQueue
 from ._client import Client, Lease, Queue
 from ._errors import (
+    AnswerTooDeep,
     Conflict,
     InlinePoliciesDisabled,
     InvalidArgument,
@@ -29,6 +30,7 @@ from ._errors import (
 from ._models import (
     Decision,
     Enqueued,
+    GroupPolicy,
     GroupStats,
     Job,
     JobInfo,
@@ -36,6 +38,7 @@ from ._models import (
     LimitDecision,
     NewJob,
     QueueStats,
+    Schedule,
     SetDecision,
 )
 from ._worker import Fatal, PauseGroup, Report, Retry, Worker
@@ -43,6 +46,7 @@ from ._worker import Fatal, PauseGroup, Report, Retry, Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "AnswerTooDeep",
     "AsyncClient",
     "AsyncLease",
     "AsyncQueue",
@@ -51,6 +55,7 @@ __all__ = [
     "Decision",
     "Enqueued",
     "Fatal",
+    "GroupPolicy",
     "GroupStats",
     "InlinePoliciesDisabled",
     "InvalidArgument",
@@ -70,6 +75,7 @@ __all__ = [
     "RateLimited",
     "Report",
     "Retry",
+    "Schedule",
     "ServiceUnavailable",
     "SetDecision",
     "Unauthenticated",

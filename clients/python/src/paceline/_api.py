@@ -10,15 +10,17 @@ from urllib.parse import quote
 
 import httpx
 
-from ._errors import PacelineError, RateLimited, error_from, raise_for
+from ._errors import PacelineError, RateLimited, decode, error_from, raise_for
 from ._models import (
     Decision,
     Enqueued,
+    GroupPolicy,
     Job,
     JobInfo,
     Limit,
     NewJob,
     QueueStats,
+    Schedule,
     SetDecision,
 )
 
@@ -46,7 +48,7 @@ def seg(part: str) -> str:
 
 def _json(response: httpx.Response) -> Any:
     raise_for(response)
-    return response.json()
+    return decode(response)
 
 
 def _nothing(response: httpx.Response) -> None:
@@ -55,7 +57,7 @@ def _nothing(response: httpx.Response) -> None:
 
 def _decision_body(response: httpx.Response) -> dict[str, Any]:
     if response.status_code in (200, 429):
-        body: dict[str, Any] = response.json()
+        body: dict[str, Any] = decode(response)
         return body
     raise_for(response)
     raise PacelineError(response.status_code, "unknown", "", response.text[:500])
@@ -100,7 +102,7 @@ def decide_batch(requests: Iterable[Limit], op: str) -> Call[list[Decision | Pac
 def take_lease(policy: str, key: str, cost: int) -> Call[Decision]:
     def read(response: httpx.Response) -> Decision:
         if response.status_code == 429:
-            d = response.json()
+            d = decode(response)
             raise RateLimited(str(d.get("policy", policy)), float(d.get("delay_ms", 0.0)) / 1000.0)
         d = _json(response)
         return Decision(
@@ -179,8 +181,25 @@ def lease_jobs(
     )
 
 
-def ack(queue: str, job_id: str, lease: str) -> Call[None]:
-    return Call("POST", _q(queue, f"/jobs/{seg(job_id)}/ack"), _nothing, {"lease": lease})
+# No result given (``None`` is one: JSON's null).
+NO_RESULT: Any = object()
+
+
+def ack(queue: str, job_id: str, lease: str, result: Any = NO_RESULT) -> Call[None]:
+    body: dict[str, Any] = {"lease": lease}
+    if result is not NO_RESULT:
+        body["result"] = result
+    return Call("POST", _q(queue, f"/jobs/{seg(job_id)}/ack"), _nothing, body)
+
+
+def progress(queue: str, job_id: str, lease: str, report: Any) -> Call[None]:
+    body = {"lease": lease, "progress": report}
+    return Call("POST", _q(queue, f"/jobs/{seg(job_id)}/progress"), _nothing, body)
+
+
+def release(queue: str, job_id: str, lease: str) -> Call[None]:
+    body = {"lease": lease, "release": True}
+    return Call("POST", _q(queue, f"/jobs/{seg(job_id)}/fail"), _nothing, body)
 
 
 def fail(
@@ -234,11 +253,19 @@ def resume(queue: str, group: str | None) -> Call[dict[str, Any]]:
     return Call("POST", path, _json)
 
 
-def set_group_policy(queue: str, group: str, policy: str | None) -> Call[dict[str, Any]]:
+def _group_policy(response: httpx.Response) -> GroupPolicy:
+    return GroupPolicy.from_json(_json(response))
+
+
+def group_policy(queue: str, group: str) -> Call[GroupPolicy]:
+    return Call("GET", _q(queue, f"/groups/{seg(group)}/policy"), _group_policy)
+
+
+def set_group_policy(queue: str, group: str, policy: str | None) -> Call[GroupPolicy]:
     path = _q(queue, f"/groups/{seg(group)}/policy")
     if policy is None:
-        return Call("DELETE", path, _json)
-    return Call("PUT", path, _json, {"policy": policy})
+        return Call("DELETE", path, _group_policy)
+    return Call("PUT", path, _group_policy, {"policy": policy})
 
 
 def dead(queue: str, offset: int, limit: int) -> Call[list[JobInfo]]:
@@ -267,3 +294,32 @@ def retry_dead(queue: str, ids: Sequence[str] | None) -> Call[int]:
 
 def purge_dead(queue: str) -> Call[int]:
     return Call("DELETE", _q(queue, "/dead"), lambda r: int(_json(r)["purged"]))
+
+
+def _schedule(response: httpx.Response) -> Schedule:
+    return Schedule.from_json(_json(response))
+
+
+def put_schedule(
+    queue: str, name: str, cron: str, group: str, payload: Any, timezone: str | None
+) -> Call[Schedule]:
+    body: dict[str, Any] = {"cron": cron, "group": group, "payload": payload}
+    if timezone is not None:
+        body["timezone"] = timezone
+    return Call("PUT", _q(queue, f"/schedules/{seg(name)}"), _schedule, body)
+
+
+def schedule(queue: str, name: str) -> Call[Schedule]:
+    return Call("GET", _q(queue, f"/schedules/{seg(name)}"), _schedule)
+
+
+def delete_schedule(queue: str, name: str) -> Call[None]:
+    return Call("DELETE", _q(queue, f"/schedules/{seg(name)}"), _nothing)
+
+
+def schedules(queue: str) -> Call[list[Schedule]]:
+    return Call(
+        "GET",
+        _q(queue, "/schedules"),
+        lambda r: [Schedule.from_json(s) for s in _json(r)["schedules"]],
+    )

@@ -14,7 +14,18 @@ from . import _api
 from ._api import Call
 from ._client import DEFAULT_URL, headers
 from ._errors import PacelineError, UnknownLease
-from ._models import Decision, Enqueued, Job, JobInfo, Limit, NewJob, QueueStats, SetDecision
+from ._models import (
+    Decision,
+    Enqueued,
+    GroupPolicy,
+    Job,
+    JobInfo,
+    Limit,
+    NewJob,
+    QueueStats,
+    Schedule,
+    SetDecision,
+)
 
 T = TypeVar("T")
 
@@ -205,9 +216,21 @@ class AsyncQueue:
         """The jobs that may start now, waiting up to ``wait`` seconds for one."""
         return await self._client._run(_api.lease_jobs(self.name, worker, max_jobs, lease, wait, request_id))
 
-    async def ack(self, job: Job) -> None:
-        """The job is done (``LeaseLost`` if its lease is no longer this one)."""
-        await self._client._run(_api.ack(self.name, job.id, job.lease))
+    async def ack(self, job: Job, result: Any = _api.NO_RESULT) -> None:
+        """The job is done (``LeaseLost`` if its lease is no longer this one). ``result``
+        (any JSON) is kept with it while the queue keeps completed jobs
+        (``keep_completed``), shown as its ``result``."""
+        await self._client._run(_api.ack(self.name, job.id, job.lease, result))
+
+    async def progress(self, job: Job, report: Any) -> None:
+        """Reports how far the job has got (any JSON), shown as its ``progress``
+        (``LeaseLost`` if its lease is no longer this one)."""
+        await self._client._run(_api.progress(self.name, job.id, job.lease, report))
+
+    async def release(self, job: Job) -> None:
+        """Hands the job back before working on it: it keeps its place at its group's
+        head and costs no attempt (a worker shutting down)."""
+        await self._client._run(_api.release(self.name, job.id, job.lease))
 
     async def fail(
         self,
@@ -244,15 +267,21 @@ class AsyncQueue:
     async def resume(self, *, group: str | None = None) -> dict[str, Any]:
         return await self._client._run(_api.resume(self.name, group))
 
-    async def set_group_policy(self, group: str, policy: str | None) -> dict[str, Any]:
-        """The group's policy from now on (``None``: the config's again)."""
+    async def group_policy(self, group: str) -> GroupPolicy:
+        """The group's policy, and where it comes from."""
+        return await self._client._run(_api.group_policy(self.name, group))
+
+    async def set_group_policy(self, group: str, policy: str | None) -> GroupPolicy:
+        """The group's policy from now on, kept by the service's store (``None``: the
+        config's again)."""
         return await self._client._run(_api.set_group_policy(self.name, group, policy))
 
     async def jobs(
         self, state: str, *, group: str | None = None, offset: int = 0, limit: int = 100
     ) -> list[JobInfo]:
-        """The jobs in ``state`` (``scheduled``, ``waiting``, ``active`` or ``dead``), in
-        the order the queue keeps them; ``group``: one group's waiting line."""
+        """The jobs in ``state`` (``scheduled``, ``waiting``, ``active``, ``dead`` or
+        ``completed``), in the order the queue keeps them; ``group``: one group's waiting
+        line; ``offset`` and ``limit`` (1 to 1000) page them."""
         return await self._client._run(_api.jobs(self.name, state, group, offset, limit))
 
     async def dead(self, offset: int = 0, limit: int = 100) -> list[JobInfo]:
@@ -263,3 +292,25 @@ class AsyncQueue:
 
     async def purge_dead(self) -> int:
         return await self._client._run(_api.purge_dead(self.name))
+
+    # Schedules.
+
+    async def put_schedule(
+        self, name: str, cron: str, group: str, payload: Any = None, *, timezone: str | None = None
+    ) -> Schedule:
+        """A job enqueued into ``group`` with ``payload`` at each tick of ``cron`` (five
+        fields, or six with seconds first; in ``timezone``, UTC by default), once per
+        tick across every instance. Put again, the same schedule keeps its next tick."""
+        return await self._client._run(_api.put_schedule(self.name, name, cron, group, payload, timezone))
+
+    async def schedule(self, name: str) -> Schedule:
+        """The schedule ``name`` (``UnknownSchedule`` if there is none)."""
+        return await self._client._run(_api.schedule(self.name, name))
+
+    async def schedules(self) -> list[Schedule]:
+        """Every schedule of the queue, with its next tick."""
+        return await self._client._run(_api.schedules(self.name))
+
+    async def delete_schedule(self, name: str) -> None:
+        """Removes the schedule ``name`` (``UnknownSchedule`` if there is none)."""
+        await self._client._run(_api.delete_schedule(self.name, name))

@@ -13,7 +13,18 @@ import httpx
 from . import _api
 from ._api import Call
 from ._errors import PacelineError, UnknownLease
-from ._models import Decision, Enqueued, Job, JobInfo, Limit, NewJob, QueueStats, SetDecision
+from ._models import (
+    Decision,
+    Enqueued,
+    GroupPolicy,
+    Job,
+    JobInfo,
+    Limit,
+    NewJob,
+    QueueStats,
+    Schedule,
+    SetDecision,
+)
 
 T = TypeVar("T")
 
@@ -186,9 +197,21 @@ class Queue:
         """The jobs that may start now, waiting up to ``wait`` seconds for one."""
         return self._client._run(_api.lease_jobs(self.name, worker, max_jobs, lease, wait, request_id))
 
-    def ack(self, job: Job) -> None:
-        """The job is done (``LeaseLost`` if its lease is no longer this one)."""
-        self._client._run(_api.ack(self.name, job.id, job.lease))
+    def ack(self, job: Job, result: Any = _api.NO_RESULT) -> None:
+        """The job is done (``LeaseLost`` if its lease is no longer this one). ``result``
+        (any JSON) is kept with it while the queue keeps completed jobs
+        (``keep_completed``), shown as its ``result``."""
+        self._client._run(_api.ack(self.name, job.id, job.lease, result))
+
+    def progress(self, job: Job, report: Any) -> None:
+        """Reports how far the job has got (any JSON), shown as its ``progress``
+        (``LeaseLost`` if its lease is no longer this one)."""
+        self._client._run(_api.progress(self.name, job.id, job.lease, report))
+
+    def release(self, job: Job) -> None:
+        """Hands the job back before working on it: it keeps its place at its group's
+        head and costs no attempt (a worker shutting down)."""
+        self._client._run(_api.release(self.name, job.id, job.lease))
 
     def fail(
         self,
@@ -225,15 +248,21 @@ class Queue:
     def resume(self, *, group: str | None = None) -> dict[str, Any]:
         return self._client._run(_api.resume(self.name, group))
 
-    def set_group_policy(self, group: str, policy: str | None) -> dict[str, Any]:
-        """The group's policy from now on (``None``: the config's again)."""
+    def group_policy(self, group: str) -> GroupPolicy:
+        """The group's policy, and where it comes from."""
+        return self._client._run(_api.group_policy(self.name, group))
+
+    def set_group_policy(self, group: str, policy: str | None) -> GroupPolicy:
+        """The group's policy from now on, kept by the service's store (``None``: the
+        config's again)."""
         return self._client._run(_api.set_group_policy(self.name, group, policy))
 
     def jobs(
         self, state: str, *, group: str | None = None, offset: int = 0, limit: int = 100
     ) -> list[JobInfo]:
-        """The jobs in ``state`` (``scheduled``, ``waiting``, ``active`` or ``dead``), in
-        the order the queue keeps them; ``group``: one group's waiting line."""
+        """The jobs in ``state`` (``scheduled``, ``waiting``, ``active``, ``dead`` or
+        ``completed``), in the order the queue keeps them; ``group``: one group's waiting
+        line; ``offset`` and ``limit`` (1 to 1000) page them."""
         return self._client._run(_api.jobs(self.name, state, group, offset, limit))
 
     def dead(self, offset: int = 0, limit: int = 100) -> list[JobInfo]:
@@ -244,3 +273,25 @@ class Queue:
 
     def purge_dead(self) -> int:
         return self._client._run(_api.purge_dead(self.name))
+
+    # Schedules.
+
+    def put_schedule(
+        self, name: str, cron: str, group: str, payload: Any = None, *, timezone: str | None = None
+    ) -> Schedule:
+        """A job enqueued into ``group`` with ``payload`` at each tick of ``cron`` (five
+        fields, or six with seconds first; in ``timezone``, UTC by default), once per
+        tick across every instance. Put again, the same schedule keeps its next tick."""
+        return self._client._run(_api.put_schedule(self.name, name, cron, group, payload, timezone))
+
+    def schedule(self, name: str) -> Schedule:
+        """The schedule ``name`` (``UnknownSchedule`` if there is none)."""
+        return self._client._run(_api.schedule(self.name, name))
+
+    def schedules(self) -> list[Schedule]:
+        """Every schedule of the queue, with its next tick."""
+        return self._client._run(_api.schedules(self.name))
+
+    def delete_schedule(self, name: str) -> None:
+        """Removes the schedule ``name`` (``UnknownSchedule`` if there is none)."""
+        self._client._run(_api.delete_schedule(self.name, name))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import sys
+import threading
 from typing import Any
 
 import httpx
@@ -74,6 +77,14 @@ class ServiceUnavailable(PacelineError):
     """``503 store_unavailable`` or ``store_full``: the service's store failed."""
 
 
+class AnswerTooDeep(PacelineError):
+    """An answer whose JSON nests deeper than ``MAX_DEPTH`` levels (a job's payload,
+    result or progress as a producer sent it: the service keeps any depth). Python's
+    ``json`` reads about 1,000 levels on its own; this client reads up to ``MAX_DEPTH``,
+    past which it refuses rather than overflow the interpreter's stack. ``status`` is
+    the answer's HTTP status, ``code`` ``answer_too_deep``."""
+
+
 class RateLimited(PacelineError):
     """``429``: a concurrency lease refused because its limit's leases are all live.
     ``retry_after`` is the seconds to wait before asking again."""
@@ -103,6 +114,59 @@ _BY_CODE: dict[str, type[PacelineError]] = {
 }
 
 
+# The deepest JSON this client reads: a decoder thread with a stack of its own holds it
+# whatever the caller's thread stack is.
+MAX_DEPTH = 20_000
+_DEEP_STACK = 64 * 1024 * 1024
+_deep = threading.Lock()
+
+
+def decode(response: httpx.Response) -> Any:
+    """The answer's JSON. Nested past the interpreter's recursion limit (a deep payload),
+    it is read again in a thread of its own with room for ``MAX_DEPTH`` levels; deeper,
+    ``AnswerTooDeep``."""
+    try:
+        return json.loads(response.content)
+    except RecursionError:
+        pass
+    with _deep:
+        out: list[Any] = []
+        failed: list[BaseException] = []
+
+        def read() -> None:
+            try:
+                out.append(json.loads(response.content))
+            except BaseException as e:  # handed to the caller's thread
+                failed.append(e)
+
+        limit = sys.getrecursionlimit()
+        stack = threading.stack_size()
+        sys.setrecursionlimit(max(limit, MAX_DEPTH + 1_000))
+        reader = threading.Thread(target=read, name="paceline-deep-json")
+        try:
+            # The size applies to the threads started while it is set: this one.
+            threading.stack_size(_DEEP_STACK)
+            try:
+                reader.start()
+            finally:
+                threading.stack_size(stack)
+            reader.join()
+        finally:
+            sys.setrecursionlimit(limit)
+    if out:
+        return out[0]
+    if failed and not isinstance(failed[0], RecursionError):
+        raise failed[0]
+    raise AnswerTooDeep(
+        response.status_code,
+        "answer_too_deep",
+        "body",
+        "the answer's JSON nests too deep for this interpreter's json module (this client "
+        f"reads up to {MAX_DEPTH} levels where the interpreter allows it): a payload, result "
+        "or progress report was sent that deep",
+    )
+
+
 def error_from(status: int, body: Any) -> PacelineError:
     """The typed exception of an ``{"error": {"code", "field", "message"}}`` answer (or of
     any other failed answer, as a plain ``PacelineError``)."""
@@ -120,7 +184,7 @@ def raise_for(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
     try:
-        body: Any = response.json()
+        body: Any = decode(response)
     except ValueError:
         body = response.text
     raise error_from(response.status_code, body)

@@ -105,7 +105,9 @@ class NewJob:
     """A job to enqueue: its ``group`` (whose policy limits when it starts) and any JSON
     ``payload``. ``delay`` (seconds) or ``not_before`` hold it back; ``dedup_key`` with
     ``dedup_ttl`` (seconds) deduplicates it (``debounce``: a new job replaces the waiting
-    one)."""
+    one). ``priority``: 0 (the default) starts first, 9 last, within its group's limit;
+    ``cost``: what each start counts against its group's and the queue's policies (1 by
+    default)."""
 
     group: str
     payload: Any = None
@@ -116,6 +118,8 @@ class NewJob:
     dedup_key: str | None = None
     dedup_ttl: float | None = None
     debounce: bool = False
+    priority: int | None = None
+    cost: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {"group": self.group, "payload": self.payload}
@@ -133,6 +137,10 @@ class NewJob:
                 "ttl_ms": (self.dedup_ttl if self.dedup_ttl is not None else 60.0) * 1000.0,
                 "replace": self.debounce,
             }
+        if self.priority is not None:
+            body["priority"] = self.priority
+        if self.cost is not None:
+            body["cost"] = self.cost
         return body
 
 
@@ -195,7 +203,9 @@ class Job:
 
 @dataclass(frozen=True)
 class JobInfo:
-    """A job as ``GET .../jobs/{id}`` and the dead list show it."""
+    """A job as ``GET .../jobs/{id}``, the listings and the dead list show it: its
+    ``priority`` and ``cost``, its worker's last ``progress`` report and (completed) the
+    ``result`` it was acknowledged with, ``None`` when there is none."""
 
     id: str
     group: str
@@ -209,6 +219,11 @@ class JobInfo:
     started_ms: int | None = None
     lease_expires_ms: int | None = None
     worker: str | None = None
+    priority: int = 0
+    cost: int = 1
+    progress: Any = None
+    result: Any = None
+    finished_ms: int | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> JobInfo:
@@ -225,6 +240,11 @@ class JobInfo:
             started_ms=d.get("started_ms"),
             lease_expires_ms=d.get("lease_expires_ms"),
             worker=d.get("worker"),
+            priority=int(d.get("priority", 0)),
+            cost=int(d.get("cost", 1)),
+            progress=d.get("progress"),
+            result=d.get("result"),
+            finished_ms=d.get("finished_ms"),
         )
 
 
@@ -249,6 +269,7 @@ class QueueStats:
     paused: bool
     paused_until_ms: int | None
     groups: dict[str, GroupStats] = field(default_factory=dict)
+    completed: int = 0
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> QueueStats:
@@ -271,4 +292,54 @@ class QueueStats:
             paused=bool(d["paused"]),
             paused_until_ms=d.get("paused_until_ms"),
             groups=groups,
+            completed=int(d.get("completed", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule: a job enqueued into ``group`` with ``payload`` at each tick of ``cron``
+    (in ``timezone``), once per tick across every instance; ``next_ms``: its next tick, in
+    Unix ms."""
+
+    name: str
+    cron: str
+    group: str
+    payload: Any
+    timezone: str
+    next_ms: int
+
+    @property
+    def next(self) -> _dt.datetime | None:
+        return _datetime(self.next_ms)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Schedule:
+        return cls(
+            name=str(d["name"]),
+            cron=str(d["cron"]),
+            group=str(d["group"]),
+            payload=d.get("payload"),
+            timezone=str(d.get("timezone", "UTC")),
+            next_ms=int(d["next_ms"]),
+        )
+
+
+@dataclass(frozen=True)
+class GroupPolicy:
+    """A group's policy spec, and where it comes from (``run_time``: set through the API;
+    else the config's)."""
+
+    queue: str
+    group: str
+    policy: str
+    source: str
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GroupPolicy:
+        return cls(
+            queue=str(d["queue"]),
+            group=str(d["group"]),
+            policy=str(d["policy"]),
+            source=str(d["source"]),
         )

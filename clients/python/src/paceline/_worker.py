@@ -23,10 +23,6 @@ from ._models import Job
 
 log = logging.getLogger("paceline.worker")
 
-# A job handed back goes to its group's head as after an upstream's refusal (costing no
-# attempt), with the shortest pause the service takes.
-HAND_BACK = 0.001
-
 Handler = Callable[[Job], Union[Awaitable[None], None]]
 H = TypeVar("H", bound=Handler)
 
@@ -239,7 +235,7 @@ class Worker:
             extender.cancel()
             losing.cancel()
             await asyncio.gather(work, extender, losing, return_exceptions=True)
-            await self._settle(job, "handed_back", pause_group=HAND_BACK, error="the worker shut down")
+            await self._settle(job, "handed_back")
             return
         extender.cancel()
         losing.cancel()
@@ -268,6 +264,8 @@ class Worker:
         try:
             if outcome == "acked":
                 await self.queue.ack(job)
+            elif outcome == "handed_back":
+                await self.queue.release(job)
             else:
                 await self.queue.fail(job, **failure)
         except LeaseLost:
