@@ -2,7 +2,18 @@
 
 import type { Client } from "./client.js";
 import { errorFrom, PacelineError } from "./errors.js";
-import type { Enqueued, GroupPolicy, Job, JobInfo, NewJob, Paused, QueueStats } from "./types.js";
+import type {
+  Enqueued,
+  GroupPolicy,
+  Job,
+  JobInfo,
+  JobState,
+  NewJob,
+  Paused,
+  QueueStats,
+  Schedule,
+  ScheduleRequest,
+} from "./types.js";
 
 /** How a failed job is reported. */
 export interface Failure {
@@ -15,6 +26,9 @@ export interface Failure {
   pauseGroupMs?: number;
   /** Retrying cannot help: the job is dead at once. */
   fatal?: boolean;
+  /** Hand the job back (a worker shutting down before it did the work): it keeps its place
+   * at its group's head and costs no attempt. Nothing else goes with it. */
+  release?: boolean;
 }
 
 const seg = encodeURIComponent;
@@ -65,9 +79,25 @@ export class Queue {
     return answer.jobs;
   }
 
-  /** The job is done (`LeaseLost` if its lease is no longer this one). */
-  async ack(job: Pick<Job, "id" | "lease">): Promise<void> {
-    await this.client.call("POST", this.path(`/jobs/${seg(job.id)}/ack`), { lease: job.lease });
+  /** The job is done (`LeaseLost` if its lease is no longer this one). `result` (any JSON,
+   * `null` included) is kept with it while the queue keeps completed jobs
+   * (`keep_completed`), shown as its `result`. */
+  async ack(job: Pick<Job, "id" | "lease">, options: { result?: unknown } = {}): Promise<void> {
+    const body: Record<string, unknown> = { lease: job.lease };
+    if ("result" in options) body["result"] = options.result ?? null;
+    await this.client.call("POST", this.path(`/jobs/${seg(job.id)}/ack`), body);
+  }
+
+  /** Reports how far the job has got (any JSON but `null`), shown as its `progress`
+   * (`LeaseLost` if its lease is no longer this one). */
+  async progress(job: Pick<Job, "id" | "lease">, progress: unknown): Promise<void> {
+    await this.client.call("POST", this.path(`/jobs/${seg(job.id)}/progress`), { lease: job.lease, progress });
+  }
+
+  /** Hands the job back before working on it: it keeps its place at its group's head and
+   * costs no attempt. */
+  async release(job: Pick<Job, "id" | "lease">): Promise<void> {
+    await this.fail(job, { release: true });
   }
 
   /** The job failed: retried after the queue's backoff (or `retryAfterMs`), dead if
@@ -75,6 +105,10 @@ export class Queue {
    * no attempt. */
   async fail(job: Pick<Job, "id" | "lease">, failure: Failure = {}): Promise<void> {
     const body: Record<string, unknown> = { lease: job.lease };
+    if (failure.release) {
+      await this.client.call("POST", this.path(`/jobs/${seg(job.id)}/fail`), { ...body, release: true });
+      return;
+    }
     if (failure.error !== undefined) body["error"] = failure.error.slice(0, 4096);
     if (failure.retryAfterMs !== undefined) body["retry_after_ms"] = failure.retryAfterMs;
     if (failure.pauseGroupMs !== undefined) body["pause_group_ms"] = failure.pauseGroupMs;
@@ -118,16 +152,22 @@ export class Queue {
     return this.client.call("POST", path);
   }
 
-  /** The group's policy from now on (`null`: the config's again). */
+  /** The group's policy, and where it comes from (`run_time`: set through the API). */
+  groupPolicy(group: string): Promise<GroupPolicy> {
+    return this.client.call("GET", this.path(`/groups/${seg(group)}/policy`));
+  }
+
+  /** The group's policy from now on, kept by the service's store (`null`: the config's
+   * again). */
   setGroupPolicy(group: string, policy: string | null): Promise<GroupPolicy> {
     const path = this.path(`/groups/${seg(group)}/policy`);
     return policy === null ? this.client.call("DELETE", path) : this.client.call("PUT", path, { policy });
   }
 
   /** The jobs in `state`, in the order the queue keeps them; `group`: one group's waiting
-   * line. */
+   * line; `offset` and `limit` (1 to 1000) page them. */
   async jobs(
-    state: "scheduled" | "waiting" | "active" | "dead",
+    state: JobState,
     options: { group?: string; offset?: number; limit?: number } = {},
   ): Promise<JobInfo[]> {
     const query = new URLSearchParams({
@@ -153,5 +193,28 @@ export class Queue {
   async purgeDead(): Promise<number> {
     const answer = await this.client.call<{ purged: number }>("DELETE", this.path("/dead"));
     return answer.purged;
+  }
+
+  /** A job enqueued into `group` with `payload` at each tick of `cron` (five fields, or six
+   * with seconds first; in `timezone`, UTC by default), once per tick across every
+   * instance. Put again, the same schedule keeps its next tick. */
+  putSchedule(name: string, schedule: ScheduleRequest): Promise<Schedule> {
+    return this.client.call("PUT", this.path(`/schedules/${seg(name)}`), schedule);
+  }
+
+  /** The schedule `name` (`UnknownSchedule` if there is none). */
+  schedule(name: string): Promise<Schedule> {
+    return this.client.call("GET", this.path(`/schedules/${seg(name)}`));
+  }
+
+  /** Every schedule of the queue, with its next tick. */
+  async schedules(): Promise<Schedule[]> {
+    const answer = await this.client.call<{ schedules: Schedule[] }>("GET", this.path("/schedules"));
+    return answer.schedules;
+  }
+
+  /** Removes the schedule `name` (`UnknownSchedule` if there is none). */
+  async deleteSchedule(name: string): Promise<void> {
+    await this.client.call("DELETE", this.path(`/schedules/${seg(name)}`));
   }
 }

@@ -36,3 +36,10 @@ export type Policies = Schemas["Policies"];
 export type LeaseRequest = Schemas["QueueLeaseRequest"];
 /** A failure's report. */
 export type FailRequest = Schemas["FailRequest"];
+/** A schedule: a job enqueued at each tick of its cron expression. */
+export type Schedule = Schemas["Schedule"];
+/** A schedule as put: `cron`, `group`, and optionally `payload` and `timezone` (an IANA
+ * time zone's name, e.g. `Europe/Paris`; the document lists them). */
+export type ScheduleRequest = Omit<Schemas["ScheduleRequest"], "timezone"> & { timezone?: string | null };
+/** The states jobs are listed by. */
+export type JobState = "scheduled" | "waiting" | "active" | "dead" | "completed";

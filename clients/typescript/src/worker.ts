@@ -107,10 +107,6 @@ export interface Report {
   handedBack: number;
 }
 
-/** A job handed back goes to its group's head as after an upstream's refusal (costing no
- * attempt), with a pause of 1 ms. */
-const HAND_BACK_MS = 1;
-
 class LostLease extends Error {}
 class ShutDown extends Error {}
 
@@ -252,7 +248,7 @@ export class Worker<P = unknown> {
       return;
     }
     if (control.signal.reason instanceof ShutDown) {
-      await this.settle(job, "handedBack", { pauseGroupMs: HAND_BACK_MS, error: "the worker shut down" });
+      await this.settle(job, "handedBack", { release: true });
       return;
     }
     if (!failed) {

@@ -10,14 +10,29 @@ import { fileURLToPath } from "node:url";
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "../../..");
 
-export const QUEUES = ["jobs", "manual", "work", "failing", "upstream", "lost", "shutdown", "sigterm"];
+export const QUEUES = [
+  "jobs",
+  "manual",
+  "work",
+  "failing",
+  "upstream",
+  "lost",
+  "shutdown",
+  "sigterm",
+  "results",
+  "release",
+  "paused",
+  "deep",
+];
 
 const CONFIG =
   `allow_inline_policies = true\n\n[policies]\napi = "gcra:rate=1/m,burst=2"\n` +
   QUEUES.map(
     (name) =>
       `\n[queues.${name}]\ngroup_policy = "gcra:rate=1000/s,burst=100"\n` +
-      `lease = "${name === "lost" ? "1s" : "30s"}"\nretry_backoff = "10ms"\nretry_backoff_max = "20ms"\n`,
+      `lease = "${name === "lost" ? "1s" : "30s"}"\nretry_backoff = "10ms"\nretry_backoff_max = "20ms"\n` +
+      // Its acknowledged jobs stay readable, with their results.
+      (name === "results" ? "keep_completed = 1000\n" : ""),
   ).join("");
 
 export function freePort() {

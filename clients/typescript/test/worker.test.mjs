@@ -106,7 +106,8 @@ for (const store of STORES) {
     });
 
     test("shutting down hands back the jobs still running", async () => {
-      const enqueued = await client.queue("shutdown").enqueue(unique("shutdown"), "long");
+      const group = unique("shutdown");
+      const enqueued = await client.queue("shutdown").enqueue(group, "long");
       let started;
       const isStarted = new Promise((resolve) => (started = resolve));
       const worker = new Worker(client, "shutdown", { waitMs: 200, shutdownGraceMs: 0 });
@@ -119,6 +120,8 @@ for (const store of STORES) {
       worker.stop();
       const report = await running;
       assert.equal(report.handedBack, 1);
+      // Back in its group, which it does not pause, and the attempt it had is not spent.
+      assert.equal((await client.queue("shutdown").stats()).groups[group].paused, false);
       const [again] = await client.queue("shutdown").lease("next", { waitMs: 5000 });
       assert.equal(again.id, enqueued.id);
       assert.equal(again.attempt, 1);
