@@ -228,6 +228,11 @@ fn filtering_and_refusing(port: u16) {
         );
         assert_eq!(field, named, "{query}");
     }
+    // A HEAD answers the head alone, at once.
+    let head = http(port, "HEAD", "/v1/queues/roles/events", &stream, b"");
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("content-type"), Some("text/event-stream"));
+    assert!(head.body.is_empty(), "{}", head.body);
     let (status, (code, _)) = refused("/v1/queues/nope/events", &stream);
     assert_eq!((status, code.as_str()), (404, "unknown_queue"));
     let (status, _) = refused("/v1/queues/%2e%2e/events", &stream);

@@ -2058,8 +2058,6 @@ function ops.fail(ARGV, o)
     else
       emit(EV.retried, id, name, nil, at)
     end
-  elseif outcome == 'paused' then
-    emit(EV.paused, id, name, nil, at)
   end
   if outcome == 'dead' then
     totals.dead = totals.dead + 1
@@ -2080,6 +2078,8 @@ function ops.fail(ARGV, o)
     to_waiting(job)
     local g = group_entry(name)
     g.paused_until = max(g.paused_until, at)
+    -- The group's pause as it ends up: a longer one already set stands.
+    emit(EV.paused, id, name, nil, g.paused_until)
     if g.p then
       g.p.last = max(g.p.last, g.paused_until)
     end

@@ -6,7 +6,7 @@
 //! queue made them. Events are *told*, not kept: a listener sees what happens while it
 //! listens, nothing from before; one that falls behind by more than
 //! [`EVENT_BUFFER`] events is told how many it missed ([`Watched::Missed`]) and goes on
-//! from the newest. For what must not be missed, read the queue's state (`stats`, `job`,
+//! from the oldest event still held. For what must not be missed, read the queue's state (`stats`, `job`,
 //! `jobs`) after a [`Watched::Missed`], or keep results with `keep_completed`.
 //!
 //! A queue nobody listens to pays nothing for its events: the Redis twin collects them only
@@ -43,11 +43,13 @@ pub enum EventKind {
     /// A job goes back to wait for another attempt: after a failure, from
     /// [`Event::at`] on; or a dead job retried by hand, at once.
     Retried,
-    /// A job went to the dead set: its attempts are spent, or its cost grew beyond what its
-    /// policies admit ([`Event::error`] says which).
+    /// A job went to the dead set: a fatal failure, its attempts spent (a failure or a lease
+    /// running out on the last one), or a cost beyond what its policies now admit
+    /// ([`Event::error`] says which).
     Dead,
     /// A lease ran out before its worker reported: the job goes back to the head of its
-    /// group (or, its attempts spent, a [`Dead`](Self::Dead) event follows).
+    /// group (or, its attempts spent, a [`Dead`](Self::Dead) event follows). Told when the
+    /// queue notices, at its first call after the lease's end (its [`Event::time`]).
     LeaseExpired,
     /// A group (or, with no [`Event::group`], the whole queue) was paused until
     /// [`Event::at`]: by hand, or by a worker for its upstream's refusal (with the job's
@@ -187,8 +189,8 @@ pub enum Watched {
     /// A change.
     Event(Event),
     /// The listener fell behind (or its connection to the store was lost and made anew):
-    /// this many events, at least, went by unseen (0: an unknown number, the connection
-    /// having been lost). What follows is from the newest on.
+    /// this many events (in Redis, messages of one call's events each), at least, went by
+    /// unseen (0: an unknown number). What follows is from the oldest event still held on.
     Missed(u64),
 }
 
@@ -262,7 +264,10 @@ impl Events {
         let mut i = 0;
         while i < self.receivers.len() {
             match self.receivers[i].try_recv() {
-                Ok(watched) => return Some(watched),
+                Ok(watched) => {
+                    self.rotate();
+                    return Some(watched);
+                }
                 Err(broadcast::error::TryRecvError::Lagged(n)) => return Some(Watched::Missed(n)),
                 Err(broadcast::error::TryRecvError::Closed) => {
                     self.receivers.swap_remove(i);
@@ -271,6 +276,14 @@ impl Events {
             }
         }
         None
+    }
+
+    /// With several feeds (partitions), the next call asks another first, so that a busy
+    /// one does not keep the others' events waiting.
+    fn rotate(&mut self) {
+        if self.receivers.len() > 1 {
+            self.receivers.rotate_left(1);
+        }
     }
 
     /// The next event (or word of missed ones), waiting for it; `None` once the queue's
@@ -287,7 +300,10 @@ impl Events {
                 }
             };
             match answer {
-                Ok(watched) => return Some(watched),
+                Ok(watched) => {
+                    self.rotate();
+                    return Some(watched);
+                }
                 Err(broadcast::error::RecvError::Lagged(n)) => return Some(Watched::Missed(n)),
                 Err(broadcast::error::RecvError::Closed) => {
                     self.receivers.swap_remove(from);

@@ -421,6 +421,8 @@ impl QueueBackend for MemoryQueue {
     }
 
     fn watch(&self) -> QueueFuture<'_, Result<Vec<broadcast::Receiver<Watched>>, QueueError>> {
+        // Under the core's lock: every call that takes it after this answers keeps its events.
+        let _core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
         ready(Ok(vec![self.events.subscribe()]))
     }
 }

@@ -224,14 +224,22 @@ fn redis_tells_every_handles_events_and_publishes_none_while_nobody_listens() {
         let name = unique_name("events");
         let config = || QueueConfig::new("gcra:rate=100/s,burst=100".parse().unwrap());
         let listener = Queue::new(open_at(&server.url(), &name, config(), None).await);
-        let producer = Queue::new(open_at(&server.url(), &name, config(), None).await);
-        let count_key = format!("{{q:{name}}}:evcount");
+        let producer = open_at(&server.url(), &name, config(), None).await;
+        let count_key = format!("{}evcount", producer.key_base());
+        let producer = Queue::new(producer);
         // Nobody listens: the calls make no events and publish nothing.
         producer
             .enqueue(NewJob::new("g", b"unseen".to_vec()))
             .await
             .unwrap();
         assert_eq!(server.command(&["GET", &count_key]).unwrap().trim(), "$-1");
+        assert_eq!(
+            server
+                .command(&["EXISTS", &count_key.replace("evcount", "watch")])
+                .unwrap()
+                .trim(),
+            ":0"
+        );
 
         let mut events = listener.events().await.unwrap();
         let job = producer
@@ -241,11 +249,33 @@ fn redis_tells_every_handles_events_and_publishes_none_while_nobody_listens() {
         let leased = producer.lease("w", 2, None, Duration::ZERO).await.unwrap();
         assert_eq!(leased.len(), 2);
         let got = next_events(&mut events, 3).await;
+        // Two calls, two messages: the count says so.
+        let count = paceline_testkit::redis_cli(server.port())
+            .args(["GET", &count_key])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&count.stdout).trim(), "2");
         assert_eq!(got[0].kind, EventKind::Enqueued);
         assert_eq!(got[0].id.as_deref(), Some(job.id.as_str()));
         assert_eq!(got[1].kind, EventKind::Started);
         assert_eq!(got[2].kind, EventKind::Started);
         assert!(got.iter().all(|e| e.group.as_deref() == Some("g")));
+
+        // The count of messages goes back (as when a server restarts without its data):
+        // told as missed, then heard as before.
+        server.command(&["SET", &count_key, "0"]).unwrap();
+        let again = producer
+            .enqueue(NewJob::new("g", b"after a reset".to_vec()))
+            .await
+            .unwrap();
+        assert_eq!(
+            tokio::time::timeout(Duration::from_secs(60), events.next())
+                .await
+                .unwrap(),
+            Some(Watched::Missed(0))
+        );
+        let got = next_events(&mut events, 1).await;
+        assert_eq!(got[0].id.as_deref(), Some(again.id.as_str()));
 
         // Its subscription cut: the listener is told, then hears what comes next.
         server

@@ -416,18 +416,21 @@ impl QueueCore {
         let event = |kind| Event::new(kind, now).job(id, &group);
         match outcome {
             FailOutcome::Released | FailOutcome::Repeated => {}
-            FailOutcome::Dead => {
-                let failed = event(EventKind::Failed).attempt(attempt).error(error);
-                self.events.push(|| failed);
-                self.events.push(|| event(EventKind::Dead).error(error));
-            }
-            FailOutcome::Retrying { at } => {
-                let failed = event(EventKind::Failed).attempt(attempt).error(error);
-                self.events.push(|| failed);
-                self.events.push(|| event(EventKind::Retried).at(at));
+            FailOutcome::Dead | FailOutcome::Retrying { .. } => {
+                self.events
+                    .push(|| event(EventKind::Failed).attempt(attempt).error(error));
+                self.events.push(|| match outcome {
+                    FailOutcome::Retrying { at } => event(EventKind::Retried).at(at),
+                    _ => event(EventKind::Dead).error(error),
+                });
             }
             FailOutcome::Paused { until } => {
-                self.events.push(|| event(EventKind::Paused).at(until));
+                // The group's pause as it ends up: a longer one already set stands.
+                let ends = self
+                    .groups
+                    .get(&group)
+                    .map_or(until, |g| g.paused_until.max(until));
+                self.events.push(|| event(EventKind::Paused).at(ends));
             }
         }
         match outcome {

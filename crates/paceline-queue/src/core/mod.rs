@@ -226,7 +226,7 @@ impl QueueCore {
     }
 
     /// Keeps the [`Event`]s of the calls from now on (`true`: someone listens), or none
-    /// (`false`, the default: nobody does, and no event is even made).
+    /// (`false`, the default: nobody does, and no event is made).
     pub fn watch(&mut self, on: bool) {
         self.events.watch(on);
     }

@@ -10,6 +10,7 @@
 //! last message it got a renewal before (its subscription died without a word): it then
 //! subscribes anew and tells its listeners ([`Watched::Missed`]).
 
+use std::cmp::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -107,10 +108,17 @@ async fn follow(follower: Weak<Follower>, mut messages: Payloads, count: u64) {
         match next {
             Ok(Some(payload)) => match decode(&payload) {
                 Ok((n, events)) => {
-                    if n > last.saturating_add(1) {
-                        follower.feed.send(Watched::Missed(n - last - 1));
+                    match n.cmp(&last.saturating_add(1)) {
+                        Ordering::Equal => {}
+                        Ordering::Greater => follower.feed.send(Watched::Missed(n - last - 1)),
+                        // The count went back: the server lost or replaced its data (a
+                        // restart without persistence, a failover, a flush).
+                        Ordering::Less => {
+                            follower.feed.send(Watched::Missed(0));
+                            due = None;
+                        }
                     }
-                    last = last.max(n);
+                    last = n;
                     for event in events {
                         follower.feed.send(Watched::Event(event));
                     }
@@ -141,10 +149,11 @@ async fn follow(follower: Weak<Follower>, mut messages: Payloads, count: u64) {
                 renew_at = tokio::time::Instant::now() + RENEW_EVERY;
                 match follower.register().await {
                     Ok(n) => {
-                        if due.is_some_and(|d| d > last) {
-                            // Messages published a whole period ago never came: the
-                            // subscription is dead without having said so.
-                            let missed = due.map_or(0, |d| d - last);
+                        if n < last || due.is_some_and(|d| d > last) {
+                            // Messages published a whole period ago never came, or the
+                            // count went back (the server lost its data, a failover): the
+                            // subscription may be dead without having said so.
+                            let missed = due.map_or(0, |d| d.saturating_sub(last));
                             follower.feed.send(Watched::Missed(missed));
                             match follow_again(&follower).await {
                                 Some((m, n)) => {
@@ -167,10 +176,18 @@ async fn follow(follower: Weak<Follower>, mut messages: Payloads, count: u64) {
     }
 }
 
-/// Subscribes anew (trying every 200 ms until the store answers, while the follower lives)
-/// and registers; answers the messages and the count then.
+/// Subscribes anew (trying every 200 ms until the store answers, while the follower lives
+/// and has listeners) and registers; answers the messages and the count then.
 async fn follow_again(follower: &Arc<Follower>) -> Option<(Payloads, u64)> {
     loop {
+        if !follower.feed.listened() {
+            let mut task = follower.task.lock().await;
+            if !follower.feed.listened() {
+                // Nobody listens: stop, so as not to say in the queue that someone does.
+                *task = None;
+                return None;
+            }
+        }
         if let Ok(m) = follower.host.subscribe_payloads(&[&follower.channel]).await {
             if let Ok(n) = follower.register().await {
                 return Some((m, n));

@@ -4,9 +4,11 @@
 //! Each change is one `data:` line of JSON (`{"event", "id", "group", "time_ms", ...}`),
 //! then a blank line; a listener that fell behind (or whose instance lost its subscription
 //! to the store) gets `event: missed` with `{"missed": N}` (N at least that many, 0 for an
-//! unknown number) and goes on from the newest. A comment (`: keep-alive`) every 15 s keeps
-//! proxies from closing a quiet stream and finds listeners that went away. The stream
-//! ends when the service stops; a client reconnects (`EventSource` does on its own).
+//! unknown number) and goes on from the oldest event still held. A comment (`: keep-alive`)
+//! every 15 s (more often under a shorter `idle_timeout`) keeps the service and proxies from
+//! closing a quiet stream and finds listeners that went away. The stream ends when the
+//! service stops; a client reconnects (`EventSource` does on its own). A `HEAD` request
+//! answers the stream's head and follows nothing.
 //!
 //! The request must list `text/event-stream` in `Accept` (as `EventSource` does; with curl,
 //! `-H 'Accept: text/event-stream'`): a client that waits for a whole answer would wait
@@ -14,13 +16,13 @@
 
 use std::collections::HashSet;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use paceline_queue::core::UNTIL_RESUMED;
 use paceline_queue::{Event, EventKind, Events, Watched};
@@ -33,8 +35,16 @@ use crate::extract::Authorized;
 use crate::state::AppState;
 use crate::units::unix_ms;
 
-/// How often a quiet stream says it is alive.
+/// How often a quiet stream says it is alive, at most.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// How often a quiet stream says it is alive on a service that closes connections with no
+/// bytes moving for `idle_timeout`: well within it (a stream's request is no longer in
+/// flight once its head is sent), so that a listener that reads is never cut, while one
+/// that stops reading (its socket full, nothing moving) still is.
+fn keep_alive_every(idle_timeout: Duration) -> Duration {
+    (idle_timeout / 3).clamp(Duration::from_millis(10), KEEP_ALIVE)
+}
 
 /// The stream's filters: `?group=G&event=started,acked`.
 #[derive(Deserialize, IntoParams)]
@@ -170,6 +180,7 @@ fn accepts_event_stream(headers: &HeaderMap) -> bool {
             let refused = parts.any(|p| {
                 let p = p.trim();
                 p.strip_prefix("q=")
+                    .or_else(|| p.strip_prefix("Q="))
                     .and_then(|q| q.trim().parse::<f64>().ok())
                     .is_some_and(|q| q <= 0.0)
             });
@@ -197,6 +208,7 @@ pub(super) async fn events(
     State(state): State<Arc<AppState>>,
     _: Authorized,
     QueueAt { queue, .. }: QueueAt,
+    method: Method,
     headers: HeaderMap,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
@@ -210,10 +222,20 @@ pub(super) async fn events(
              EventSource does; with curl, -N -H 'Accept: text/event-stream')",
         ));
     }
-    let events = queue.events().await?;
-    let stopping = state.stopping.subscribe();
-    let body = Body::from_stream(stream(events, filter, stopping));
-    let mut response = body.into_response();
+    let mut response = if method == Method::HEAD {
+        // The head alone: no listener, so the queue is not asked to make events.
+        Body::empty().into_response()
+    } else {
+        let events = queue.events().await?;
+        let stopping = state.stopping.subscribe();
+        let idle = state
+            .base
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .connections
+            .idle_timeout;
+        Body::from_stream(stream(events, filter, stopping, keep_alive_every(idle))).into_response()
+    };
     let h = response.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
@@ -232,9 +254,9 @@ fn stream(
     events: Events,
     filter: Filter,
     stopping: tokio::sync::watch::Receiver<bool>,
+    every: Duration,
 ) -> impl futures_util::Stream<Item = Result<Bytes, Infallible>> + Send {
-    let mut keep_alive =
-        tokio::time::interval_at(tokio::time::Instant::now() + KEEP_ALIVE, KEEP_ALIVE);
+    let mut keep_alive = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     keep_alive.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let first = futures_util::stream::once(std::future::ready(Ok(Bytes::from_static(
         b": paceline queue events\n\n",
@@ -286,8 +308,18 @@ mod tests {
             "text/html, Text/Event-Stream;q=0.5"
         )));
         assert!(!accepts_event_stream(&accept("text/event-stream;q=0")));
+        assert!(!accepts_event_stream(&accept("text/event-stream; Q=0.0")));
         assert!(!accepts_event_stream(&accept("*/*")));
         assert!(!accepts_event_stream(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn a_quiet_stream_speaks_well_within_the_idle_timeout() {
+        for (idle, every) in [(5_000, 1_666), (60_000, 15_000), (100, 33), (1, 10)] {
+            let got = keep_alive_every(Duration::from_millis(idle));
+            assert_eq!(got.as_millis(), every, "idle {idle} ms");
+        }
+        assert!(keep_alive_every(Duration::from_secs(5)) * 2 < Duration::from_secs(5));
     }
 
     #[test]
