@@ -33,7 +33,6 @@ use crate::request::BodyError;
 /// | `unknown_job` | 404 | no job of that id in the queue |
 /// | `unknown_schedule` | 404 | no schedule of that name in the queue |
 /// | `method_not_allowed` | 405 | the endpoint does not take that method |
-/// | `not_acceptable` | 406 | the endpoint answers in a form the request's `Accept` does not list (the events stream: send `Accept: text/event-stream`) |
 /// | `request_timeout` | 408 | the body did not arrive within the service's `body_read_timeout` |
 /// | `conflict` | 409 | the job's state does not allow the call |
 /// | `lease_lost` | 409 | the job's lease is no longer the one given: stop working on the job |
@@ -65,8 +64,6 @@ pub(crate) enum ErrorCode {
     UnknownSchedule,
     /// `405`: the endpoint does not take that method.
     MethodNotAllowed,
-    /// `406`: the endpoint answers in a form the request's `Accept` does not list.
-    NotAcceptable,
     /// `408`: the body did not arrive within the service's `body_read_timeout`.
     RequestTimeout,
     /// `409`: the job's state does not allow the call.
@@ -99,7 +96,6 @@ impl ErrorCode {
             | ErrorCode::UnknownJob
             | ErrorCode::UnknownSchedule => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorCode::NotAcceptable => StatusCode::NOT_ACCEPTABLE,
             ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::Conflict | ErrorCode::LeaseLost => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

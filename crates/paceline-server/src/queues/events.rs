@@ -10,9 +10,11 @@
 //! service stops; a client reconnects (`EventSource` does on its own). A `HEAD` request
 //! answers the stream's head and follows nothing.
 //!
-//! The request must list `text/event-stream` in `Accept` (as `EventSource` does; with curl,
-//! `-H 'Accept: text/event-stream'`): a client that waits for a whole answer would wait
-//! forever, so it gets `406 not_acceptable` saying what to send.
+//! The stream follows the queue for a request that lists `text/event-stream` in `Accept`
+//! (as `EventSource` and SSE client libraries do; with curl, `-N -H 'Accept:
+//! text/event-stream'`). Any other request (`Accept: */*`, a client that reads whole
+//! answers and would wait forever) gets the stream's opening and a comment saying what to
+//! send to follow, and the answer ends there: a `200` of the same type, never a hang.
 
 use std::collections::HashSet;
 use std::convert::Infallible;
@@ -30,10 +32,15 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::QueueAt;
-use crate::error::{ApiError, Envelope, ErrorCode};
+use crate::error::{ApiError, Envelope};
 use crate::extract::Authorized;
 use crate::state::AppState;
 use crate::units::unix_ms;
+
+/// The whole answer to a request that does not accept an event stream.
+const NOT_FOLLOWING: &str = ": paceline queue events\n\n: this answer ends here; to follow the \
+                             queue's events, send Accept: text/event-stream (with curl: -N -H \
+                             'Accept: text/event-stream')\n\n";
 
 /// How often a quiet stream says it is alive, at most.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -196,11 +203,10 @@ fn accepts_event_stream(headers: &HeaderMap) -> bool {
     operation_id = "queue_events",
     params(("queue" = String, Path, description = "A configured queue's name"), EventsQuery),
     responses(
-        (status = 200, description = "A stream of Server-Sent Events that lasts until the client or the service goes: each change one `data:` line holding a `QueueEvent`; `event: missed` with `{\"missed\": N}` when the listener fell behind; `: keep-alive` comments every 15 s", content_type = "text/event-stream", body = String),
+        (status = 200, description = "With `Accept: text/event-stream`: a stream of Server-Sent Events that lasts until the client or the service goes: each change one `data:` line holding a `QueueEvent`; `event: missed` with `{\"missed\": N}` when the listener fell behind; `: keep-alive` comments (every 15 s at most). Without it: two comment lines saying what to send to follow the queue, and the end", content_type = "text/event-stream", body = String),
         (status = 400, description = "`invalid_argument`: `group` or `event` is wrong (`field` names it)", body = Envelope),
         (status = 401, description = "`unauthenticated`", body = Envelope),
         (status = 404, description = "`unknown_queue`", body = Envelope),
-        (status = 406, description = "`not_acceptable`: the request's `Accept` does not list `text/event-stream`", body = Envelope),
         (status = 503, description = "`store_unavailable`: the store did not answer the subscription", body = Envelope),
     )
 )]
@@ -214,15 +220,10 @@ pub(super) async fn events(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::invalid("query", e.body_text()))?;
     let filter = Filter::of(query)?;
-    if !accepts_event_stream(&headers) {
-        return Err(ApiError::new(
-            ErrorCode::NotAcceptable,
-            "accept",
-            "this endpoint streams Server-Sent Events: send `Accept: text/event-stream` (as \
-             EventSource does; with curl, -N -H 'Accept: text/event-stream')",
-        ));
-    }
-    let mut response = if method == Method::HEAD {
+    let mut response = if !accepts_event_stream(&headers) {
+        // A client that reads whole answers: told how to follow, not kept waiting.
+        Body::from(NOT_FOLLOWING).into_response()
+    } else if method == Method::HEAD {
         // The head alone: no listener, so the queue is not asked to make events.
         Body::empty().into_response()
     } else {
