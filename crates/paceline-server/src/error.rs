@@ -34,7 +34,7 @@ use crate::request::BodyError;
 /// | `unknown_schedule` | 404 | no schedule of that name in the queue |
 /// | `method_not_allowed` | 405 | the endpoint does not take that method |
 /// | `request_timeout` | 408 | the body did not arrive within the service's `body_read_timeout` |
-/// | `conflict` | 409 | the job's state does not allow the call |
+/// | `conflict` | 409 | the job's state does not allow the call; or a reload of a service started without a config file |
 /// | `lease_lost` | 409 | the job's lease is no longer the one given: stop working on the job |
 /// | `payload_too_large` | 413 | the body is over the endpoint's limit |
 /// | `invalid_config` | 422 | the config file did not load on a reload |
@@ -66,7 +66,7 @@ pub(crate) enum ErrorCode {
     MethodNotAllowed,
     /// `408`: the body did not arrive within the service's `body_read_timeout`.
     RequestTimeout,
-    /// `409`: the job's state does not allow the call.
+    /// `409`: the job's state does not allow the call, or there is no config to reload.
     Conflict,
     /// `409`: the job's lease is no longer the one given.
     LeaseLost,
