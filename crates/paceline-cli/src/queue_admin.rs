@@ -198,7 +198,8 @@ async fn act(action: Action) -> Result<ExitCode, QueueError> {
             let queue = attach(&target).await?;
             if let Some(spec) = set {
                 let policy: Policy = spec.parse().map_err(|e: InputError| {
-                    InputError::new(format!("set.{}", e.field()), e.message().to_string())
+                    let field = format!("set.{}", e.field());
+                    e.renamed(field)
                 })?;
                 queue.set_policy(&group, Some(&policy)).await?;
             } else if unset {

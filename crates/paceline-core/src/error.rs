@@ -16,11 +16,21 @@ use std::sync::Arc;
 /// let err = "gcra:rate=0/s".parse::<Policy>().unwrap_err();
 /// assert_eq!(err.field(), "rate");
 /// assert!(err.to_string().contains("greater than zero"));
+/// assert!(!err.is_beyond_policy());
 /// ```
+///
+/// Most input errors are malformed input, wrong whatever the configuration. One kind is not:
+/// a value well formed in itself that is more than the policy it is counted against can
+/// ever admit (a `cost` above a `gcra`'s burst with `limit`, a job's cost above its group's
+/// limit). Such an error is [`is_beyond_policy`](InputError::is_beyond_policy): the request
+/// conflicts with the policy as configured (the HTTP service answers it `409 conflict`,
+/// other input errors `400`), and the mark is kept when the field is
+/// [`renamed`](InputError::renamed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InputError {
     field: Cow<'static, str>,
     message: String,
+    beyond_policy: bool,
 }
 
 impl InputError {
@@ -29,6 +39,48 @@ impl InputError {
         InputError {
             field: field.into(),
             message: message.into(),
+            beyond_policy: false,
+        }
+    }
+
+    /// An error about `field`, a value more than the policy it is counted against can ever
+    /// admit; `message` says what the policy admits at most and what to do.
+    ///
+    /// ```
+    /// use paceline_core::{Op, Policy};
+    /// let policy: Policy = "gcra:rate=10/s,burst=10".parse().unwrap();
+    /// let err = policy.check_cost(Op::Limit, 11).unwrap_err();
+    /// assert_eq!(err.field(), "cost");
+    /// assert!(err.is_beyond_policy());
+    /// assert!(!policy.check_cost(Op::Limit, 0).unwrap_err().is_beyond_policy());
+    /// ```
+    pub fn beyond_policy(field: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
+        InputError {
+            beyond_policy: true,
+            ..InputError::new(field, message)
+        }
+    }
+
+    /// Whether the value is well formed but more than its policy can ever admit
+    /// ([`InputError::beyond_policy`]): a conflict with the configuration rather than
+    /// malformed input.
+    pub fn is_beyond_policy(&self) -> bool {
+        self.beyond_policy
+    }
+
+    /// The same error about `field` instead (the field's name where the caller sent it:
+    /// `limits[1].cost`, `policy.rate`), with its message and its kind.
+    ///
+    /// ```
+    /// use paceline_core::InputError;
+    /// let e = InputError::beyond_policy("cost", "at most 10").renamed("limits[1].cost");
+    /// assert_eq!((e.field(), e.message()), ("limits[1].cost", "at most 10"));
+    /// assert!(e.is_beyond_policy());
+    /// ```
+    pub fn renamed(self, field: impl Into<Cow<'static, str>>) -> Self {
+        InputError {
+            field: field.into(),
+            ..self
         }
     }
 

@@ -293,7 +293,7 @@ impl QueueConfig {
             check_policy("queue_policy", policy)?;
         }
         for (group, policy) in &self.groups {
-            check_group(group).map_err(|e| InputError::new("groups", e.message().to_string()))?;
+            check_group(group).map_err(|e| e.renamed("groups"))?;
             check_policy(&format!("groups.{group}"), policy)?;
         }
         if self.max_attempts == 0 || self.max_attempts > MAX_ATTEMPTS {

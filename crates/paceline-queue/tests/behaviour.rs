@@ -571,13 +571,23 @@ fn a_job_s_cost_counts_against_its_policies() {
     }
     // a: 4 + 4; b: 4, then the queue's 12 are spent.
     assert_eq!(q.lease(0, "w", 10, None).unwrap().len(), 3);
+    // More than the group's limit: beyond what its policy can ever admit (a conflict with
+    // it); a cost of 0 is malformed.
     let e = q
         .enqueue(0, NewJob::new("a", b"y".to_vec()).cost(11))
         .unwrap_err();
+    assert!(
+        matches!(&e, QueueError::Input(e) if e.is_beyond_policy()),
+        "{e:?}"
+    );
     assert_eq!(field(e), "cost");
     let e = q
         .enqueue(0, NewJob::new("a", b"y".to_vec()).cost(0))
         .unwrap_err();
+    assert!(
+        matches!(&e, QueueError::Input(e) if !e.is_beyond_policy()),
+        "{e:?}"
+    );
     assert_eq!(field(e), "cost");
     let e = q
         .enqueue(0, NewJob::new("a", b"y".to_vec()).priority(10))

@@ -374,9 +374,10 @@ pub(crate) fn meeting(
 }
 
 /// The error of a `pace` set whose limits' slots did not meet within [`MAX_PACE_ROUNDS`]
-/// and [`MAX_PACE_SET_DELAY_US`] (on every store).
+/// and [`MAX_PACE_SET_DELAY_US`] (on every store): a well-formed set that its policies, as
+/// configured, cannot admit together ([`InputError::is_beyond_policy`]).
 pub(crate) fn unmet() -> InputError {
-    InputError::new(
+    InputError::beyond_policy(
         "op",
         format!(
             "the limits' free slots do not meet within {MAX_PACE_ROUNDS} rounds and 104 \

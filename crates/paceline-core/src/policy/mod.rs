@@ -463,7 +463,7 @@ impl Policy {
             max_wait: Some(wait),
         } = op
         {
-            return InputError::new(
+            return InputError::beyond_policy(
                 "cost",
                 format!(
                     "{cost} can never be admitted by `{}` within a max_wait of {wait:?} (at most {max}); raise max_wait or lower the cost",
@@ -471,7 +471,7 @@ impl Policy {
                 ),
             );
         }
-        InputError::new(
+        InputError::beyond_policy(
             "cost",
             format!(
                 "{cost} can never be admitted by `{}` with `{}` (at most {max} at once); \
@@ -792,14 +792,20 @@ mod tests {
             p.apply(&mut state, 0, Op::Limit, 0).unwrap_err().field(),
             "cost"
         );
+        assert!(!p
+            .apply(&mut state, 0, Op::Limit, 0)
+            .unwrap_err()
+            .is_beyond_policy());
         let e = p.apply(&mut state, 0, Op::pace(), 4).unwrap_err();
         assert!(e.message().contains("never be admitted"), "{e}");
-        assert_eq!(
-            p.apply(&mut state, 0, Op::Limit, MAX_COUNT + 1)
-                .unwrap_err()
-                .field(),
-            "cost"
-        );
+        assert!(e.is_beyond_policy(), "{e}");
+        let waited = p.apply(&mut state, 0, Op::pace_within(Duration::from_secs(1)), 4);
+        assert!(waited.is_err_and(|e| e.is_beyond_policy()));
+        let huge = p
+            .apply(&mut state, 0, Op::Limit, MAX_COUNT + 1)
+            .unwrap_err();
+        assert_eq!(huge.field(), "cost");
+        assert!(!huge.is_beyond_policy(), "{huge}");
         assert_eq!(state, None);
     }
 

@@ -53,9 +53,10 @@ pub(crate) fn check_size(field: &'static str, data: &[u8], max: usize) -> Result
 }
 
 /// The error for a job costing `cost` in a group whose policy, or the queue's own, can
-/// admit at most `max` a start.
+/// admit at most `max` a start: beyond what the policies can ever admit (a conflict with
+/// them, not malformed input), in memory as from the Redis twin's `costly`.
 pub(crate) fn cost_beyond(cost: u32, max: u64) -> InputError {
-    InputError::new(
+    InputError::beyond_policy(
         "cost",
         format!(
             "is {cost}, but the group's policy or the queue's own admits at most {max} a start: \
