@@ -1425,9 +1425,9 @@ on_memory_and_redis!(
 
 /// Priorities and costs over HTTP: within a group jobs start by priority, then in order;
 /// across groups, the one whose next job is more urgent first; a job's cost counts against
-/// its group's policy, one its policies can never admit is refused, and a waiting one whose
-/// policy changed to one that can never admit it goes to the dead set, saying why; bad
-/// priorities and costs are `400`s naming them, adding nothing.
+/// its group's policy, one its policies can never admit is a `409 conflict` naming `cost`,
+/// and a waiting one whose policy changed to one that can never admit it goes to the dead
+/// set, saying why; bad priorities and costs are `400`s naming them, adding nothing.
 fn prioritising_and_costing_jobs(p: u16) {
     let put = |body: &str| post(p, "/v1/queues/roles/jobs", body);
     for (payload, priority) in [(1, Some(5)), (2, None), (3, Some(9)), (4, Some(0))] {
@@ -1475,13 +1475,13 @@ fn prioritising_and_costing_jobs(p: u16) {
     assert_eq!(job(p, &ids[0])["cost"], serde_json::json!(3));
     let started = lease(p, r#"{"worker": "w", "max_jobs": 10, "lease_ms": 60000}"#);
     assert_eq!(started.len(), 3, "{started:?}");
-    // More than the group's policy can ever admit a start: refused, naming `cost`.
+    // More than the group's policy can ever admit a start: a conflict, naming `cost`.
     let r = put(r#"{"group": "guild:slow", "payload": 1, "cost": 2}"#);
-    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.status, 409, "{}", r.body);
     let (code, named) = r.error();
     assert_eq!(
         (code.as_str(), named.as_str()),
-        ("invalid_argument", "cost"),
+        ("conflict", "cost"),
         "{}",
         r.body
     );
@@ -1528,6 +1528,112 @@ fn prioritising_and_costing_jobs(p: u16) {
 on_memory_and_redis!(
     prioritising_and_costing_jobs: prioritising_and_costing_jobs_on_memory,
     prioritising_and_costing_jobs_on_redis
+);
+
+/// A cost more than its policy can ever admit, on the real service: a `409 conflict` naming
+/// the cost (`limits[1].cost` in a set, an entry's own in a batch), saying the most the
+/// policy admits, that takes nothing: a decision's key keeps its whole burst, no lease is
+/// held, no job is added.
+fn a_cost_beyond_the_policy_is_a_conflict_that_takes_nothing(p: u16) {
+    let conflict = |r: &Reply, field: &str, most: &str| {
+        assert_eq!(r.status, 409, "{}", r.body);
+        assert_eq!(
+            r.error(),
+            ("conflict".to_string(), field.to_string()),
+            "{}",
+            r.body
+        );
+        assert!(r.body.contains(most), "{}", r.body);
+    };
+    let gcra = "gcra:rate=10/s,burst=10";
+    // A decision: cost 11 against a burst of 10, with `limit`.
+    let decide = |key: &str, cost: u64| {
+        let body =
+            format!(r#"{{"policy": "{gcra}", "key": "{key}", "op": "limit", "cost": {cost}}}"#);
+        post(p, "/v1/decisions", &body)
+    };
+    conflict(&decide("k", 11), "cost", "at most 10");
+    // A set: the second limit's cost is its own field.
+    let set = format!(
+        r#"{{"limits": [{{"policy": "{gcra}", "key": "s"}},
+            {{"policy": "fixed_window:limit=3,window=1h", "key": "t", "cost": 4}}]}}"#
+    );
+    conflict(
+        &post(p, "/v1/decisions", &set),
+        "limits[1].cost",
+        "at most 3",
+    );
+    // A paced set whose limits' free slots never meet: a conflict with its policies too.
+    let apart = r#"{"op": "pace", "cost": 1718, "limits": [
+        {"policy": "fixed_window:limit=7980,window=5h", "key": "m"},
+        {"policy": "gcra:rate=5/s,burst=3106", "key": "n", "cost": 1},
+        {"policy": "gcra:rate=35/h,burst=8", "key": "o", "cost": 707}]}"#;
+    conflict(&post(p, "/v1/decisions", apart), "op", "do not meet");
+    let whole =
+        r#"{"policy": "gcra:rate=5/s,burst=3106", "key": "n", "op": "limit", "cost": 3106}"#;
+    let r = post(p, "/v1/decisions", whole);
+    assert_eq!(
+        (r.status, &r.json()["remaining"]),
+        (200, &serde_json::json!(0)),
+        "{}",
+        r.body
+    );
+    // A batch: the entry's own status and error, the other entry decided.
+    let batch = format!(
+        r#"[{{"policy": "{gcra}", "key": "b", "op": "limit", "cost": 11}},
+            {{"policy": "{gcra}", "key": "b2", "op": "limit"}}]"#
+    );
+    let r = post(p, "/v1/decisions/batch", &batch);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let entries = r.json();
+    assert_eq!(entries[0]["status"], 409, "{entries}");
+    assert_eq!(entries[0]["error"]["code"], "conflict", "{entries}");
+    assert_eq!(entries[0]["error"]["field"], "cost", "{entries}");
+    assert_eq!(entries[1]["status"], 200, "{entries}");
+    // Nothing was taken: every key refused above still admits its whole burst at once.
+    for key in ["k", "s", "b"] {
+        let r = decide(key, 10);
+        assert_eq!(r.status, 200, "{key}: {}", r.body);
+        assert_eq!(r.json()["remaining"], 0, "{key}: {}", r.body);
+    }
+    let window =
+        r#"{"policy": "fixed_window:limit=3,window=1h", "key": "t", "op": "limit", "cost": 3}"#;
+    assert_eq!(post(p, "/v1/decisions", window).status, 200);
+    // A concurrency lease of more than the limit: none held, so the limit's worth is.
+    let slots = "concurrency:limit=2,lease=30s";
+    let take = |cost: u64| {
+        let body = format!(r#"{{"policy": "{slots}", "key": "c", "cost": {cost}}}"#);
+        post(p, "/v1/leases", &body)
+    };
+    conflict(&take(3), "cost", "at most 2");
+    let r = take(2);
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.json()["remaining"], 0, "{}", r.body);
+    // An enqueue of more than the group's policy admits a start, alone and in a batch.
+    let before = counts(p);
+    let job = r#"{"group": "guild:slow", "payload": 1, "cost": 2}"#;
+    conflict(&post(p, "/v1/queues/roles/jobs", job), "cost", "at most 1");
+    assert_eq!(counts(p), before, "nothing added");
+    let jobs = format!(r#"[{job}, {{"group": "guild:slow", "payload": 2}}]"#);
+    let r = post(p, "/v1/queues/roles/jobs/batch", &jobs);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let entries = r.json();
+    assert_eq!(entries[0]["status"], 409, "{entries}");
+    assert_eq!(entries[0]["error"]["code"], "conflict", "{entries}");
+    assert_eq!(entries[0]["error"]["field"], "cost", "{entries}");
+    assert_eq!(entries[1]["status"], 201, "{entries}");
+    let [scheduled, waiting, active, dead] = counts(p);
+    assert_eq!(
+        [scheduled, waiting.map(|n| n - 1), active, dead],
+        before,
+        "only the job within its policy added"
+    );
+}
+
+on_memory_and_redis!(
+    a_cost_beyond_the_policy_is_a_conflict_that_takes_nothing:
+        a_cost_beyond_the_policy_is_a_conflict_on_memory,
+    a_cost_beyond_the_policy_is_a_conflict_on_redis
 );
 
 /// Jobs listed by state over HTTP: waiting ones by group then place in line (one group's

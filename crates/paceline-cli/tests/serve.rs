@@ -109,6 +109,7 @@ fn decisions_headers_batch_reset_policies_and_health() {
 
 #[test]
 fn every_bad_input_is_a_clear_4xx() {
+    // (A cost more than the policy can ever admit is well formed: a `409 conflict`.)
     let dir = tempfile::tempdir().expect("temp dir");
     let config = write(dir.path(), "paceline.toml", CONFIG);
     let s = start(&["--config", &config]);
@@ -148,8 +149,8 @@ fn every_bad_input_is_a_clear_4xx() {
         ),
         (
             r#"{"policy": "discord-roles", "key": "k", "cost": 3}"#,
-            400,
-            "invalid_argument",
+            409,
+            "conflict",
             "cost",
         ),
         (

@@ -34,7 +34,7 @@ use crate::request::BodyError;
 /// | `unknown_schedule` | 404 | no schedule of that name in the queue |
 /// | `method_not_allowed` | 405 | the endpoint does not take that method |
 /// | `request_timeout` | 408 | the body did not arrive within the service's `body_read_timeout` |
-/// | `conflict` | 409 | the job's state does not allow the call; or a reload of a service started without a config file |
+/// | `conflict` | 409 | the job's state does not allow the call; a cost more than its policy can ever admit (a limit's, a burst's; `field` names the cost), or a paced set whose limits' free slots do not meet (`op`); or a reload of a service started without a config file |
 /// | `lease_lost` | 409 | the job's lease is no longer the one given: stop working on the job |
 /// | `payload_too_large` | 413 | the body is over the endpoint's limit |
 /// | `invalid_config` | 422 | the config file did not load on a reload |
@@ -66,7 +66,8 @@ pub(crate) enum ErrorCode {
     MethodNotAllowed,
     /// `408`: the body did not arrive within the service's `body_read_timeout`.
     RequestTimeout,
-    /// `409`: the job's state does not allow the call, or there is no config to reload.
+    /// `409`: the job's state does not allow the call, a cost is more than its policy can
+    /// ever admit, or there is no config to reload.
     Conflict,
     /// `409`: the job's lease is no longer the one given.
     LeaseLost,
@@ -134,9 +135,16 @@ impl ApiError {
         ApiError::new(ErrorCode::InvalidArgument, field, message)
     }
 
-    /// Bad input, named by its field.
+    /// Bad input, named by its field: `400 invalid_argument`, or `409 conflict` for a value
+    /// more than its policy can ever admit ([`InputError::is_beyond_policy`]: a cost above
+    /// a limit or a burst), which no request of that shape can fix but a policy changed can.
     pub(crate) fn input(e: &InputError) -> ApiError {
-        ApiError::invalid(e.field(), e.message())
+        let code = if e.is_beyond_policy() {
+            ErrorCode::Conflict
+        } else {
+            ErrorCode::InvalidArgument
+        };
+        ApiError::new(code, e.field(), e.message())
     }
 
     /// `404 unknown_policy`: no policy `name`, named in `field`.
@@ -182,7 +190,8 @@ impl From<BodyError> for ApiError {
     }
 }
 
-/// A store call that failed: bad input is `400`, a store that does not answer (or is
+/// A store call that failed: bad input is `400` (`409` for a cost its policy can never
+/// admit), a store that does not answer (or is
 /// full) `503`, anything else `500`.
 impl From<paceline_store::Error> for ApiError {
     fn from(e: paceline_store::Error) -> ApiError {
@@ -255,6 +264,30 @@ mod tests {
             let printed = serde_json::to_string(&code).unwrap_or_default();
             assert_eq!(printed, format!("\"{name}\""));
             assert_eq!(code.status().as_u16(), status, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_cost_beyond_its_policy_is_a_conflict_and_other_bad_input_invalid() {
+        let beyond = InputError::beyond_policy("cost", "at most 10 at once");
+        for (e, code, field) in [
+            (beyond.clone(), ErrorCode::Conflict, "cost"),
+            (
+                beyond.renamed("limits[1].cost"),
+                ErrorCode::Conflict,
+                "limits[1].cost",
+            ),
+            (
+                InputError::new("cost", "must be at least 1"),
+                ErrorCode::InvalidArgument,
+                "cost",
+            ),
+        ] {
+            let answer = ApiError::input(&e);
+            assert_eq!((answer.code, answer.field.as_str()), (code, field));
+            assert_eq!(answer.message, e.message());
+            let from_store = ApiError::from(paceline_store::Error::Input(e));
+            assert_eq!(from_store.status(), code.status());
         }
     }
 

@@ -141,6 +141,7 @@ struct LeaseBody<'a> {
         (status = 403, description = "`inline_policies_disabled`", body = Envelope),
         (status = 404, description = "`unknown_policy`", body = Envelope),
         (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 409, description = "`conflict`: a `cost` more than the policy's `limit` (it can never be admitted); no lease taken", body = Envelope),
         (status = 413, description = "`payload_too_large`: the body is over 64 KiB", body = Envelope),
         (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
     )

@@ -164,7 +164,8 @@ impl Live {
             return Ok((policy.clone(), store_key(namespace, key)));
         }
         let policy: Policy = spec.parse().map_err(|e: InputError| {
-            ApiError::invalid(format!("{field}.{}", e.field()), e.message().to_string())
+            let at = format!("{field}.{}", e.field());
+            ApiError::input(&e.renamed(at))
         })?;
         // The canonical spec keeps equal policies on the same keys.
         let namespace = format!("~{policy}");

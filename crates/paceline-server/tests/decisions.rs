@@ -296,8 +296,13 @@ async fn bad_sets_are_400s_naming_the_field() {
         ),
         (
             json!({"limits": [limit("per-day", "a")], "cost": 4}),
-            400,
+            409,
             "limits[0].cost",
+        ),
+        (
+            json!({"limits": [limit("per-day", "a"), {"policy": "per-day", "key": "b", "cost": 4}]}),
+            409,
+            "limits[1].cost",
         ),
         (json!({"limits": "per-day"}), 400, "limits"),
     ] {

@@ -108,6 +108,7 @@ enum DecisionAnswer<'a> {
         (status = 403, description = "`inline_policies_disabled`: an inline spec while the service takes configured names only", body = Envelope),
         (status = 404, description = "`unknown_policy`: no configured policy of that name", body = Envelope),
         (status = 408, description = "`request_timeout`: the body did not arrive in time", body = Envelope),
+        (status = 409, description = "`conflict`: a cost more than its policy can ever admit (`field` names it: `cost`, `limits[i].cost`; the message says the most it admits), or a paced set whose limits' free slots do not meet (`op`); nothing counted", body = Envelope),
         (status = 413, description = "`payload_too_large`: the body is over 64 KiB", body = Envelope),
         (status = 503, description = "`store_unavailable` or `store_full`: the store failed and the failure policy refuses", body = Envelope),
     )
@@ -156,7 +157,7 @@ enum BatchItem<'a> {
     operation_id = "decide_batch",
     request_body(content = Vec<RawAsk>, description = "Up to 1000 single-limit requests (no `limits`)"),
     responses(
-        (status = 200, description = "One entry per request, in order, each with its own `status`", body = Vec<BatchItem>),
+        (status = 200, description = "One entry per request, in order, each with its own `status` (an error's as `POST /v1/decisions` answers it: `409 conflict` for a cost its policy can never admit)", body = Vec<BatchItem>),
         (status = 400, description = "`invalid_argument`: the body is no array, or holds over 1000 requests", body = Envelope),
         (status = 401, description = "`unauthenticated`", body = Envelope),
         (status = 408, description = "`request_timeout`", body = Envelope),

@@ -123,10 +123,10 @@ impl<'a> SetAsk<'a> {
             let cost = cost_field(raw.cost.as_ref(), &field("cost"))?.unwrap_or(cost);
             let resolved = live.resolve(spec, key, &field("policy"))?;
             // A cost this limit can never admit is its own entry's fault.
-            resolved
-                .policy
-                .check_cost(op, cost)
-                .map_err(|e| ApiError::invalid(field(e.field()), e.message()))?;
+            resolved.policy.check_cost(op, cost).map_err(|e| {
+                let at = field(e.field());
+                ApiError::input(&e.renamed(at))
+            })?;
             if let Some(j) = parts.iter().position(|p| p.store_key == resolved.store_key) {
                 return Err(ApiError::invalid(
                     format!("limits[{i}]"),
@@ -225,7 +225,7 @@ impl<'a> SetAsk<'a> {
         Ok(rate_limited(status_of(combined), body, &named, combined))
     }
 
-    /// The `400` for the store's refusal of the set's input. Keys in different hash slots
+    /// The error for the store's refusal of the set's input. Keys in different hash slots
     /// of a Redis Cluster are named as the request gave them, with the limits whose keys
     /// they are (the store's keys, `NAMESPACE:KEY`, are the service's own business).
     fn input_error(&self, store: &SharedStore, e: &InputError) -> ApiError {

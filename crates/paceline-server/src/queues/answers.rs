@@ -28,7 +28,7 @@ impl From<QueueError> for ApiError {
             // The core's not-before bound depends on the queue's clock: its field is the
             // API's in milliseconds.
             QueueError::Input(e) if e.field() == "not_before" => {
-                ApiError::invalid("not_before_ms", e.message())
+                ApiError::input(&e.renamed("not_before_ms"))
             }
             // The core names the fields the API has (the delay is checked as `delay_ms`
             // before).

@@ -218,6 +218,7 @@ fn queue(state: &AppState, name: &str) -> Result<Queue, ApiError> {
         (status = 401, description = "`unauthenticated`", body = Envelope),
         (status = 404, description = "`unknown_queue`", body = Envelope),
         (status = 408, description = "`request_timeout`", body = Envelope),
+        (status = 409, description = "`conflict`: a `cost` more than the group's policy or the queue's own can ever admit a start; nothing added", body = Envelope),
         (status = 413, description = "`payload_too_large`", body = Envelope),
         (status = 503, description = "`store_unavailable` or `store_full`", body = Envelope),
     )
@@ -243,7 +244,7 @@ async fn enqueue(
     params(("queue" = String, Path, description = "A configured queue's name")),
     request_body(content = Vec<EnqueueBody>, description = "Up to 1000 jobs"),
     responses(
-        (status = 200, description = "One entry per job, in order, each with its own `status`", body = Vec<BatchEntry>),
+        (status = 200, description = "One entry per job, in order, each with its own `status` (an error's as one enqueue answers it: `409 conflict` for a cost its policies can never admit)", body = Vec<BatchEntry>),
         (status = 400, description = "`invalid_argument`: a field or the body is wrong (`field` names it)", body = Envelope),
         (status = 401, description = "`unauthenticated`", body = Envelope),
         (status = 404, description = "`unknown_queue`", body = Envelope),
@@ -765,8 +766,7 @@ async fn list_schedules(
     )
 )]
 async fn get_schedule(_: Authorized, at: GroupAt) -> Result<Response, ApiError> {
-    paceline_queue::schedule::check_schedule_name(&at.group)
-        .map_err(|e| ApiError::invalid(e.field(), e.message()))?;
+    paceline_queue::schedule::check_schedule_name(&at.group).map_err(|e| ApiError::input(&e))?;
     let kept = at.queue.schedules().await?;
     match kept.iter().find(|s| s.name == at.group) {
         Some(s) => Ok(Json(ScheduleBodyOut::new(s)).into_response()),

@@ -503,7 +503,8 @@ impl PolicyBody {
             ));
         }
         spec.parse().map_err(|e: InputError| {
-            ApiError::invalid(format!("policy.{}", e.field()), e.message().to_string())
+            let field = format!("policy.{}", e.field());
+            ApiError::input(&e.renamed(field))
         })
     }
 }
