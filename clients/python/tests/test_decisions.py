@@ -9,6 +9,7 @@ import pytest
 from paceline import (
     AsyncClient,
     Client,
+    Conflict,
     InvalidArgument,
     Limit,
     PacelineError,
@@ -94,9 +95,16 @@ def test_errors_carry_the_service_s_code_and_field(url: str, unique: str) -> Non
             client.limit("api", "")
         with pytest.raises(InvalidArgument) as cost:
             client.limit("api", unique, cost=0)
+        # More than `api` (a burst of 2) can ever admit: a conflict with the policy.
+        with pytest.raises(Conflict) as beyond:
+            client.limit("api", unique, cost=3)
+        whole = client.limit("api", unique, cost=2)
     assert (unknown.value.status, unknown.value.code, unknown.value.field) == (404, "unknown_policy", "policy")
     assert (bad.value.code, bad.value.field) == ("invalid_argument", "key")
     assert cost.value.field == "cost"
+    assert (beyond.value.status, beyond.value.code, beyond.value.field) == (409, "conflict", "cost")
+    assert "at most 2" in beyond.value.message
+    assert whole.allowed, "nothing was counted for the conflict"
     assert "uploads" in unknown.value.message
 
 

@@ -37,7 +37,8 @@ export class UnknownQueue extends NotFound {}
 export class UnknownJob extends NotFound {}
 /** `404 unknown_schedule`. */
 export class UnknownSchedule extends NotFound {}
-/** `409 conflict`: the job's state does not allow the call. */
+/** `409 conflict`: the job's state does not allow the call, or a `cost` is more than its
+ * policy can ever admit (`field` names it; nothing was counted or added). */
 export class Conflict extends PacelineError {}
 /** `409 lease_lost`: the job's lease is no longer this one: stop working on the job. */
 export class LeaseLost extends Conflict {}

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 
-import { Client, InvalidArgument, PacelineError, RateLimited, Unauthenticated, UnknownPolicy } from "../dist/index.js";
+import { Client, Conflict, InvalidArgument, PacelineError, RateLimited, Unauthenticated, UnknownPolicy } from "../dist/index.js";
 import { startService, STORES, unique } from "./service.mjs";
 
 for (const store of STORES) {
@@ -86,6 +86,15 @@ for (const store of STORES) {
       });
       await assert.rejects(client.limit("api", ""), (e) => e instanceof InvalidArgument && e.field === "key");
       await assert.rejects(client.limit("api", "k", 0), (e) => e instanceof InvalidArgument && e.field === "cost");
+      // More than `api` (a burst of 2) can ever admit: a conflict with the policy, nothing counted.
+      const key = unique("beyond");
+      await assert.rejects(client.limit("api", key, 3), (e) => {
+        assert.ok(e instanceof Conflict);
+        assert.deepEqual([e.status, e.code, e.field], [409, "conflict", "cost"]);
+        assert.match(e.detail, /at most 2/);
+        return true;
+      });
+      assert.equal((await client.limit("api", key, 2)).allowed, true);
     });
 
     test("a lease is held while its work runs and given back after", async () => {

@@ -61,7 +61,8 @@ class UnknownSchedule(NotFound):
 
 
 class Conflict(PacelineError):
-    """``409 conflict``: the job's state does not allow the call."""
+    """``409 conflict``: the job's state does not allow the call, or a ``cost`` is more
+    than its policy can ever admit (``field`` names it; nothing was counted or added)."""
 
 
 class LeaseLost(Conflict):
