@@ -348,7 +348,10 @@ impl Stores {
                     let mut builder = RedisStore::builder(url, FailurePolicy::FailClosed)
                         .prefix(prefix)
                         .clock(Arc::new(clock))
-                        .response_timeout(Duration::from_secs(10));
+                        .response_timeout(Duration::from_secs(10))
+                        // A loaded test machine's shared server may be running another
+                        // test's long script as the connection is made.
+                        .connect_timeout(Duration::from_secs(10));
                     if let Some(linger) = batch {
                         builder = builder.auto_batch(linger);
                     }

@@ -12,6 +12,9 @@ use std::time::Duration;
 pub async fn connect(url: &str) -> paceline_store::redis::RedisStore {
     paceline_store::redis::RedisStore::builder(url, paceline_store::FailurePolicy::FailClosed)
         .response_timeout(Duration::from_secs(5))
+        // A loaded test machine's shared server may be running another test's long script
+        // as the connection is made.
+        .connect_timeout(Duration::from_secs(10))
         .connect()
         .await
         .expect("the test's Redis is up")
@@ -30,7 +33,8 @@ pub async fn redis_store_on(
         paceline_store::redis::RedisStore::builder(url, paceline_store::FailurePolicy::FailClosed)
             .prefix(prefix)
             .clock(std::sync::Arc::new(clock.clone()))
-            .response_timeout(std::time::Duration::from_secs(10));
+            .response_timeout(std::time::Duration::from_secs(10))
+            .connect_timeout(std::time::Duration::from_secs(10));
     if scripts_only {
         builder = builder.scripts_only();
     }
