@@ -243,6 +243,8 @@ pub(crate) fn run(args: ProxyArgs) -> ExitCode {
         Err(code) => return code,
     };
     runtime.block_on(async move {
+        // Before the port is bound: see `stop_signal`.
+        let shutdown = stop_signal();
         let upstream = settings.upstream_shown();
         let store = paceline_store::without_credentials(settings.store.trim());
         let proxy = match Proxy::bind(settings).await {
@@ -260,7 +262,7 @@ pub(crate) fn run(args: ProxyArgs) -> ExitCode {
                 .map(|a| format!(" (admin: http://{a}/healthz, /metrics)"))
                 .unwrap_or_default()
         ));
-        match proxy.run(stop_signal()).await {
+        match proxy.run(shutdown).await {
             Ok(()) => {
                 log("stopped");
                 ExitCode::SUCCESS

@@ -106,6 +106,10 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     runtime.block_on(async move {
+        // The handlers are in place before the port is bound: a signal sent as soon as the
+        // service answers is never met by the default action (ending the process at once).
+        let shutdown = stop_signal();
+        let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let policies = settings.policies.len();
         let server = match Server::bind(settings).await {
             Ok(server) => server,
@@ -123,18 +127,14 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             server.store_description()
         ));
         let reloader = server.reloader();
-        tokio::spawn(async move {
-            let Ok(mut hangups) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
-                return;
-            };
-            // The service logs each reload: at INFO, or at WARN when the file is refused.
-            while hangups.recv().await.is_some() {
-                let _ = reloader.reload();
-            }
-        });
-        let shutdown = stop_signal();
+        if let Some(mut hangups) = hangups {
+            tokio::spawn(async move {
+                // The service logs each reload: at INFO, or at WARN when the file is refused.
+                while hangups.recv().await.is_some() {
+                    let _ = reloader.reload();
+                }
+            });
+        }
         match server.run(shutdown).await {
             Ok(()) => {
                 log("stopped");
@@ -159,21 +159,36 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
         })
 }
 
-/// Completes on SIGTERM or SIGINT, having logged that the service is stopping.
-pub(crate) async fn stop_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// A future that completes on SIGTERM or SIGINT, having logged that the service is
+/// stopping. The handlers are installed when this is called, not when the future is first
+/// polled, so call it before the service starts answering (must run inside the runtime).
+pub(crate) fn stop_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    async move {
+        let term = async {
+            match terminate.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        let int = async {
+            match interrupt.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = term => {}
+            _ = int => {}
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate => {}
+        log("shutting down: finishing in-flight requests");
     }
-    log("shutting down: finishing in-flight requests");
 }
 
 /// Logs through `tracing` (set up by [`init_logs`]).
