@@ -68,6 +68,18 @@ fn lease(port: u16, body: &str) -> Vec<serde_json::Value> {
     r.json()["jobs"].as_array().cloned().unwrap_or_default()
 }
 
+/// Waits for a job on `port` as a worker does: lease calls of `body` (a `wait_ms` each),
+/// again while they answer none, for at most 30 s.
+fn lease_waiting(port: u16, body: &str) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let jobs = lease(port, body);
+        if !jobs.is_empty() || std::time::Instant::now() > deadline {
+            return jobs;
+        }
+    }
+}
+
 fn text(v: &serde_json::Value) -> String {
     v.as_str().unwrap_or_default().to_string()
 }
@@ -309,7 +321,8 @@ fn a_group_s_limit_holds_its_starts_and_a_pause_holds_the_group() {
 fn a_waiting_lease_answers_when_a_job_arrives() {
     let (_dir, s) = service();
     let p = s.port;
-    let waiting = std::thread::spawn(move || lease(p, r#"{"worker": "w", "wait_ms": 20000}"#));
+    let waiting =
+        std::thread::spawn(move || lease_waiting(p, r#"{"worker": "w", "wait_ms": 5000}"#));
     // The lease is in its wait (or about to be): either way it gets the job.
     let r = post(
         p,
@@ -354,7 +367,7 @@ fn bad_input_names_its_field_and_enqueues_nothing() {
         (r#"{"max_jobs": 1}"#, "worker"),
         (r#"{"worker": "w", "max_jobs": 0}"#, "max_jobs"),
         (r#"{"worker": "w", "max_jobs": 1001}"#, "max_jobs"),
-        (r#"{"worker": "w", "wait_ms": 300001}"#, "wait_ms"),
+        (r#"{"worker": "w", "wait_ms": 5001}"#, "wait_ms"),
         (r#"{"worker": "w", "lease_ms": 0}"#, "lease_ms"),
     ] {
         let r = post(p, "/v1/queues/roles/leases", body);
@@ -417,10 +430,7 @@ fn two_services_share_one_queue_in_redis() {
     // A waiting lease on one service wakes when the other enqueues.
     let port_b = b.port;
     let waiting = std::thread::spawn(move || {
-        lease(
-            port_b,
-            r#"{"worker": "b", "max_jobs": 5, "wait_ms": 60000}"#,
-        )
+        lease_waiting(port_b, r#"{"worker": "b", "max_jobs": 5, "wait_ms": 5000}"#)
     });
     let r = post(
         a.port,
@@ -476,7 +486,7 @@ fn a_waiting_lease_answers_with_nothing_when_the_service_shuts_down() {
         post(
             p,
             "/v1/queues/roles/leases",
-            r#"{"worker": "w", "wait_ms": 120000}"#,
+            r#"{"worker": "w", "wait_ms": 5000}"#,
         )
     });
     // Until the service counts the lease as waiting.
@@ -947,8 +957,9 @@ on_memory_and_redis!(
     the_metrics_count_failures_retries_and_lease_expiries_in_redis
 );
 
-/// `not_before_ms`: a Unix time on the store's clock holds the job until then; one more
-/// than 365 days ahead, or not a time, is a `400` naming it and enqueues nothing.
+/// `not_before_ms`: a Unix time on the store's clock holds the job until then, years ahead
+/// too, up to the queue's last time (in 2255); one past it, or not a time, is a `400`
+/// naming it and enqueues nothing.
 fn not_before_holds_a_job_until_then(p: u16) {
     // The store's clock, read from an enqueue's answer.
     let r = post(
@@ -980,15 +991,29 @@ fn not_before_holds_a_job_until_then(p: u16) {
         (r.status, text(&r.json()["state"])),
         (201, "waiting".into())
     );
+    // Years ahead, and the last time, are times like any other.
+    let last_ms = paceline_queue::job::MAX_NOT_BEFORE / 1000;
+    for (id, at) in [("years", now_ms + 20 * 365 * 86_400_000), ("last", last_ms)] {
+        let body =
+            format!(r#"{{"group": "{id}", "payload": 1, "id": "{id}", "not_before_ms": {at}}}"#);
+        let r = post(p, "/v1/queues/roles/jobs", &body);
+        assert_eq!(r.status, 201, "{}", r.body);
+        assert_eq!(
+            r.json()["estimated_start_ms"].as_u64(),
+            Some(at),
+            "{}",
+            r.body
+        );
+        assert_eq!(job(p, id)["not_before_ms"].as_u64(), Some(at));
+    }
     let before = counts(p);
-    let year_ms = 365 * 86_400_000;
     for (body, said) in [
         (
             format!(
                 r#"{{"group": "g", "payload": 3, "not_before_ms": {}}}"#,
-                now_ms + 2 * year_ms
+                last_ms + 1
             ),
-            "365 days",
+            "from 0 to 9007199254740",
         ),
         (
             r#"{"group": "g", "payload": 3, "not_before_ms": -1}"#.to_string(),
@@ -1197,7 +1222,8 @@ fn pausing_and_resuming(p: u16) {
     );
     // A lease waiting on the paused queue gets its job once the queue is resumed (in its
     // wait by then, or about to be: either way it gets the job).
-    let waiting = std::thread::spawn(move || lease(p, r#"{"worker": "w", "wait_ms": 20000}"#));
+    let waiting =
+        std::thread::spawn(move || lease_waiting(p, r#"{"worker": "w", "wait_ms": 5000}"#));
     let r = post(p, "/v1/queues/roles/resume", "");
     assert_eq!(
         (r.status, &r.json()["paused"]),

@@ -87,8 +87,6 @@
 -- after an error reply, having loaded the library, and must never apply a change twice.
 
 local MAINTENANCE_BATCH = 1000
--- Rust's `MAX_DELAY` (365 days), in µs: the furthest ahead a not-before time may be.
-local MAX_DELAY = 365 * 86400 * 1000000
 
 -- A member of `ready`, `scheduled`, `leases` and `retiring`, scored +inf, that no reader
 -- takes for an entry, and no group's name (a control character, then 200 bytes): longer
@@ -1467,9 +1465,8 @@ end
 -- One job of an enqueue: ARGV from `a`: id ('' to generate one), group, payload, delay
 -- (µs), max_attempts ('' for the queue's), not-before time ('' for none), deduplication
 -- key ('' for none), its time to live (µs) and whether it replaces a waiting job's payload
--- ('1'). Answers status ('created', 'exists', 'dedup', 'full', 'late': a not-before time
--- beyond MAX_DELAY), id, state, estimated start (for 'full' the most jobs, for 'late' the
--- queue's clock).
+-- ('1'). Answers status ('created', 'exists', 'dedup', 'full'), id, state, estimated
+-- start (for 'full' the most jobs). Rust checked the not-before time (at most 2^53 µs).
 -- The most a job of group `name` may cost: what its policy and the queue's own can ever
 -- admit a start (nil: any cost, eventually), as Rust's `max_cost`; `queue_policy` the
 -- queue's own policy if the caller has read it already.
@@ -1526,13 +1523,6 @@ local function enqueue_one(ARGV, a, out)
     return
   end
   local not_before = tonumber(ARGV[a + 5]) or 0
-  if not_before > now + MAX_DELAY then
-    out[#out + 1] = 'late'
-    out[#out + 1] = id
-    out[#out + 1] = ''
-    out[#out + 1] = now
-    return
-  end
   local priority, cost = tonumber(ARGV[a + 9]) or 0, tonumber(ARGV[a + 10]) or 1
   if cost > 1 then
     local most = max_cost_of(name)

@@ -152,8 +152,8 @@ impl NewJob {
     }
 
     /// Holds the job back until `at` on the queue's clock (the store's: on Redis, Redis's
-    /// `TIME`), at most [`MAX_DELAY`] after the enqueue; a time already past holds nothing
-    /// back. With a [`delay`](NewJob::delay) too, the later of the two holds.
+    /// `TIME`), at most [`MAX_NOT_BEFORE`] (in the year 2255); a time already past holds
+    /// nothing back. With a [`delay`](NewJob::delay) too, the later of the two holds.
     #[must_use]
     pub fn not_before(mut self, at: SystemTime) -> NewJob {
         let micros = at
@@ -229,6 +229,15 @@ impl NewJob {
         if self.delay > MAX_DELAY {
             return Err(InputError::new("delay", "must be at most 365 days"));
         }
+        if self.not_before.is_some_and(|at| at > MAX_NOT_BEFORE) {
+            return Err(InputError::new(
+                "not_before",
+                format!(
+                    "must be at most {MAX_NOT_BEFORE} µs after the Unix epoch (in the year \
+                     2255), the queue's last time"
+                ),
+            ));
+        }
         if self.priority > MAX_PRIORITY {
             return Err(InputError::new(
                 "priority",
@@ -270,22 +279,13 @@ impl NewJob {
     }
 }
 
-/// The longest delay a job may be enqueued with; a not-before time may be at most this far
-/// ahead of the queue's clock.
+/// The longest delay a job may be enqueued with.
 pub const MAX_DELAY: Duration = Duration::from_secs(365 * 86_400);
 
-/// The error for a not-before time further ahead of the queue's clock (`now`, µs since the
-/// Unix epoch) than [`MAX_DELAY`].
-pub(crate) fn not_before_too_late(now: u64) -> InputError {
-    InputError::new(
-        "not_before",
-        format!(
-            "must be at most {} days after the queue's clock ({} s after the Unix epoch)",
-            MAX_DELAY.as_secs() / 86_400,
-            now / 1_000_000
-        ),
-    )
-}
+/// The latest not-before time a job may have, in µs after the Unix epoch: the engine's last
+/// time (2^53 µs, in the year 2255, up to which times stay exact in Redis's Lua too) rounded
+/// down to a whole millisecond, before [`UNTIL_RESUMED`](crate::core::UNTIL_RESUMED).
+pub const MAX_NOT_BEFORE: u64 = paceline_core::policy::MAX_NOW_US / 1_000 * 1_000;
 
 /// Whether `id` is 1 to [`MAX_ID`] bytes of `A-Z a-z 0-9 - _ . :`.
 pub(crate) fn id_like(id: &str) -> bool {

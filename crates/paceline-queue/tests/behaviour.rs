@@ -320,20 +320,25 @@ fn a_not_before_time_holds_a_job_until_then_and_the_later_of_it_and_a_delay_hold
 }
 
 #[test]
-fn a_not_before_time_more_than_365_days_ahead_is_refused_naming_it() {
+fn a_not_before_time_past_the_queue_s_last_time_is_refused_naming_it() {
     let mut q = queue(config("gcra:rate=100/s,burst=100"));
     let now = 10 * S;
-    let year = 365 * 86_400 * S;
+    let last = paceline_queue::job::MAX_NOT_BEFORE;
     let e = q
-        .enqueue(now, NewJob::new("g", vec![]).not_before(at(now + year + 1)))
+        .enqueue(now, NewJob::new("g", vec![]).not_before(at(last + 1)))
         .unwrap_err();
     assert_eq!(field(e), "not_before");
     assert_eq!(q.counts(now).unwrap().totals.enqueued, 0);
-    // 365 days exactly is allowed.
+    // Years ahead is a time like any other; the last time exactly is allowed.
+    let years = 10 * 365 * 86_400 * S;
     let ok = q
-        .enqueue(now, NewJob::new("g", vec![]).not_before(at(now + year)))
+        .enqueue(now, NewJob::new("g", vec![]).not_before(at(now + years)))
         .unwrap();
-    assert_eq!(ok.estimated_start, now + year);
+    assert_eq!(ok.estimated_start, now + years);
+    let ok = q
+        .enqueue(now, NewJob::new("h", vec![]).not_before(at(last)))
+        .unwrap();
+    assert_eq!(ok.estimated_start, last);
 }
 
 #[test]

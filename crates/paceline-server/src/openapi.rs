@@ -150,8 +150,8 @@ fn refine(doc: &mut utoipa::openapi::OpenApi) {
         // `decisions::decide` (`Ask::validate`, `SetAsk::validate`, `fields::op_field`):
         // one limit (`policy` and `key`, no `limits`; `op` `pace` by default) or a set
         // (`limits`, 1 to MAX_LIMITS of them, no `policy` nor `key`; `op` `limit` by
-        // default), no limit twice (the same policy on the same key: of that, only a
-        // limit sent twice as it is can be said here); `max_wait_ms` only with `pace`.
+        // default; a limit named twice counts once, with both costs); `max_wait_ms` only
+        // with `pace`.
         let with_wait = json!({"required": ["max_wait_ms"], "properties": {"max_wait_ms": num()}});
         keyword(
             schemas.get_mut("DecisionRequest"),
@@ -176,7 +176,6 @@ fn refine(doc: &mut utoipa::openapi::OpenApi) {
                             "type": "array",
                             "minItems": 1,
                             "maxItems": paceline_store::MAX_LIMITS,
-                            "uniqueItems": true,
                         },
                         "policy": nothing(),
                         "key": nothing(),

@@ -121,6 +121,70 @@ async fn a_set_is_decided_as_one(store: &str, tenant: &str) {
     let _ = task.await;
 }
 
+/// A limit named twice in a set (the same policy on the same key) is one limit counting
+/// both costs: each position answers with it, the headers name it once, and costs that
+/// together are more than the policy admits are a 409 naming the second's cost.
+async fn a_limit_named_twice_counts_both_costs(store: &str, tenant: &str) {
+    let (url, task, stop) = serve(store).await;
+    let key = format!("{{{tenant}}}");
+    let set = json!({"limits": [
+        {"policy": "per-day", "key": key, "cost": 1},
+        {"policy": "burst", "key": key},
+        {"policy": "per-day", "key": key, "cost": 2},
+    ]});
+    let a = post(&url, set.clone()).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    let limits = a.body["limits"]
+        .as_array()
+        .expect("one entry per limit given");
+    assert_eq!(limits.len(), 3, "{}", a.body);
+    assert_eq!(
+        limits[0], limits[2],
+        "both positions answer with the one limit"
+    );
+    assert_eq!(limits[0]["policy"], "per-day");
+    assert_eq!(limits[0]["remaining"], 0, "1 + 2 of 3 counted: {}", a.body);
+    assert_eq!(limits[1]["remaining"], 1);
+    let names: Vec<String> = items(&a.headers, "ratelimit")
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["per-day", "burst"]);
+    // The day is spent: refused, and the burst left as it was.
+    let refused = post(&url, set).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(refused.body["limits"][1]["remaining"], 1);
+    // 2 + 2 of a limit of 3: never admitted, a conflict naming the second entry's cost.
+    let beyond = post(
+        &url,
+        json!({"limits": [
+            {"policy": "per-day", "key": "other", "cost": 2},
+            {"policy": "per-day", "key": "other", "cost": 2},
+        ]}),
+    )
+    .await;
+    assert_eq!(beyond.status, 409, "{}", beyond.body);
+    assert_eq!(beyond.body["error"]["field"], "limits[1].cost");
+    let message = beyond.body["error"]["message"].as_str().expect("a message");
+    assert!(
+        message.contains("limits[0]") && message.contains("4 together"),
+        "{message}"
+    );
+    let _ = stop.send(());
+    let _ = task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_named_twice_counts_both_costs_in_memory() {
+    a_limit_named_twice_counts_both_costs("memory", "tenant7").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_named_twice_counts_both_costs_on_redis() {
+    let tenant = paceline_testkit::unique_name("tenant");
+    a_limit_named_twice_counts_both_costs(&shared_server().url(), &tenant).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_is_decided_as_one_in_memory() {
     a_set_is_decided_as_one("memory", "tenant42").await;
@@ -273,11 +337,6 @@ async fn bad_sets_are_400s_naming_the_field() {
             json!({"limits": [limit("gcra:rate=0/s", "a")]}),
             400,
             "limits[0].policy.rate",
-        ),
-        (
-            json!({"limits": [limit("per-day", "a"), limit("per-day", "a")]}),
-            400,
-            "limits[1]",
         ),
         (
             json!({"limits": [limit("per-day", "a"), limit("pacer:rate=1/s", "b")], "op": "pace"}),

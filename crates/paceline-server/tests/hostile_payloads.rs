@@ -275,7 +275,7 @@ async fn a_waiting_lease_whose_client_went_away_takes_no_job() {
     use tokio::io::AsyncWriteExt;
     let (url, task, stop) = serve("memory").await;
     let addr = url.trim_start_matches("http://").to_string();
-    let body = r#"{"worker":"gone","wait_ms":120000}"#;
+    let body = r#"{"worker":"gone","wait_ms":5000}"#;
     let mut client = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
@@ -303,7 +303,7 @@ async fn a_waiting_lease_whose_client_went_away_takes_no_job() {
     )
     .await;
     assert_eq!(status, 201);
-    let lease = r#"{"worker":"here","wait_ms":10000}"#;
+    let lease = r#"{"worker":"here","wait_ms":5000}"#;
     let (_, text) = send(
         reqwest::Method::POST,
         &format!("{url}/v1/queues/q/leases"),

@@ -10,7 +10,7 @@ use super::records::{
 use super::{cost_beyond, max_cost, queue_full, QueueCore, UNTIL_RESUMED};
 use crate::error::QueueError;
 use crate::events::{Event, EventKind};
-use crate::job::{not_before_too_late, Enqueued, JobState, NewJob, MAX_DELAY};
+use crate::job::{Enqueued, JobState, NewJob};
 
 impl QueueCore {
     /// Adds a job, or (same `id` while that job exists) answers the existing one.
@@ -64,10 +64,6 @@ impl QueueCore {
         }
         if self.jobs.len() - self.completed.len() >= self.config.max_jobs {
             return Err(queue_full(self.config.max_jobs));
-        }
-        let latest = now.saturating_add(round_to_micros(MAX_DELAY));
-        if job.not_before.is_some_and(|at| at > latest) {
-            return Err(not_before_too_late(now).into());
         }
         if let Some(max) = max_cost(&self.config, &job.group) {
             if u64::from(job.cost) > max {

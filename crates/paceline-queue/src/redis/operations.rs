@@ -16,8 +16,8 @@ use crate::core::{
 };
 use crate::error::QueueError;
 use crate::job::{
-    check_lease_length, check_request_id, not_before_too_late, Enqueued, FailOutcome, Failure,
-    GroupStats, JobInfo, JobState, Leased, NewJob, Stats,
+    check_lease_length, check_request_id, Enqueued, FailOutcome, Failure, GroupStats, JobInfo,
+    JobState, Leased, NewJob, Stats,
 };
 use crate::schedule::{Schedule, ScheduleInfo};
 use crate::token::LeaseToken;
@@ -94,10 +94,6 @@ impl RedisQueue {
                     r.item()?;
                     let max = usize::try_from(r.u64()?).unwrap_or(usize::MAX);
                     out.push(Err(queue_full(max)));
-                }
-                "late" => {
-                    r.item()?;
-                    out.push(Err(not_before_too_late(r.u64()?).into()));
                 }
                 "costly" => {
                     let cost = r.u32()?;

@@ -19,11 +19,17 @@ use crate::units::ms;
 
 /// A validated set of limits.
 pub(super) struct SetAsk<'a> {
+    /// The distinct limits, in the order the request first names them.
     parts: Vec<Part<'a>>,
+    /// For each limit as the request gave it, the part that decides it: a limit named
+    /// again (the same policy on the same key) adds its cost to the first's.
+    positions: Vec<usize>,
 }
 
 /// One limit of a set.
 struct Part<'a> {
+    /// The request's first position naming this limit.
+    first: usize,
     /// Its name in the answer and the headers, distinct within the set: the configured
     /// policy's name, `inline-N` for an inline spec at position N (from 1), and a name
     /// already taken gets `#N` added.
@@ -107,6 +113,7 @@ impl<'a> SetAsk<'a> {
         let cost = cost_field(cost.as_ref(), "cost")?.unwrap_or(1);
         let op = op_field(op.as_deref().unwrap_or("limit"), max_wait_ms.as_ref())?;
         let mut parts: Vec<Part> = Vec::with_capacity(limits.len());
+        let mut positions = Vec::with_capacity(limits.len());
         for (i, raw) in limits.iter().enumerate() {
             let field = |name: &str| format!("limits[{i}].{name}");
             let spec = raw.policy.as_deref().ok_or_else(|| {
@@ -128,12 +135,26 @@ impl<'a> SetAsk<'a> {
                 ApiError::input(&e.renamed(at))
             })?;
             if let Some(j) = parts.iter().position(|p| p.store_key == resolved.store_key) {
-                return Err(ApiError::invalid(
-                    format!("limits[{i}]"),
-                    format!(
-                        "repeats limits[{j}]: the same policy on the same key counts once; drop one"
-                    ),
-                ));
+                // The same policy on the same key again: one limit, counting both costs.
+                let part = &mut parts[j];
+                let together = part.cost.saturating_add(cost);
+                part.policy.check_cost(op, together).map_err(|e| {
+                    let message = format!(
+                        "{} (limits[{}] names the same policy on the same key: a limit named \
+                         twice counts both costs, {together} together)",
+                        e.message(),
+                        part.first
+                    );
+                    let at = field(e.field());
+                    ApiError::input(&if e.is_beyond_policy() {
+                        InputError::beyond_policy(at, message)
+                    } else {
+                        InputError::new(at, message)
+                    })
+                })?;
+                part.cost = together;
+                positions.push(j);
+                continue;
             }
             let mut name = match resolved.name {
                 Some(name) => name.to_string(),
@@ -143,7 +164,9 @@ impl<'a> SetAsk<'a> {
                 name = format!("{name}#{}", i + 1);
             }
             let namespace = resolved.namespace(key).to_string();
+            positions.push(parts.len());
             parts.push(Part {
+                first: i,
                 name,
                 key: key.to_string(),
                 namespace,
@@ -154,7 +177,7 @@ impl<'a> SetAsk<'a> {
                 cost,
             });
         }
-        Ok(SetAsk { parts })
+        Ok(SetAsk { parts, positions })
     }
 
     /// Decides the set as one and answers: `200` admitted or `429` refused, with the
@@ -197,9 +220,9 @@ impl<'a> SetAsk<'a> {
             fallback: combined.fallback.map(|f| f.name()),
             limit: combined.limit,
             limits: self
-                .parts
+                .positions
                 .iter()
-                .zip(&decided.limits)
+                .filter_map(|&at| Some((self.parts.get(at)?, decided.limits.get(at)?)))
                 .map(|(part, d)| PartBody {
                     allowed: d.allowed,
                     delay_ms: ms(d.delay),
@@ -233,7 +256,7 @@ impl<'a> SetAsk<'a> {
         let named = |at: usize| {
             self.parts
                 .get(at)
-                .map(|p| format!("`{}` (limits[{at}].key)", p.key))
+                .map(|p| format!("`{}` (limits[{}].key)", p.key, p.first))
         };
         match store
             .key_apart(&keys)

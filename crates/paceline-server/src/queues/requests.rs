@@ -28,17 +28,20 @@ pub const MAX_ENQUEUE_BATCH: usize = 1_000;
 
 /// 365 days, in milliseconds.
 const MAX_DELAY_MS: f64 = paceline_queue::job::MAX_DELAY.as_secs() as f64 * 1000.0;
-/// The latest not-before time the API reads, in Unix milliseconds (the last time the clock
-/// supports); the queue holds a job back at most `MAX_DELAY`.
-const MAX_NOT_BEFORE_MS: f64 = paceline_core::policy::MAX_NOW_US as f64 / 1000.0;
+/// The latest not-before time the API reads, in Unix milliseconds (the queue's last time,
+/// in the year 2255).
+const MAX_NOT_BEFORE_MS: f64 = (paceline_queue::job::MAX_NOT_BEFORE / 1000) as f64;
 /// The longest lease, in milliseconds.
 const MAX_LEASE_MS: f64 = paceline_queue::config::MAX_LEASE.as_secs() as f64 * 1000.0;
 /// The longest group pause, in milliseconds.
 const MAX_PAUSE_MS: f64 = paceline_queue::core::MAX_PAUSE.as_secs() as f64 * 1000.0;
 /// The longest policy spec a group's policy may be set to, in bytes (its errors quote it).
 const MAX_SPEC: usize = 1_024;
-/// The longest a lease call may wait, in milliseconds.
-const MAX_WAIT_MS: f64 = paceline_queue::queue::MAX_LEASE_WAIT.as_secs() as f64 * 1000.0;
+/// The longest a lease call over HTTP may wait for a job, in milliseconds: 5 s, shorter
+/// than the timeouts HTTP clients and proxies put on an answer (10 s and more), so that a
+/// long poll ends with the service's answer, never a client's timeout; a worker calls
+/// again. (The library's own calls, in process, may wait up to `MAX_LEASE_WAIT`.)
+pub(crate) const MAX_WAIT_MS: f64 = 5_000.0;
 
 /// A queue endpoint's body: a JSON object read into `T`.
 pub(super) struct Object<T>(PhantomData<fn() -> T>);
@@ -244,9 +247,9 @@ pub(super) struct LeaseBody {
     /// How long the leases last, in ms (1 ms to a day); the queue's `lease` by default.
     #[schema(value_type = Option<f64>, minimum = 1, maximum = 86_400_000)]
     lease_ms: Option<Number>,
-    /// How long to wait for a job when none may start now, in ms (at most 5 minutes); 0
-    /// by default.
-    #[schema(value_type = Option<f64>, minimum = 0, maximum = 300_000)]
+    /// How long to wait for a job when none may start now, in ms (at most 5 s: call again
+    /// to wait longer); 0 by default.
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 5_000)]
     wait_ms: Option<Number>,
 }
 
