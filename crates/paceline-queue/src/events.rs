@@ -242,8 +242,13 @@ impl EventLog {
 /// # Ok(()) }
 /// ```
 pub struct Events {
-    receivers: Vec<broadcast::Receiver<Watched>>,
+    receivers: Feeds,
 }
+
+/// What a backend hands a new listener ([`QueueBackend::watch`](crate::QueueBackend::watch)):
+/// one receiver per feed of events (one per partition of a partitioned queue), each getting
+/// every event of a call that ends after it was made.
+pub type Feeds = Vec<broadcast::Receiver<Watched>>;
 
 impl std::fmt::Debug for Events {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -255,7 +260,7 @@ impl std::fmt::Debug for Events {
 
 impl Events {
     /// A feed of what `receivers` get.
-    pub(crate) fn new(receivers: Vec<broadcast::Receiver<Watched>>) -> Events {
+    pub(crate) fn new(receivers: Feeds) -> Events {
         Events { receivers }
     }
 

@@ -11,7 +11,7 @@ use crate::schedule::{Schedule, ScheduleInfo};
 use paceline_core::{Clock, InputError, Policy};
 use paceline_store::secret::TokenKey;
 use paceline_store::SystemClock;
-use tokio::sync::{broadcast, Notify};
+use tokio::sync::Notify;
 
 use crate::config::QueueConfig;
 use crate::core::{Jitter, QueueCore};
@@ -420,7 +420,7 @@ impl QueueBackend for MemoryQueue {
         notified
     }
 
-    fn watch(&self) -> QueueFuture<'_, Result<Vec<broadcast::Receiver<Watched>>, QueueError>> {
+    fn watch(&self) -> QueueFuture<'_, Result<crate::events::Feeds, QueueError>> {
         // Under the core's lock: every call that takes it after this answers keeps its events.
         let _core = self.core.lock().unwrap_or_else(PoisonError::into_inner);
         ready(Ok(vec![self.events.subscribe()]))

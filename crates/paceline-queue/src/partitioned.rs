@@ -980,10 +980,7 @@ impl<B: Partition> QueueBackend for Partitioned<B> {
         }))
     }
 
-    fn watch(
-        &self,
-    ) -> QueueFuture<'_, Result<Vec<tokio::sync::broadcast::Receiver<crate::Watched>>, QueueError>>
-    {
+    fn watch(&self) -> QueueFuture<'_, Result<crate::events::Feeds, QueueError>> {
         Box::pin(async move {
             let mut all = Vec::with_capacity(self.parts.len());
             for part in &self.parts {
@@ -1359,12 +1356,7 @@ mod failing {
         fn changed(&self) -> QueueFuture<'_, ()> {
             self.inner.changed()
         }
-        fn watch(
-            &self,
-        ) -> QueueFuture<
-            '_,
-            Result<Vec<tokio::sync::broadcast::Receiver<crate::Watched>>, QueueError>,
-        > {
+        fn watch(&self) -> QueueFuture<'_, Result<crate::events::Feeds, QueueError>> {
             self.inner.watch()
         }
     }

@@ -5,8 +5,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::broadcast;
-
 use crate::core::PolicySource;
 use paceline_core::StoreErrorKind;
 use paceline_core::{Clock, InputError, Policy};
@@ -15,7 +13,7 @@ use paceline_store::{SharedStore, StoreOptions, SystemClock};
 
 use crate::config::QueueConfig;
 use crate::error::QueueError;
-use crate::events::{Events, Watched};
+use crate::events::{Events, Feeds};
 use crate::job::{Enqueued, FailOutcome, Failure, JobInfo, JobState, Leased, NewJob, Stats};
 use crate::memory::MemoryQueue;
 use crate::partitioned::Partitioned;
@@ -175,7 +173,7 @@ pub trait QueueBackend: Send + Sync + 'static {
     /// Starts following the queue's [`Event`](crate::Event)s: receivers that get every
     /// event decided from the moment this answers (one per feed: a queue of several
     /// partitions has one for each). See [`Queue::events`].
-    fn watch(&self) -> QueueFuture<'_, Result<Vec<broadcast::Receiver<Watched>>, QueueError>>;
+    fn watch(&self) -> QueueFuture<'_, Result<Feeds, QueueError>>;
 }
 
 /// The store at `url` (the URLs `paceline_store::open` takes), with the default settings.

@@ -601,10 +601,7 @@ impl QueueBackend for RedisQueue {
         notified
     }
 
-    fn watch(
-        &self,
-    ) -> QueueFuture<'_, Result<Vec<tokio::sync::broadcast::Receiver<crate::Watched>>, QueueError>>
-    {
+    fn watch(&self) -> QueueFuture<'_, Result<crate::events::Feeds, QueueError>> {
         Box::pin(async move { Ok(vec![self.events.watch().await?]) })
     }
 }
