@@ -6,7 +6,10 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { createConnection, createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
+import { after, before, describe } from "node:test";
 import { fileURLToPath } from "node:url";
+
+import { Client } from "../dist/index.js";
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "../../..");
 
@@ -143,3 +146,38 @@ export async function until(check, what, deadlineMs = 20_000) {
 }
 
 export const STORES = ["memory", "redis"];
+
+/** Declares `body`'s tests once for each of the STORES, in a `describe` titled `title` on the
+ * store: `body(client, service)` gets a Client of a service started on that store before
+ * the tests and stopped after them, and the service (`url`); both usable inside tests, once
+ * the service is up. */
+export function describeEachStore(title, body) {
+  for (const store of STORES) {
+    describe(`${title} on the ${store} store`, () => {
+      let service;
+      let client;
+      before(async () => {
+        service = await startService(store);
+        client = new Client(service.url);
+      });
+      after(async () => service?.stop());
+      // The tests are declared now and the service started later: they reach both through
+      // stand-ins that forward to them.
+      body(late(() => client), late(() => service));
+    });
+  }
+}
+
+/** A stand-in for the object `current()` answers when it is used. */
+function late(current) {
+  return new Proxy(
+    {},
+    {
+      get(_, name) {
+        const target = current();
+        const value = target[name];
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    },
+  );
+}
