@@ -56,6 +56,7 @@ pub mod proxy;
 pub mod queues;
 mod reload;
 mod request;
+pub mod rls;
 mod router;
 mod server_error;
 mod state;

@@ -1,0 +1,64 @@
+//! Envoy's rate limit service (RLS v3) configured from envoyproxy/ratelimit's own YAML files:
+//! the rules read and checked ([`RlsConfig`]), and what applies to each descriptor of a
+//! request ([`match_request`]). No gRPC, clock or store here: the service decides on top of
+//! [`Applies`].
+//!
+//! The format, as envoyproxy/ratelimit reads it:
+//!
+//! - one `domain` per file; `--rls-config PATH` is a file or a folder of `.yaml`/`.yml`
+//!   files read in the order of their names; a domain in two files is refused;
+//! - `descriptors`, nested to any depth (at most [`MAX_DEPTH`] here), each with a `key`, an
+//!   optional `value` (a trailing `*` makes it a prefix), an optional `rate_limit` (`unit`
+//!   and `requests_per_unit`, or `unlimited: true`; `name`; `replaces: [{name}]`),
+//!   `shadow_mode` and `detailed_metric`;
+//! - paceline's extensions inside `rate_limit`: `policy: "SPEC"` (any paceline policy,
+//!   instead of `unit`/`requests_per_unit`/`unlimited`) and `drain: true` (carried for the
+//!   service).
+//!
+//! Matching walks the tree entry by entry: an exact key and value first, then the first
+//! wildcard written (in file order) whose prefix the value starts with, then the key with no
+//! value; it stops where nothing matches, and a rule applies only to a request descriptor
+//! that ends at the rule's depth. Each value is counted apart (a wildcard's too), under a key
+//! built from the domain and the request's own entries.
+//!
+//! Where paceline reads a file more strictly than envoyproxy/ratelimit: a field unknown *at
+//! its level* is refused (not only a name unknown anywhere), as are `requests_per_unit` with
+//! `unlimited: true` and a second YAML document. Where it matches more exactly: a key and a
+//! value are compared apart, so key `a_b` with value `c` is not key `a` with value `b_c`, and
+//! a key ending in `*` with no value is a plain key, not a wildcard.
+//!
+//! ```
+//! use paceline_server::rls::{match_request, Applies, RequestDescriptor, RlsConfig};
+//! let config = RlsConfig::from_yaml("messaging.yaml", "
+//! domain: messaging
+//! descriptors:
+//!   - key: message_type
+//!     value: marketing
+//!     descriptors:
+//!       - key: to_number
+//!         rate_limit: {unit: day, requests_per_unit: 5}
+//!   - key: to_number
+//!     rate_limit: {unit: day, requests_per_unit: 100}
+//! ")?;
+//! let marketing = RequestDescriptor {
+//!     entries: vec![("message_type", "marketing"), ("to_number", "2061111111")],
+//!     ..Default::default()
+//! };
+//! let any = RequestDescriptor { entries: vec![("to_number", "2061111111")], ..Default::default() };
+//! let applies = match_request(&config, "messaging", 1, &[marketing, any]);
+//! let Applies::Limit { matched, policy } = &applies[0] else { panic!("a limit") };
+//! assert_eq!(policy.to_string(), "fixed_window:limit=5,window=1d");
+//! assert_eq!(matched.rule_id, "messaging.message_type_marketing.to_number");
+//! let Applies::Limit { policy, .. } = &applies[1] else { panic!("a limit") };
+//! assert_eq!(policy.to_string(), "fixed_window:limit=100,window=1d");
+//! # Ok::<(), paceline_server::rls::RlsConfigError>(())
+//! ```
+
+mod config;
+mod matching;
+
+pub use config::{
+    Descriptor, Domain, Level, RateLimit, RlsConfig, RlsConfigError, RuleLimit, Unit, UnitLimit,
+    MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES,
+};
+pub use matching::{counting_key, match_request, Applies, Matched, RequestDescriptor};
