@@ -1004,3 +1004,70 @@ fn rate_limit(file: &str, node: &Node, path: &str) -> Result<RateLimit, RlsConfi
         drain: flag(file, fields.get("drain"), &join(path, "drain"))?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scalar(node: &Node) -> &str {
+        match &node.kind {
+            Kind::Scalar { text, .. } => text,
+            other => panic!("not a scalar: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_reader_marks_lines_and_columns_from_one() {
+        let root = read_yaml("f", "a: 1\nb:\n  - c\n").unwrap().unwrap();
+        let Kind::Map(entries) = &root.kind else {
+            panic!("a map")
+        };
+        assert_eq!(scalar(&entries[0].0), "a");
+        assert_eq!(entries[0].1.at, Mark { line: 1, column: 4 });
+        let Kind::Seq(items) = &entries[1].1.kind else {
+            panic!("a list")
+        };
+        assert_eq!(items[0].at, Mark { line: 3, column: 5 });
+    }
+
+    #[test]
+    fn plain_nulls_are_null_and_quoted_ones_are_text() {
+        let root = read_yaml("f", "a: ~\nb: 'null'\nc:\n").unwrap().unwrap();
+        let Kind::Map(entries) = &root.kind else {
+            panic!("a map")
+        };
+        let nulls: Vec<bool> = entries
+            .iter()
+            .map(|(_, v)| matches!(v.kind, Kind::Scalar { null: true, .. }))
+            .collect();
+        assert_eq!(nulls, [true, false, true]);
+    }
+
+    #[test]
+    fn a_level_finds_exact_then_wildcard_then_any() {
+        let config = RlsConfig::from_yaml(
+            "f",
+            "domain: d\ndescriptors:\n  - key: k\n  - key: k\n    value: ab*\n  - key: k\n    value: abc\n",
+        )
+        .unwrap();
+        let level = &config.domain("d").unwrap().descriptors;
+        let found = |v| level.find("k", v).and_then(|r| r.value.clone());
+        assert_eq!(found("abc"), Some("abc".to_string()));
+        assert_eq!(found("abd"), Some("ab*".to_string()));
+        assert_eq!(found("x"), None);
+        assert!(level.find("k", "x").is_some());
+        assert!(level.find("j", "abc").is_none());
+    }
+
+    #[test]
+    fn units_read_in_any_case_and_build_aligned_windows() {
+        assert_eq!(Unit::parse("MiNuTe"), Some(Unit::Minute));
+        assert_eq!(Unit::parse("week"), None);
+        assert_eq!(Unit::Day.seconds(), 86_400);
+        let limit = UnitLimit {
+            requests_per_unit: 0,
+            unit: Unit::Second,
+        };
+        assert_eq!(limit.policy(), None);
+    }
+}

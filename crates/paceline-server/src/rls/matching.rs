@@ -263,3 +263,22 @@ fn detailed_id(domain: &str, entries: &[(&str, &str)], keep_empty: bool) -> Stri
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counting_keys_are_length_prefixed() {
+        assert_eq!(counting_key("dom", &[("k", "v1")]), "3:dom1:k2:v1");
+        assert_eq!(counting_key("", &[("", "")]), "0:0:0:");
+        assert_ne!(counting_key("", &[("", "")]), counting_key("", &[]));
+    }
+
+    #[test]
+    fn detailed_ids_keep_or_drop_empty_values() {
+        let entries = [("a", "1"), ("b", "")];
+        assert_eq!(detailed_id("d", &entries, true), "d.a_1.b_");
+        assert_eq!(detailed_id("d", &entries, false), "d.a_1.b");
+    }
+}
