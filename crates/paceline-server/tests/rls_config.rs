@@ -948,3 +948,72 @@ fn the_error_converts_to_the_services_config_error() {
     assert_eq!(c.source, format!("test.yaml:4:{}", e.column.unwrap()));
     assert_eq!(c.field, "descriptors[0].rate_limit.unit");
 }
+
+#[test]
+fn share_threshold_counts_every_value_of_a_wildcard_as_one() {
+    let c = config(
+        "
+domain: d
+descriptors:
+  - key: path
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: path
+    value: models/*
+    rate_limit: {unit: hour, requests_per_unit: 100}
+",
+    );
+    let a = one(&c, "d", &[("path", "files/a.pdf")]);
+    let b = one(&c, "d", &[("path", "files/b.csv")]);
+    assert_eq!(limit(&a).1.counting_key, limit(&b).1.counting_key);
+    assert_eq!(
+        limit(&a).1.counting_key,
+        counting_key("d", &[("path", "files/*")])
+    );
+    assert_eq!(limit(&a).1.rule_id, "d.path_files/*");
+    let x = one(&c, "d", &[("path", "models/x")]);
+    let y = one(&c, "d", &[("path", "models/y")]);
+    assert_ne!(limit(&x).1.counting_key, limit(&y).1.counting_key);
+    assert_refused(
+        "domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n",
+        5,
+        "descriptors[0].share_threshold",
+        "only for a wildcard value",
+    );
+}
+
+#[test]
+fn value_to_metric_names_a_level_after_the_request() {
+    let c = config(
+        "
+domain: d
+descriptors:
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: method
+        descriptors:
+          - key: user
+            value: u*
+            value_to_metric: true
+            rate_limit: {unit: minute, requests_per_unit: 60}
+",
+    );
+    let applies = one(
+        &c,
+        "d",
+        &[("route", "/a"), ("method", "GET"), ("user", "u1")],
+    );
+    let (_, m) = limit(&applies);
+    assert_eq!(m.rule_id, "d.route_/a.method.user_u1");
+    assert_eq!(
+        c.domain("d").unwrap().descriptors.rules[0]
+            .descriptors
+            .rules[0]
+            .descriptors
+            .rules[0]
+            .id,
+        "d.route.method.user_u*"
+    );
+}

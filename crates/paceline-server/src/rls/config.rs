@@ -217,6 +217,12 @@ pub struct Descriptor {
     pub shadow_mode: bool,
     /// `detailed_metric`: name the metrics after the request's values, not the rule's.
     pub detailed_metric: bool,
+    /// `value_to_metric`: name this level of the metrics after the request's value where the
+    /// rule has none or a wildcard.
+    pub value_to_metric: bool,
+    /// `share_threshold` (wildcard values only): every value the wildcard matches counts
+    /// under one key, the wildcard's.
+    pub share_threshold: bool,
     /// The rule's path in the tree, as metrics name it: `domain.key_value.key2`.
     pub id: String,
     /// The line the rule starts at.
@@ -246,26 +252,42 @@ impl Level {
     /// (in the order written) whose prefix the value starts with, else the rule with the key
     /// and no value.
     pub fn find(&self, key: &str, value: &str) -> Option<&Descriptor> {
+        self.find_how(key, value).map(|(rule, _)| rule)
+    }
+
+    /// [`Level::find`], and how the rule matched.
+    pub(super) fn find_how(&self, key: &str, value: &str) -> Option<(&Descriptor, Via)> {
         let rules = self.index.get(key)?;
-        let i = rules
+        let (i, via) = rules
             .exact
             .get(value)
-            .copied()
+            .map(|i| (*i, Via::Exact))
             .or_else(|| {
                 rules
                     .wildcards
                     .iter()
                     .find(|(prefix, _)| value.starts_with(prefix.as_str()))
-                    .map(|(_, i)| *i)
+                    .map(|(_, i)| (*i, Via::Wildcard))
             })
-            .or(rules.any)?;
-        self.rules.get(i)
+            .or(rules.any.map(|i| (i, Via::AnyValue)))?;
+        Some((self.rules.get(i)?, via))
     }
 
     /// Whether the level holds no rule.
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty()
     }
+}
+
+/// How a request entry found its rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Via {
+    /// The rule's value is the entry's.
+    Exact,
+    /// The rule's value is a wildcard the entry's value starts with.
+    Wildcard,
+    /// The rule has the key and no value.
+    AnyValue,
 }
 
 /// One domain: its file and its rules.
@@ -709,6 +731,8 @@ const DESCRIPTOR_FIELDS: &[&str] = &[
     "descriptors",
     "shadow_mode",
     "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
 ];
 const RATE_LIMIT_FIELDS: &[&str] = &[
     "unit",
@@ -844,6 +868,20 @@ fn descriptor(
         Some(n) => Some(rate_limit(file, n, &join(path, "rate_limit"))?),
         None => None,
     };
+    let share_path = join(path, "share_threshold");
+    let share_threshold = flag(file, fields.get("share_threshold"), &share_path)?;
+    if share_threshold && !value.is_some_and(|v| v.ends_with('*')) {
+        let at = fields.get("share_threshold").map_or(node.at, |n| n.at);
+        return Err(RlsConfigError::at(
+            file,
+            at,
+            &share_path,
+            format!(
+                "is only for a wildcard value (ending in `*`), and `{key}` has {}",
+                value.map_or("no value".to_string(), |v| format!("the value `{v}`"))
+            ),
+        ));
+    }
     let descriptors = level(
         file,
         fields.get("descriptors"),
@@ -861,6 +899,12 @@ fn descriptor(
             fields.get("detailed_metric"),
             &join(path, "detailed_metric"),
         )?,
+        value_to_metric: flag(
+            file,
+            fields.get("value_to_metric"),
+            &join(path, "value_to_metric"),
+        )?,
+        share_threshold,
         id,
         line: node.at.line,
         descriptors,

@@ -3,7 +3,7 @@
 
 use paceline_core::Policy;
 
-use super::config::{Descriptor, Level, RlsConfig, RuleLimit, UnitLimit};
+use super::config::{Descriptor, Level, RlsConfig, RuleLimit, UnitLimit, Via};
 
 /// One descriptor of a request, as the RLS protocol carries it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,11 +23,12 @@ pub struct RequestDescriptor<'r> {
 pub struct Matched {
     /// The key to count under: the domain and the request's own keys and values, each part
     /// length-prefixed (`LEN:TEXT`), so two different descriptors never share a key. Every
-    /// value is counted apart, a wildcard rule's too.
+    /// value is counted apart, a wildcard rule's too, unless the wildcard has
+    /// `share_threshold` (then the wildcard stands for every value it matched).
     pub counting_key: String,
-    /// The metrics name of what matched: the rule's path in the tree (`domain.key_value.key2`),
-    /// or with `detailed_metric` (and for a request's own limit) the request's keys and values
-    /// in that form.
+    /// The metrics name of what matched: the rule's path in the tree (`domain.key_value.key2`,
+    /// with the request's value at a level with `value_to_metric`), or with `detailed_metric`
+    /// (and for a request's own limit) the request's keys and values in that form.
     pub rule_id: String,
     /// The rule's `name` (none for a request's own limit).
     pub name: Option<String>,
@@ -159,18 +160,34 @@ fn match_one<'c>(
         };
         return (applies, None);
     }
-    let Some(rule) = find_rule(&tree.descriptors, request) else {
+    let Some(walk) = walk(&tree.descriptors, request) else {
+        return (Applies::None, None);
+    };
+    let Some((rule, _)) = walk.last() else {
         return (Applies::None, None);
     };
     let Some(rate_limit) = &rule.rate_limit else {
         return (Applies::None, None);
     };
+    // `share_threshold`: the values a wildcard matched count, and are named, as the wildcard.
+    let entries: Vec<(&str, &str)> = request
+        .entries
+        .iter()
+        .zip(&walk)
+        .map(|((key, value), (step, via))| match (via, &step.value) {
+            (Via::Wildcard, Some(pattern)) if step.share_threshold => (*key, pattern.as_str()),
+            _ => (*key, *value),
+        })
+        .collect();
+    let shared = walk
+        .iter()
+        .any(|(step, via)| *via == Via::Wildcard && step.share_threshold);
     let mut matched = Matched {
-        counting_key: counting_key(domain, &request.entries),
+        counting_key: counting_key(domain, &entries),
         rule_id: if rule.detailed_metric {
-            detailed_id(domain, &request.entries, true)
+            detailed_id(domain, &entries, !shared)
         } else {
-            rule.id.clone()
+            metric_id(domain, request, &walk)
         },
         name: rate_limit.name.clone(),
         shadow_mode: rule.shadow_mode,
@@ -200,22 +217,44 @@ fn match_one<'c>(
     (applies, Some(rate_limit.replaces.as_slice()))
 }
 
-/// Walks the tree entry by entry; the rule reached by the last entry, if every entry found
+/// Walks the tree entry by entry: the rule each entry found and how, if every entry found
 /// one (a rule applies only at the request descriptor's own depth).
-fn find_rule<'c>(level: &'c Level, request: &RequestDescriptor<'_>) -> Option<&'c Descriptor> {
+fn walk<'c>(
+    level: &'c Level,
+    request: &RequestDescriptor<'_>,
+) -> Option<Vec<(&'c Descriptor, Via)>> {
     let mut level = level;
-    let last = request.entries.len().checked_sub(1)?;
-    for (i, (key, value)) in request.entries.iter().enumerate() {
-        let rule = level.find(key, value)?;
-        if i == last {
-            return Some(rule);
-        }
-        if rule.descriptors.is_empty() {
+    let mut steps = Vec::with_capacity(request.entries.len());
+    for (key, value) in &request.entries {
+        if !steps.is_empty() && level.is_empty() {
             return None;
         }
+        let (rule, via) = level.find_how(key, value)?;
+        steps.push((rule, via));
         level = &rule.descriptors;
     }
-    None
+    Some(steps)
+}
+
+/// The metrics name of a walk without `detailed_metric`: the rule's path in the tree, where
+/// `value_to_metric` puts the request's value in place of a wildcard or of no value, and
+/// `share_threshold` keeps the wildcard.
+fn metric_id(domain: &str, request: &RequestDescriptor<'_>, walk: &[(&Descriptor, Via)]) -> String {
+    let mut out = domain.to_string();
+    for ((key, value), (step, via)) in request.entries.iter().zip(walk) {
+        out.push('.');
+        out.push_str(key);
+        let shown = match via {
+            Via::Wildcard if step.share_threshold || !step.value_to_metric => step.value.as_deref(),
+            Via::AnyValue if !step.value_to_metric => None,
+            _ => Some(*value).filter(|v| !v.is_empty()),
+        };
+        if let Some(v) = shown {
+            out.push('_');
+            out.push_str(v);
+        }
+    }
+    out
 }
 
 /// `LEN:domain` then `LEN:key` `LEN:value` for each entry (lengths in bytes): compact,

@@ -10,7 +10,9 @@
 //! - `descriptors`, nested to any depth (at most [`MAX_DEPTH`] here), each with a `key`, an
 //!   optional `value` (a trailing `*` makes it a prefix), an optional `rate_limit` (`unit`
 //!   and `requests_per_unit`, or `unlimited: true`; `name`; `replaces: [{name}]`),
-//!   `shadow_mode` and `detailed_metric`;
+//!   `shadow_mode`, `detailed_metric`, `value_to_metric` (the request's value in the
+//!   metrics name where the rule has a wildcard or no value) and `share_threshold` (every
+//!   value a wildcard matches counted as one);
 //! - paceline's extensions inside `rate_limit`: `policy: "SPEC"` (any paceline policy,
 //!   instead of `unit`/`requests_per_unit`/`unlimited`) and `drain: true` (carried for the
 //!   service).
@@ -18,8 +20,8 @@
 //! Matching walks the tree entry by entry: an exact key and value first, then the first
 //! wildcard written (in file order) whose prefix the value starts with, then the key with no
 //! value; it stops where nothing matches, and a rule applies only to a request descriptor
-//! that ends at the rule's depth. Each value is counted apart (a wildcard's too), under a key
-//! built from the domain and the request's own entries.
+//! that ends at the rule's depth. Each value is counted apart (a wildcard's too, unless it
+//! has `share_threshold`), under a key built from the domain and the request's own entries.
 //!
 //! Where paceline reads a file more strictly than envoyproxy/ratelimit: a field unknown *at
 //! its level* is refused (not only a name unknown anywhere), as are `requests_per_unit` with
