@@ -1017,3 +1017,16 @@ descriptors:
         "d.route.method.user_u*"
     );
 }
+
+#[test]
+fn the_config_is_shared_across_threads_and_errors_give_columns() {
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<RlsConfig>();
+    shared::<Applies>();
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight}\n");
+    assert_eq!((e.line, e.column), (Some(4), Some(24)));
+    assert_eq!(
+        e.to_string(),
+        "test.yaml:4:24: `descriptors[0].rate_limit.unit`: `fortnight` is not a unit; use second, minute, hour or day"
+    );
+}
