@@ -38,9 +38,12 @@ use crate::request::BodyError;
 /// | `lease_lost` | 409 | the job's lease is no longer the one given: stop working on the job |
 /// | `payload_too_large` | 413 | the body is over the endpoint's limit |
 /// | `invalid_config` | 422 | the config file did not load on a reload |
+/// | `rate_limited` | 429 | `paceline proxy` only: the request cannot be sent upstream in time (`Retry-After` says when to try again) |
 /// | `internal` | 500 | the service failed on the request |
+/// | `bad_gateway` | 502 | `paceline proxy` only: the upstream could not be reached or failed to answer |
 /// | `store_full` | 503 | the store holds as much as it may |
 /// | `store_unavailable` | 503 | the store does not answer |
+/// | `gateway_timeout` | 504 | `paceline proxy` only: the upstream did not start its answer in time |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum ErrorCode {
@@ -75,12 +78,18 @@ pub(crate) enum ErrorCode {
     PayloadTooLarge,
     /// `422`: the config file did not load on a reload.
     InvalidConfig,
+    /// `429` (`paceline proxy` only): the request cannot be sent upstream in time.
+    RateLimited,
     /// `500`: the service failed on the request.
     Internal,
+    /// `502` (`paceline proxy` only): the upstream could not be reached or failed.
+    BadGateway,
     /// `503`: the store holds as much as it may.
     StoreFull,
     /// `503`: the store does not answer.
     StoreUnavailable,
+    /// `504` (`paceline proxy` only): the upstream did not start its answer in time.
+    GatewayTimeout,
 }
 
 impl ErrorCode {
@@ -101,8 +110,11 @@ impl ErrorCode {
             ErrorCode::Conflict | ErrorCode::LeaseLost => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::InvalidConfig => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::BadGateway => StatusCode::BAD_GATEWAY,
             ErrorCode::StoreFull | ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::GatewayTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 }

@@ -304,7 +304,9 @@ async fn a_wait_beyond_max_wait_is_a_429_with_retry_after() {
         .unwrap();
     assert!((50..=60).contains(&retry), "retry-after {retry}");
     let body: serde_json::Value = second.json().await.unwrap();
-    assert_eq!(body["error"], "wait_exceeded");
+    assert_eq!(body["error"]["code"], "rate_limited");
+    assert_eq!(body["error"]["field"], "max_wait");
+    assert!(body["error"]["message"].is_string(), "{body}");
     assert_eq!(
         mock.api.lock().unwrap().counts.requests,
         1,
@@ -325,7 +327,8 @@ async fn an_unreachable_upstream_fails_only_its_request() {
         let r = client.get(format!("{}/x", p.url)).send().await.unwrap();
         assert_eq!(r.status(), 502);
         let body: serde_json::Value = r.json().await.unwrap();
-        assert_eq!(body["error"], "upstream");
+        assert_eq!(body["error"]["code"], "bad_gateway", "{body}");
+        assert_eq!(body["error"]["field"], "upstream", "{body}");
     }
     p.stop().await;
 }
@@ -362,7 +365,8 @@ async fn identities_beyond_the_cap_get_503() {
         assert_eq!(r.status(), status, "token {token}");
         if status == 503 {
             let body: serde_json::Value = r.json().await.unwrap();
-            assert_eq!(body["error"], "identities");
+            assert_eq!(body["error"]["code"], "store_full", "{body}");
+            assert_eq!(body["error"]["field"], "authorization", "{body}");
         }
     }
     let _ = stop.send(());
@@ -662,9 +666,10 @@ async fn credentials_in_the_proxys_urls_are_never_shown() {
     let body = failed.text().await.unwrap();
     shows_none("an upstream error", &body);
     let body: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(body["error"], "upstream");
+    assert_eq!(body["error"]["code"], "bad_gateway");
+    assert_eq!(body["error"]["field"], "upstream");
     assert!(
-        body["message"]
+        body["error"]["message"]
             .as_str()
             .is_some_and(|m| m.contains("error sending request")),
         "{body}"

@@ -7,17 +7,15 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use http_body_util::BodyExt;
 use paceline_client::headers::{self as dialects, Scope};
 use paceline_client::{After, ClientError};
-use serde::Serialize;
 
 use super::state::{ProxyState, Refused};
 use super::target;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// The largest request body the proxy keeps in memory so that it can send the request
 /// again after a refusal: 1 MiB.
@@ -59,93 +57,73 @@ fn end_to_end(headers: &HeaderMap) -> HeaderMap {
     out
 }
 
-/// Why the proxy answered a request itself instead of sending it upstream.
-pub(super) enum Refusal {
-    /// A path that would leave the upstream's base: `400` naming `path`, as the service
-    /// answers bad input.
-    Path(ApiError),
-    /// The proxy's own answer: `status`, `{"error", "message"}`, and extra headers.
-    Own {
-        status: StatusCode,
-        error: &'static str,
-        message: String,
-        headers: Vec<(&'static str, String)>,
-    },
-}
-
-/// `{"error", "message"}` of the proxy's own answer.
-#[derive(Serialize)]
-struct OwnBody<'a> {
-    error: &'a str,
-    message: &'a str,
+/// Why the proxy answered a request itself instead of sending it upstream: an error in the
+/// service's shape (`{"error": {"code", "field", "message"}}`), with extra headers.
+pub(super) struct Refusal {
+    error: ApiError,
+    headers: Vec<(&'static str, String)>,
 }
 
 impl Refusal {
-    /// The proxy's own answer `status`, of kind `error`, saying `message`.
-    fn own(status: StatusCode, error: &'static str, message: impl Into<String>) -> Refusal {
-        Refusal::Own {
-            status,
-            error,
-            message: message.into(),
-            headers: Vec::new(),
-        }
+    /// The proxy's own answer: an error of `code` at `field`, saying `message`.
+    fn own(code: ErrorCode, field: &'static str, message: impl Into<String>) -> Refusal {
+        Refusal::from(ApiError::new(code, field, message))
     }
 
     /// The answer with header `name: value` too.
     fn with_header(mut self, name: &'static str, value: String) -> Refusal {
-        if let Refusal::Own { headers, .. } = &mut self {
-            headers.push((name, value));
-        }
+        self.headers.push((name, value));
         self
+    }
+}
+
+impl From<ApiError> for Refusal {
+    fn from(error: ApiError) -> Refusal {
+        Refusal {
+            error,
+            headers: Vec::new(),
+        }
     }
 }
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        match self {
-            Refusal::Path(e) => e.into_response(),
-            Refusal::Own {
-                status,
-                error,
-                message,
-                headers,
-            } => {
-                let body = OwnBody {
-                    error,
-                    message: &message,
-                };
-                let mut response = (status, Json(body)).into_response();
-                for (name, value) in headers {
-                    if let Ok(v) = HeaderValue::from_str(&value) {
-                        response.headers_mut().insert(name, v);
-                    }
-                }
-                response
+        let mut response = self.error.into_response();
+        for (name, value) in self.headers {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                response.headers_mut().insert(name, v);
             }
         }
+        response
     }
 }
 
-/// The answer to a request the limiter refused: `429` with `Retry-After` and
-/// `x-paceline-proxy` saying why (`wait-exceeded`, `invalid-budget`, `closed`).
+/// The answer to a request the limiter refused: `429 rate_limited` with `Retry-After` and
+/// `x-paceline-proxy` saying why (`wait-exceeded`, naming `max_wait`; `invalid-budget`,
+/// naming `authorization`, whose budget of invalid answers is spent; `closed`, naming
+/// `upstream`).
 fn refused(state: &ProxyState, e: &ClientError) -> Refusal {
-    let (outcome, kind, retry_after) = match e {
+    let (outcome, kind, field, retry_after) = match e {
         ClientError::WaitExceeded {
             max_wait,
             would_wait,
         } => (
             "wait_exceeded",
             "wait-exceeded",
+            "max_wait",
             would_wait.unwrap_or(*max_wait),
         ),
-        ClientError::InvalidBudget { retry_after } => {
-            ("invalid_budget", "invalid-budget", *retry_after)
-        }
-        _ => ("upstream_error", "closed", Duration::from_secs(1)),
+        ClientError::InvalidBudget { retry_after } => (
+            "invalid_budget",
+            "invalid-budget",
+            "authorization",
+            *retry_after,
+        ),
+        _ => ("upstream_error", "closed", "upstream", Duration::from_secs(1)),
     };
     state.metrics.count(outcome);
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
-    Refusal::own(StatusCode::TOO_MANY_REQUESTS, outcome, e.to_string())
+    Refusal::own(ErrorCode::RateLimited, field, e.to_string())
         .with_header("retry-after", seconds.max(1).to_string())
         .with_header("x-paceline-proxy", kind.to_string())
 }
@@ -163,7 +141,7 @@ pub(super) async fn forward(
         Ok(t) => t,
         Err(refusal) => {
             state.metrics.count("bad_request");
-            return Err(Refusal::Path(ApiError::invalid("path", refusal)));
+            return Err(Refusal::from(ApiError::invalid("path", refusal)));
         }
     };
     let token = parts
@@ -176,19 +154,16 @@ pub(super) async fn forward(
         Ok(None) => {
             state.metrics.count("too_many_identities");
             return Err(Refusal::own(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "identities",
-                "the proxy holds the limits of as many Authorization values as it may; retry later",
+                ErrorCode::StoreFull,
+                "authorization",
+                "the proxy holds the limits of as many Authorization values as it may \
+                 (--max-identities); retry later",
             )
             .with_header("retry-after", "60".to_string()));
         }
         Err(e) => {
             state.metrics.count("bad_request");
-            return Err(Refusal::own(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "dialect",
-                e.message(),
-            ));
+            return Err(Refusal::own(ErrorCode::Internal, "dialect", e.message()));
         }
     };
     let route = state.route(parts.method.as_str(), &target.path);
@@ -210,7 +185,11 @@ pub(super) async fn forward(
             Ok(b) => kept = Some(b.to_bytes()),
             Err(e) => {
                 state.metrics.count("bad_request");
-                return Err(Refusal::own(StatusCode::BAD_REQUEST, "body", e.to_string()));
+                return Err(Refusal::own(
+                    ErrorCode::InvalidArgument,
+                    "body",
+                    e.to_string(),
+                ));
             }
         }
     } else {
@@ -240,10 +219,10 @@ pub(super) async fn forward(
             .send();
         let failure = match tokio::time::timeout(state.upstream_timeout, sending).await {
             Ok(Ok(r)) => Ok(r),
-            Ok(Err(e)) if e.is_timeout() => Err((StatusCode::GATEWAY_TIMEOUT, upstream_failure(e))),
-            Ok(Err(e)) => Err((StatusCode::BAD_GATEWAY, upstream_failure(e))),
+            Ok(Err(e)) if e.is_timeout() => Err((ErrorCode::GatewayTimeout, upstream_failure(e))),
+            Ok(Err(e)) => Err((ErrorCode::BadGateway, upstream_failure(e))),
             Err(_) => Err((
-                StatusCode::GATEWAY_TIMEOUT,
+                ErrorCode::GatewayTimeout,
                 format!(
                     "the upstream did not start its answer within {:?}",
                     state.upstream_timeout
@@ -252,10 +231,10 @@ pub(super) async fn forward(
         };
         let upstream = match failure {
             Ok(r) => r,
-            Err((status, message)) => {
+            Err((code, message)) => {
                 permit.failed();
                 state.metrics.count("upstream_error");
-                return Err(Refusal::own(status, "upstream", message));
+                return Err(Refusal::own(code, "upstream", message));
             }
         };
         let status = upstream.status().as_u16();
