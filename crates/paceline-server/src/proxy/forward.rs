@@ -119,7 +119,12 @@ fn refused(state: &ProxyState, e: &ClientError) -> Refusal {
             "authorization",
             *retry_after,
         ),
-        _ => ("upstream_error", "closed", "upstream", Duration::from_secs(1)),
+        _ => (
+            "upstream_error",
+            "closed",
+            "upstream",
+            Duration::from_secs(1),
+        ),
     };
     state.metrics.count(outcome);
     let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
