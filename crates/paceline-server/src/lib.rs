@@ -88,6 +88,8 @@ const MEMORY_SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(
 /// A bound, not yet running service.
 pub struct Server {
     listener: TcpListener,
+    /// The RLS gRPC listener (`--rls-listen`).
+    rls_listener: Option<TcpListener>,
     state: Arc<AppState>,
     store: String,
 }
@@ -160,9 +162,31 @@ impl Server {
             .token_key(LEASE_KEY)
             .await
             .map_err(ServerError::Store)?;
+        let rls = match &settings.rls.config {
+            Some(path) => Some(Arc::new(
+                rls::service::RlsState::load(path, settings.rls.response_headers).map_err(|e| {
+                    ServerError::Settings(paceline_core::InputError::new(
+                        e.field.clone(),
+                        format!("{}: {}", e.location(), e.message),
+                    ))
+                })?,
+            )),
+            None if settings.rls.listen.is_some() => {
+                return Err(ServerError::Settings(paceline_core::InputError::new(
+                    "rls.config",
+                    "the RLS listener has no rules: give --rls-config (or [rls] config) with \
+                     the YAML file or folder",
+                )))
+            }
+            None => None,
+        };
         let listener = TcpListener::bind(settings.listen)
             .await
             .map_err(ServerError::Listen)?;
+        let rls_listener = match settings.rls.listen {
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(ServerError::Listen)?),
+            None => None,
+        };
         let store_description = paceline_store::without_credentials(&settings.store);
         let metrics = metrics::Metrics::new();
         let state = Arc::new(AppState {
@@ -174,9 +198,11 @@ impl Server {
             groups: groups_cache::GroupsCache::default(),
             base: Mutex::new(settings),
             lease_key,
+            rls,
         });
         Ok(Server {
             listener,
+            rls_listener,
             state,
             store: store_description,
         })
@@ -187,6 +213,11 @@ impl Server {
         self.listener
             .local_addr()
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)))
+    }
+
+    /// The address Envoy's rate limit service (gRPC) listens on, if it does.
+    pub fn rls_addr(&self) -> Option<SocketAddr> {
+        self.rls_listener.as_ref().and_then(|l| l.local_addr().ok())
     }
 
     /// The store, as shown at start-up (without credentials).
@@ -230,7 +261,36 @@ impl Server {
             shutdown.await;
             state.stopping.send_replace(true);
         };
+        // Envoy's rate limit service over gRPC, stopped by the same shutdown.
+        let grpc = match (self.rls_listener, &self.state.rls) {
+            (Some(listener), Some(rls)) => {
+                let service = rls::service::server(rls::service::Service {
+                    state: Arc::clone(&self.state),
+                    rls: Arc::clone(rls),
+                });
+                let mut stopping = self.state.stopping.subscribe();
+                let stop = async move {
+                    let _ = stopping.wait_for(|&stopping| stopping).await;
+                };
+                let incoming =
+                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                Some(tokio::spawn(async move {
+                    let served = tonic::transport::Server::builder()
+                        .serve_with_incoming_shutdown(service, incoming, stop)
+                        .await;
+                    if let Err(e) = served {
+                        tracing::error!(target: "paceline", "the RLS gRPC listener stopped: {e}");
+                    }
+                }))
+            }
+            _ => None,
+        };
         let body_timeout = Some(limits.body_read_timeout);
-        conn::serve(self.listener, app, limits, body_timeout, shutdown).await
+        let served = conn::serve(self.listener, app, limits, body_timeout, shutdown).await;
+        if let Some(grpc) = grpc {
+            // Calls in flight get the same deadline as the HTTP ones.
+            let _ = tokio::time::timeout(limits.shutdown_timeout, grpc).await;
+        }
+        served
     }
 }

@@ -83,6 +83,7 @@ pub fn openapi_json() -> String {
         crate::health::healthz,
         crate::health::readyz,
         crate::health::metrics,
+        crate::rls::json::json,
         document,
     ),
     components(schemas(crate::error::ErrorCode)),
@@ -94,6 +95,7 @@ pub fn openapi_json() -> String {
         (name = "policies", description = "The configured policies and their keys"),
         (name = "queues", description = "Rate-limited job queues: producers and workers"),
         (name = "service", description = "Health, readiness, metrics, the dashboard, reloads"),
+        (name = "rls", description = "Envoy's rate limit service over HTTP (`--rls-config`): the same decisions as its gRPC"),
     )
 )]
 struct ApiDoc;

@@ -3,7 +3,9 @@
 //! follow. The listen address, the store and the queues need a restart; a reload says so
 //! when the file changed them. A file that does not load leaves the running configuration
 //! as it is, and the answer (`422 invalid_config`) says why; a service started without a
-//! config file has nothing to reload (`409 conflict`).
+//! config file has nothing to reload (`409 conflict`), unless it serves RLS rules
+//! (`--rls-config`): those are read again too, and a file of them that does not load keeps
+//! the running rules (logged at WARN, naming the file and the line).
 
 use std::sync::{Arc, PoisonError};
 
@@ -48,7 +50,7 @@ async fn reload(
     State(state): State<Arc<AppState>>,
     _: Authorized,
 ) -> Result<Json<Reloaded>, ApiError> {
-    if !state.has_config_file() {
+    if !state.has_config_file() && state.rls.is_none() {
         return Err(ApiError::new(ErrorCode::Conflict, "config", NO_FILE));
     }
     let message = state
@@ -75,7 +77,7 @@ impl AppState {
     /// `reload failed: ...; the previous configuration stays` at WARN (an operator who
     /// sent a bad file must see it among the warnings).
     pub(crate) fn reload(&self, trigger: &str) -> Result<String, String> {
-        let outcome = self.reload_file();
+        let outcome = self.reload_all();
         match &outcome {
             Ok(message) => tracing::info!(target: "paceline", trigger, "reloaded: {message}"),
             Err(message) => {
@@ -83,6 +85,31 @@ impl AppState {
             }
         }
         outcome
+    }
+
+    /// Re-reads the config file (if the service has one), then the RLS rules (if it has
+    /// them). RLS rules that do not load leave the running ones as they are (their counters
+    /// are kept either way: an unchanged rule counts under the same keys).
+    fn reload_all(&self) -> Result<String, String> {
+        let mut message = if self.has_config_file() {
+            Some(self.reload_file()?)
+        } else {
+            None
+        };
+        if let Some(rls) = &self.rls {
+            let loaded = rls.reload().map_err(|e| {
+                let before = match &message {
+                    Some(m) => format!("{m}; but "),
+                    None => String::new(),
+                };
+                format!("{before}the RLS rules did not load: {e}; the previous RLS rules stay")
+            })?;
+            message = Some(match message {
+                Some(m) => format!("{m}; {loaded}"),
+                None => loaded,
+            });
+        }
+        message.ok_or_else(|| NO_FILE.to_string())
     }
 
     /// Re-reads the config file and applies its policies and access rules.

@@ -3,7 +3,7 @@
 //! timeout, and the net that answers a handler's panic).
 //!
 //! Each route module (`decisions`, `leases`, `policies`, `queues`, `reload`, `dashboard`,
-//! `health`, `openapi`) owns its routes and handlers; this is the only place that knows
+//! `health`, `openapi`, and `rls::json` for `POST /json`) owns its routes and handlers; this is the only place that knows
 //! them all.
 
 use std::sync::Arc;
@@ -26,6 +26,7 @@ pub(crate) fn router(state: Arc<AppState>) -> Router {
         .merge(dashboard::routes())
         .merge(health::routes())
         .merge(openapi::routes())
+        .merge(crate::rls::json::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(CatchPanicLayer)

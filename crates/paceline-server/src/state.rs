@@ -38,6 +38,8 @@ pub(crate) struct AppState {
     /// Signs concurrency leases' tokens ([`crate::lease_token`]): the store's key, shared
     /// by every instance on the same Redis.
     pub(crate) lease_key: TokenKey,
+    /// Envoy's rate limit service, when the service has its rules (`--rls-config`).
+    pub(crate) rls: Option<Arc<crate::rls::service::RlsState>>,
 }
 
 impl AppState {

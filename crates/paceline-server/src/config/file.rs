@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use paceline_queue::QueueConfig;
@@ -42,6 +42,19 @@ pub struct FileSettings {
     pub policies: BTreeMap<String, Policy>,
     /// `[queues.NAME]` tables.
     pub queues: BTreeMap<String, QueueConfig>,
+    /// The `[rls]` table.
+    pub rls: Option<RlsFile>,
+}
+
+/// The `[rls]` table: Envoy's rate limit service (see [`super::RlsSettings`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RlsFile {
+    /// `listen`.
+    pub listen: Option<SocketAddr>,
+    /// `config`: relative to the config file's folder when relative.
+    pub config: Option<PathBuf>,
+    /// `response_headers`.
+    pub response_headers: Option<bool>,
 }
 
 /// The longest policy name (it appears in URLs, metrics and keys).
@@ -78,6 +91,16 @@ struct FileToml {
     policies: BTreeMap<String, Policy>,
     #[serde(default)]
     queues: BTreeMap<String, QueueToml>,
+    rls: Option<RlsToml>,
+}
+
+/// The `[rls]` table.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RlsToml {
+    listen: Option<String>,
+    config: Option<String>,
+    response_headers: Option<bool>,
 }
 
 /// A `[queues.NAME]` table.
@@ -209,6 +232,16 @@ const ALLOWED: &[(&str, &str)] = &[
     ("allow_inline_policies", "true or false"),
     ("policies", "tables: [policies.NAME]"),
     ("queues", "tables: [queues.NAME]"),
+    (
+        "rls",
+        "a table: [rls] with listen, config, response_headers",
+    ),
+    (
+        "rls.listen",
+        "HOST:PORT as a string, e.g. \"127.0.0.1:8081\"",
+    ),
+    ("rls.config", "a path as a string: a YAML file or a folder"),
+    ("rls.response_headers", "true or false"),
 ];
 
 /// Parses and validates config text; `source` names it in errors.
@@ -293,6 +326,35 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
             .into_config()
             .map_err(|(field, message)| err(&format!("queues.{name}.{field}"), message))?;
         out.queues.insert(name, config);
+    }
+    if let Some(rls) = file.rls {
+        let mut table = RlsFile {
+            response_headers: rls.response_headers,
+            ..RlsFile::default()
+        };
+        if let Some(s) = rls.listen {
+            table.listen = Some(s.parse().map_err(|_| {
+                err(
+                    "rls.listen",
+                    format!("`{s}` is not an address; use HOST:PORT, e.g. 127.0.0.1:8081"),
+                )
+            })?);
+        }
+        if let Some(path) = rls.config {
+            if path.is_empty() {
+                return Err(err(
+                    "rls.config",
+                    "is empty: give the YAML file or folder of the rules, or remove it".into(),
+                ));
+            }
+            // A relative path is the config file's neighbour, wherever the service starts.
+            let path = PathBuf::from(path);
+            table.config = Some(match Path::new(source).parent() {
+                Some(dir) if path.is_relative() && !dir.as_os_str().is_empty() => dir.join(path),
+                _ => path,
+            });
+        }
+        out.rls = Some(table);
     }
     Ok(out)
 }

@@ -57,7 +57,7 @@ use std::time::Duration;
 use paceline_queue::QueueConfig;
 use paceline_store::{FailurePolicy, Policy};
 
-pub use file::{parse, read_file, FileSettings};
+pub use file::{parse, read_file, FileSettings, RlsFile};
 pub use values::{parse_auto_batch, parse_timeout, ConfigError, MAX_CONNECTIONS};
 
 /// The port `paceline serve` listens on when none is given.
@@ -92,6 +92,31 @@ pub struct Settings {
     /// What the command line set of what a reload can change: it wins over the file, at
     /// start-up and at every reload.
     pub flags: LiveFlags,
+    /// Envoy's rate limit service (`[rls]`, `--rls-listen`, `--rls-config`).
+    pub rls: RlsSettings,
+}
+
+/// Envoy's rate limit service (RLS v3): where its gRPC listens, the envoyproxy/ratelimit
+/// YAML rules it serves, and whether its answers carry `RateLimit` headers.
+///
+/// ```toml
+/// [rls]
+/// listen = "127.0.0.1:8081"       # gRPC (envoy.service.ratelimit.v3.RateLimitService)
+/// config = "/etc/paceline/rls"    # a YAML file, or a folder of .yaml/.yml files
+/// response_headers = false        # add RateLimit-Policy and RateLimit to the answers
+/// ```
+///
+/// With `config` and no `listen`, the rules are served on the HTTP listener's `POST /json`
+/// only; `listen` without `config` is refused at start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RlsSettings {
+    /// Where the gRPC service listens (`None`: no gRPC listener).
+    pub listen: Option<SocketAddr>,
+    /// The YAML file or folder of the rules (`None`: no RLS at all).
+    pub config: Option<PathBuf>,
+    /// Add `RateLimit-Policy` and `RateLimit` (IETF draft-11) to each answer's
+    /// `response_headers_to_add`.
+    pub response_headers: bool,
 }
 
 /// What one client may hold of the service: how long it may take to send a request, how
@@ -153,6 +178,7 @@ impl Default for Settings {
             queues: BTreeMap::new(),
             config_file: None,
             flags: LiveFlags::default(),
+            rls: RlsSettings::default(),
         }
     }
 }
@@ -179,6 +205,17 @@ impl Settings {
         c.max_connections = file.max_connections.unwrap_or(c.max_connections);
         c.shutdown_timeout = file.shutdown_timeout.unwrap_or(c.shutdown_timeout);
         self.queues = std::mem::take(&mut file.queues);
+        if let Some(rls) = file.rls.take() {
+            if rls.listen.is_some() {
+                self.rls.listen = rls.listen;
+            }
+            if rls.config.is_some() {
+                self.rls.config = rls.config;
+            }
+            if let Some(headers) = rls.response_headers {
+                self.rls.response_headers = headers;
+            }
+        }
         self.apply_live(file);
     }
 

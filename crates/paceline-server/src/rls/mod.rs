@@ -1,7 +1,30 @@
 //! Envoy's rate limit service (RLS v3) configured from envoyproxy/ratelimit's own YAML files:
 //! the rules read and checked ([`RlsConfig`]), and what applies to each descriptor of a
-//! request ([`match_request`]). No gRPC, clock or store here: the service decides on top of
-//! [`Applies`].
+//! request ([`match_request`]), both pure; and the service on top of [`Applies`]:
+//! `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit` over gRPC
+//! (`--rls-listen`) and `POST /json` on the HTTP listener, both deciding alike.
+//!
+//! How the service decides a request:
+//!
+//! - **all or nothing**: every limit that applies (not in shadow mode) is decided in one
+//!   atomic set of the store; a request over any limit counts on none, its statuses saying
+//!   which limits refused (`OVER_LIMIT`) and which would have admitted (`OK`). A rule of 0
+//!   requests, or a `hits_addend` more than a limit ever admits, refuses the request the
+//!   same way. At most `paceline_store::MAX_LIMITS` limits per request;
+//! - `hits_addend` 0 (a descriptor's own) checks without counting: `OVER_LIMIT` when the
+//!   limit has nothing left;
+//! - each counter's store key is `~rls:{DOMAIN}:SPEC:COUNTING_KEY`: the domain is a Redis
+//!   Cluster hash tag, so **all of a domain's counters share one hash slot** (one primary
+//!   of a cluster serves a domain); the canonical policy spec keeps two limits on one
+//!   descriptor apart and leaves an unchanged rule's counter in place across a reload;
+//! - `shadow_mode` limits are decided after the request, on their own (counted when the
+//!   request is admitted, only checked when it is refused), and answer `OK` whatever they
+//!   decide; one that would have refused is logged at INFO (target `paceline::rls`);
+//! - a store failure follows the service's failure policy: `fail_open` and `local` answer
+//!   as their fallback decides, `fail_closed` is gRPC `UNAVAILABLE` (`503` on `/json`);
+//! - a status's `current_limit` is the rule's (or the request's) `requests_per_unit` per
+//!   `unit`; a `policy:` rule has none (a paceline policy need not be a count per unit);
+//!   `limit_remaining` and `duration_until_reset` are the decision's.
 //!
 //! The format, as envoyproxy/ratelimit reads it:
 //!
@@ -14,8 +37,9 @@
 //!   metrics name where the rule has a wildcard or no value) and `share_threshold` (every
 //!   value a wildcard matches counted as one);
 //! - paceline's extensions inside `rate_limit`: `policy: "SPEC"` (any paceline policy,
-//!   instead of `unit`/`requests_per_unit`/`unlimited`) and `drain: true` (carried for the
-//!   service).
+//!   instead of `unit`/`requests_per_unit`/`unlimited`) and `drain: true` (read here; the
+//!   service refuses it at load, naming the file and the line, until it has a charge that
+//!   counts past the limit: see [`load`]).
 //!
 //! Matching walks the tree entry by entry: an exact key and value first, then the first
 //! wildcard written (in file order) whose prefix the value starts with, then the key with no
@@ -57,10 +81,14 @@
 //! ```
 
 mod config;
+pub(crate) mod decide;
+pub(crate) mod json;
 mod matching;
+pub(crate) mod service;
 
 pub use config::{
     Descriptor, Domain, Level, RateLimit, RlsConfig, RlsConfigError, RuleLimit, Unit, UnitLimit,
     MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES,
 };
 pub use matching::{counting_key, match_request, Applies, Matched, RequestDescriptor};
+pub use service::load;

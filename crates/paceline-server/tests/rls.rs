@@ -1,0 +1,706 @@
+//! Envoy's rate limit service in process: rules from a YAML file, called with Envoy's own
+//! gRPC client (and over `POST /json`), on the memory store, on Redis and on a Redis
+//! Cluster. The clock is a `ManualClock`: no window turns during a test.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use paceline_server::config::RlsSettings;
+use paceline_server::{Server, Settings};
+use paceline_store::ManualClock;
+use paceline_testkit::{shared_cluster, shared_server, unique_name};
+use serde_json::{json, Value};
+use std::io::Write;
+use tonic::transport::Channel;
+
+/// A running service with its RLS listener.
+struct Rls {
+    url: String,
+    addr: std::net::SocketAddr,
+    client: RateLimitServiceClient<Channel>,
+    rules: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Rls {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+
+    async fn call(&self, request: RateLimitRequest) -> RateLimitResponse {
+        self.client
+            .clone()
+            .should_rate_limit(request)
+            .await
+            .expect("an answer")
+            .into_inner()
+    }
+
+    async fn error(&self, request: RateLimitRequest) -> tonic::Status {
+        self.client
+            .clone()
+            .should_rate_limit(request)
+            .await
+            .expect_err("an error")
+    }
+}
+
+/// A folder of its own holding `rules.yaml`.
+fn rules_file(yaml: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique_name("paceline-rls"));
+    std::fs::create_dir_all(&dir).expect("a folder");
+    let path = dir.join("rules.yaml");
+    std::fs::write(&path, yaml).expect("written");
+    path
+}
+
+async fn start(store: &str, yaml: &str, headers: bool, clock: Arc<ManualClock>) -> Rls {
+    start_with(store, rules_file(yaml), headers, clock).await
+}
+
+async fn start_with(store: &str, rules: PathBuf, headers: bool, clock: Arc<ManualClock>) -> Rls {
+    paceline_store::install_tls_provider();
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("an address"),
+        store: store.to_string(),
+        rls: RlsSettings {
+            listen: Some("127.0.0.1:0".parse().expect("an address")),
+            config: Some(rules.clone()),
+            response_headers: headers,
+        },
+        ..Settings::default()
+    };
+    let server = Server::bind_with_clock(settings, clock)
+        .await
+        .expect("bind");
+    let url = format!("http://{}", server.local_addr());
+    let addr = server.rls_addr().expect("an RLS listener");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let _ = server
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await;
+    });
+    let client = RateLimitServiceClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connected");
+    Rls {
+        url,
+        addr,
+        client,
+        rules,
+        task,
+        stop,
+    }
+}
+
+fn clock() -> Arc<ManualClock> {
+    // Mid-minute, mid-hour and mid-day: no window of a test turns.
+    Arc::new(ManualClock::new(1_800_000_000_000_000 + 43_230_000_000))
+}
+
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+fn one(domain: &str, entries: &[(&str, &str)]) -> RateLimitRequest {
+    request(domain, vec![descriptor(entries)])
+}
+
+fn codes(r: &RateLimitResponse) -> (i32, Vec<i32>) {
+    (r.overall_code, r.statuses.iter().map(|s| s.code).collect())
+}
+
+const OK: i32 = Code::Ok as i32;
+const OVER: i32 = Code::OverLimit as i32;
+
+fn readme(domain: &str) -> String {
+    format!(
+        "
+domain: {domain}
+descriptors:
+  # Nested: a marketing message to one number, 5 a day; any message, 100 a day.
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {{unit: day, requests_per_unit: 5}}
+  - key: to_number
+    rate_limit: {{unit: day, requests_per_unit: 100}}
+  # A wildcard: each path under /foo/ counted apart.
+  - key: path
+    value: /foo/*
+    rate_limit: {{unit: minute, requests_per_unit: 2}}
+  # Unlimited and refuse-all.
+  - key: remote_address
+    value: 10.0.0.1
+    rate_limit: {{unlimited: true}}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {{unit: second, requests_per_unit: 0}}
+  - key: remote_address
+    rate_limit: {{unit: second, requests_per_unit: 3}}
+  # Replaces: a premium key's own limit drops the generic one.
+  - key: key
+    value: premium
+    rate_limit: {{unit: minute, requests_per_unit: 4, name: premium, replaces: [{{name: generic}}]}}
+  - key: api
+    rate_limit: {{unit: minute, requests_per_unit: 1, name: generic}}
+  # Shadow mode: counted, never refused.
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {{unit: minute, requests_per_unit: 1}}
+  - key: shadow_zero
+    shadow_mode: true
+    rate_limit: {{unit: minute, requests_per_unit: 0}}
+  # Two independent limits for all-or-nothing.
+  - key: user
+    rate_limit: {{unit: hour, requests_per_unit: 10}}
+  - key: tenant
+    rate_limit: {{unit: hour, requests_per_unit: 1}}
+  # paceline's own policy.
+  - key: gcra
+    rate_limit: {{policy: \"gcra:rate=1/s,burst=2\"}}
+"
+    )
+}
+
+async fn readme_examples(store: &str) {
+    let domain = unique_name("readme");
+    let rls = start(store, &readme(&domain), false, clock()).await;
+    // Nested: the marketing limit (5 a day) refuses the sixth; the plain one counts on.
+    for i in 0..5 {
+        let r = rls
+            .call(one(
+                &domain,
+                &[("message_type", "marketing"), ("to_number", "2061111111")],
+            ))
+            .await;
+        assert_eq!(codes(&r), (OK, vec![OK]), "{i}");
+        let status = &r.statuses[0];
+        assert_eq!(status.limit_remaining, 4 - i);
+        let limit = status.current_limit.as_ref().expect("a current limit");
+        assert_eq!((limit.requests_per_unit, limit.unit), (5, 4));
+        assert!(status.duration_until_reset.is_some());
+    }
+    let r = rls
+        .call(one(
+            &domain,
+            &[("message_type", "marketing"), ("to_number", "2061111111")],
+        ))
+        .await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+    let r = rls.call(one(&domain, &[("to_number", "2061111111")])).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    assert_eq!(r.statuses[0].limit_remaining, 99);
+
+    // A wildcard counts each value apart.
+    for path in ["/foo/a", "/foo/b"] {
+        for _ in 0..2 {
+            let r = rls.call(one(&domain, &[("path", path)])).await;
+            assert_eq!(codes(&r), (OK, vec![OK]), "{path}");
+        }
+        let r = rls.call(one(&domain, &[("path", path)])).await;
+        assert_eq!(codes(&r), (OVER, vec![OVER]), "{path}");
+    }
+    // No rule: OK with no limit.
+    let r = rls.call(one(&domain, &[("path", "/bar")])).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    assert!(r.statuses[0].current_limit.is_none());
+
+    // Unlimited, refuse-all, and the key's own limit.
+    let r = rls
+        .call(one(&domain, &[("remote_address", "10.0.0.1")]))
+        .await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
+    let r = rls
+        .call(one(&domain, &[("remote_address", "50.0.0.5")]))
+        .await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+    let r = rls
+        .call(one(&domain, &[("remote_address", "1.2.3.4")]))
+        .await;
+    assert_eq!(
+        (codes(&r), r.statuses[0].limit_remaining),
+        ((OK, vec![OK]), 2)
+    );
+
+    // Replaces: with the premium descriptor, the generic limit (1 a minute) does not
+    // apply; without it, it does.
+    for _ in 0..3 {
+        let r = rls
+            .call(request(
+                &domain,
+                vec![
+                    descriptor(&[("key", "premium")]),
+                    descriptor(&[("api", "x")]),
+                ],
+            ))
+            .await;
+        assert_eq!(codes(&r), (OK, vec![OK, OK]));
+        assert!(r.statuses[1].current_limit.is_none());
+    }
+    let r = rls.call(one(&domain, &[("api", "x")])).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    let r = rls.call(one(&domain, &[("api", "x")])).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+
+    // A paceline policy: its decision's remaining; no current_limit.
+    let r = rls.call(one(&domain, &[("gcra", "a")])).await;
+    assert_eq!(
+        (codes(&r), r.statuses[0].limit_remaining),
+        ((OK, vec![OK]), 1)
+    );
+    assert!(r.statuses[0].current_limit.is_none());
+
+    // An unknown domain: OK, nothing applies.
+    let r = rls.call(one("no-such-domain", &[("user", "u")])).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn readme_examples_on_memory() {
+    readme_examples("memory").await;
+}
+
+#[tokio::test]
+async fn readme_examples_on_redis() {
+    readme_examples(&shared_server().url()).await;
+}
+
+/// Two descriptors, one over its limit: refused, and the other's counter did not move.
+async fn all_or_nothing(store: &str) {
+    let domain = unique_name("all");
+    let rls = start(store, &readme(&domain), false, clock()).await;
+    let both = || {
+        request(
+            &domain,
+            vec![
+                descriptor(&[("user", "u1")]),
+                descriptor(&[("tenant", "t1")]),
+            ],
+        )
+    };
+    let r = rls.call(both()).await;
+    assert_eq!(codes(&r), (OK, vec![OK, OK]));
+    assert_eq!(
+        (r.statuses[0].limit_remaining, r.statuses[1].limit_remaining),
+        (9, 0)
+    );
+    // The tenant is spent: the whole request is refused, the user's status OK.
+    let r = rls.call(both()).await;
+    assert_eq!(codes(&r), (OVER, vec![OK, OVER]));
+    // ... and the user's counter is where it was: 9 left, 8 after this one.
+    let r = rls.call(one(&domain, &[("user", "u1")])).await;
+    assert_eq!(
+        (codes(&r), r.statuses[0].limit_remaining),
+        ((OK, vec![OK]), 8)
+    );
+    // A refuse-all rule refuses the request and counts on nothing either.
+    let r = rls
+        .call(request(
+            &domain,
+            vec![
+                descriptor(&[("user", "u1")]),
+                descriptor(&[("remote_address", "50.0.0.5")]),
+            ],
+        ))
+        .await;
+    assert_eq!(codes(&r), (OVER, vec![OK, OVER]));
+    let r = rls.call(one(&domain, &[("user", "u1")])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 7);
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn all_or_nothing_on_memory() {
+    all_or_nothing("memory").await;
+}
+
+#[tokio::test]
+async fn all_or_nothing_on_redis() {
+    all_or_nothing(&shared_server().url()).await;
+}
+
+#[tokio::test]
+async fn all_or_nothing_on_a_redis_cluster() {
+    all_or_nothing(&shared_cluster().url()).await;
+}
+
+#[tokio::test]
+async fn hits_addend_and_a_request_s_own_limit() {
+    let domain = unique_name("hits");
+    let rls = start("memory", &readme(&domain), false, clock()).await;
+    // The request's hits_addend counts 4 of 10.
+    let mut r4 = one(&domain, &[("user", "h")]);
+    r4.hits_addend = 4;
+    let r = rls.call(r4).await;
+    assert_eq!(r.statuses[0].limit_remaining, 6);
+    // A descriptor's own hits_addend wins over the request's; 0 checks without counting.
+    let mut d = descriptor(&[("user", "h")]);
+    d.hits_addend = Some(UInt64Value { value: 0 });
+    let mut check = request(&domain, vec![d]);
+    check.hits_addend = 3;
+    let r = rls.call(check.clone()).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    assert_eq!(r.statuses[0].limit_remaining, 6);
+    let mut d = descriptor(&[("user", "h")]);
+    d.hits_addend = Some(UInt64Value { value: 6 });
+    let r = rls.call(request(&domain, vec![d])).await;
+    assert_eq!(
+        (codes(&r), r.statuses[0].limit_remaining),
+        ((OK, vec![OK]), 0)
+    );
+    // Spent: the check says so, and more than the limit ever admits is over it.
+    let r = rls.call(check).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+    let mut d = descriptor(&[("user", "other")]);
+    d.hits_addend = Some(UInt64Value { value: 11 });
+    let r = rls.call(request(&domain, vec![d])).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+    let r = rls.call(one(&domain, &[("user", "other")])).await;
+    assert_eq!(r.statuses[0].limit_remaining, 9, "nothing was counted");
+
+    // A descriptor's own limit, even where no rule matches: 2 a minute.
+    let own = || {
+        let mut d = descriptor(&[("nothing", "configured")]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: 2,
+            unit: 2,
+        });
+        request(&domain, vec![d])
+    };
+    for left in [1, 0] {
+        let r = rls.call(own()).await;
+        assert_eq!(
+            (codes(&r), r.statuses[0].limit_remaining),
+            ((OK, vec![OK]), left)
+        );
+        let limit = r.statuses[0].current_limit.as_ref().expect("the limit");
+        assert_eq!((limit.requests_per_unit, limit.unit), (2, 2));
+    }
+    assert_eq!(codes(&rls.call(own()).await), (OVER, vec![OVER]));
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn shadow_mode_is_always_ok_and_still_counts() {
+    let domain = unique_name("shadow");
+    let rls = start("memory", &readme(&domain), false, clock()).await;
+    for _ in 0..3 {
+        let r = rls.call(one(&domain, &[("shadow", "s")])).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+        assert_eq!(r.statuses[0].limit_remaining, 0);
+        let r = rls.call(one(&domain, &[("shadow_zero", "s")])).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+    }
+    // Beside a real limit, a shadow one never refuses the request.
+    let r = rls
+        .call(request(
+            &domain,
+            vec![descriptor(&[("shadow", "s")]), descriptor(&[("user", "s")])],
+        ))
+        .await;
+    assert_eq!(codes(&r), (OK, vec![OK, OK]));
+    assert_eq!(r.statuses[1].limit_remaining, 9);
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_counters() {
+    let domain = unique_name("shared");
+    let store = shared_server().url();
+    let rules = rules_file(&readme(&domain));
+    let a = start_with(&store, rules.clone(), false, clock()).await;
+    let b = start_with(&store, rules, false, clock()).await;
+    let r = a.call(one(&domain, &[("tenant", "t")])).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    let r = b.call(one(&domain, &[("tenant", "t")])).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test]
+async fn bad_requests_are_invalid_argument_naming_the_field() {
+    let domain = unique_name("bad");
+    let rls = start("memory", &readme(&domain), false, clock()).await;
+    let mut no_key = descriptor(&[("user", "u")]);
+    no_key.entries.push(Entry {
+        key: String::new(),
+        value: "v".into(),
+    });
+    let mut week = descriptor(&[("user", "u")]);
+    week.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 5,
+    });
+    let mut unknown = descriptor(&[("user", "u")]);
+    unknown.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 0,
+    });
+    let too_many: Vec<RateLimitDescriptor> = (0..17)
+        .map(|i| descriptor(&[("user", &format!("u{i}"))]))
+        .collect();
+    for (req, field) in [
+        (one("", &[("user", "u")]), "`domain`"),
+        (request(&domain, vec![]), "`descriptors`"),
+        (
+            request(&domain, vec![RateLimitDescriptor::default()]),
+            "`descriptors[0].entries`",
+        ),
+        (
+            request(&domain, vec![no_key]),
+            "`descriptors[0].entries[1].key`",
+        ),
+        (request(&domain, vec![week]), "`descriptors[0].limit.unit`"),
+        (request(&domain, vec![unknown]), "UNKNOWN"),
+        (request(&domain, too_many), "at most 16"),
+    ] {
+        let status = rls.error(req).await;
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(field), "{status:?}");
+    }
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn garbage_on_the_grpc_port_does_not_stop_the_service() {
+    let domain = unique_name("garbage");
+    let rls = start("memory", &readme(&domain), false, clock()).await;
+    for garbage in [
+        &b"\x00\x01\x02\xff\xfe garbage \r\n\r\n"[..],
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x12\x04\x00\x00\x00\x00\x00\xff\xff\xff",
+    ] {
+        let mut raw = std::net::TcpStream::connect(rls.addr).expect("connected");
+        let _ = raw.write_all(garbage);
+        let _ = raw.shutdown(std::net::Shutdown::Both);
+    }
+    let r = rls.call(one(&domain, &[("user", "g")])).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    rls.stop().await;
+}
+
+async fn post_json(url: &str, body: Value) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{url}/json"))
+        .json(&body)
+        .send()
+        .await
+        .expect("an answer");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("JSON"))
+}
+
+#[tokio::test]
+async fn json_answers_as_grpc_does() {
+    let domain = unique_name("json");
+    let rls = start("memory", &readme(&domain), false, clock()).await;
+    let body = json!({
+        "domain": domain,
+        "descriptors": [{"entries": [{"key": "tenant", "value": "j"}]}],
+    });
+    let (status, answer) = post_json(&rls.url, body.clone()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["overallCode"], "OK", "{answer}");
+    assert_eq!(answer["statuses"][0]["code"], "OK", "{answer}");
+    assert_eq!(
+        answer["statuses"][0]["currentLimit"],
+        json!({"requestsPerUnit": 1, "unit": "HOUR"})
+    );
+    assert!(answer["statuses"][0]["durationUntilReset"]
+        .as_str()
+        .is_some_and(|d| d.ends_with('s')));
+    let (status, answer) = post_json(&rls.url, body).await;
+    assert_eq!(status, 429, "{answer}");
+    assert_eq!(answer["overallCode"], "OVER_LIMIT", "{answer}");
+    // gRPC sees the same counter.
+    let r = rls.call(one(&domain, &[("tenant", "j")])).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER]));
+    // camelCase and a 64-bit hits_addend as a string, as protobuf's JSON mapping allows.
+    let (status, answer) = post_json(
+        &rls.url,
+        json!({
+            "domain": domain,
+            "hitsAddend": 2,
+            "descriptors": [{"entries": [{"key": "user", "value": "j"}], "hitsAddend": "3"}],
+        }),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["statuses"][0]["limitRemaining"].clone()),
+        (200, json!(7))
+    );
+    // A wrong request: 400 naming the field.
+    let (status, answer) = post_json(
+        &rls.url,
+        json!({"domain": domain, "descriptors": [{"entries": [{"key": "user"}], "bogus": 1}]}),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["field"], "descriptors[0].bogus", "{answer}");
+    let (status, answer) = post_json(&rls.url, json!({"domain": "", "descriptors": []})).await;
+    assert_eq!(
+        (status, answer["error"]["field"].clone()),
+        (400, json!("domain"))
+    );
+    rls.stop().await;
+}
+
+async fn reload(url: &str) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .post(format!("{url}/v1/reload"))
+        .send()
+        .await
+        .expect("an answer");
+    let status = response.status().as_u16();
+    (status, response.json().await.expect("JSON"))
+}
+
+#[tokio::test]
+async fn a_reload_keeps_counters_and_a_broken_file_keeps_the_rules() {
+    let domain = unique_name("reload");
+    let rls = start("memory", &readme(&domain), false, clock()).await;
+    let user = || one(&domain, &[("user", "r")]);
+    assert_eq!(rls.call(user()).await.statuses[0].limit_remaining, 9);
+    // The same rule for `user`, and a new one: the counter is kept.
+    let grown = format!(
+        "{}  - key: added\n    rate_limit: {{unit: minute, requests_per_unit: 1}}\n",
+        readme(&domain)
+    );
+    std::fs::write(&rls.rules, grown).expect("written");
+    let (status, answer) = reload(&rls.url).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(rls.call(user()).await.statuses[0].limit_remaining, 8);
+    let r = rls.call(one(&domain, &[("added", "a")])).await;
+    assert!(
+        r.statuses[0].current_limit.is_some(),
+        "the new rule applies"
+    );
+    // A broken file: 422 naming the file and the line; the rules stay.
+    std::fs::write(
+        &rls.rules,
+        format!("domain: {domain}\ndescriptors:\n  - key: user\n    rate_limit: {{unit: fortnight, requests_per_unit: 1}}\n"),
+    )
+    .expect("written");
+    let (status, answer) = reload(&rls.url).await;
+    assert_eq!(status, 422, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("rules.yaml:4"), "{message}");
+    assert_eq!(rls.call(user()).await.statuses[0].limit_remaining, 7);
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn ratelimit_headers_when_enabled() {
+    let domain = unique_name("headers");
+    let rls = start("memory", &readme(&domain), true, clock()).await;
+    let r = rls.call(one(&domain, &[("user", "x")])).await;
+    let headers: Vec<(&str, &str)> = r
+        .response_headers_to_add
+        .iter()
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect();
+    let rule = format!("{domain}.user");
+    let policy = format!("\"{rule}\";q=10");
+    // The hour's window has 3570 s to go (the clock is 30 s into it).
+    let state = format!("\"{rule}\";r=9;t=3570");
+    assert_eq!(
+        headers,
+        vec![
+            ("RateLimit-Policy", policy.as_str()),
+            ("RateLimit", state.as_str())
+        ],
+    );
+    rls.stop().await;
+    // Off by default.
+    let rls = start("memory", &readme(&domain), false, clock()).await;
+    let r = rls.call(one(&domain, &[("user", "x")])).await;
+    assert!(r.response_headers_to_add.is_empty());
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn a_drain_rule_is_refused_at_start_naming_file_line_and_field() {
+    let rules = rules_file(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, drain: true}\n",
+    );
+    let settings = Settings {
+        listen: "127.0.0.1:0".parse().expect("an address"),
+        rls: RlsSettings {
+            listen: Some("127.0.0.1:0".parse().expect("an address")),
+            config: Some(rules.clone()),
+            response_headers: false,
+        },
+        ..Settings::default()
+    };
+    let Err(e) = Server::bind(settings).await else {
+        panic!("a drain rule is refused");
+    };
+    let text = e.to_string();
+    assert!(text.contains("rules.yaml:3"), "{text}");
+    assert!(text.contains("drain"), "{text}");
+    assert!(text.contains("not supported by this build"), "{text}");
+    let e = paceline_server::rls::load(&rules).expect_err("refused");
+    assert_eq!(e.field, "descriptors[0].rate_limit.drain");
+    assert_eq!(e.line, Some(3));
+}
+
+#[test]
+fn the_rls_table_of_the_config_file() {
+    let file = paceline_server::config::parse(
+        "/etc/paceline/paceline.toml",
+        "[rls]\nlisten = \"127.0.0.1:8081\"\nconfig = \"rls\"\nresponse_headers = true\n",
+    )
+    .expect("parsed");
+    let mut settings = Settings::default();
+    settings.apply_file(file);
+    assert_eq!(
+        settings.rls,
+        RlsSettings {
+            listen: Some("127.0.0.1:8081".parse().expect("an address")),
+            config: Some(PathBuf::from("/etc/paceline/rls")),
+            response_headers: true,
+        }
+    );
+    let e =
+        paceline_server::config::parse("p.toml", "[rls]\nlisten = \"127.0.0.1:8081\"\nport = 1\n")
+            .expect_err("an unknown key");
+    assert!(e.to_string().contains("port"), "{e}");
+    let e = paceline_server::config::parse("p.toml", "[rls]\nlisten = \"nowhere\"\n")
+        .expect_err("a bad address");
+    assert_eq!(e.field, "rls.listen");
+}
