@@ -907,16 +907,18 @@ local function level_of(name, g)
   return score and floor(score / PRIO_UNIT) or 0
 end
 
--- Puts the group in or out of the ready and retiring sets as its state says.
-local function refresh(name)
-  local g = load_group(name)
+-- Puts the group in or out of the ready and retiring sets as its state says (`g` its
+-- record, if the caller has it).
+local function refresh(name, g)
+  g = g or load_group(name)
   if not g then
     return
   end
   local cap = config.gc
   local ready = g.n > 0 and (cap == 0 or g.active < cap)
   local at = max(g.next_at, g.paused_until)
-  local level = ready and level_of(name, g) or 0
+  -- An empty front (most groups) has a next job of priority 0 without a call.
+  local level = ready and g.f ~= 0 and level_of(name, g) or 0
   if g.ra then
     -- A group stays where it is unless it leaves the set, must wait longer or its next
     -- job's priority changed.
@@ -960,9 +962,19 @@ end
 -- any other in the front); returns its estimated start and its rank.
 local function join_tail(name, id, t, priority, cost)
   local rank = next_seq()
-  local g = group_entry(name)
-  local ahead = ahead_of(name, g, priority)
-  local p = projection(name, g, t, ahead == g.n, ahead)
+  local g = groups[name] or group_entry(name)
+  -- Most jobs: priority 0 in a group whose front is empty, which has the whole line ahead
+  -- and whose own projection covers it (`ahead_of` and `projection` without their calls).
+  local ahead, p
+  if priority == 0 and g.f == 0 then
+    ahead = g.n
+  else
+    ahead = ahead_of(name, g, priority)
+  end
+  p = g.p
+  if not (p and ahead == g.n and p.covers == ahead) then
+    p = projection(name, g, t, ahead == g.n, ahead)
+  end
   local estimate = project_one(policy_of(name), p, t, cost)
   if ahead == g.n then
     g.p = p
@@ -980,7 +992,7 @@ local function join_tail(name, id, t, priority, cost)
   if cost > 1 then
     g.c = (g.c or 0) + 1
   end
-  refresh(name)
+  refresh(name, g)
   return estimate, rank
 end
 
@@ -1480,7 +1492,9 @@ local function max_cost_of(name, queue_policy)
 end
 
 local function enqueue_one(ARGV, a, out)
-  maintain(now)
+  if maintained_at ~= now then
+    maintain(now)
+  end
   local id, name, payload = ARGV[a], ARGV[a + 1], ARGV[a + 2]
   if id ~= '' then
     local existing = load_job(id)
@@ -1522,8 +1536,14 @@ local function enqueue_one(ARGV, a, out)
     out[#out + 1] = config.max_jobs
     return
   end
-  local not_before = tonumber(ARGV[a + 5]) or 0
-  local priority, cost = tonumber(ARGV[a + 9]) or 0, tonumber(ARGV[a + 10]) or 1
+  -- The usual values ('' for none, '0', '1') without `tonumber`, which reads its text twice
+  -- with the C library's parser.
+  local text = ARGV[a + 5]
+  local not_before = text == '' and 0 or tonumber(text) or 0
+  text = ARGV[a + 9]
+  local priority = (text == '0' or text == '') and 0 or tonumber(text) or 0
+  text = ARGV[a + 10]
+  local cost = (text == '1' or text == '') and 1 or tonumber(text) or 1
   if cost > 1 then
     local most = max_cost_of(name)
     if most and cost > most then
@@ -1544,7 +1564,8 @@ local function enqueue_one(ARGV, a, out)
   end
   local max_attempts = ARGV[a + 4] ~= '' and tonumber(ARGV[a + 4]) or config.ma
   -- Held back to the later of the delay's end and the not-before time.
-  local at = max(now + tonumber(ARGV[a + 3]), not_before)
+  text = ARGV[a + 3]
+  local at = max(now + (text == '0' and 0 or tonumber(text)), not_before)
   -- The record is written here, in the flat layout, without a table: a later operation of
   -- this call that asks for the job reads it from Redis.
   local place, head, rank, estimate, order = PLACE_CODE.waiting, 0, 0, nil, nil
@@ -1558,9 +1579,13 @@ local function enqueue_one(ARGV, a, out)
     at = -1
   end
   -- A group paused until resumed has no time to give: the pause's end stands for it.
-  estimate = min(estimate, UNTIL_RESUMED)
+  if estimate > UNTIL_RESUMED then
+    estimate = UNTIL_RESUMED
+  end
   meta.totals.enqueued = meta.totals.enqueued + 1
-  emit(EV.enqueued, id, name)
+  if watched ~= false then
+    emit(EV.enqueued, id, name)
+  end
   meta.jobs = meta.jobs + 1
   jobs[id], deleted_jobs[id] = nil, nil
   if dedup_key ~= '' then
@@ -1582,7 +1607,7 @@ end
 function ops.enqueue(ARGV, o)
   local out = { now }
   local created = false
-  local count = tonumber(ARGV[o + 3])
+  local count = PL.num(ARGV[o + 3]) or tonumber(ARGV[o + 3])
   for i = 0, count - 1 do
     enqueue_one(ARGV, o + 4 + i * 11, out)
     if out[#out - 3] == 'created' then
@@ -2535,8 +2560,8 @@ end
 function ops.multi(ARGV)
   local out = {}
   local a = 4
-  for i = 1, tonumber(ARGV[3]) do
-    local name, n = ARGV[a], tonumber(ARGV[a + 1])
+  for i = 1, PL.num(ARGV[3]) or tonumber(ARGV[3]) do
+    local name, n = ARGV[a], PL.num(ARGV[a + 1])
     -- The operation's arguments are read where they are: its first at `ARGV[a + 2]`,
     -- where an operation called alone finds it at `ARGV[3]`.
     out[i] = ops[name](ARGV, a - 1, a + 1 + n)
@@ -2554,11 +2579,13 @@ local function queue_call(KEYS, ARGV)
   if name == 'multi' then
     -- Checked before anything is written, as every error reply.
     local a = 4
-    for _ = 1, tonumber(ARGV[3]) or 0 do
-      if not ticking[ARGV[a]] or not tonumber(ARGV[a + 1]) then
+    -- `PL.num`: the counts repeat from call to call, and `tonumber` reads its text twice.
+    for _ = 1, PL.num(ARGV[3]) or tonumber(ARGV[3]) or 0 do
+      local n = ticking[ARGV[a]] and (PL.num(ARGV[a + 1]) or tonumber(ARGV[a + 1]))
+      if not n then
         return redis.error_reply('paceline: multi holds ticking operations only')
       end
-      a = a + 2 + tonumber(ARGV[a + 1])
+      a = a + 2 + n
     end
   end
   local t = begin(KEYS, ARGV[2])
