@@ -193,6 +193,13 @@ struct ServeArgs {
     /// Accept only configured policy names.
     #[arg(long, overrides_with = "allow_inline_policies")]
     no_allow_inline_policies: bool,
+    /// Serve Envoy's rate limit service (RLS v3 gRPC) on ADDR:PORT; needs --rls-config.
+    #[arg(long, value_name = "ADDR:PORT")]
+    rls_listen: Option<std::net::SocketAddr>,
+    /// Envoy rate limit rules in envoyproxy/ratelimit's YAML format: a file, or a folder of
+    /// .yaml/.yml files. Served over gRPC with --rls-listen, and on POST /json.
+    #[arg(long, value_name = "PATH")]
+    rls_config: Option<PathBuf>,
     /// Log format: text (default) or json.
     #[arg(long, value_name = "FORMAT", default_value = "text")]
     log_format: String,

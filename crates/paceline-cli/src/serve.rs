@@ -1,5 +1,5 @@
-//! `paceline serve`: settings from the config file and flags, then the HTTP service until
-//! SIGTERM or SIGINT.
+//! `paceline serve`: settings from the config file and flags, then the HTTP service (and,
+//! with `--rls-listen`, Envoy's rate limit service over gRPC) until SIGTERM or SIGINT.
 
 use std::process::ExitCode;
 
@@ -82,6 +82,26 @@ fn settings(args: &ServeArgs) -> Result<Settings, ConfigError> {
         }
         c.max_connections = n;
     }
+    if let Some(v) = args.rls_listen {
+        s.rls.listen = Some(v);
+    }
+    if let Some(v) = &args.rls_config {
+        s.rls.config = Some(v.clone());
+    }
+    match &s.rls.config {
+        // The rules are read here too, so that a bad file is a bad config: exit 2, naming
+        // the file, the line and the field.
+        Some(path) => {
+            paceline_server::rls::load(path)?;
+        }
+        None if s.rls.listen.is_some() => {
+            return Err(flag(
+                "--rls-listen",
+                "serves RLS rules: give them with --rls-config PATH (or [rls] config)".into(),
+            ));
+        }
+        None => {}
+    }
     if !matches!(args.log_format.as_str(), "text" | "json") {
         return Err(flag(
             "--log-format",
@@ -111,6 +131,7 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
         let shutdown = stop_signal();
         let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
         let policies = settings.policies.len();
+        let rls_config = settings.rls.config.clone();
         let server = match Server::bind(settings).await {
             Ok(server) => server,
             Err(e) => {
@@ -126,6 +147,18 @@ pub(crate) fn run(args: ServeArgs) -> ExitCode {
             server.local_addr(),
             server.store_description()
         ));
+        if let Some(path) = &rls_config {
+            match server.rls_addr() {
+                Some(addr) => log(&format!(
+                    "RLS (Envoy's rate limit service) listening on grpc://{addr} and POST /json, rules from {}",
+                    path.display()
+                )),
+                None => log(&format!(
+                    "RLS (Envoy's rate limit service) on POST /json only (no --rls-listen), rules from {}",
+                    path.display()
+                )),
+            }
+        }
         let reloader = server.reloader();
         if let Some(mut hangups) = hangups {
             tokio::spawn(async move {
