@@ -275,7 +275,12 @@ impl Server {
                 let incoming =
                     tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
                 Some(tokio::spawn(async move {
+                    // A peer that stops answering pings is dropped: Envoy holds its
+                    // connections open for good, and a dead one must not stay.
                     let served = tonic::transport::Server::builder()
+                        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+                        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
+                        .max_concurrent_streams(1024)
                         .serve_with_incoming_shutdown(service, incoming, stop)
                         .await;
                     if let Err(e) = served {

@@ -69,16 +69,29 @@ async fn start(store: &str, yaml: &str, headers: bool, clock: Arc<ManualClock>) 
 }
 
 async fn start_with(store: &str, rules: PathBuf, headers: bool, clock: Arc<ManualClock>) -> Rls {
+    let settings = Settings {
+        store: store.to_string(),
+        ..Settings::default()
+    };
+    start_settings(settings, rules, headers, clock).await
+}
+
+/// `settings` with an RLS listener on a free port and the rules of `rules`.
+async fn start_settings(
+    settings: Settings,
+    rules: PathBuf,
+    headers: bool,
+    clock: Arc<ManualClock>,
+) -> Rls {
     paceline_store::install_tls_provider();
     let settings = Settings {
         listen: "127.0.0.1:0".parse().expect("an address"),
-        store: store.to_string(),
         rls: RlsSettings {
             listen: Some("127.0.0.1:0".parse().expect("an address")),
             config: Some(rules.clone()),
             response_headers: headers,
         },
-        ..Settings::default()
+        ..settings
     };
     let server = Server::bind_with_clock(settings, clock)
         .await
@@ -703,4 +716,68 @@ fn the_rls_table_of_the_config_file() {
     let e = paceline_server::config::parse("p.toml", "[rls]\nlisten = \"nowhere\"\n")
         .expect_err("a bad address");
     assert_eq!(e.field, "rls.listen");
+}
+
+/// A store that fails: `fail_closed` is UNAVAILABLE (503 on `/json`), `fail_open` OK.
+#[tokio::test]
+async fn a_store_failure_follows_the_failure_policy() {
+    let mut redis = paceline_testkit::RedisServer::start().expect("a Redis");
+    let domain = unique_name("failing");
+    let rules = rules_file(&readme(&domain));
+    let mut services = Vec::new();
+    for policy in [
+        paceline_store::FailurePolicy::FailClosed,
+        paceline_store::FailurePolicy::FailOpen,
+    ] {
+        let settings = Settings {
+            store: redis.url(),
+            failure_policy: policy,
+            ..Settings::default()
+        };
+        services.push(start_settings(settings, rules.clone(), false, clock()).await);
+    }
+    redis.kill();
+    let closed = services[0].error(one(&domain, &[("user", "f")])).await;
+    assert_eq!(closed.code(), tonic::Code::Unavailable, "{closed:?}");
+    let body =
+        json!({"domain": domain, "descriptors": [{"entries": [{"key": "user", "value": "f"}]}]});
+    let (status, answer) = post_json(&services[0].url, body.clone()).await;
+    assert_eq!(
+        (status, answer["error"]["code"].clone()),
+        (503, json!("store_unavailable"))
+    );
+    let open = services[1].call(one(&domain, &[("user", "f")])).await;
+    assert_eq!(codes(&open), (OK, vec![OK]));
+    let (status, answer) = post_json(&services[1].url, body).await;
+    assert_eq!((status, answer["overallCode"].clone()), (200, json!("OK")));
+    for service in services {
+        service.stop().await;
+    }
+}
+
+/// `/json` asks for the service's token, like `/v1/...`.
+#[tokio::test]
+async fn json_asks_for_the_service_s_token() {
+    let domain = unique_name("token");
+    let settings = Settings {
+        auth_token: Some("s3cret".into()),
+        ..Settings::default()
+    };
+    let rls = start_settings(settings, rules_file(&readme(&domain)), false, clock()).await;
+    let body =
+        json!({"domain": domain, "descriptors": [{"entries": [{"key": "user", "value": "t"}]}]});
+    let (status, answer) = post_json(&rls.url, body.clone()).await;
+    assert_eq!(
+        (status, answer["error"]["code"].clone()),
+        (401, json!("unauthenticated"))
+    );
+    let response = reqwest::Client::new()
+        .post(format!("{}/json", rls.url))
+        .bearer_auth("s3cret")
+        .json(&body)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status().as_u16(), 200);
+    rls.stop().await;
 }
