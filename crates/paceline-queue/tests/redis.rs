@@ -656,7 +656,9 @@ async fn differential_of(
 }
 
 /// The events `watched` told, in the order a queue of `partitions` keeps: each group's in
-/// the order they came (the partitions' feeds interleave as they come).
+/// the order they came (the partitions' feeds interleave as they come). The queue-wide
+/// events (no group: a pause of the queue, told by each partition) are ordered by time, and
+/// those of one time by what they say: partitions tell theirs in no order between them.
 fn in_order(watched: Vec<Watched>, partitions: u32) -> Vec<Event> {
     let mut events: Vec<Event> = watched
         .into_iter()
@@ -666,7 +668,15 @@ fn in_order(watched: Vec<Watched>, partitions: u32) -> Vec<Event> {
         })
         .collect();
     if partitions > 1 {
-        events.sort_by(|a, b| a.group.cmp(&b.group));
+        events.sort_by(|a, b| {
+            a.group.cmp(&b.group).then_with(|| {
+                if a.group.is_some() {
+                    std::cmp::Ordering::Equal
+                } else {
+                    (a.time, format!("{a:?}")).cmp(&(b.time, format!("{b:?}")))
+                }
+            })
+        });
     }
     events
 }
