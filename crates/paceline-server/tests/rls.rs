@@ -501,6 +501,11 @@ async fn bad_requests_are_invalid_argument_naming_the_field() {
         (request(&domain, vec![week]), "`descriptors[0].limit.unit`"),
         (request(&domain, vec![unknown]), "UNKNOWN"),
         (request(&domain, too_many), "at most 16"),
+        (one(&"d".repeat(257), &[("user", "u")]), "`domain`"),
+        (
+            one(&domain, &[("user", &"v".repeat(5000))]),
+            "`descriptors[0].entries`",
+        ),
     ] {
         let status = rls.error(req).await;
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");

@@ -63,6 +63,13 @@ impl From<RlsError> for tonic::Status {
     }
 }
 
+/// The longest domain taken, in bytes.
+pub(crate) const MAX_DOMAIN: usize = 256;
+
+/// The longest key a descriptor's entries may make to count under, in bytes (the domain,
+/// and each key and value with its length).
+pub(crate) const MAX_COUNTING_KEY: usize = 4096;
+
 /// The namespace of every counter the RLS service keeps, ahead of the domain's hash tag.
 /// (`~` keeps it apart from configured policies' names, and `~rls:` is no inline spec.)
 const NAMESPACE: &str = "~rls:";
@@ -82,6 +89,15 @@ fn descriptors(request: &RateLimitRequest) -> Result<Vec<RequestDescriptor<'_>>,
         return Err(RlsError::invalid(
             "domain",
             "is empty: name the domain of the rate limit configuration",
+        ));
+    }
+    if request.domain.len() > MAX_DOMAIN {
+        return Err(RlsError::invalid(
+            "domain",
+            format!(
+                "is {} bytes long; at most {MAX_DOMAIN} (every counter's key holds it)",
+                request.domain.len()
+            ),
         ));
     }
     if request.descriptors.is_empty() {
@@ -257,6 +273,16 @@ pub(crate) async fn decide(
                         sources.push(Source::Refused);
                     }
                     continue;
+                }
+                if matched.counting_key.len() > MAX_COUNTING_KEY {
+                    return Err(RlsError::invalid(
+                        format!("descriptors[{i}].entries"),
+                        format!(
+                            "make a key of {} bytes to count under; at most {MAX_COUNTING_KEY}: \
+                             send shorter values",
+                            matched.counting_key.len()
+                        ),
+                    ));
                 }
                 let key = store_key(&request.domain, policy, &matched.counting_key);
                 if matched.shadow_mode {
