@@ -205,7 +205,7 @@ fn sighup_reads_the_rules_again_keeping_counters_and_a_broken_file_keeps_them() 
     );
     // The client's connection closed (its runtime would not be driven to answer the
     // service's GOAWAY while this thread waits for the exit).
-    drop(call);
+    drop(client);
     drop(runtime);
     signal(&service, "TERM");
     exits_cleanly(&mut service);
