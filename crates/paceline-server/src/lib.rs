@@ -17,6 +17,7 @@
 //! | `/v1/queues/{queue}/...` | the job queues of the config file: enqueue, lease, ack, fail, extend, stats, dead jobs |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness; readiness (`200` ready, `200` with `"degraded": true` while some Redis Cluster primaries fail, `503` while no Redis node serves); Prometheus |
 //! | `GET /dashboard`, `GET /v1/dashboard` | a live dashboard in the browser, and the JSON it polls |
+//! | `POST /json` | Envoy's rate limit service over HTTP (`--rls-config`): a `RateLimitRequest` in protobuf's JSON mapping, answered as gRPC `ShouldRateLimit` on `--rls-listen` answers ([`rls`]) |
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -94,8 +95,9 @@ pub struct Server {
     store: String,
 }
 
-/// Re-reads the config file and applies its policies and access rules; the listen address,
-/// the store and its failure policy need a restart.
+/// Re-reads the config file and applies its policies and access rules, and reads the RLS
+/// rules again (`--rls-config`); the listen addresses, the store and its failure policy
+/// need a restart.
 #[derive(Clone)]
 pub struct Reloader {
     state: Arc<AppState>,

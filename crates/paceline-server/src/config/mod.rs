@@ -44,6 +44,11 @@
 //! group = "audit"                                     # every instance
 //! payload = { kind = "roles" }
 //! timezone = "Europe/Paris"
+//!
+//! [rls]                                               # Envoy's rate limit service
+//! listen = "127.0.0.1:8081"                           # gRPC (RLS v3)
+//! config = "rls"                                      # envoyproxy/ratelimit YAML rules
+//! response_headers = false                            # RateLimit headers in the answers
 //! ```
 
 mod file;
