@@ -115,7 +115,7 @@ async fn two_queues_on_two_cluster_primaries_over_http() {
         let begun = gated.sleeps();
         let waiting = tokio::spawn(post(
             format!("{worker}/v1/queues/{q}/leases"),
-            json!({"worker": "w1", "wait_ms": 30_000}),
+            json!({"worker": "w1", "wait_ms": 5_000}),
         ));
         gated.sleeps_begun(begun + 1).await;
         assert!(!waiting.is_finished(), "{q}: nothing to lease yet");
