@@ -17,4 +17,5 @@ pub const DOCUMENTS: &[&str] = &[
     "docs/client.md",
     "docs/tower.md",
     "docs/simulate.md",
+    "docs/rls.md",
 ];
