@@ -1,8 +1,10 @@
 //! Prometheus metrics: decisions by policy and outcome, the delays handed out, the store's
-//! latency and errors; and what the dashboard reads of them.
+//! latency and errors, Envoy's rate limit service by rule; and what the dashboard reads of
+//! them.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 use prometheus_client::encoding::text::encode;
@@ -47,6 +49,180 @@ struct QueueLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PolicyLabel {
     pub(crate) policy: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabel {
+    /// An RLS rule's id (`DOMAIN.key_value.key2`), or [`OTHER_RULES`].
+    rule: String,
+}
+
+/// The most `rule` labels of the RLS metrics that hold values a request chose
+/// (`detailed_metric`, `value_to_metric`, a request's own limit) one service gives series
+/// of their own; beyond, such ids count under [`OTHER_RULES`]. Rule ids named by the rules
+/// alone are bounded by the rules and always have their own.
+pub const RLS_RULE_LABELS: usize = 1_000;
+
+/// The `rule` label that counts the rule ids beyond [`RLS_RULE_LABELS`]. No rule id is
+/// this: every id holds a `.` between the domain and a key.
+pub const OTHER_RULES: &str = "(other)";
+
+/// What one descriptor of an RLS request adds to its rule's counters, in hits (the
+/// descriptor's `hits_addend`, or the request's; 0 for a check that counts nothing).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RuleHits {
+    /// Every hit the rule decided.
+    pub(crate) hits: u64,
+    /// Hits over the limit: refused, or let through by shadow mode.
+    pub(crate) over_limit: u64,
+    /// Hits charged to the limit that took its use past the near-limit threshold (see
+    /// `decide::near_limit`); they are within the limit too.
+    pub(crate) near_limit: u64,
+    /// Hits within the limit (the descriptor's status `OK`, not by shadow mode).
+    pub(crate) within_limit: u64,
+    /// Hits over a shadow-mode limit, which answered `OK` all the same.
+    pub(crate) shadow_mode: u64,
+}
+
+/// One rule's series.
+#[derive(Clone)]
+struct RuleCounters {
+    hits: Counter<u64, AtomicU64>,
+    over_limit: Counter<u64, AtomicU64>,
+    near_limit: Counter<u64, AtomicU64>,
+    within_limit: Counter<u64, AtomicU64>,
+    shadow_mode: Counter<u64, AtomicU64>,
+}
+
+impl RuleCounters {
+    fn add(&self, hits: RuleHits) {
+        for (counter, n) in [
+            (&self.hits, hits.hits),
+            (&self.over_limit, hits.over_limit),
+            (&self.near_limit, hits.near_limit),
+            (&self.within_limit, hits.within_limit),
+            (&self.shadow_mode, hits.shadow_mode),
+        ] {
+            counter.inc_by(n);
+        }
+    }
+}
+
+/// The rule ids with series so far, and how many of them hold a request's values.
+#[derive(Default)]
+struct RuleIds {
+    by_id: HashMap<String, RuleCounters>,
+    from_requests: usize,
+}
+
+/// The RLS service's counters by rule, as envoyproxy/ratelimit keeps its stats per rule:
+/// hits, over limit, near limit, within limit and shadow mode. Each rule's handles are
+/// looked up once under a read lock; a new id takes the write lock once.
+pub(crate) struct RlsMetrics {
+    hits: Family<RuleLabel, Counter<u64, AtomicU64>>,
+    over_limit: Family<RuleLabel, Counter<u64, AtomicU64>>,
+    near_limit: Family<RuleLabel, Counter<u64, AtomicU64>>,
+    within_limit: Family<RuleLabel, Counter<u64, AtomicU64>>,
+    shadow_mode: Family<RuleLabel, Counter<u64, AtomicU64>>,
+    ids: RwLock<RuleIds>,
+    /// The most ids holding a request's values with series of their own.
+    cap: usize,
+}
+
+impl RlsMetrics {
+    /// Families of their own (not registered), with at most `cap` ids from requests.
+    fn new(cap: usize) -> RlsMetrics {
+        RlsMetrics {
+            hits: Family::default(),
+            over_limit: Family::default(),
+            near_limit: Family::default(),
+            within_limit: Family::default(),
+            shadow_mode: Family::default(),
+            ids: RwLock::new(RuleIds::default()),
+            cap,
+        }
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        for (name, help, family) in [
+            (
+                "rls_hits",
+                "RLS hits (hits_addend) decided, by rule",
+                &self.hits,
+            ),
+            (
+                "rls_over_limit",
+                "RLS hits over the limit (refused, or let through by shadow mode), by rule",
+                &self.over_limit,
+            ),
+            (
+                "rls_near_limit",
+                "RLS hits admitted past 80 % of the limit, by rule",
+                &self.near_limit,
+            ),
+            (
+                "rls_within_limit",
+                "RLS hits within the limit, by rule",
+                &self.within_limit,
+            ),
+            (
+                "rls_shadow_mode",
+                "RLS hits over a shadow-mode limit, answered OK, by rule",
+                &self.shadow_mode,
+            ),
+        ] {
+            registry.register(name, help, family.clone());
+        }
+    }
+
+    fn counters(&self, rule: &str) -> RuleCounters {
+        let label = RuleLabel {
+            rule: rule.to_string(),
+        };
+        RuleCounters {
+            hits: self.hits.get_or_create(&label).clone(),
+            over_limit: self.over_limit.get_or_create(&label).clone(),
+            near_limit: self.near_limit.get_or_create(&label).clone(),
+            within_limit: self.within_limit.get_or_create(&label).clone(),
+            shadow_mode: self.shadow_mode.get_or_create(&label).clone(),
+        }
+    }
+
+    /// Adds `hits` to the series of the rule `rule`. `from_request`: the id holds values
+    /// the request chose; past the cap on such ids, a new one counts under
+    /// [`OTHER_RULES`].
+    pub(crate) fn count(&self, rule: &str, from_request: bool, hits: RuleHits) {
+        {
+            let ids = self.ids.read().unwrap_or_else(PoisonError::into_inner);
+            let found = match ids.by_id.get(rule) {
+                Some(c) => Some(c),
+                None if from_request && ids.from_requests >= self.cap => ids.by_id.get(OTHER_RULES),
+                None => None,
+            };
+            if let Some(counters) = found {
+                counters.add(hits);
+                return;
+            }
+        }
+        let mut ids = self.ids.write().unwrap_or_else(PoisonError::into_inner);
+        let label = if ids.by_id.contains_key(rule) {
+            rule
+        } else if from_request && ids.from_requests >= self.cap {
+            OTHER_RULES
+        } else {
+            if from_request {
+                ids.from_requests += 1;
+            }
+            rule
+        };
+        if !ids.by_id.contains_key(label) {
+            let counters = self.counters(label);
+            ids.by_id.insert(label.to_string(), counters);
+        }
+        if let Some(counters) = ids.by_id.get(label) {
+            counters.add(hits);
+        }
+    }
 }
 
 /// One policy's counts as the dashboard shows them.
@@ -144,6 +320,8 @@ pub(crate) struct Metrics {
     queue_jobs: Family<QueueStateLabels, Gauge<i64, AtomicI64>>,
     start_lag: Family<QueueLabel, Histogram, fn() -> Histogram>,
     waiting_workers: Family<QueueLabel, Gauge<i64, AtomicI64>>,
+    /// Envoy's rate limit service, by rule.
+    pub(crate) rls: RlsMetrics,
     /// One scrape at a time brings the queues' counters up to their totals.
     queue_sync: std::sync::Mutex<()>,
     /// The keys refused most (the dashboard's; not in `/metrics`, whose series would grow
@@ -226,6 +404,8 @@ impl Metrics {
             "Lease calls waiting for a job (their wait_ms), by queue",
             waiting_workers.clone(),
         );
+        let rls = RlsMetrics::new(RLS_RULE_LABELS);
+        rls.register(&mut registry);
         Metrics {
             registry,
             decisions,
@@ -233,6 +413,7 @@ impl Metrics {
             store_latency,
             store_errors,
             waiting_workers,
+            rls,
             queue_events,
             queue_jobs,
             start_lag,
@@ -369,5 +550,56 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rendered(rls: &RlsMetrics) -> String {
+        let mut registry = Registry::with_prefix("paceline");
+        rls.register(&mut registry);
+        let mut out = String::new();
+        let _ = encode(&mut out, &registry);
+        out
+    }
+
+    #[test]
+    fn ids_from_requests_beyond_the_cap_count_under_other() {
+        let rls = RlsMetrics::new(2);
+        let one = RuleHits {
+            hits: 1,
+            within_limit: 1,
+            ..RuleHits::default()
+        };
+        for rule in ["d.k_a", "d.k_b", "d.k_c", "d.k_d", "d.k_a"] {
+            rls.count(rule, true, one);
+        }
+        // Ids named by the rules alone are never capped.
+        rls.count("d.rule", false, one);
+        let text = rendered(&rls);
+        for line in [
+            "paceline_rls_hits_total{rule=\"d.k_a\"} 2",
+            "paceline_rls_hits_total{rule=\"d.k_b\"} 1",
+            "paceline_rls_hits_total{rule=\"(other)\"} 2",
+            "paceline_rls_hits_total{rule=\"d.rule\"} 1",
+            "paceline_rls_within_limit_total{rule=\"(other)\"} 2",
+            "paceline_rls_over_limit_total{rule=\"(other)\"} 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        assert!(!text.contains("d.k_c") && !text.contains("d.k_d"), "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let rls = RlsMetrics::new(10);
+        rls.count("d.k_a\"}\n\\x", true, RuleHits::default());
+        let text = rendered(&rls);
+        assert!(
+            text.contains("paceline_rls_hits_total{rule=\"d.k_a\\\"}\\n\\\\x\"} 0"),
+            "{text}"
+        );
     }
 }

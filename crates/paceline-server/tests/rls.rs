@@ -786,3 +786,306 @@ async fn json_asks_for_the_service_s_token() {
     assert_eq!(response.status().as_u16(), 200);
     rls.stop().await;
 }
+
+/// Rules for the metrics' tests: a limit of 10, a shadow-mode limit of 2, a rule of 0, an
+/// unlimited one, and a limit of 1 with `detailed_metric`.
+fn metrics_rules(domain: &str) -> String {
+    format!(
+        "
+domain: {domain}
+descriptors:
+  - key: user
+    rate_limit: {{unit: minute, requests_per_unit: 10}}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {{unit: minute, requests_per_unit: 2}}
+  - key: zero
+    rate_limit: {{unit: minute, requests_per_unit: 0}}
+  - key: free
+    rate_limit: {{unlimited: true}}
+  - key: client
+    detailed_metric: true
+    rate_limit: {{unit: minute, requests_per_unit: 1}}
+"
+    )
+}
+
+/// One sample of the exposition: its name, its labels (values unescaped) and its value.
+#[derive(Debug)]
+struct Sample {
+    name: String,
+    labels: Vec<(String, String)>,
+    value: f64,
+}
+
+/// A label value after its opening quote, unescaped, and the rest after its closing quote;
+/// `None` unless well formed (only `\\`, `\"` and `\n` are escapes).
+fn label_value(text: &str) -> Option<(String, &str)> {
+    let mut out = String::new();
+    let mut chars = text.char_indices();
+    while let Some((at, c)) = chars.next() {
+        match c {
+            '"' => return Some((out, &text[at + 1..])),
+            '\\' => match chars.next()?.1 {
+                '\\' => out.push('\\'),
+                '"' => out.push('"'),
+                'n' => out.push('\n'),
+                _ => return None,
+            },
+            '\n' => return None,
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+fn metric_name(text: &str) -> Option<(&str, &str)> {
+    let end = text
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .unwrap_or(text.len());
+    let name = &text[..end];
+    (!name.is_empty() && !name.starts_with(|c: char| c.is_ascii_digit()))
+        .then_some((name, &text[end..]))
+}
+
+/// One line of the text exposition: a sample, a comment (`None` inside), or an error.
+fn parse_line(line: &str) -> Result<Option<Sample>, String> {
+    let bad = || format!("a malformed line: {line:?}");
+    if line == "# EOF" {
+        return Ok(None);
+    }
+    if let Some(rest) = line
+        .strip_prefix("# HELP ")
+        .or_else(|| line.strip_prefix("# TYPE "))
+        .or_else(|| line.strip_prefix("# UNIT "))
+    {
+        metric_name(rest).ok_or_else(bad)?;
+        return Ok(None);
+    }
+    let (name, mut rest) = metric_name(line).ok_or_else(bad)?;
+    let mut labels = Vec::new();
+    if let Some(inner) = rest.strip_prefix('{') {
+        rest = inner;
+        loop {
+            if let Some(after) = rest.strip_prefix('}') {
+                rest = after;
+                break;
+            }
+            let (label, after) = metric_name(rest).ok_or_else(bad)?;
+            let after = after.strip_prefix("=\"").ok_or_else(bad)?;
+            let (value, after) = label_value(after).ok_or_else(bad)?;
+            labels.push((label.to_string(), value));
+            rest = after.strip_prefix(',').unwrap_or(after);
+            if !after.starts_with(',') && !after.starts_with('}') {
+                return Err(bad());
+            }
+        }
+    }
+    let value = rest.strip_prefix(' ').ok_or_else(bad)?;
+    let value: f64 = value.parse().map_err(|_| bad())?;
+    Ok(Some(Sample {
+        name: name.to_string(),
+        labels,
+        value,
+    }))
+}
+
+/// `GET /metrics`, every line checked well formed, as samples.
+async fn metrics(url: &str) -> Vec<Sample> {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .expect("an answer")
+        .text()
+        .await
+        .expect("text");
+    text.split('\n')
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| parse_line(l).unwrap_or_else(|e| panic!("{e}\n{text}")))
+        .collect()
+}
+
+/// The RLS counters of `rule`: hits, over limit, near limit, within limit, shadow mode.
+fn rule_counts(samples: &[Sample], rule: &str) -> [u64; 5] {
+    let get = |name: &str| {
+        samples
+            .iter()
+            .find(|s| s.name == name && s.labels == [("rule".to_string(), rule.to_string())])
+            .map_or_else(|| panic!("no {name} for {rule:?}"), |s| s.value as u64)
+    };
+    [
+        get("paceline_rls_hits_total"),
+        get("paceline_rls_over_limit_total"),
+        get("paceline_rls_near_limit_total"),
+        get("paceline_rls_within_limit_total"),
+        get("paceline_rls_shadow_mode_total"),
+    ]
+}
+
+#[test]
+fn the_exposition_parser_refuses_broken_lines() {
+    assert!(parse_line("a_total{rule=\"x\\\"y\\n\"} 3").is_ok());
+    for line in [
+        "a_total{rule=\"x\"y\"} 3",
+        "a_total{rule=\"x} 3",
+        "a_total{rule=\"x\\q\"} 3",
+        "a_total{rule=\"x\"}} 3",
+        "a_total{rule=\"x\"} three",
+        "} 3",
+    ] {
+        assert!(parse_line(line).is_err(), "{line}");
+    }
+}
+
+/// Each rule's hits, over limit, near limit (the hits past 80 % of the limit), within limit
+/// and shadow mode, over gRPC and `/json` alike.
+#[tokio::test]
+async fn metrics_count_each_rule_s_hits_by_outcome() {
+    let domain = unique_name("metrics");
+    let rls = start("memory", &metrics_rules(&domain), false, clock()).await;
+    // A limit of 10, one hit at a time: the 9th and 10th near it, 2 over.
+    for _ in 0..12 {
+        rls.call(one(&domain, &[("user", "a")])).await;
+    }
+    // Several hits at once on /json: 7 (none near), 3 (2 past 8), 1 over.
+    for (hits, status) in [(7, 200), (3, 200), (1, 429)] {
+        let (got, answer) = post_json(
+            &rls.url,
+            json!({
+                "domain": domain,
+                "descriptors": [{"entries": [{"key": "user", "value": "b"}], "hitsAddend": hits}],
+            }),
+        )
+        .await;
+        assert_eq!(got, status, "{answer}");
+    }
+    // Shadow mode, a limit of 2: the 2nd near it, the 3rd over and let through.
+    for _ in 0..3 {
+        let r = rls.call(one(&domain, &[("shadow", "s")])).await;
+        assert_eq!(codes(&r), (OK, vec![OK]));
+    }
+    // A rule of 0 and an unlimited one.
+    rls.call(one(&domain, &[("zero", "z")])).await;
+    for _ in 0..2 {
+        rls.call(one(&domain, &[("free", "f")])).await;
+    }
+    // `detailed_metric`: named after the request's value.
+    for _ in 0..2 {
+        rls.call(one(&domain, &[("client", "x")])).await;
+    }
+    // All or nothing: the rule of 0 refuses; the limit of 10 is within, not charged.
+    let r = rls
+        .call(request(
+            &domain,
+            vec![descriptor(&[("user", "c")]), descriptor(&[("zero", "z")])],
+        ))
+        .await;
+    assert_eq!(codes(&r), (OVER, vec![OK, OVER]));
+    // A check of no hits counts none.
+    let mut check = descriptor(&[("user", "a")]);
+    check.hits_addend = Some(UInt64Value { value: 0 });
+    rls.call(request(&domain, vec![check])).await;
+
+    let samples = metrics(&rls.url).await;
+    let rule = |r: &str| format!("{domain}.{r}");
+    // [hits, over limit, near limit, within limit, shadow mode]
+    assert_eq!(rule_counts(&samples, &rule("user")), [24, 3, 4, 21, 0]);
+    assert_eq!(rule_counts(&samples, &rule("shadow")), [3, 1, 1, 2, 1]);
+    assert_eq!(rule_counts(&samples, &rule("zero")), [2, 2, 0, 0, 0]);
+    assert_eq!(rule_counts(&samples, &rule("free")), [2, 0, 0, 2, 0]);
+    assert_eq!(rule_counts(&samples, &rule("client_x")), [2, 1, 1, 1, 0]);
+    rls.stop().await;
+}
+
+/// `detailed_metric` labels carry the request's values, whatever they hold, and
+/// `/metrics` stays well formed.
+#[tokio::test]
+async fn hostile_values_in_detailed_labels_keep_metrics_well_formed() {
+    let domain = unique_name("hostile");
+    let rls = start("memory", &metrics_rules(&domain), false, clock()).await;
+    let values = [
+        "quote\"d",
+        "new\nline",
+        "back\\slash",
+        "}{",
+        "\",rule=\"forged",
+        "\\\"} 1\n# TYPE x counter",
+        "carriage\rreturn\ttab",
+        "ünïcødé ☃",
+    ];
+    for (i, value) in values.iter().enumerate() {
+        if i % 2 == 0 {
+            rls.call(one(&domain, &[("client", value)])).await;
+        } else {
+            let (status, answer) = post_json(
+                &rls.url,
+                json!({
+                    "domain": domain,
+                    "descriptors": [{"entries": [{"key": "client", "value": value}]}],
+                }),
+            )
+            .await;
+            assert_eq!(status, 200, "{answer}");
+        }
+    }
+    let samples = metrics(&rls.url).await;
+    for value in values {
+        let rule = format!("{domain}.client_{value}");
+        assert_eq!(rule_counts(&samples, &rule), [1, 0, 1, 1, 0], "{rule:?}");
+    }
+    // Nothing but the rules' own series, and nothing forged.
+    for sample in samples
+        .iter()
+        .filter(|s| s.name.starts_with("paceline_rls_"))
+    {
+        assert_eq!(sample.labels.len(), 1, "{sample:?}");
+        assert_eq!(sample.labels[0].0, "rule", "{sample:?}");
+        assert!(sample.labels[0].1.starts_with(&domain), "{sample:?}");
+    }
+    rls.stop().await;
+}
+
+/// Past the cap on rule ids holding a request's values, new ones count under `(other)`;
+/// the rules' own ids keep theirs.
+#[tokio::test]
+async fn detailed_labels_are_capped_then_counted_under_other() {
+    use paceline_server::rls::{OTHER_RULES, RLS_RULE_LABELS};
+    let domain = unique_name("capped");
+    let rls = start("memory", &metrics_rules(&domain), false, clock()).await;
+    let over = 5;
+    let values: Vec<String> = (0..RLS_RULE_LABELS + over)
+        .map(|i| format!("c{i}"))
+        .collect();
+    for chunk in values.chunks(paceline_store::MAX_LIMITS) {
+        let descriptors = chunk.iter().map(|v| descriptor(&[("client", v)])).collect();
+        let r = rls.call(request(&domain, descriptors)).await;
+        assert_eq!(r.overall_code, OK);
+    }
+    rls.call(one(&domain, &[("user", "u")])).await;
+    let samples = metrics(&rls.url).await;
+    let detailed = samples
+        .iter()
+        .filter(|s| s.name == "paceline_rls_hits_total")
+        .filter(|s| s.labels[0].1.starts_with(&format!("{domain}.client_")))
+        .count();
+    assert_eq!(detailed, RLS_RULE_LABELS);
+    assert_eq!(
+        rule_counts(&samples, &format!("{domain}.client_c0")),
+        [1, 0, 1, 1, 0]
+    );
+    let last = &values[RLS_RULE_LABELS];
+    assert!(
+        !samples
+            .iter()
+            .any(|s| s.labels.iter().any(|(_, v)| v.ends_with(last.as_str()))),
+        "{last} has a series"
+    );
+    assert_eq!(
+        rule_counts(&samples, OTHER_RULES),
+        [over as u64, 0, over as u64, over as u64, 0]
+    );
+    assert_eq!(
+        rule_counts(&samples, &format!("{domain}.user")),
+        [1, 0, 0, 1, 0]
+    );
+    rls.stop().await;
+}

@@ -10,6 +10,9 @@
 //!    `peek` set that only reports;
 //! 3. the shadow-mode limits, each on its own (`limit` once the request is admitted, `peek`
 //!    otherwise); their answer is always OK and a failure of theirs is only logged.
+//!
+//! Once every outcome is known, each descriptor's hits are added to its rule's metrics
+//! (`paceline_rls_*_total{rule}`): a request answered with an error counts nowhere.
 
 use std::time::Duration;
 
@@ -25,6 +28,7 @@ use paceline_store::{Decision, Error, Op, Policy, Request, SharedStore, MAX_LIMI
 
 use super::config::{RlsConfig, Unit, UnitLimit};
 use super::matching::{match_request, Applies, Matched, RequestDescriptor};
+use crate::metrics::RuleHits;
 use crate::state::AppState;
 
 /// Why a request has no answer: it is wrong (`INVALID_ARGUMENT`, or `400` on `/json`), or
@@ -419,6 +423,19 @@ pub(crate) async fn decide(
         };
         statuses.push(status);
     }
+    count_rules(
+        state,
+        &applies,
+        &sources,
+        Decided {
+            peeks: &peeks,
+            counted: &counted,
+            counts: &counts,
+            shadows: &shadows,
+            shadowed: &shadowed,
+            charged: !refused,
+        },
+    );
     let overall = if refused { Code::OverLimit } else { Code::Ok };
     let mut response = RateLimitResponse {
         overall_code: overall as i32,
@@ -443,6 +460,124 @@ pub(crate) async fn decide(
         }
     }
     Ok(Answer { response, refused })
+}
+
+/// What the store decided of a request's limits, for its metrics.
+struct Decided<'a> {
+    /// The checked set's decisions.
+    peeks: &'a [Decision],
+    /// The counted set's limits...
+    counted: &'a [Part],
+    /// ...and their decisions.
+    counts: &'a [Decision],
+    /// The shadow-mode limits...
+    shadows: &'a [(Part, Op)],
+    /// ...and their decisions (none where the store failed).
+    shadowed: &'a [Option<Decision>],
+    /// Whether the request was admitted, and so its counted limits charged.
+    charged: bool,
+}
+
+/// Adds each matched descriptor's hits to its rule's series (see [`RuleHits`]).
+fn count_rules(state: &AppState, applies: &[Applies], sources: &[Source], decided: Decided<'_>) {
+    for (i, (applied, source)) in applies.iter().zip(sources).enumerate() {
+        let Some(m) = applied.matched() else {
+            continue;
+        };
+        let hits = m.hits;
+        let only = RuleHits {
+            hits,
+            ..RuleHits::default()
+        };
+        let within = |near_limit: u64| RuleHits {
+            hits,
+            within_limit: hits,
+            near_limit,
+            ..RuleHits::default()
+        };
+        let over = RuleHits {
+            hits,
+            over_limit: hits,
+            ..RuleHits::default()
+        };
+        let shadow = RuleHits {
+            shadow_mode: hits,
+            ..over
+        };
+        let outcome = match *source {
+            Source::Ok => continue,
+            Source::Unlimited => within(0),
+            Source::Refused => over,
+            Source::ShadowRefused => shadow,
+            Source::Peeked(at) => match decided.peeks.get(at) {
+                Some(d) if d.allowed => within(0),
+                Some(_) => over,
+                None => only,
+            },
+            Source::Counted(at) => match (decided.counts.get(at), decided.counted.get(at)) {
+                (Some(d), Some(part)) if d.allowed => within(if decided.charged {
+                    near_in_part(d, part, i, applies)
+                } else {
+                    0
+                }),
+                (Some(_), _) => over,
+                _ => only,
+            },
+            Source::Shadow(at) => match (
+                decided.shadowed.get(at).copied().flatten(),
+                decided.shadows.get(at),
+            ) {
+                (Some(d), Some((part, _))) if d.allowed => within(if decided.charged {
+                    let used = d.limit.saturating_sub(d.remaining);
+                    near_limit(d.limit, used.saturating_sub(part.cost), hits)
+                } else {
+                    0
+                }),
+                (Some(_), _) => shadow,
+                _ => only,
+            },
+        };
+        state
+            .metrics
+            .rls
+            .count(&m.rule_id, m.rule_id_from_request, outcome);
+    }
+}
+
+/// The near-limit hits of descriptor `at` in `part`, a limit the request was charged on
+/// with decision `d`: the part's descriptors took their hits one after the other, in order,
+/// ending at the decision's use (`limit − remaining`).
+fn near_in_part(d: &Decision, part: &Part, at: usize, applies: &[Applies]) -> u64 {
+    let hits = |j: usize| {
+        applies
+            .get(j)
+            .and_then(Applies::matched)
+            .map_or(0, |m| m.hits)
+    };
+    let mut used = d
+        .limit
+        .saturating_sub(d.remaining)
+        .saturating_sub(part.cost);
+    for &j in &part.descriptors {
+        if j == at {
+            return near_limit(d.limit, used, hits(j));
+        }
+        used = used.saturating_add(hits(j));
+    }
+    0
+}
+
+/// The hits past which a limit's hits count as near it: 80 % of `limit`, rounded down.
+pub(crate) fn near_limit_threshold(limit: u64) -> u64 {
+    limit / 5 * 4 + limit % 5 * 4 / 5
+}
+
+/// How many of `hits` charged on a limit of `limit` already used `used` times are near it:
+/// those whose place, counted one by one from `used + 1`, is above
+/// [`near_limit_threshold`] and at most `limit`.
+pub(crate) fn near_limit(limit: u64, used: u64, hits: u64) -> u64 {
+    let end = used.saturating_add(hits).min(limit);
+    end.saturating_sub(used.max(near_limit_threshold(limit)))
 }
 
 /// A header's name as the answer spells it.
@@ -537,5 +672,35 @@ fn proto_duration(d: Duration) -> ProtoDuration {
     ProtoDuration {
         seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
         nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_near_limit_threshold_is_80_percent_rounded_down() {
+        for (limit, threshold) in [(0, 0), (1, 0), (4, 3), (5, 4), (10, 8), (11, 8), (99, 79)] {
+            assert_eq!(near_limit_threshold(limit), threshold, "{limit}");
+        }
+        assert_eq!(near_limit_threshold(u64::MAX), u64::MAX / 5 * 4);
+    }
+
+    #[test]
+    fn near_limit_counts_the_hits_past_the_threshold_up_to_the_limit() {
+        // A limit of 10: the 9th and 10th hits are near it.
+        let one_by_one: Vec<u64> = (0..10).map(|used| near_limit(10, used, 1)).collect();
+        assert_eq!(one_by_one, [0, 0, 0, 0, 0, 0, 0, 0, 1, 1]);
+        // Several hits at once: only those past the threshold.
+        assert_eq!(near_limit(10, 6, 3), 1);
+        assert_eq!(near_limit(10, 7, 3), 2);
+        assert_eq!(near_limit(10, 8, 2), 2);
+        // Never more than up to the limit, and none for a check of no hits.
+        assert_eq!(near_limit(10, 9, 5), 1);
+        assert_eq!(near_limit(10, 9, 0), 0);
+        // A limit of 1: its one hit is near it.
+        assert_eq!(near_limit(1, 0, 1), 1);
+        assert_eq!(near_limit(u64::MAX, u64::MAX - 1, u64::MAX), 1);
     }
 }

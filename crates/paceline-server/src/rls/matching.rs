@@ -30,6 +30,11 @@ pub struct Matched {
     /// with the request's value at a level with `value_to_metric`), or with `detailed_metric`
     /// (and for a request's own limit) the request's keys and values in that form.
     pub rule_id: String,
+    /// Whether `rule_id` holds values the request chose (`detailed_metric`, a
+    /// `value_to_metric` level the request's value named, or a request's own limit), so
+    /// that the ids are not bounded by the rules: the metrics cap how many of them get
+    /// series of their own.
+    pub rule_id_from_request: bool,
     /// The rule's `name` (none for a request's own limit).
     pub name: Option<String>,
     /// `shadow_mode`: decide and count, but answer OK (never for a request's own limit).
@@ -146,6 +151,7 @@ fn match_one<'c>(
         let matched = Matched {
             counting_key: counting_key(domain, &request.entries),
             rule_id: detailed_id(domain, &request.entries, false),
+            rule_id_from_request: true,
             name: None,
             shadow_mode: false,
             detailed_metric: false,
@@ -182,13 +188,15 @@ fn match_one<'c>(
     let shared = walk
         .iter()
         .any(|(step, via)| *via == Via::Wildcard && step.share_threshold);
+    let (rule_id, rule_id_from_request) = if rule.detailed_metric {
+        (detailed_id(domain, &entries, !shared), true)
+    } else {
+        metric_id(domain, request, &walk)
+    };
     let mut matched = Matched {
         counting_key: counting_key(domain, &entries),
-        rule_id: if rule.detailed_metric {
-            detailed_id(domain, &entries, !shared)
-        } else {
-            metric_id(domain, request, &walk)
-        },
+        rule_id,
+        rule_id_from_request,
         name: rate_limit.name.clone(),
         shadow_mode: rule.shadow_mode,
         detailed_metric: rule.detailed_metric,
@@ -238,23 +246,33 @@ fn walk<'c>(
 
 /// The metrics name of a walk without `detailed_metric`: the rule's path in the tree, where
 /// `value_to_metric` puts the request's value in place of a wildcard or of no value, and
-/// `share_threshold` keeps the wildcard.
-fn metric_id(domain: &str, request: &RequestDescriptor<'_>, walk: &[(&Descriptor, Via)]) -> String {
+/// `share_threshold` keeps the wildcard; and whether a value of the request's own is in it
+/// (one `value_to_metric` put there, not one the rule names exactly).
+fn metric_id(
+    domain: &str,
+    request: &RequestDescriptor<'_>,
+    walk: &[(&Descriptor, Via)],
+) -> (String, bool) {
     let mut out = domain.to_string();
+    let mut from_request = false;
     for ((key, value), (step, via)) in request.entries.iter().zip(walk) {
         out.push('.');
         out.push_str(key);
         let shown = match via {
             Via::Wildcard if step.share_threshold || !step.value_to_metric => step.value.as_deref(),
             Via::AnyValue if !step.value_to_metric => None,
-            _ => Some(*value).filter(|v| !v.is_empty()),
+            Via::Exact => Some(*value).filter(|v| !v.is_empty()),
+            _ => {
+                from_request = true;
+                Some(*value).filter(|v| !v.is_empty())
+            }
         };
         if let Some(v) = shown {
             out.push('_');
             out.push_str(v);
         }
     }
-    out
+    (out, from_request)
 }
 
 /// `LEN:domain` then `LEN:key` `LEN:value` for each entry (lengths in bytes): compact,
@@ -312,6 +330,48 @@ mod tests {
         assert_eq!(counting_key("dom", &[("k", "v1")]), "3:dom1:k2:v1");
         assert_eq!(counting_key("", &[("", "")]), "0:0:0:");
         assert_ne!(counting_key("", &[("", "")]), counting_key("", &[]));
+    }
+
+    #[test]
+    fn rule_ids_say_whether_they_hold_a_request_s_values() {
+        let config = RlsConfig::from_yaml(
+            "ids.yaml",
+            "
+domain: d
+descriptors:
+  - key: exact
+    value: v
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: any
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: named
+    value_to_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: detailed
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+",
+        )
+        .expect("rules");
+        let id = |key: &str, value: &str, limit: Option<UnitLimit>| {
+            let d = RequestDescriptor {
+                entries: vec![(key, value)],
+                limit,
+                hits_addend: None,
+            };
+            let applies = match_request(&config, "d", 1, &[d]);
+            let m = applies[0].matched().expect("a match");
+            (m.rule_id.clone(), m.rule_id_from_request)
+        };
+        assert_eq!(id("exact", "v", None), ("d.exact_v".into(), false));
+        assert_eq!(id("any", "x", None), ("d.any".into(), false));
+        assert_eq!(id("named", "x", None), ("d.named_x".into(), true));
+        assert_eq!(id("detailed", "x", None), ("d.detailed_x".into(), true));
+        let own = UnitLimit {
+            requests_per_unit: 5,
+            unit: crate::rls::Unit::Minute,
+        };
+        assert_eq!(id("any", "x", Some(own)), ("d.any_x".into(), true));
     }
 
     #[test]

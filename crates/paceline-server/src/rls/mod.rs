@@ -19,7 +19,12 @@
 //!   descriptor apart and leaves an unchanged rule's counter in place across a reload;
 //! - `shadow_mode` limits are decided after the request, on their own (counted when the
 //!   request is admitted, only checked when it is refused), and answer `OK` whatever they
-//!   decide; one that would have refused is logged at INFO (target `paceline::rls`);
+//!   decide; one that would have refused is logged at INFO (target `paceline::rls`) and
+//!   counted in `paceline_rls_shadow_mode_total`;
+//! - every matched descriptor's hits count in its rule's metrics (`paceline_rls_hits_total`,
+//!   `_over_limit_total`, `_near_limit_total`, `_within_limit_total`, `_shadow_mode_total`,
+//!   labelled `rule`), at most [`RLS_RULE_LABELS`] ids holding a request's values, then
+//!   [`OTHER_RULES`];
 //! - a store failure follows the service's failure policy: `fail_open` and `local` answer
 //!   as their fallback decides, `fail_closed` is gRPC `UNAVAILABLE` (`503` on `/json`);
 //! - a status's `current_limit` is the rule's (or the request's) `requests_per_unit` per
@@ -92,3 +97,5 @@ pub use config::{
 };
 pub use matching::{counting_key, match_request, Applies, Matched, RequestDescriptor};
 pub use service::load;
+
+pub use crate::metrics::{OTHER_RULES, RLS_RULE_LABELS};
