@@ -58,6 +58,7 @@ pub mod queues;
 mod reload;
 mod request;
 pub mod rls;
+mod rls_rules;
 mod router;
 mod server_error;
 mod state;
@@ -166,7 +167,7 @@ impl Server {
             .map_err(ServerError::Store)?;
         let rls = match &settings.rls.config {
             Some(path) => Some(Arc::new(
-                rls::service::RlsState::load(path, settings.rls.response_headers).map_err(|e| {
+                rls_rules::RlsState::load(path, settings.rls.response_headers).map_err(|e| {
                     ServerError::Settings(paceline_core::InputError::new(
                         e.field.clone(),
                         format!("{}: {}", e.location(), e.message),

@@ -39,7 +39,7 @@ pub(crate) struct AppState {
     /// by every instance on the same Redis.
     pub(crate) lease_key: TokenKey,
     /// Envoy's rate limit service, when the service has its rules (`--rls-config`).
-    pub(crate) rls: Option<Arc<crate::rls::service::RlsState>>,
+    pub(crate) rls: Option<Arc<crate::rls_rules::RlsState>>,
 }
 
 impl AppState {

@@ -85,12 +85,15 @@ async fn json(
         ));
     };
     let request = body.read()?;
-    let answer = rls.decide(&state, &request).await.map_err(|e| match e {
-        RlsError::Invalid { field, message } => ApiError::invalid(field, message),
-        RlsError::Unavailable(message) => {
-            ApiError::new(ErrorCode::StoreUnavailable, "store", message)
-        }
-    })?;
+    let rules = rls.config();
+    let answer = super::decide::decide(&state, &rules, &request, rls.response_headers)
+        .await
+        .map_err(|e| match e {
+            RlsError::Invalid { field, message } => ApiError::invalid(field, message),
+            RlsError::Unavailable(message) => {
+                ApiError::new(ErrorCode::StoreUnavailable, "store", message)
+            }
+        })?;
     let status = if answer.refused {
         StatusCode::TOO_MANY_REQUESTS
     } else {

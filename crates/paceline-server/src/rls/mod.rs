@@ -85,17 +85,17 @@
 //! # Ok::<(), paceline_server::rls::RlsConfigError>(())
 //! ```
 
-mod config;
+use crate::rls_rules::config;
 pub(crate) mod decide;
 pub(crate) mod json;
-mod matching;
+use crate::rls_rules::matching;
 pub(crate) mod service;
 
+pub use crate::rls_rules::load;
 pub use config::{
     Descriptor, Domain, Level, RateLimit, RlsConfig, RlsConfigError, RuleLimit, Unit, UnitLimit,
     MAX_DEPTH, MAX_FILE_BYTES, MAX_NODES,
 };
 pub use matching::{counting_key, match_request, Applies, Matched, RequestDescriptor};
-pub use service::load;
 
 pub use crate::metrics::{OTHER_RULES, RLS_RULE_LABELS};

@@ -369,7 +369,7 @@ descriptors:
         assert_eq!(id("detailed", "x", None), ("d.detailed_x".into(), true));
         let own = UnitLimit {
             requests_per_unit: 5,
-            unit: crate::rls::Unit::Minute,
+            unit: super::super::config::Unit::Minute,
         };
         assert_eq!(id("any", "x", Some(own)), ("d.any_x".into(), true));
     }
