@@ -257,9 +257,17 @@ pub(crate) struct PolicyMetrics {
     local_rejected: Arc<AtomicU64>,
     error: Counter<u64, AtomicU64>,
     delay: Histogram,
+    /// Refusals that shadow mode answered as admitted.
+    shadow_admitted: Counter<u64, AtomicU64>,
 }
 
 impl PolicyMetrics {
+    /// Counts a refusal that shadow mode answered as admitted (the decision itself is
+    /// counted by [`PolicyMetrics::decided`], as a refusal).
+    pub(crate) fn shadow_admitted(&self) {
+        self.shadow_admitted.inc();
+    }
+
     /// Counts a decision for `key` (as the request gave it) by its outcome: if it admits,
     /// records its delay; if it refuses, counts the key in the sketch of keys refused most.
     pub(crate) fn decided(&self, decision: &Decision, key: &str) {
@@ -313,6 +321,8 @@ impl Drop for WaitingGuard {
 pub(crate) struct Metrics {
     registry: Registry,
     decisions: Family<DecisionLabels, Counter<u64, AtomicU64>>,
+    /// Refusals a shadow-mode policy answered as admitted, by policy.
+    shadow_admitted: Family<PolicyLabel, Counter<u64, AtomicU64>>,
     delay: Family<PolicyLabel, Histogram, fn() -> Histogram>,
     pub(crate) store_latency: Histogram,
     pub(crate) store_errors: Counter<u64, AtomicU64>,
@@ -356,6 +366,12 @@ impl Metrics {
             "decisions",
             "Decisions made, by policy and outcome (allowed, rejected, fail_open, local, error)",
             decisions.clone(),
+        );
+        let shadow_admitted = Family::<PolicyLabel, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "shadow_admitted",
+            "Refusals a shadow-mode policy answered as admitted, by policy (each also counted as rejected in paceline_decisions_total)",
+            shadow_admitted.clone(),
         );
         let delay = Family::<PolicyLabel, Histogram, fn() -> Histogram>::new_with_constructor(
             delay_histogram,
@@ -409,6 +425,7 @@ impl Metrics {
         Metrics {
             registry,
             decisions,
+            shadow_admitted,
             delay,
             store_latency,
             store_errors,
@@ -461,6 +478,12 @@ impl Metrics {
             error: counter("error"),
             delay: self
                 .delay
+                .get_or_create(&PolicyLabel {
+                    policy: name.to_string(),
+                })
+                .clone(),
+            shadow_admitted: self
+                .shadow_admitted
                 .get_or_create(&PolicyLabel {
                     policy: name.to_string(),
                 })

@@ -49,10 +49,13 @@ impl AppState {
     }
 }
 
-/// A configured policy and its metrics.
+/// A configured policy, its metrics, and whether it is in shadow mode.
 pub(crate) struct Configured {
     policy: Policy,
     metrics: PolicyMetrics,
+    /// Shadow mode (`shadow = true`): decided and counted as usual, a refusal answered
+    /// as admitted.
+    shadow: bool,
 }
 
 impl Configured {
@@ -81,6 +84,9 @@ pub(crate) struct Resolved<'a> {
     pub(crate) policy: Policy,
     /// The key in the store: namespaced by policy (`NAMESPACE:KEY`).
     pub(crate) store_key: String,
+    /// The policy is in shadow mode: its refusals are answered as admitted (never for an
+    /// inline spec).
+    pub(crate) shadow: bool,
 }
 
 impl Resolved<'_> {
@@ -108,6 +114,7 @@ impl Live {
                         Configured {
                             policy: policy.clone(),
                             metrics,
+                            shadow: settings.shadow.contains(name),
                         },
                     )
                 })
@@ -133,6 +140,7 @@ impl Live {
                 metrics: &c.metrics,
                 policy: c.policy.clone(),
                 store_key: store_key(spec, key),
+                shadow: c.shadow,
             });
         }
         if !spec.contains(':') {
@@ -151,6 +159,7 @@ impl Live {
             metrics: &self.inline_metrics,
             policy,
             store_key,
+            shadow: false,
         })
     }
 

@@ -1,7 +1,7 @@
 //! The config file: TOML read into [`FileSettings`], every value checked, each error naming
 //! the file and the setting.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -40,6 +40,9 @@ pub struct FileSettings {
     pub allow_inline_policies: Option<bool>,
     /// `[policies.NAME]` tables.
     pub policies: BTreeMap<String, Policy>,
+    /// The policies with `shadow = true`: decided and counted as usual, answered as
+    /// admitted all the same.
+    pub shadow: BTreeSet<String>,
     /// `[queues.NAME]` tables.
     pub queues: BTreeMap<String, QueueConfig>,
     /// The `[rls]` table.
@@ -87,8 +90,10 @@ struct FileToml {
     shutdown_timeout: Option<String>,
     auth_token: Option<String>,
     allow_inline_policies: Option<bool>,
+    /// Each a spec string or a table, read in [`policy_of`] (its `shadow` and `spec`
+    /// keys are the service's own).
     #[serde(default)]
-    policies: BTreeMap<String, Policy>,
+    policies: BTreeMap<String, toml::Value>,
     #[serde(default)]
     queues: BTreeMap<String, QueueToml>,
     rls: Option<RlsToml>,
@@ -315,8 +320,16 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
         out.auth_token = Some(token);
     }
     out.allow_inline_policies = file.allow_inline_policies;
-    for (name, policy) in file.policies {
-        check_policy_name(&name).map_err(|m| err(&format!("policies.{name}"), m))?;
+    for (name, value) in file.policies {
+        let field = format!("policies.{name}");
+        check_policy_name(&name).map_err(|m| err(&field, m))?;
+        let (policy, shadow) = policy_of(value).map_err(|(at, m)| {
+            let at = at.map_or_else(|| field.clone(), |at| format!("{field}.{at}"));
+            err(&at, one_line(&m))
+        })?;
+        if shadow {
+            out.shadow.insert(name.clone());
+        }
         out.policies.insert(name, policy);
     }
     for (name, queue) in file.queues {
@@ -357,6 +370,63 @@ pub fn parse(source: &str, text: &str) -> Result<FileSettings, ConfigError> {
         out.rls = Some(table);
     }
     Ok(out)
+}
+
+/// A `[policies.NAME]` entry: a spec string, a table with `algorithm` and its parameters,
+/// or a table with `spec`; either table may hold `shadow = true` (see
+/// [`FileSettings::shadow`]). The policy and whether it is in shadow mode, or the key at
+/// fault within the entry (`None`: the policy as a whole) and what is wrong.
+fn policy_of(value: toml::Value) -> Result<(Policy, bool), (Option<&'static str>, String)> {
+    let toml::Value::Table(mut table) = value else {
+        return Policy::deserialize(value)
+            .map(|p| (p, false))
+            .map_err(|e| (None, e.to_string()));
+    };
+    let shadow = match table.remove("shadow") {
+        None => false,
+        Some(toml::Value::Boolean(b)) => b,
+        Some(other) => {
+            return Err((
+                Some("shadow"),
+                format!(
+                    "`{other}` is not a boolean; use true (decide and count, but always admit) or false"
+                ),
+            ))
+        }
+    };
+    let policy = match table.remove("spec") {
+        Some(toml::Value::String(spec)) => {
+            if let Some(other) = table.keys().next() {
+                return Err((
+                    None,
+                    format!(
+                        "`{other}` beside `spec`: give the policy as `spec` or as `algorithm` \
+                         and its parameters, not both (`shadow` goes with either)"
+                    ),
+                ));
+            }
+            spec.parse::<Policy>()
+                .map_err(|e| (Some("spec"), e.to_string()))?
+        }
+        Some(other) => {
+            return Err((
+                Some("spec"),
+                format!("`{other}` is not a string; use a spec, e.g. \"gcra:rate=10/s\""),
+            ))
+        }
+        None => {
+            Policy::deserialize(toml::Value::Table(table)).map_err(|e| (None, e.to_string()))?
+        }
+    };
+    if shadow && policy.concurrency().is_ok() {
+        return Err((
+            Some("shadow"),
+            "is not allowed on a `concurrency` policy: a lease it refuses cannot be handed out \
+             without taking a place; remove `shadow`, or use a rate policy"
+                .to_string(),
+        ));
+    }
+    Ok((policy, shadow))
 }
 
 /// Policy names: 1 to 128 characters from `A-Z a-z 0-9 - _ .`, so they fit URLs, metric

@@ -18,6 +18,10 @@
 //! limit = 10
 //! window = "10s"
 //!
+//! [policies.search]                                   # shadow mode: decided and counted,
+//! spec = "gcra:rate=10/s,burst=10"                    # but always answered as admitted
+//! shadow = true                                       # (not on `concurrency` policies)
+//!
 //! [queues.discord-roles]                              # a rate-limited job queue
 //! group_policy = "fixed_window:limit=10,window=10s"   # each group's own limit
 //! group_concurrency = 0                               # 0: no cap on leased jobs per group
@@ -54,7 +58,7 @@
 mod file;
 mod values;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -90,6 +94,10 @@ pub struct Settings {
     pub allow_inline_policies: bool,
     /// The named policies.
     pub policies: BTreeMap<String, Policy>,
+    /// The named policies in shadow mode (`shadow = true`): each decision is made and
+    /// counted as usual, but a refusal is answered as admitted (`"shadow": true` in the
+    /// answer) and counted in `paceline_shadow_admitted_total`.
+    pub shadow: BTreeSet<String>,
     /// The job queues, by name (read at start-up; a reload does not change them).
     pub queues: BTreeMap<String, QueueConfig>,
     /// The file the settings came from, if any (reloaded on SIGHUP).
@@ -180,6 +188,7 @@ impl Default for Settings {
             auth_token: None,
             allow_inline_policies: true,
             policies: BTreeMap::new(),
+            shadow: BTreeSet::new(),
             queues: BTreeMap::new(),
             config_file: None,
             flags: LiveFlags::default(),
@@ -230,6 +239,7 @@ impl Settings {
     pub fn apply_live(&mut self, file: FileSettings) {
         let defaults = Settings::default();
         self.policies = file.policies;
+        self.shadow = file.shadow;
         self.auth_token = self
             .flags
             .auth_token
@@ -462,6 +472,89 @@ queue_concurrency = 8
         let mut settings = Settings::default();
         settings.apply_file(file);
         assert_eq!(settings.queues.len(), 2);
+    }
+
+    #[test]
+    fn shadow_mode_is_a_key_of_either_table_form() {
+        let file = parse(
+            "p.toml",
+            r#"
+[policies]
+plain = "gcra:rate=1/s"
+inline-table = { spec = "gcra:rate=2/s", shadow = true }
+
+[policies.api]
+spec = "gcra:rate=10/s,burst=10"
+shadow = true
+
+[policies.roles]
+algorithm = "fixed_window"
+limit = 10
+window = "10s"
+shadow = true
+
+[policies.off]
+spec = "gcra:rate=3/s"
+shadow = false
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            file.shadow.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["api", "inline-table", "roles"]
+        );
+        assert_eq!(file.policies["api"].to_string(), "gcra:rate=10/s,burst=10");
+        assert_eq!(file.policies["roles"].limit(), 10);
+        assert_eq!(file.policies.len(), 5);
+        let mut settings = Settings::default();
+        settings.apply_file(file);
+        assert_eq!(settings.shadow.len(), 3);
+        // A reload without shadow mode turns it off.
+        settings.apply_live(parse("p.toml", "[policies]\napi = \"gcra:rate=1/s\"").unwrap());
+        assert!(settings.shadow.is_empty());
+        for (text, field, says) in [
+            (
+                "[policies.api]\nspec = \"gcra:rate=1/s\"\nshadow = \"yes\"",
+                "policies.api.shadow",
+                "true",
+            ),
+            (
+                "[policies.api]\nalgorithm = \"gcra\"\nrate = \"1/s\"\nshadow = 1",
+                "policies.api.shadow",
+                "boolean",
+            ),
+            (
+                "[policies.db]\nspec = \"concurrency:limit=2,lease=30s\"\nshadow = true",
+                "policies.db.shadow",
+                "concurrency",
+            ),
+            (
+                "[policies.api]\nspec = \"gcra:rate=fast\"\nshadow = true",
+                "policies.api.spec",
+                "rate",
+            ),
+            ("[policies.api]\nspec = 5", "policies.api.spec", "string"),
+            (
+                "[policies.api]\nspec = \"gcra:rate=1/s\"\nburst = 2",
+                "policies.api",
+                "burst",
+            ),
+            (
+                "[policies.api]\nalgorithm = \"gcra\"\nrate = \"1/s\"\nshadows = true",
+                "policies.api",
+                "shadows",
+            ),
+        ] {
+            let e = parse("p.toml", text).unwrap_err();
+            assert_eq!(e.field, field, "{text}: {}", e.message);
+            assert!(e.message.contains(says), "{text}: {}", e.message);
+        }
+        // A concurrency policy without shadow mode is fine.
+        assert!(parse(
+            "p.toml",
+            "[policies.db]\nspec = \"concurrency:limit=2,lease=30s\"\nshadow = false"
+        )
+        .is_ok());
     }
 
     #[test]

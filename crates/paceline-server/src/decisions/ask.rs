@@ -2,8 +2,9 @@
 //! namespaced, its op and cost read.
 
 use paceline_store::secret::TokenKey;
-use paceline_store::{Op, Policy, Request};
+use paceline_store::{Decision, Op, Policy, Request};
 
+use super::shadow;
 use crate::error::ApiError;
 use crate::fields::{check_key, cost_field, op_field};
 use crate::lease_token;
@@ -23,6 +24,8 @@ pub(super) struct Ask<'a> {
     namespace_len: usize,
     op: Op,
     cost: u64,
+    /// The policy is in shadow mode: a refusal is answered as admitted.
+    shadow: bool,
 }
 
 impl<'a> Ask<'a> {
@@ -59,6 +62,7 @@ impl<'a> Ask<'a> {
             metrics,
             policy,
             store_key,
+            shadow,
         } = live.resolve(spec, key, "policy")?;
         // The cost is checked against the policy by the store, once, as it decides.
         Ok(Ask {
@@ -69,12 +73,27 @@ impl<'a> Ask<'a> {
             store_key,
             op,
             cost,
+            shadow,
         })
     }
 
     /// What the store is asked.
     pub(super) fn request(&self) -> Request<'_> {
         Request::new(&self.policy, &self.store_key, self.op, self.cost)
+    }
+
+    /// The answer to decision `d` (counted already): `d` itself, or, for a refusal by a
+    /// shadow-mode policy, an admit with no wait (counted in the policy's
+    /// `paceline_shadow_admitted_total`). The flag says shadow mode turned a refusal.
+    pub(super) fn answer(&self, d: &Decision) -> (Decision, bool) {
+        if !self.shadow {
+            return (*d, false);
+        }
+        let (answer, shadowed) = shadow::answered(d);
+        if shadowed {
+            self.metrics.shadow_admitted();
+        }
+        (answer, shadowed)
     }
 
     /// The key as the request gave it.

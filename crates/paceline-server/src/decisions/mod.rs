@@ -4,11 +4,15 @@
 //!
 //! A decision answers `200` admitted or `429` refused, with its JSON body and the headers
 //! `RateLimit-Policy`, `RateLimit` and, for a refusal, `Retry-After` ([`crate::outcome`]).
+//! A policy in shadow mode ([`shadow`]) is decided and counted as usual, but its refusal
+//! is answered `200` admitted with no wait, `"shadow": true` in the body, and the
+//! `RateLimit` headers as the refusal left the limit.
 //! A batch answers `200` with one entry per request, each with its own `status`: a
 //! decision's body, or `{"error": {...}, "status"}` for a request that has none.
 
 mod ask;
 mod set;
+pub(crate) mod shadow;
 
 use std::sync::Arc;
 
@@ -73,6 +77,28 @@ impl JsonSchema for BatchSchema {
     }
 }
 
+/// One limit's answer: its decision, and whether shadow mode turned a refusal into it.
+#[derive(Serialize, ToSchema)]
+#[schema(as = LimitAnswer)]
+struct Answered<'a> {
+    #[serde(flatten)]
+    decision: DecisionBody<'a>,
+    /// Set (to `true`) only when the policy is in shadow mode (`shadow = true` in the
+    /// service's config) and refused: the answer admits all the same, with no wait, and
+    /// the `RateLimit` headers say the limit as the refusal left it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow: Option<bool>,
+}
+
+impl<'a> Answered<'a> {
+    fn new(decision: DecisionBody<'a>, shadowed: bool) -> Answered<'a> {
+        Answered {
+            decision,
+            shadow: shadowed.then_some(true),
+        }
+    }
+}
+
 // For the OpenAPI document only: the handler writes one body or the other.
 /// The answer to `POST /v1/decisions`: one limit's decision, or a set's.
 #[derive(Serialize, ToSchema)]
@@ -80,7 +106,7 @@ impl JsonSchema for BatchSchema {
 #[schema(as = DecisionAnswer)]
 #[allow(dead_code)]
 enum DecisionAnswer<'a> {
-    One(DecisionBody<'a>),
+    One(Answered<'a>),
     Set(SetBody<'a>),
 }
 
@@ -92,7 +118,7 @@ enum DecisionAnswer<'a> {
     operation_id = "decide",
     request_body(content = RawAsk, description = "One limit (`policy`, `key`) or a set of limits decided as one (`limits`)"),
     responses(
-        (status = 200, description = "Admitted (or, for `pace`, booked: wait `delay_ms` first)", body = DecisionAnswer,
+        (status = 200, description = "Admitted (or, for `pace`, booked: wait `delay_ms` first; or refused by a policy in shadow mode and admitted all the same, `shadow` saying so)", body = DecisionAnswer,
             headers(
                 ("RateLimit-Policy" = String, description = "Each limit: its name, quota and window (IETF RateLimit headers)"),
                 ("RateLimit" = String, description = "Each limit's remaining units and seconds to reset")
@@ -131,20 +157,31 @@ async fn decide(
         .await;
     state.metrics.observe_store(started.elapsed());
     let d = settle(&state, ask.metrics, ask.key(), outcome)?;
+    let (answer, shadowed) = ask.answer(&d);
     let lease = d.lease.map(|id| ask.lease_token(&state.lease_key, id));
-    let body = DecisionBody::new(ask.name, &d, None).with_lease(lease);
-    Ok(rate_limited(status_of(&d), body, &[(ask.name, &d)], &d))
+    let body = Answered::new(
+        DecisionBody::new(ask.name, &answer, None).with_lease(lease),
+        shadowed,
+    );
+    // The headers say the limit as decided; the answer's admit drops `Retry-After`.
+    Ok(rate_limited(
+        status_of(&answer),
+        body,
+        &[(ask.name, &d)],
+        &answer,
+    ))
 }
 
-/// A batch request's decision: the policy's name, the decision and its lease's token.
-type Settled<'a> = (&'a str, Decision, Option<String>);
+/// A batch request's decision: the policy's name, the answer (see [`Ask::answer`]),
+/// whether shadow mode turned a refusal into it, and its lease's token.
+type Settled<'a> = (&'a str, Decision, bool, Option<String>);
 
 /// One answer of a batch: a decision, or an error, each with its status.
 #[derive(Serialize, ToSchema)]
 #[serde(untagged)]
 #[schema(as = BatchDecision)]
 enum BatchItem<'a> {
-    Decision(DecisionBody<'a>),
+    Decision(Answered<'a>),
     Error { error: ErrorBody<'a>, status: u16 },
 }
 
@@ -193,8 +230,9 @@ async fn batch(
                 Err(StoreError::new(StoreErrorKind::Protocol, "no answer").into())
             });
             settle(&state, ask.metrics, ask.key(), outcome).map(|d| {
+                let (answer, shadowed) = ask.answer(&d);
                 let lease = d.lease.map(|id| ask.lease_token(&state.lease_key, id));
-                (ask.name, d, lease)
+                (ask.name, answer, shadowed, lease)
             })
         })
         .collect();
@@ -202,9 +240,10 @@ async fn batch(
     let items: Vec<BatchItem> = settled
         .iter()
         .map(|result| match result {
-            Ok((name, d, lease)) => BatchItem::Decision(
+            Ok((name, d, shadowed, lease)) => BatchItem::Decision(Answered::new(
                 DecisionBody::new(name, d, Some(status_of(d).as_u16())).with_lease(lease.clone()),
-            ),
+                *shadowed,
+            )),
             Err(e) => BatchItem::Error {
                 error: e.body(),
                 status: e.status().as_u16(),

@@ -1,13 +1,21 @@
 //! A set of limits decided as one (`POST /v1/decisions` with `limits`): every limit admits
 //! and each counts it, or none changes. The answer is the combined decision with one entry
 //! per limit, and the headers list every limit.
+//!
+//! A limit by a policy in shadow mode never refuses the set: the other limits are decided
+//! as one set, then each shadow-mode limit on its own ([`shadow::decide_each`]), counting
+//! the request when the set is admitted.
 
 use axum::response::Response;
 use paceline_store::redis::cross_slot_error;
-use paceline_store::{Decision, Error, InputError, Op, Policy, Request, SharedStore, MAX_LIMITS};
+use paceline_store::{
+    Decision, Error, Fallback, InputError, Op, Policy, Request, SharedStore, StoreError,
+    StoreErrorKind, MAX_LIMITS,
+};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use super::shadow;
 use crate::error::ApiError;
 use crate::fields::{check_key, cost_field, op_field};
 use crate::lease_token;
@@ -43,6 +51,15 @@ struct Part<'a> {
     store_key: String,
     op: Op,
     cost: u64,
+    /// The policy is in shadow mode: decided after the set, on its own, and never refusing.
+    shadow: bool,
+}
+
+impl Part<'_> {
+    /// What the store is asked of this limit.
+    fn request(&self) -> Request<'_> {
+        Request::new(&self.policy, &self.store_key, self.op, self.cost)
+    }
 }
 
 /// The answer to a set of limits: the combined decision and one entry per limit (fields in
@@ -62,6 +79,10 @@ pub(super) struct SetBody<'a> {
     limits: Vec<PartBody<'a>>,
     remaining: u64,
     reset_after_ms: f64,
+    /// Set (to `true`) only when the set is admitted although a limit in shadow mode
+    /// refused it (that limit's entry says `shadow` too).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow: Option<bool>,
 }
 
 /// One limit's entry in a set's answer.
@@ -77,6 +98,10 @@ struct PartBody<'a> {
     policy: &'a str,
     remaining: u64,
     reset_after_ms: f64,
+    /// Set (to `true`) only when this limit is in shadow mode and refused: its entry
+    /// admits all the same, with no wait.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shadow: Option<bool>,
 }
 
 impl<'a> SetAsk<'a> {
@@ -175,6 +200,7 @@ impl<'a> SetAsk<'a> {
                 store_key: resolved.store_key,
                 op,
                 cost,
+                shadow: resolved.shadow,
             });
         }
         Ok(SetAsk { parts, positions })
@@ -182,38 +208,125 @@ impl<'a> SetAsk<'a> {
 
     /// Decides the set as one and answers: `200` admitted or `429` refused, with the
     /// combined decision and one entry per limit, and the headers listing every limit.
+    /// The limits in shadow mode are decided after the others, each on its own.
     pub(super) async fn decide(&self, state: &AppState) -> Result<Response, ApiError> {
-        let requests: Vec<Request> = self
-            .parts
-            .iter()
-            .map(|p| Request::new(&p.policy, &p.store_key, p.op, p.cost))
-            .collect();
-        let started = quanta::Instant::now();
-        let outcome = state.store.decide_all(&requests).await;
-        state.metrics.observe_store(started.elapsed());
-        let decided = match outcome {
-            Ok(decided) => decided,
-            Err(Error::Input(e)) => return Err(self.input_error(&state.store, &e)),
-            Err(e) => {
-                for part in &self.parts {
-                    part.metrics.failed();
+        let (shadows, real): (Vec<&Part>, Vec<&Part>) = self.parts.iter().partition(|p| p.shadow);
+        let requests: Vec<Request> = real.iter().map(|p| p.request()).collect();
+        let decided = if requests.is_empty() {
+            None
+        } else {
+            let started = quanta::Instant::now();
+            let outcome = state.store.decide_all(&requests).await;
+            state.metrics.observe_store(started.elapsed());
+            match outcome {
+                Ok(decided) => Some(decided),
+                Err(Error::Input(e)) => return Err(self.input_error(&state.store, &e)),
+                Err(e) => {
+                    // The shadow-mode limits were not asked.
+                    for part in &real {
+                        part.metrics.failed();
+                    }
+                    if matches!(e, Error::Store(_)) {
+                        state.metrics.store_errors.inc();
+                    }
+                    return Err(ApiError::from(e));
                 }
-                if matches!(e, Error::Store(_)) {
-                    state.metrics.store_errors.inc();
-                }
-                return Err(ApiError::from(e));
             }
         };
-        if decided.decision.fallback.is_some() {
+        let admitted = decided.as_ref().is_none_or(|d| d.allowed());
+        if decided
+            .as_ref()
+            .is_some_and(|d| d.decision.fallback.is_some())
+        {
             state.metrics.store_errors.inc();
         }
-        for (part, d) in self.parts.iter().zip(&decided.limits) {
-            // A limit that would have admitted a refused set did not admit anything.
-            let mut counted = *d;
-            counted.allowed &= decided.allowed();
-            part.metrics.decided(&counted, &part.key);
+        let shadow_requests: Vec<Request> = shadows.iter().map(|p| p.request()).collect();
+        let started = quanta::Instant::now();
+        let shadowed = shadow::decide_each(&state.store, &shadow_requests, admitted).await;
+        if !shadow_requests.is_empty() {
+            state.metrics.observe_store(started.elapsed());
         }
-        let combined = &decided.decision;
+        // Each limit's decision as made, and as answered, by its place in `parts`.
+        let mut made: Vec<Decision> = Vec::with_capacity(self.parts.len());
+        let mut answers: Vec<(Decision, bool)> = Vec::with_capacity(self.parts.len());
+        let mut real_decisions = decided.iter().flat_map(|d| d.limits.iter().copied());
+        let mut shadow_outcomes = shadowed.into_iter();
+        let mut any_shadowed = false;
+        for part in &self.parts {
+            let d = if part.shadow {
+                match shadow_outcomes.next() {
+                    Some(Ok(d)) => d,
+                    Some(Err(e)) => {
+                        // A shadow-mode limit never fails the set: it answers as if
+                        // failing open, and counts as an error.
+                        part.metrics.failed();
+                        if matches!(e, Error::Store(_)) {
+                            state.metrics.store_errors.inc();
+                        }
+                        tracing::debug!(policy = %part.name, "a shadow-mode limit was not decided: {e}");
+                        let mut d = Decision::from_micros(true, 0.0, 0, 0.0, part.policy.limit());
+                        d.fallback = Some(Fallback::FailOpen);
+                        made.push(d);
+                        answers.push((d, false));
+                        continue;
+                    }
+                    None => {
+                        return Err(ApiError::from(Error::from(StoreError::new(
+                            StoreErrorKind::Protocol,
+                            "no answer",
+                        ))))
+                    }
+                }
+            } else {
+                match real_decisions.next() {
+                    Some(d) => d,
+                    None => {
+                        return Err(ApiError::from(Error::from(StoreError::new(
+                            StoreErrorKind::Protocol,
+                            "no answer",
+                        ))))
+                    }
+                }
+            };
+            if part.shadow && d.fallback.is_some() {
+                state.metrics.store_errors.inc();
+            }
+            // A limit that would have admitted a refused set did not admit anything.
+            let mut counted = d;
+            counted.allowed &= admitted;
+            part.metrics.decided(&counted, &part.key);
+            let answer = if part.shadow {
+                let (answer, shadowed) = shadow::answered(&d);
+                if shadowed && admitted {
+                    part.metrics.shadow_admitted();
+                    any_shadowed = true;
+                }
+                (answer, shadowed)
+            } else {
+                (d, false)
+            };
+            made.push(d);
+            answers.push(answer);
+        }
+        let combined = match &decided {
+            Some(decided) => decided.decision,
+            // Only limits in shadow mode: admitted, waiting for the longest of their waits,
+            // and saying the limit with the least left.
+            None => {
+                let mut combined = answers
+                    .iter()
+                    .map(|(a, _)| *a)
+                    .min_by_key(|a| a.remaining)
+                    .unwrap_or_else(|| Decision::from_micros(true, 0.0, 0, 0.0, 0));
+                combined.delay = answers
+                    .iter()
+                    .map(|(a, _)| a.delay)
+                    .max()
+                    .unwrap_or_default();
+                combined.fallback = None;
+                combined
+            }
+        };
         let body = SetBody {
             allowed: combined.allowed,
             delay_ms: ms(combined.delay),
@@ -222,8 +335,8 @@ impl<'a> SetAsk<'a> {
             limits: self
                 .positions
                 .iter()
-                .filter_map(|&at| Some((self.parts.get(at)?, decided.limits.get(at)?)))
-                .map(|(part, d)| PartBody {
+                .filter_map(|&at| Some((self.parts.get(at)?, answers.get(at)?)))
+                .map(|(part, (d, shadowed))| PartBody {
                     allowed: d.allowed,
                     delay_ms: ms(d.delay),
                     key: &part.key,
@@ -234,18 +347,20 @@ impl<'a> SetAsk<'a> {
                     policy: &part.name,
                     remaining: d.remaining,
                     reset_after_ms: ms(d.reset_after),
+                    shadow: shadowed.then_some(true),
                 })
                 .collect(),
             remaining: combined.remaining,
             reset_after_ms: ms(combined.reset_after),
+            shadow: any_shadowed.then_some(true),
         };
         let named: Vec<(&str, &Decision)> = self
             .parts
             .iter()
             .map(|p| p.name.as_str())
-            .zip(&decided.limits)
+            .zip(&made)
             .collect();
-        Ok(rate_limited(status_of(combined), body, &named, combined))
+        Ok(rate_limited(status_of(&combined), body, &named, &combined))
     }
 
     /// The error for the store's refusal of the set's input. Keys in different hash slots

@@ -9,7 +9,9 @@
 //!    0 requests, a cost no limit can admit, a checked limit with nothing left), as one
 //!    `peek` set that only reports;
 //! 3. the shadow-mode limits, each on its own (`limit` once the request is admitted, `peek`
-//!    otherwise); their answer is always OK and a failure of theirs is only logged.
+//!    otherwise: [`crate::decisions::shadow::decide_each`], as the HTTP API's sets decide
+//!    their shadow-mode policies); their answer is always OK and a failure of theirs is
+//!    only logged.
 //!
 //! Once every outcome is known, each descriptor's hits are added to its rule's metrics
 //! (`paceline_rls_*_total{rule}`): a request answered with an error counts nowhere.
@@ -356,12 +358,13 @@ pub(crate) async fn decide(
         }
         decided
     };
+    let shadow_requests: Vec<Request> = shadows
+        .iter()
+        .map(|(part, op)| Request::new(&part.policy, &part.store_key, *op, part.cost))
+        .collect();
+    let outcomes = crate::decisions::shadow::decide_each(store, &shadow_requests, !refused).await;
     let mut shadowed = Vec::with_capacity(shadows.len());
-    for (part, op) in &shadows {
-        let op = if refused { Op::Peek } else { *op };
-        let outcome = store
-            .decide(&part.policy, &part.store_key, op, part.cost)
-            .await;
+    for ((part, _), outcome) in shadows.iter().zip(outcomes) {
         match outcome {
             Ok(d) => {
                 if !d.allowed {
