@@ -2,6 +2,8 @@
 //! gRPC client (and over `POST /json`), on the memory store, on Redis and on a Redis
 //! Cluster. The clock is a `ManualClock`: no window turns during a test.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -532,15 +534,10 @@ async fn garbage_on_the_grpc_port_does_not_stop_the_service() {
     rls.stop().await;
 }
 
+/// `POST /json` with `body`: the status and the JSON answer.
 async fn post_json(url: &str, body: Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{url}/json"))
-        .json(&body)
-        .send()
-        .await
-        .expect("an answer");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("JSON"))
+    let a = common::call(reqwest::Method::POST, &format!("{url}/json"), Some(body)).await;
+    (a.status, a.body)
 }
 
 #[tokio::test]
@@ -598,14 +595,10 @@ async fn json_answers_as_grpc_does() {
     rls.stop().await;
 }
 
+/// `POST /v1/reload`: the status and the JSON answer.
 async fn reload(url: &str) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{url}/v1/reload"))
-        .send()
-        .await
-        .expect("an answer");
-    let status = response.status().as_u16();
-    (status, response.json().await.expect("JSON"))
+    let a = common::call(reqwest::Method::POST, &format!("{url}/v1/reload"), None).await;
+    (a.status, a.body)
 }
 
 #[tokio::test]
