@@ -49,6 +49,10 @@ struct PolicyBody {
     #[schema(value_type = String)]
     algorithm: &'static str,
     limit: u64,
+    /// Present, `true`, for a policy in shadow mode (`shadow = true`): decided and counted
+    /// as usual, its refusals answered as admitted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shadow: bool,
     spec: String,
 }
 
@@ -72,6 +76,7 @@ async fn policies(Authorized(live): Authorized) -> Json<PoliciesBody> {
             let body = PolicyBody {
                 algorithm: p.algorithm(),
                 limit: p.limit(),
+                shadow: c.shadow(),
                 spec: p.to_string(),
             };
             (name.clone(), body)

@@ -63,6 +63,11 @@ impl Configured {
     pub(crate) fn policy(&self) -> &Policy {
         &self.policy
     }
+
+    /// Whether it is in shadow mode (its refusals answered as admitted).
+    pub(crate) fn shadow(&self) -> bool {
+        self.shadow
+    }
 }
 
 /// What a reload can change: the policies and the access rules.

@@ -286,6 +286,10 @@ async fn a_reload_turns_shadow_mode_off_and_on() {
     assert_eq!(refused.status, 429, "{}", refused.body);
     assert_eq!(refused.body["allowed"], false);
     assert!(refused.body.get("shadow").is_none(), "{}", refused.body);
+    // GET /v1/policies says which policies are in shadow mode, as the reload left them.
+    let listed = |a: &Answer| a.body["policies"]["trial"].get("shadow").cloned();
+    let policies = call(Method::GET, &format!("{url}/v1/policies"), None).await;
+    assert_eq!(listed(&policies), None, "{}", policies.body);
     write(true);
     assert_eq!(
         call(Method::POST, &format!("{url}/v1/reload"), None)
@@ -298,6 +302,8 @@ async fn a_reload_turns_shadow_mode_off_and_on() {
         (again.status, again.body["shadow"].clone()),
         (200, json!(true))
     );
+    let policies = call(Method::GET, &format!("{url}/v1/policies"), None).await;
+    assert_eq!(listed(&policies), Some(json!(true)), "{}", policies.body);
     assert_eq!(metric(&url, &shadowed("trial")).await, 2);
     let _ = std::fs::remove_file(&path);
     let _ = stop.send(());
