@@ -275,8 +275,13 @@ impl Server {
                 let stop = async move {
                     let _ = stopping.wait_for(|&stopping| stopping).await;
                 };
-                let incoming =
-                    tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+                // The HTTP listener's limits: a cap on connections, and a deadline for a new
+                // one's first bytes.
+                let incoming = rls::incoming::incoming(
+                    listener,
+                    limits.max_connections,
+                    limits.header_read_timeout,
+                );
                 Some(tokio::spawn(async move {
                     // A peer that stops answering pings is dropped: Envoy holds its
                     // connections open for good, and a dead one must not stay.

@@ -534,6 +534,52 @@ async fn garbage_on_the_grpc_port_does_not_stop_the_service() {
     rls.stop().await;
 }
 
+/// A connection that sends nothing within the header read timeout of its opening is
+/// closed, its slot among `max_connections` given back; one that spoke stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_closed_and_frees_its_slot() {
+    use std::io::Read;
+    let domain = unique_name("silent");
+    let mut settings = Settings {
+        store: "memory".to_string(),
+        ..Settings::default()
+    };
+    // The test's own client holds one slot; the silent connection takes the other.
+    settings.connections.max_connections = 2;
+    settings.connections.header_read_timeout = std::time::Duration::from_millis(300);
+    let rls = start_settings(settings, rules_file(&readme(&domain)), false, clock()).await;
+    let mut silent = std::net::TcpStream::connect(rls.addr).expect("connected");
+    silent
+        .set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .expect("a read timeout");
+    // Read (what the service sends first, its HTTP/2 settings) to the end, on a thread of
+    // its own: the service runs on this runtime's workers meanwhile.
+    let read = tokio::task::spawn_blocking(move || {
+        let mut sink = Vec::new();
+        silent.read_to_end(&mut sink).map_err(|e| e.kind())
+    })
+    .await
+    .expect("the read");
+    assert!(
+        matches!(read, Ok(_) | Err(std::io::ErrorKind::ConnectionReset)),
+        "the silent connection was not closed: {read:?}"
+    );
+    // A new connection gets a slot and its answer; the first client, which spoke at once,
+    // is still served.
+    let mut other = RateLimitServiceClient::connect(format!("http://{}", rls.addr))
+        .await
+        .expect("a second connection");
+    let r = other
+        .should_rate_limit(one(&domain, &[("user", "s")]))
+        .await
+        .expect("an answer")
+        .into_inner();
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    let r = rls.call(one(&domain, &[("user", "s")])).await;
+    assert_eq!(codes(&r), (OK, vec![OK]));
+    rls.stop().await;
+}
+
 /// `POST /json` with `body`: the status and the JSON answer.
 async fn post_json(url: &str, body: Value) -> (u16, Value) {
     let a = common::call(reqwest::Method::POST, &format!("{url}/json"), Some(body)).await;

@@ -87,6 +87,7 @@
 
 use crate::rls_rules::config;
 pub(crate) mod decide;
+pub(crate) mod incoming;
 pub(crate) mod json;
 use crate::rls_rules::matching;
 pub(crate) mod service;
