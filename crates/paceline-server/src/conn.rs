@@ -62,18 +62,9 @@ pub(crate) async fn serve(
             () = &mut shutdown => break,
         };
         let stream = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                // Out of file descriptors or a connection reset before it was accepted: not
-                // the listener's end. Pause briefly so a lasting condition does not spin.
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                    continue;
-                }
-            },
+            stream = accept(&listener) => stream,
             () = &mut shutdown => break,
         };
-        let _ = stream.set_nodelay(true);
         let activity = Arc::new(Activity {
             started,
             last_ms: AtomicU64::new(0),
@@ -239,6 +230,19 @@ where
             activity.in_flight.fetch_sub(1, Ordering::Relaxed);
             response
         })
+    }
+}
+
+/// The next connection `listener` accepts, its Nagle delay off. An accept error (out of
+/// file descriptors, a connection reset before it was accepted) is not the listener's end:
+/// it pauses briefly, so that a lasting condition does not spin, and accepts again.
+pub(crate) async fn accept(listener: &TcpListener) -> TcpStream {
+    loop {
+        if let Ok((stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            return stream;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

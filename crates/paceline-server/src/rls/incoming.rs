@@ -22,6 +22,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::conn::accept;
+
 /// One accepted connection: its slot among the `max_connections`, given back when the
 /// connection closes, and, until its first bytes arrive, the deadline for them.
 pub(crate) struct Guarded {
@@ -94,9 +96,8 @@ impl AsyncWrite for Guarded {
 }
 
 /// The connections `listener` accepts, at most `max_connections` open at once, each closed
-/// if it sends nothing within `first_bytes` of its opening. Accept errors (out of file
-/// descriptors, a connection reset before it was accepted) are not the listener's end: it
-/// pauses briefly and accepts again.
+/// if it sends nothing within `first_bytes` of its opening (accepted as the HTTP listener
+/// accepts: [`accept`]).
 pub(crate) fn incoming(
     listener: TcpListener,
     max_connections: usize,
@@ -108,20 +109,12 @@ pub(crate) fn incoming(
         move |(listener, slots)| async move {
             // A free slot first: at the cap, new connections wait in the listen queue.
             let slot = Arc::clone(&slots).acquire_owned().await.ok()?;
-            loop {
-                match listener.accept().await {
-                    Ok((io, _)) => {
-                        let _ = io.set_nodelay(true);
-                        let guarded = Guarded {
-                            io,
-                            _slot: slot,
-                            first_bytes: Some(Box::pin(tokio::time::sleep(first_bytes))),
-                        };
-                        return Some((Ok(guarded), (listener, slots)));
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                }
-            }
+            let guarded = Guarded {
+                io: accept(&listener).await,
+                _slot: slot,
+                first_bytes: Some(Box::pin(tokio::time::sleep(first_bytes))),
+            };
+            Some((Ok(guarded), (listener, slots)))
         },
     ))
 }
