@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{exits_cleanly, launch, post, signal, write};
+use common::{exits_cleanly, launch, post, signal, write, Service};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -72,19 +72,25 @@ fn a_bad_rules_file_exits_2_naming_file_line_and_field() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--rls-config"));
 }
 
-#[test]
-fn rls_listen_serves_grpc_from_the_binary() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let rules = write(dir.path(), "rules.yaml", RULES);
+/// The binary serving [`RULES`] (written in `dir`) over gRPC beside HTTP: the service and
+/// its ports (HTTP, then gRPC).
+fn serve_rules(dir: &std::path::Path) -> (Service, Vec<u16>) {
+    let rules = write(dir, "rules.yaml", RULES);
     let mut command = Command::new(env!("CARGO_BIN_EXE_paceline"));
     command
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(["--rls-listen", "127.0.0.1:0", "--rls-config", &rules])
         .env_remove("PACELINE_AUTH_TOKEN");
-    let (_service, ports) = launch(
+    launch(
         &mut command,
         &["listening on http://", "listening on grpc://"],
-    );
+    )
+}
+
+#[test]
+fn rls_listen_serves_grpc_from_the_binary() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_service, ports) = serve_rules(dir.path());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -138,16 +144,8 @@ fn ask(addr: &str, hits: Option<u64>) -> RateLimitRequest {
 #[test]
 fn sighup_reads_the_rules_again_keeping_counters_and_a_broken_file_keeps_them() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let rules = write(dir.path(), "rules.yaml", RULES);
-    let mut command = Command::new(env!("CARGO_BIN_EXE_paceline"));
-    command
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(["--rls-listen", "127.0.0.1:0", "--rls-config", &rules])
-        .env_remove("PACELINE_AUTH_TOKEN");
-    let (mut service, ports) = launch(
-        &mut command,
-        &["listening on http://", "listening on grpc://"],
-    );
+    let (mut service, ports) = serve_rules(dir.path());
+    let rules = dir.path().join("rules.yaml");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
