@@ -168,6 +168,11 @@ impl ApiError {
         )
     }
 
+    /// What went wrong, as the answer says it.
+    pub(crate) fn message(&self) -> &str {
+        &self.message
+    }
+
     /// The status it answers with.
     pub(crate) fn status(&self) -> StatusCode {
         self.code.status()

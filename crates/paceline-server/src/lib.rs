@@ -12,7 +12,8 @@
 //! | `POST /v1/leases` | take a lease of a `concurrency` policy: `{"policy", "key", "cost"}` → `201 {"lease", "expires_ms"}` or `429` |
 //! | `POST /v1/leases/{lease}/extend`, `DELETE /v1/leases/{lease}` | renew (`200`) or give back (`204`) a lease; `404` for one unknown or reclaimed |
 //! | `DELETE /v1/keys/{policy}/{key}` | reset a key |
-//! | `GET /v1/policies` | the configured policies |
+//! | `GET /v1/policies`, `GET /v1/policies/{name}` | the policies in force: the config file's, and those set at run time |
+//! | `PUT /v1/policies/{name}`, `DELETE /v1/policies/{name}` | set a policy at run time `{"spec", "shadow"}`, or delete it (the file's policy of that name applies again); shared by every instance on one Redis |
 //! | `POST /v1/reload` | re-read the config file (also on SIGHUP) |
 //! | `/v1/queues/{queue}/...` | the job queues of the config file: enqueue, lease, ack, fail, extend, stats, dead jobs |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | liveness; readiness (`200` ready, `200` with `"degraded": true` while some Redis Cluster primaries fail, `503` while no Redis node serves); Prometheus |
@@ -60,6 +61,7 @@ mod request;
 pub mod rls;
 mod rls_rules;
 mod router;
+mod runtime_policies;
 mod server_error;
 mod state;
 mod top_keys;
@@ -192,8 +194,10 @@ impl Server {
         };
         let store_description = paceline_store::without_credentials(&settings.store);
         let metrics = metrics::Metrics::new();
+        let runtime = runtime_policies::RuntimePolicies::open(&store).await;
+        let live = Live::new(&settings, &metrics, &runtime.entries());
         let state = Arc::new(AppState {
-            live: RwLock::new(Arc::new(Live::new(&settings, &metrics))),
+            live: RwLock::new(Arc::new(live)),
             store,
             metrics,
             queues,
@@ -202,6 +206,7 @@ impl Server {
             base: Mutex::new(settings),
             lease_key,
             rls,
+            runtime,
         });
         Ok(Server {
             listener,
@@ -257,6 +262,17 @@ impl Server {
                     let _ = stopping.wait_for(|&stopping| stopping).await;
                 };
                 queue.run_schedules(stop).await;
+            });
+        }
+        // The policies set at run time on other instances sharing the store, followed.
+        if self.state.runtime.is_shared() {
+            let state = Arc::clone(&self.state);
+            let mut stopping = self.state.stopping.subscribe();
+            tokio::spawn(async move {
+                let stop = async move {
+                    let _ = stopping.wait_for(|&stopping| stopping).await;
+                };
+                state.follow_runtime_policies(stop).await;
             });
         }
         let state = Arc::clone(&self.state);

@@ -76,6 +76,9 @@ pub fn openapi_json() -> String {
         crate::leases::extend,
         crate::leases::give_back,
         crate::policies::policies,
+        crate::policies::runtime::read,
+        crate::policies::runtime::put,
+        crate::policies::runtime::delete,
         crate::policies::reset_key,
         crate::reload::reload,
         crate::dashboard::data,
@@ -92,7 +95,7 @@ pub fn openapi_json() -> String {
     tags(
         (name = "decisions", description = "May I act now, and if not, when?"),
         (name = "leases", description = "Concurrency leases: requests in flight"),
-        (name = "policies", description = "The configured policies and their keys"),
+        (name = "policies", description = "The policies in force (the config file's, and those set at run time) and their keys"),
         (name = "queues", description = "Rate-limited job queues: producers and workers"),
         (name = "service", description = "Health, readiness, metrics, the dashboard, reloads"),
         (name = "rls", description = "Envoy's rate limit service over HTTP (`--rls-config`): the same decisions as its gRPC"),

@@ -6,7 +6,12 @@
 //! config file has nothing to reload (`409 conflict`), unless it serves RLS rules
 //! (`--rls-config`): those are read again too, and a file of them that does not load keeps
 //! the running rules (logged at WARN, naming the file and the line).
+//!
+//! The policies set at run time ([`crate::runtime_policies`]) are laid over the file's at
+//! every reload, and again at every change of theirs (made here, or by another instance
+//! sharing the store, which [`AppState::follow_runtime_policies`] watches for).
 
+use std::future::Future;
 use std::sync::{Arc, PoisonError};
 
 use axum::extract::State;
@@ -18,6 +23,7 @@ use utoipa::ToSchema;
 use crate::config;
 use crate::error::{ApiError, Envelope, ErrorCode};
 use crate::extract::Authorized;
+use crate::runtime_policies::{log_change, FULL_READ_EVERY, POLL};
 use crate::state::{AppState, Live};
 
 /// The reload route.
@@ -134,12 +140,63 @@ impl AppState {
         next.apply_live(file);
         let count = next.policies.len();
         *self.live.write().unwrap_or_else(PoisonError::into_inner) =
-            Arc::new(Live::new(&next, &self.metrics));
+            Arc::new(Live::new(&next, &self.metrics, &self.runtime.entries()));
         let mut message = format!("{count} policies loaded from {}", path.display());
         for note in notes {
             message.push_str("; ");
             message.push_str(note);
         }
         Ok(message)
+    }
+}
+
+impl AppState {
+    /// Lays the table of policies set at run time over the file's again, after it changed:
+    /// the requests that follow decide with it.
+    pub(crate) fn apply_runtime_policies(&self) {
+        // One rebuild at a time, reloads included (they hold this lock while they build).
+        let _one_at_a_time = self.base.lock().unwrap_or_else(PoisonError::into_inner);
+        let settings = self.live().settings().clone();
+        let live = Live::new(&settings, &self.metrics, &self.runtime.entries());
+        *self.live.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(live);
+    }
+
+    /// Follows the changes other instances make to the policies set at run time (a store
+    /// in Redis): asks every [`POLL`] whether the table changed, reading it whole every
+    /// [`FULL_READ_EVERY`] polls anyway, and applies and logs what changed, until `stop`.
+    pub(crate) async fn follow_runtime_policies(&self, stop: impl Future<Output = ()>) {
+        let mut stop = std::pin::pin!(stop);
+        let mut polls: u32 = 0;
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                () = &mut stop => return,
+                () = tokio::time::sleep(POLL) => {}
+            }
+            polls = polls.wrapping_add(1);
+            match self.runtime.refresh(polls.is_multiple_of(FULL_READ_EVERY)).await {
+                Ok(changes) => {
+                    if failing {
+                        tracing::info!(target: "paceline", "the policies set at run time are read from Redis again");
+                        failing = false;
+                    }
+                    if !changes.is_empty() {
+                        self.apply_runtime_policies();
+                        for change in &changes {
+                            log_change(change, "the store (another instance)");
+                        }
+                    }
+                }
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(
+                        target: "paceline",
+                        "the policies set at run time could not be read from Redis: {}; the last read stay until it answers",
+                        e.message()
+                    );
+                }
+                Err(_) => {}
+            }
+        }
     }
 }

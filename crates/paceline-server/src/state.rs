@@ -1,6 +1,6 @@
 //! What every request shares: the store, the metrics, the queues, and the live
-//! configuration (the policies and access rules a reload replaces), in which a request's
-//! policy is found.
+//! configuration (the policies and access rules a reload replaces, with the policies set at
+//! run time laid over the file's), in which a request's policy is found.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
@@ -12,6 +12,7 @@ use crate::config::Settings;
 use crate::error::{ApiError, ErrorCode};
 use crate::groups_cache::GroupsCache;
 use crate::metrics::{Metrics, PolicyMetrics};
+use crate::runtime_policies::{Entries, RuntimePolicies};
 
 /// The name of inline specs in responses and metrics.
 pub(crate) const INLINE: &str = "inline";
@@ -40,6 +41,8 @@ pub(crate) struct AppState {
     pub(crate) lease_key: TokenKey,
     /// Envoy's rate limit service, when the service has its rules (`--rls-config`).
     pub(crate) rls: Option<Arc<crate::rls_rules::RlsState>>,
+    /// The policies set at run time (`PUT /v1/policies/{name}`), laid over the file's.
+    pub(crate) runtime: RuntimePolicies,
 }
 
 impl AppState {
@@ -49,13 +52,25 @@ impl AppState {
     }
 }
 
-/// A configured policy, its metrics, and whether it is in shadow mode.
+/// A configured policy, its metrics, whether it is in shadow mode, and where it comes
+/// from.
 pub(crate) struct Configured {
     policy: Policy,
     metrics: PolicyMetrics,
     /// Shadow mode (`shadow = true`): decided and counted as usual, a refusal answered
     /// as admitted.
     shadow: bool,
+    source: Source,
+}
+
+/// Where a policy in force comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Source {
+    /// The config file.
+    Config,
+    /// Set at run time (`PUT /v1/policies/{name}`); `overrides` holds the file's policy of
+    /// the same name and its shadow mode, which applies again once it is deleted.
+    Runtime { overrides: Option<(Policy, bool)> },
 }
 
 impl Configured {
@@ -68,10 +83,19 @@ impl Configured {
     pub(crate) fn shadow(&self) -> bool {
         self.shadow
     }
+
+    /// Where it comes from: the file, or a change at run time.
+    pub(crate) fn source(&self) -> &Source {
+        &self.source
+    }
 }
 
-/// What a reload can change: the policies and the access rules.
+/// What a reload can change: the policies and the access rules; and the policies as the
+/// table of those set at run time changes them.
 pub(crate) struct Live {
+    /// The settings of the file (and flags) these were built from: a change at run time
+    /// lays the table over them again.
+    settings: Arc<Settings>,
     pub(crate) policies: BTreeMap<String, Configured>,
     pub(crate) auth_token: Option<String>,
     pub(crate) allow_inline_policies: bool,
@@ -107,28 +131,46 @@ impl Resolved<'_> {
 }
 
 impl Live {
-    pub(crate) fn new(settings: &Settings, metrics: &Metrics) -> Live {
+    /// The configuration of `settings` (the file's policies, its access rules), each
+    /// policy of `runtime` (those set at run time) replacing the file's of its name or
+    /// added beside them.
+    pub(crate) fn new(settings: &Settings, metrics: &Metrics, runtime: &Entries) -> Live {
+        let mut policies: BTreeMap<String, Configured> = settings
+            .policies
+            .iter()
+            .map(|(name, policy)| {
+                let configured = Configured {
+                    policy: policy.clone(),
+                    metrics: metrics.policy(name),
+                    shadow: settings.shadow.contains(name),
+                    source: Source::Config,
+                };
+                (name.clone(), configured)
+            })
+            .collect();
+        for (name, entry) in runtime {
+            let overrides = policies.remove(name).map(|c| (c.policy, c.shadow));
+            let configured = Configured {
+                policy: entry.policy.clone(),
+                metrics: metrics.policy(name),
+                shadow: entry.shadow,
+                source: Source::Runtime { overrides },
+            };
+            policies.insert(name.clone(), configured);
+        }
         Live {
-            policies: settings
-                .policies
-                .iter()
-                .map(|(name, policy)| {
-                    let metrics = metrics.policy(name);
-                    (
-                        name.clone(),
-                        Configured {
-                            policy: policy.clone(),
-                            metrics,
-                            shadow: settings.shadow.contains(name),
-                        },
-                    )
-                })
-                .collect(),
+            settings: Arc::new(settings.clone()),
+            policies,
             auth_token: settings.auth_token.clone(),
             allow_inline_policies: settings.allow_inline_policies,
             inline_metrics: metrics.policy(INLINE),
             inline: RwLock::new(HashMap::new()),
         }
+    }
+
+    /// The settings of the file (and flags) this configuration was built from.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.settings
     }
 
     /// Finds `spec` (a configured name, or an inline spec where allowed) for `key`; errors

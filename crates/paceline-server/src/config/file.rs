@@ -418,20 +418,26 @@ fn policy_of(value: toml::Value) -> Result<(Policy, bool), (Option<&'static str>
             Policy::deserialize(toml::Value::Table(table)).map_err(|e| (None, e.to_string()))?
         }
     };
-    if shadow && policy.concurrency().is_ok() {
-        return Err((
-            Some("shadow"),
-            "is not allowed on a `concurrency` policy: a lease it refuses cannot be handed out \
-             without taking a place; remove `shadow`, or use a rate policy"
-                .to_string(),
-        ));
+    if shadow {
+        check_shadow(&policy).map_err(|m| (Some("shadow"), m.to_string()))?;
     }
     Ok((policy, shadow))
 }
 
+/// Whether `policy` may be in shadow mode: not a `concurrency` one (the message says why).
+pub(crate) fn check_shadow(policy: &Policy) -> Result<(), &'static str> {
+    if policy.concurrency().is_ok() {
+        return Err(
+            "is not allowed on a `concurrency` policy: a lease it refuses cannot be handed out \
+             without taking a place; remove `shadow`, or use a rate policy",
+        );
+    }
+    Ok(())
+}
+
 /// Policy names: 1 to 128 characters from `A-Z a-z 0-9 - _ .`, so they fit URLs, metric
 /// labels and keys as they are.
-fn check_policy_name(name: &str) -> Result<(), String> {
+pub(crate) fn check_policy_name(name: &str) -> Result<(), String> {
     let ok = !name.is_empty()
         && name.len() <= MAX_POLICY_NAME
         && name

@@ -66,6 +66,7 @@ use std::time::Duration;
 use paceline_queue::QueueConfig;
 use paceline_store::{FailurePolicy, Policy};
 
+pub(crate) use file::{check_policy_name, check_shadow};
 pub use file::{parse, read_file, FileSettings, RlsFile};
 pub use values::{parse_auto_batch, parse_timeout, ConfigError, MAX_CONNECTIONS};
 

@@ -1,12 +1,16 @@
-//! The configured policies over HTTP: `GET /v1/policies` lists them, and
-//! `DELETE /v1/keys/{policy}/{key}` resets one key of one (`204`), as if it had never been
-//! asked.
+//! The policies over HTTP: `GET /v1/policies` lists those in force (the config file's, and
+//! those set at run time, each saying where it comes from), `DELETE /v1/keys/{policy}/{key}`
+//! resets one key of one (`204`), as if it had never been asked; one policy is read, set and
+//! deleted at run time in [`runtime`].
 //!
 //! ```json
 //! {"allow_inline_policies": false,
 //!  "policies": {"discord-roles": {"algorithm": "fixed_window", "limit": 10,
+//!                                 "source": "config",
 //!                                 "spec": "fixed_window:limit=10,window=10s"}}}
 //! ```
+
+pub(crate) mod runtime;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,12 +26,13 @@ use utoipa::ToSchema;
 use crate::error::{ApiError, Envelope};
 use crate::extract::{path_parts, Authorized};
 use crate::fields::check_key;
-use crate::state::{store_key, AppState};
+use crate::state::{store_key, AppState, Configured, Source};
 
 /// The policies' routes.
 pub(crate) fn routes() -> Router<Arc<AppState>> {
     Router::new()
         .route("/v1/policies", get(policies))
+        .merge(runtime::routes())
         .route("/v1/keys/{policy}/{key}", delete(reset_key))
 }
 
@@ -37,11 +42,11 @@ pub(crate) fn routes() -> Router<Arc<AppState>> {
 struct PoliciesBody {
     /// Whether requests may give a spec in place of a configured name.
     allow_inline_policies: bool,
-    /// The configured policies, by name.
+    /// The policies in force, by name: the config file's, and those set at run time.
     policies: BTreeMap<String, PolicyBody>,
 }
 
-/// One configured policy.
+/// One policy in force.
 #[derive(Serialize, ToSchema)]
 #[schema(as = ConfiguredPolicy)]
 struct PolicyBody {
@@ -49,21 +54,71 @@ struct PolicyBody {
     #[schema(value_type = String)]
     algorithm: &'static str,
     limit: u64,
+    /// For a policy set at run time over the config file's of the same name: the file's,
+    /// which applies again once the run-time one is deleted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    overrides: Option<FilePolicy>,
     /// Present, `true`, for a policy in shadow mode (`shadow = true`): decided and counted
     /// as usual, its refusals answered as admitted.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    shadow: bool,
+    /// Where it comes from: `config` (the config file) or `runtime` (`PUT
+    /// /v1/policies/{name}`, kept until deleted, over reloads).
+    source: SourceName,
+    spec: String,
+}
+
+/// Where a policy comes from.
+#[derive(Clone, Copy, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+enum SourceName {
+    /// The config file.
+    Config,
+    /// Set at run time.
+    Runtime,
+}
+
+/// The config file's policy that one set at run time overrides.
+#[derive(Serialize, ToSchema)]
+struct FilePolicy {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     shadow: bool,
     spec: String,
 }
 
-/// `GET /v1/policies`: the configured policies, by name.
+impl PolicyBody {
+    /// The body of `c`.
+    fn of(c: &Configured) -> PolicyBody {
+        let p = c.policy();
+        let (source, overrides) = match c.source() {
+            Source::Config => (SourceName::Config, None),
+            Source::Runtime { overrides } => (
+                SourceName::Runtime,
+                overrides.as_ref().map(|(policy, shadow)| FilePolicy {
+                    shadow: *shadow,
+                    spec: policy.to_string(),
+                }),
+            ),
+        };
+        PolicyBody {
+            algorithm: p.algorithm(),
+            limit: p.limit(),
+            overrides,
+            shadow: c.shadow(),
+            source,
+            spec: p.to_string(),
+        }
+    }
+}
+
+/// `GET /v1/policies`: the policies in force, by name.
 #[utoipa::path(
     get,
     path = "/v1/policies",
     tag = "policies",
     operation_id = "list_policies",
     responses(
-        (status = 200, description = "The configured policies", body = PoliciesBody),
+        (status = 200, description = "The policies in force: the config file's, and those set at run time", body = PoliciesBody),
         (status = 401, description = "`unauthenticated`", body = Envelope),
     )
 )]
@@ -71,16 +126,7 @@ async fn policies(Authorized(live): Authorized) -> Json<PoliciesBody> {
     let policies = live
         .policies
         .iter()
-        .map(|(name, c)| {
-            let p = c.policy();
-            let body = PolicyBody {
-                algorithm: p.algorithm(),
-                limit: p.limit(),
-                shadow: c.shadow(),
-                spec: p.to_string(),
-            };
-            (name.clone(), body)
-        })
+        .map(|(name, c)| (name.clone(), PolicyBody::of(c)))
         .collect();
     Json(PoliciesBody {
         allow_inline_policies: live.allow_inline_policies,
