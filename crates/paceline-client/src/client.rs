@@ -6,6 +6,11 @@
 //! client can wait out comes back as [`After::Retry`]: wait for the request's turn again
 //! and send it again.
 //!
+//! Hooks given to [`Client::on_rate_limited`] hear of every request a limit holds back or
+//! refuses ([`RateLimited`]: a wait for its turn, a failure, an upstream's refusal); a
+//! request acquired with [`RequestOptions::give_up`] fails at once with
+//! [`ClientError::RateLimited`] instead of waiting.
+//!
 //! Dropping a future or a permit is always safe: what it held goes back (its place in the
 //! queue, its pioneer slot, and, if [`Permit::sent`] was never called, its count in the
 //! bucket and its global token).
@@ -37,7 +42,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use http::HeaderMap;
@@ -49,7 +54,11 @@ use crate::config::ClientConfig;
 use crate::core::{ClientCore, Completion, RequestId};
 use crate::error::ClientError;
 use crate::headers::{Dialect, Observation, Response};
+use crate::hooks::{RateLimited, RequestOptions};
 use crate::route::Route;
+
+/// A hook told of each [`RateLimited`] event.
+type Hook = Arc<dyn Fn(&RateLimited) + Send + Sync>;
 
 type Admission = oneshot::Sender<Result<(), ClientError>>;
 
@@ -78,6 +87,8 @@ struct Inner {
     told: Notify,
     /// Where the knowledge lives when it is not in the core.
     remote: Option<Remote>,
+    /// The hooks of [`Client::on_rate_limited`].
+    hooks: RwLock<Vec<Hook>>,
 }
 
 /// Where a client's knowledge may live besides its core.
@@ -196,6 +207,24 @@ impl Inner {
             next = Some(now);
         }
         Ok(next.map(|t| t.max(now)))
+    }
+
+    /// Calls the hooks with the events the core holds (outside the core's lock, so a hook
+    /// may use the client).
+    fn tell_hooks(&self) {
+        let told = {
+            let mut s = self.lock();
+            if !s.core.has_rate_limited() {
+                return;
+            }
+            s.core.take_rate_limited()
+        };
+        let hooks: Vec<Hook> = self.hooks.read().unwrap_or_else(|e| e.into_inner()).clone();
+        for event in &told {
+            for hook in &hooks {
+                hook(event);
+            }
+        }
     }
 
     fn cancel(&self, id: RequestId, sent: bool) {
@@ -368,6 +397,7 @@ impl Client {
             wake: Notify::new(),
             told: Notify::new(),
             remote,
+            hooks: RwLock::new(Vec::new()),
         })
     }
 
@@ -427,7 +457,32 @@ impl Client {
     /// Waits until a request for `route` may be sent, within the configuration's
     /// `max_wait`.
     pub async fn acquire(&self, route: Route) -> Result<Permit, ClientError> {
-        self.acquire_within(route, None).await
+        self.acquire_with(route, RequestOptions::new()).await
+    }
+
+    /// Calls `hook` with every [`RateLimited`] event of this client (and its clones) from
+    /// now on: a request waits for its turn, fails because of a limit, or was refused by
+    /// the upstream. Hooks run on the client's task or the caller's, outside its lock:
+    /// keep them short (count, log, send to a channel).
+    ///
+    /// ```
+    /// use paceline_client::headers::Discord;
+    /// use paceline_client::{Client, ClientConfig, RateLimited};
+    /// use std::sync::{Arc, Mutex};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let client = Client::new(ClientConfig::discord(), Discord);
+    /// let heard: Arc<Mutex<Vec<RateLimited>>> = Arc::default();
+    /// let sink = Arc::clone(&heard);
+    /// client.on_rate_limited(move |event| sink.lock().unwrap().push(event.clone()));
+    /// # }
+    /// ```
+    pub fn on_rate_limited(&self, hook: impl Fn(&RateLimited) + Send + Sync + 'static) {
+        self.inner()
+            .hooks
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::new(hook));
     }
 
     /// Waits until a request for `route` may be sent, failing with
@@ -438,15 +493,48 @@ impl Client {
         route: Route,
         max_wait: Option<Duration>,
     ) -> Result<Permit, ClientError> {
+        let options = RequestOptions {
+            max_wait,
+            ..RequestOptions::new()
+        };
+        self.acquire_with(route, options).await
+    }
+
+    /// Waits until a request for `route` may be sent, as its `options` say: its deadline,
+    /// and whether it fails with [`ClientError::RateLimited`] rather than wait.
+    ///
+    /// ```
+    /// use paceline_client::headers::Discord;
+    /// use paceline_client::{Client, ClientConfig, ClientError, RequestOptions, Route};
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let client = Client::new(ClientConfig::new(), Discord);
+    /// let route = Route::discord("GET", "/channels/1/pins");
+    /// let pioneer = client.acquire(route.clone()).await.unwrap();
+    /// // Its bucket is unknown until the pioneer's answer: this one would wait for it.
+    /// let now = client.acquire_with(route, RequestOptions::new().give_up()).await;
+    /// assert!(matches!(now, Err(ClientError::RateLimited { .. })));
+    /// # drop(pioneer);
+    /// # }
+    /// ```
+    pub async fn acquire_with(
+        &self,
+        route: Route,
+        options: RequestOptions,
+    ) -> Result<Permit, ClientError> {
         let inner = Arc::clone(self.inner());
         let (tx, rx) = oneshot::channel();
-        let id = {
+        let submitted = {
             let mut s = inner.lock();
             let now = inner.clock.now_micros();
-            let id = s.core.submit(route, now, max_wait)?;
-            s.waiters.insert(id, tx);
-            id
+            let submitted = s.core.submit_with(route, now, options);
+            if let Ok(id) = submitted {
+                s.waiters.insert(id, tx);
+            }
+            submitted
         };
+        inner.tell_hooks();
+        let id = submitted?;
         inner.wake.notify_one();
         Waiting {
             guard: Some(Guard { inner, id }),
@@ -619,6 +707,7 @@ impl Permit {
             }
         };
         drop(s);
+        inner.tell_hooks();
         inner.wake.notify_one();
         after
     }
@@ -659,7 +748,15 @@ async fn drive(inner: Arc<Inner>) {
             Some(never) => match *never {},
             None => inner.run_once(),
         };
+        inner.tell_hooks();
         let Ok(next) = ran else {
+            #[cfg(feature = "redis")]
+            if let Some(remote) = &inner.remote {
+                // The sends leased ahead go back; held answers are told.
+                if let Err(error) = remote.give_back(inner.clock.now_micros()).await {
+                    tracing::debug!(%error, "the client limiter gave back no leased sends: they end with their lease");
+                }
+            }
             return;
         };
         let now = inner.clock.now_micros();

@@ -84,11 +84,12 @@ use std::time::Duration;
 
 use crate::config::ClientConfig;
 use crate::error::ClientError;
-use crate::headers::Observation;
+use crate::headers::{Observation, Scope};
+use crate::hooks::{Origin, RateLimited, RequestOptions, Then};
 use crate::knowledge::Event;
 use crate::knowledge::{
-    micros, own_bucket, refusal_wait, Admission, Admitted, Ask, BucketKey, BucketView, Knowledge,
-    Wait, MAX_ROUTES,
+    is_own, micros, own_bucket, refusal_wait, Admission, Admitted, Ask, BucketKey, BucketView,
+    Knowledge, Wait, MAX_ROUTES,
 };
 use crate::route::Route;
 
@@ -143,6 +144,12 @@ struct Req {
     submitted: u64,
     deadline: Option<(u64, Duration)>,
     retries: u32,
+    /// It fails rather than wait ([`RequestOptions::give_up`]).
+    give_up: bool,
+    /// A [`RateLimited`] told that it waits (since it last went back to its queue).
+    told: bool,
+    /// The scope last told of it.
+    scope: Option<Scope>,
 }
 
 /// The most requests of one queue a poll asks about at once (a shared core asks fewer:
@@ -157,6 +164,10 @@ pub const SHARED_REPOLL_US: u64 = 20_000;
 /// How long a shared core with requests waiting goes without asking: 1 s, so that its
 /// wish to send a pioneer stays known to the other processes.
 const SHARED_ASK_EVERY_US: u64 = 1_000_000;
+
+/// The most [`RateLimited`] events a core keeps until they are taken; beyond, the oldest
+/// are dropped.
+pub const MAX_RATE_LIMITED: usize = 4_096;
 
 /// The API client limiter's state for one identity (one token). See the module docs.
 ///
@@ -193,6 +204,8 @@ pub struct ClientCore {
     /// keeps the real one), to tell whether a refused request's pause outlasts its
     /// deadline.
     missing_in_a_row: u32,
+    /// What limits did to requests, until [`take_rate_limited`](Self::take_rate_limited).
+    rate_limited: VecDeque<RateLimited>,
 }
 
 impl ClientCore {
@@ -222,6 +235,7 @@ impl ClientCore {
             cursor: None,
             again: Vec::new(),
             missing_in_a_row: 0,
+            rate_limited: VecDeque::new(),
         }
     }
 
@@ -261,26 +275,74 @@ impl ClientCore {
         now: u64,
         max_wait: Option<Duration>,
     ) -> Result<RequestId, ClientError> {
+        let options = RequestOptions {
+            max_wait,
+            ..RequestOptions::default()
+        };
+        self.submit_with(route, now, options)
+    }
+
+    /// [`submit`](Self::submit) with the request's own [`RequestOptions`]: its deadline,
+    /// and whether it fails with [`ClientError::RateLimited`] rather than wait (at once
+    /// when the core can tell it would wait, else at the poll that learns it). A request
+    /// that must wait is told as a [`RateLimited`] event.
+    pub fn submit_with(
+        &mut self,
+        route: Route,
+        now: u64,
+        options: RequestOptions,
+    ) -> Result<RequestId, ClientError> {
         if let Some(retry_after) = self.local.as_ref().and_then(|k| k.budget_spent(now)) {
             return Err(ClientError::InvalidBudget { retry_after });
         }
         let key = self.queue_key(&route);
         let position = self.queues.get(&key).map_or(0, VecDeque::len);
-        let max_wait = max_wait.or(self.config.max_wait);
-        if let (Some(max_wait), Some(k)) = (max_wait, &self.local) {
-            let exempt = route.is_global_exempt();
-            if let Some(start) = k.estimate(route.key(), &key.1, &key.0, position, exempt, now) {
-                let would_wait = start.saturating_sub(now);
-                if would_wait > micros(max_wait) {
-                    return Err(ClientError::WaitExceeded {
-                        max_wait,
-                        would_wait: Some(Duration::from_micros(would_wait)),
-                    });
-                }
-            }
-        }
+        let max_wait = options.max_wait.or(self.config.max_wait);
         let id = self.next_id;
         self.next_id += 1;
+        let mut held = None;
+        if let Some(k) = &self.local {
+            let exempt = route.is_global_exempt();
+            match k.estimate(route.key(), &key.1, &key.0, position, exempt, now) {
+                Some(start) if start > now => {
+                    let scope = self.local_scope(&route, &key, position, start, now);
+                    held = Some((Some(Duration::from_micros(start - now)), scope));
+                }
+                Some(_) => {}
+                // Behind its unknown bucket's pioneer: it waits for that answer.
+                None => held = Some((None, Some(Scope::Bucket))),
+            }
+        }
+        if let Some((wait, scope)) = held {
+            let failure = if options.give_up {
+                Some(ClientError::RateLimited { scope, wait })
+            } else {
+                match (max_wait, wait) {
+                    (Some(max_wait), Some(w)) if w > max_wait => Some(ClientError::WaitExceeded {
+                        max_wait,
+                        would_wait: Some(w),
+                    }),
+                    _ => None,
+                }
+            };
+            let then = if failure.is_some() {
+                Then::Fail
+            } else {
+                Then::Wait
+            };
+            self.tell(RateLimited {
+                id,
+                route: route.clone(),
+                bucket: bucket_name(&key),
+                scope,
+                wait,
+                then,
+                origin: Origin::Local,
+            });
+            if let Some(e) = failure {
+                return Err(e);
+            }
+        }
         self.queues.entry(key.clone()).or_default().push_back(id);
         let deadline = max_wait.map(|d| (now.saturating_add(micros(d)), d));
         if let Some((at, _)) = deadline {
@@ -296,9 +358,65 @@ impl ClientCore {
                 submitted: now,
                 deadline,
                 retries: 0,
+                give_up: options.give_up,
+                told: held.is_some(),
+                scope: held.and_then(|(_, scope)| scope),
             },
         );
         Ok(id)
+    }
+
+    /// Which limit holds a request of `route` at `position` in queue `key` until `start`,
+    /// as this core's knowledge tells: its bucket if the bucket alone holds it that long,
+    /// else the global limit (its policy, or a global refusal's pause). `None` for a shared
+    /// core.
+    fn local_scope(
+        &self,
+        route: &Route,
+        key: &BucketKey,
+        position: usize,
+        start: u64,
+        now: u64,
+    ) -> Option<Scope> {
+        let k = self.local.as_ref()?;
+        if route.is_global_exempt()
+            || (self.config.global.is_none() && k.global_paused_until <= now)
+        {
+            return Some(Scope::Bucket);
+        }
+        match k.estimate(route.key(), &key.1, &key.0, position, true, now) {
+            Some(own) if own >= start => Some(Scope::Bucket),
+            None => Some(Scope::Bucket),
+            Some(_) => Some(Scope::Global),
+        }
+    }
+
+    /// Keeps `event` until [`take_rate_limited`](Self::take_rate_limited), and logs it.
+    fn tell(&mut self, event: RateLimited) {
+        tracing::debug!(
+            route = event.route.key(),
+            bucket = event.bucket.as_deref(),
+            scope = crate::hooks::scope_name(event.scope),
+            wait_ms = event.wait.map(|w| w.as_secs_f64() * 1e3),
+            then = event.then.as_str(),
+            origin = event.origin.as_str(),
+            "rate limited"
+        );
+        if self.rate_limited.len() >= MAX_RATE_LIMITED {
+            self.rate_limited.pop_front();
+        }
+        self.rate_limited.push_back(event);
+    }
+
+    /// What limits did to requests since the last call, in order: waits, failures and the
+    /// upstream's refusals (see [`crate::hooks`]). At most [`MAX_RATE_LIMITED`] are kept.
+    pub fn take_rate_limited(&mut self) -> Vec<RateLimited> {
+        self.rate_limited.drain(..).collect()
+    }
+
+    /// Whether [`RateLimited`] events wait to be taken.
+    pub fn has_rate_limited(&self) -> bool {
+        !self.rate_limited.is_empty()
     }
 
     /// The requests that may be sent at `now`, those that failed, and when to poll again.
@@ -489,6 +607,18 @@ impl ClientCore {
                 }
                 Wait::Nothing => {}
             }
+            // The requests asked about that did not go wait: told so, or failed if they
+            // would rather give up.
+            let start = match grant.wait {
+                Wait::Until(t) => Some(Some(t)),
+                Wait::Event => Some(None),
+                Wait::Nothing => None,
+            };
+            if let (Some(start), None) = (start, &grant.moved) {
+                for &id in ids.iter().skip(grant.admitted.len()) {
+                    self.held_back(id, &key, start, now, &mut out.failed);
+                }
+            }
             if self.queues.get(&key).is_none_or(VecDeque::is_empty) {
                 self.queues.remove(&key);
                 self.waiting.remove(&key);
@@ -525,6 +655,49 @@ impl ClientCore {
         self.fail_waiting(id, max_wait, would_wait, failed);
     }
 
+    /// A waiting request in queue `key` was asked about and may not go before `start`
+    /// (`None`: an answer): it fails if it would rather give up, else it is told to wait
+    /// (once).
+    fn held_back(
+        &mut self,
+        id: RequestId,
+        key: &BucketKey,
+        start: Option<u64>,
+        now: u64,
+        failed: &mut Vec<(RequestId, ClientError)>,
+    ) {
+        let Some(req) = self.requests.get(&id) else {
+            return;
+        };
+        if req.state != ReqState::Waiting || (req.told && !req.give_up) {
+            return;
+        }
+        let (route, give_up) = (req.route.clone(), req.give_up);
+        let wait = start.map(|t| Duration::from_micros(t.saturating_sub(now)));
+        let scope = match start {
+            Some(t) => self.local_scope(&route, key, 0, t, now),
+            None if self.is_shared() => None,
+            None => Some(Scope::Bucket),
+        };
+        self.tell(RateLimited {
+            id,
+            route,
+            bucket: bucket_name(key),
+            scope,
+            wait,
+            then: if give_up { Then::Fail } else { Then::Wait },
+            origin: Origin::Local,
+        });
+        if give_up {
+            self.unqueue(id);
+            self.forget(id);
+            failed.push((id, ClientError::RateLimited { scope, wait }));
+        } else if let Some(req) = self.requests.get_mut(&id) {
+            req.told = true;
+            req.scope = scope;
+        }
+    }
+
     /// Takes a waiting request out of the core: it fails, its deadline passed or known
     /// to pass.
     fn fail_waiting(
@@ -534,6 +707,18 @@ impl ClientCore {
         would_wait: Option<Duration>,
         failed: &mut Vec<(RequestId, ClientError)>,
     ) {
+        if let Some(req) = self.requests.get(&id) {
+            let event = RateLimited {
+                id,
+                route: req.route.clone(),
+                bucket: bucket_name(&req.bucket),
+                scope: req.scope,
+                wait: would_wait,
+                then: Then::Fail,
+                origin: Origin::Local,
+            };
+            self.tell(event);
+        }
         self.unqueue(id);
         self.forget(id);
         failed.push((
@@ -732,16 +917,35 @@ impl ClientCore {
             self.learned_route(req.route.key_arc(), &learned.0);
             req.bucket = learned;
         }
-        let Some(until) = paused_until else {
-            return Completion::Done;
-        };
-        // Out of retries, or the pause ends past its deadline: the refusal is the caller's
-        // (rather than a deadline error with no retry-after in it).
-        if req.retries >= self.config.max_retries || req.deadline.is_some_and(|(at, _)| at < until)
-        {
+        // Out of retries, the pause ends past its deadline, or the request would rather give
+        // up: the refusal is the caller's (rather than a deadline error with no retry-after
+        // in it).
+        let retry = paused_until.is_some_and(|until| {
+            !(req.give_up
+                || req.retries >= self.config.max_retries
+                || req.deadline.is_some_and(|(at, _)| at < until))
+        });
+        if let Some(refusal) = seen.refusal {
+            let wait = paused_until
+                .map(|until| Duration::from_micros(until.saturating_sub(now)))
+                .or(refusal.retry_after);
+            self.tell(RateLimited {
+                id,
+                route: req.route.clone(),
+                bucket: bucket_name(&req.bucket),
+                scope: Some(refusal.scope),
+                wait,
+                then: if retry { Then::Wait } else { Then::Fail },
+                origin: Origin::Upstream,
+            });
+            req.scope = Some(refusal.scope);
+        }
+        if !retry {
             return Completion::Done;
         }
         req.retries += 1;
+        // The refusal told that it waits.
+        req.told = true;
         req.state = ReqState::Waiting;
         let key = req.bucket.clone();
         self.queues.entry(key.clone()).or_default().push_front(id);
@@ -858,6 +1062,12 @@ impl ClientCore {
     pub fn submitted_at(&self, id: RequestId) -> Option<u64> {
         self.requests.get(&id).map(|r| r.submitted)
     }
+}
+
+/// The bucket id of queue `key` as the server named it; `None` for a route's own queue
+/// (its bucket not learned yet).
+fn bucket_name(key: &BucketKey) -> Option<String> {
+    (!is_own(&key.0)).then(|| key.0.to_string())
 }
 
 /// Logs that the invalid-request budget passed its warning share.

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::headers::Scope;
+
 /// Why the client gave up on a request without sending it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -19,6 +21,16 @@ pub enum ClientError {
     InvalidBudget {
         /// When the budget admits again.
         retry_after: Duration,
+    },
+    /// The request asked to give up rather than wait
+    /// ([`RequestOptions::give_up`](crate::RequestOptions::give_up)), and a limit would
+    /// have held it.
+    #[error("the {} rate limit would delay this request {}; it asked to give up rather than wait", crate::hooks::scope_name(*scope), match wait { Some(d) => format!("{d:?}"), None => "for an unknown time (until an answer tells its bucket's limits)".into() })]
+    RateLimited {
+        /// Whose limit held it, when the core could tell.
+        scope: Option<Scope>,
+        /// How long it would have waited, when the core could tell.
+        wait: Option<Duration>,
     },
     /// The client was shut down.
     #[error("the client limiter was dropped")]

@@ -7,6 +7,12 @@
 //! retry layer, waits its turn); a request that would wait longer than `max_wait`, or
 //! that the invalid-request budget refuses, fails with the [`ClientError`].
 //!
+//! Hooks: [`LimitedLayer::on_rate_limited`] hears of every request a limit holds back or
+//! the upstream refuses ([`RateLimited`]). A request whose extensions hold
+//! [`RequestOptions`] is admitted as they say (one that gives up fails at once with
+//! [`ClientError::RateLimited`] instead of waiting); [`LimitedLayer::give_up`] makes that
+//! every request's choice.
+//!
 //! The response's body is the caller's and is not read: a refusal said only in its body
 //! (GitHub's secondary limits without `Retry-After`) is seen as a plain 403. Where that
 //! matters, read the body and call [`Permit::complete`](crate::Permit::complete) with it,
@@ -41,6 +47,7 @@ use tower::{Layer, Service, ServiceExt};
 
 use crate::client::Client;
 use crate::error::ClientError;
+use crate::hooks::{RateLimited, RequestOptions};
 use crate::route::Route;
 
 type Router = fn(&str, &str) -> Route;
@@ -52,6 +59,7 @@ pub struct LimitedLayer {
     client: Client,
     router: Router,
     max_wait: Option<Duration>,
+    give_up: bool,
 }
 
 impl LimitedLayer {
@@ -61,6 +69,7 @@ impl LimitedLayer {
             client,
             router: Route::discord,
             max_wait: None,
+            give_up: false,
         }
     }
 
@@ -70,12 +79,49 @@ impl LimitedLayer {
             client,
             router: Route::generic,
             max_wait: None,
+            give_up: false,
         }
     }
 
     /// The same layer failing requests that would wait longer than `max_wait`.
     pub fn max_wait(mut self, max_wait: Duration) -> LimitedLayer {
         self.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The same layer failing every request that a limit would hold back, with
+    /// [`ClientError::RateLimited`], instead of waiting (a request's own
+    /// [`RequestOptions`] extension says otherwise for it).
+    pub fn give_up(mut self) -> LimitedLayer {
+        self.give_up = true;
+        self
+    }
+
+    /// The same layer, with `hook` told of every [`RateLimited`] event of its client
+    /// ([`Client::on_rate_limited`]).
+    ///
+    /// ```
+    /// use paceline_client::headers::Discord;
+    /// use paceline_client::layer::LimitedLayer;
+    /// use paceline_client::{Client, ClientConfig};
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let limited = Arc::new(AtomicU64::new(0));
+    /// let count = Arc::clone(&limited);
+    /// let layer = LimitedLayer::discord(Client::new(ClientConfig::discord(), Discord))
+    ///     .on_rate_limited(move |_| {
+    ///         count.fetch_add(1, Ordering::Relaxed);
+    ///     });
+    /// # let _ = layer;
+    /// # }
+    /// ```
+    pub fn on_rate_limited(
+        self,
+        hook: impl Fn(&RateLimited) + Send + Sync + 'static,
+    ) -> LimitedLayer {
+        self.client.on_rate_limited(hook);
         self
     }
 }
@@ -132,9 +178,16 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let route = (layer.router)(request.method().as_str(), request.uri().path());
+            let options = match request.extensions().get::<RequestOptions>() {
+                Some(own) => *own,
+                None => RequestOptions {
+                    max_wait: layer.max_wait,
+                    give_up: layer.give_up,
+                },
+            };
             let mut permit = layer
                 .client
-                .acquire_within(route, layer.max_wait)
+                .acquire_with(route, options)
                 .await
                 .map_err(LimitedError::Limiter)?;
             let ready = match inner.ready().await {

@@ -14,6 +14,8 @@
 //!   pure state machine too;
 //! - `redis::RedisKnowledge` (feature `redis`): that knowledge in Redis or Redis Cluster,
 //!   one atomic call per round, so that every process of a token keeps its limits together;
+//! - [`hooks`]: what a caller hears when a limit holds a request back ([`RateLimited`]),
+//!   and the per-request choice to give up rather than wait ([`RequestOptions`]);
 //! - [`Client`]: the async limiter over the core: [`Client::acquire`] → [`Permit`]; on a
 //!   Redis URL with [`Client::open`];
 //! - `middleware::Limited` (feature `reqwest`): the limiter as a `reqwest-middleware`
@@ -44,6 +46,7 @@ mod config;
 mod core;
 mod error;
 pub mod headers;
+pub mod hooks;
 pub mod knowledge;
 #[cfg(feature = "tower")]
 pub mod layer;
@@ -55,8 +58,11 @@ mod route;
 
 pub use crate::client::{After, Client, Permit, Waiting};
 pub use crate::config::ClientConfig;
-pub use crate::core::{Asks, ClientCore, Completion, Poll, RequestId, SHARED_REPOLL_US};
+pub use crate::core::{
+    Asks, ClientCore, Completion, Poll, RequestId, MAX_RATE_LIMITED, SHARED_REPOLL_US,
+};
 pub use crate::error::ClientError;
+pub use crate::hooks::{Origin, RateLimited, RequestOptions, Then};
 pub use crate::knowledge::messages::Event;
 pub use crate::knowledge::{BucketView, MAX_ROUTES};
 pub use crate::route::Route;

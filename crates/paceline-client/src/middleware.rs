@@ -13,6 +13,36 @@
 //!   reserves a slot of a paceline policy, on any store, and is sent when its slot comes.
 //!   Processes sharing a Redis store pace their requests together.
 //!
+//! Hooks: [`Limited::on_rate_limited`](Gated::on_rate_limited) hears of every request a
+//! limit holds back or the upstream refuses ([`RateLimited`](crate::RateLimited)). A
+//! request carrying [`RequestOptions`] as an extension
+//! (`.with_extension(RequestOptions::new().give_up())`) is admitted as they say: one that
+//! gives up fails at once with [`ClientError::RateLimited`] instead of waiting, and an
+//! upstream's refusal is its answer rather than waited out;
+//! [`Limited::give_up`](Gated::give_up) makes that every request's choice.
+//!
+//! ```no_run
+//! use paceline_client::headers::Discord;
+//! use paceline_client::middleware::Limited;
+//! use paceline_client::{Client, ClientConfig, RequestOptions};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limits = Client::new(ClientConfig::discord(), Discord);
+//! let middleware = Limited::discord(limits).on_rate_limited(|event| {
+//!     eprintln!("{} {:?} for {:?}", event.route.key(), event.scope, event.wait);
+//! });
+//! let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(middleware)
+//!     .build();
+//! let response = http
+//!     .get("https://discord.com/api/v10/channels/1/pins")
+//!     .with_extension(RequestOptions::new().give_up())
+//!     .send()
+//!     .await?;
+//! # let _ = response;
+//! # Ok(()) }
+//! ```
+//!
 //! The response's body is the caller's and is not read: a refusal said only in its body
 //! (GitHub's secondary limits without `Retry-After`) is seen as a plain 403. Where that
 //! matters, read the body and call [`Permit::complete`](crate::Permit::complete) with it,
@@ -64,6 +94,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use crate::client::{After, Client, Permit};
 use crate::error::ClientError;
+use crate::hooks::{RateLimited, RequestOptions};
 use crate::route::Route;
 
 /// Where a request goes, as a [`Gate`] sees it.
@@ -75,6 +106,8 @@ pub struct Target<'a> {
     pub host: &'a str,
     /// The URL's path.
     pub path: &'a str,
+    /// The request's extensions (e.g. its [`RequestOptions`]).
+    pub extensions: &'a Extensions,
 }
 
 /// What an adapter asks before it sends a request: the seam every client adapter shares.
@@ -142,6 +175,7 @@ impl<G: Gate> Middleware for Gated<G> {
             method: request.method().as_str(),
             host: url.host_str().unwrap_or_default(),
             path: url.path(),
+            extensions,
         };
         let mut ticket = self
             .gate
@@ -188,6 +222,7 @@ pub struct Learned {
     client: Client,
     router: Router,
     max_wait: Option<Duration>,
+    give_up: bool,
 }
 
 /// The API client limiter as a middleware (see the [module](self)).
@@ -200,6 +235,7 @@ impl Gated<Learned> {
             client,
             router: Route::discord,
             max_wait: None,
+            give_up: false,
         })
     }
 
@@ -209,12 +245,28 @@ impl Gated<Learned> {
             client,
             router: Route::generic,
             max_wait: None,
+            give_up: false,
         })
     }
 
     /// The same middleware failing requests that would wait longer than `max_wait`.
     pub fn max_wait(mut self, max_wait: Duration) -> Limited {
         self.gate.max_wait = Some(max_wait);
+        self
+    }
+
+    /// The same middleware failing every request that a limit would hold back, with
+    /// [`ClientError::RateLimited`], instead of waiting (a request's own
+    /// [`RequestOptions`] extension says otherwise for it).
+    pub fn give_up(mut self) -> Limited {
+        self.gate.give_up = true;
+        self
+    }
+
+    /// The same middleware, with `hook` told of every [`RateLimited`] event of its client
+    /// ([`Client::on_rate_limited`]).
+    pub fn on_rate_limited(self, hook: impl Fn(&RateLimited) + Send + Sync + 'static) -> Limited {
+        self.gate.client.on_rate_limited(hook);
         self
     }
 }
@@ -226,7 +278,14 @@ impl Gate for Learned {
 
     async fn admit(&self, target: Target<'_>) -> Result<Permit, ClientError> {
         let route = (self.router)(target.method, target.path);
-        self.client.acquire_within(route, self.max_wait).await
+        let options = match target.extensions.get::<RequestOptions>() {
+            Some(own) => *own,
+            None => RequestOptions {
+                max_wait: self.max_wait,
+                give_up: self.give_up,
+            },
+        };
+        self.client.acquire_with(route, options).await
     }
 }
 

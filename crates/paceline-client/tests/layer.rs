@@ -101,3 +101,71 @@ async fn a_refusal_of_the_limiter_is_its_error_and_nothing_is_sent() {
     ));
     assert_eq!(*sent.lock().unwrap(), 1);
 }
+
+/// The layer's hooks hear the requests its limits hold back; a request whose extensions
+/// say to give up fails at once instead of waiting, and is not sent.
+#[tokio::test(start_paused = true)]
+async fn the_layer_tells_its_hooks_and_a_request_may_give_up() {
+    use paceline_client::{RateLimited, RequestOptions, Then};
+    let clock = Arc::new(TokioClock::starting_at(1_000 * SECOND));
+    let route = Route::discord("POST", "/channels/4/messages");
+    let mut api = MockApi::new(50);
+    api.route(
+        &route,
+        "msgs",
+        Limit {
+            limit: 2,
+            window: SECOND,
+        },
+    );
+    let api = Arc::new(Mutex::new(api));
+    let upstream = {
+        let (api, clock) = (Arc::clone(&api), Arc::clone(&clock));
+        tower::service_fn(move |request: http::Request<()>| {
+            let (api, clock) = (Arc::clone(&api), Arc::clone(&clock));
+            async move {
+                use paceline_core::Clock;
+                let route = Route::discord(request.method().as_str(), request.uri().path());
+                let (status, headers) = api.lock().unwrap().handle(&route, clock.now_micros());
+                let mut response = http::Response::new(());
+                *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+                *response.headers_mut() = headers;
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        })
+    };
+    let heard: Arc<Mutex<Vec<RateLimited>>> = Arc::default();
+    let sink = Arc::clone(&heard);
+    let limits = Client::with_clock(ClientConfig::new(), Box::new(Discord), clock.clone());
+    let service = LimitedLayer::discord(limits)
+        .on_rate_limited(move |e| sink.lock().unwrap().push(e.clone()))
+        .layer(upstream);
+    let post = || {
+        http::Request::post("/channels/4/messages")
+            .body(())
+            .unwrap()
+    };
+    // Two calls per second: the third waits for the next window, the fourth goes in it.
+    for _ in 0..4 {
+        let status = service.clone().oneshot(post()).await.unwrap().status();
+        assert_eq!(status, 200);
+    }
+    {
+        let heard = heard.lock().unwrap();
+        assert_eq!(heard.len(), 1, "{heard:?}");
+        assert_eq!(heard[0].then, Then::Wait);
+        assert_eq!(heard[0].bucket.as_deref(), Some("msgs"));
+    }
+    let mut giving_up = post();
+    giving_up
+        .extensions_mut()
+        .insert(RequestOptions::new().give_up());
+    let err = service.clone().oneshot(giving_up).await.unwrap_err();
+    assert!(matches!(
+        err,
+        LimitedError::Limiter(ClientError::RateLimited { wait: Some(_), .. })
+    ));
+    assert_eq!(heard.lock().unwrap()[1].then, Then::Fail);
+    let counts = &api.lock().unwrap().counts;
+    assert_eq!((counts.requests, counts.bucket_429), (4, 0));
+}

@@ -212,3 +212,78 @@ async fn two_clients_sharing_one_redis_limit_pace_together() {
     let counts = &mock.api.lock().expect("the mock").counts;
     assert_eq!((counts.requests, counts.ok), (6, 6));
 }
+
+/// The middleware's hooks hear a request that gives up (its extension says so) and an
+/// upstream's refusal that such a request takes as its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_middleware_tells_its_hooks_and_a_request_may_give_up() {
+    use paceline_client::headers::Scope;
+    use paceline_client::{Origin, RateLimited, RequestOptions, Then};
+    use paceline_testkit::mock_api::Inject;
+    use std::sync::{Arc, Mutex};
+
+    let mut api = MockApi::new(50);
+    let pins = Route::discord("GET", "/channels/3/pins");
+    api.route(
+        &pins,
+        "pins",
+        Limit {
+            limit: 1,
+            window: 60 * SECOND,
+        },
+    );
+    // Another major parameter than the pins' (whose spent bucket would hold its pioneer).
+    let roles = Route::discord("GET", "/guilds/4/roles");
+    api.route(
+        &roles,
+        "roles",
+        Limit {
+            limit: 5,
+            window: 60 * SECOND,
+        },
+    );
+    api.inject(&roles, Inject::Shared429(30));
+    let mock = MockServer::start(api).await;
+    let heard: Arc<Mutex<Vec<RateLimited>>> = Arc::default();
+    let sink = Arc::clone(&heard);
+    let limits = Client::new(ClientConfig::new(), Discord);
+    let http = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(
+            Limited::discord(limits).on_rate_limited(move |e| sink.lock().unwrap().push(e.clone())),
+        )
+        .build();
+    let url = format!("{}/channels/3/pins", mock.url());
+    assert_eq!(http.get(&url).send().await.unwrap().status(), 200);
+    let err = http
+        .get(&url)
+        .with_extension(RequestOptions::new().give_up())
+        .send()
+        .await
+        .unwrap_err();
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("a middleware error");
+    };
+    let e = e.downcast::<ClientError>().unwrap();
+    assert!(
+        matches!(e, ClientError::RateLimited { wait: Some(w), .. } if w > Duration::from_secs(50))
+    );
+    // The shared refusal (30 s) is the answer of a request that gives up, not waited out.
+    let refused = http
+        .get(format!("{}/guilds/4/roles", mock.url()))
+        .with_extension(RequestOptions::new().give_up())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 429);
+    let heard = heard.lock().unwrap();
+    let told: Vec<(Origin, Option<Scope>, Then)> =
+        heard.iter().map(|e| (e.origin, e.scope, e.then)).collect();
+    assert_eq!(
+        told,
+        vec![
+            (Origin::Local, Some(Scope::Bucket), Then::Fail),
+            (Origin::Upstream, Some(Scope::Shared), Then::Fail),
+        ]
+    );
+    assert_eq!(mock.api.lock().unwrap().counts.requests, 2);
+}
