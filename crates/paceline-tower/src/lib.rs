@@ -29,6 +29,7 @@
 //! | module | what |
 //! |---|---|
 //! | [`RateLimitLayer`], [`Builder`] | the layer and its options: limits, pace mode, store failures, headers; `for_axum()` for answers in axum's own body type |
+//! | [`Choice`] | a limit's policy chosen per request ([`Builder::limit_by`]): by an API key's plan, a route |
 //! | [`Key`] | whose request it is: peer IP (behind trusted proxies), a header, an extension, a closure |
 //! | [`headers`] | the `RateLimit` fields and problem details, as `paceline serve` writes them too |
 
@@ -43,6 +44,7 @@ pub use key::{Forwarded, Head, Key, MissingKey};
 #[cfg(feature = "axum")]
 pub use layer::AxumBody;
 pub use layer::{
-    Bodies, Builder, Limited, LimitedBody, RateLimit, RateLimitLayer, ResponseFuture, StoreFailure,
+    Bodies, Builder, Choice, Limited, LimitedBody, RateLimit, RateLimitLayer, ResponseFuture,
+    StoreFailure,
 };
 pub use paceline_core::InputError;

@@ -22,25 +22,35 @@ use crate::key::{Head, KeyText};
 /// may come back before its expiry).
 const LEASE_POLL: Duration = Duration::from_millis(50);
 
-/// Each limit's key in the store, `{KEY}:NAME`: for one limit, one key on the stack (no
-/// allocation while it is short, no vector).
-pub(super) enum StoreKeys {
+/// What a request is decided under: each limit's key in the store, and the policy each
+/// limit choosing per request chose.
+pub(super) struct StoreKeys {
+    pub(super) keys: Keys,
+    /// For each limit, the index of the policy it chose among its own (0 for a limit of one
+    /// policy); `None` when no limit of the layer chooses.
+    chosen: Option<Vec<usize>>,
+}
+
+/// Each limit's key in the store, `{KEY}:NAME` (`{KEY}:NAME:POLICY` for a policy chosen
+/// per request): for one limit, one key on the stack (no allocation while it is short, no
+/// vector).
+pub(super) enum Keys {
     One(KeyText),
     Many(Vec<String>),
 }
 
 impl StoreKeys {
     fn len(&self) -> usize {
-        match self {
-            StoreKeys::One(_) => 1,
-            StoreKeys::Many(keys) => keys.len(),
+        match &self.keys {
+            Keys::One(_) => 1,
+            Keys::Many(keys) => keys.len(),
         }
     }
 
     fn get(&self, i: usize) -> Option<&str> {
-        match self {
-            StoreKeys::One(key) => (i == 0).then(|| key.as_str()),
-            StoreKeys::Many(keys) => keys.get(i).map(String::as_str),
+        match &self.keys {
+            Keys::One(key) => (i == 0).then(|| key.as_str()),
+            Keys::Many(keys) => keys.get(i).map(String::as_str),
         }
     }
 
@@ -84,35 +94,93 @@ impl Decided {
 }
 
 impl Shared {
-    /// Each limit's key in the store for a request, `{KEY}:NAME` (the key a hash tag);
-    /// the problem to answer when a key cannot be read.
+    /// Each limit's key in the store for a request, `{KEY}:NAME` (the key a hash tag;
+    /// `{KEY}:NAME:POLICY` for a policy chosen per request), and the policies chosen; the
+    /// problem to answer when a key cannot be read or a choice names no policy.
     pub(super) fn store_keys(&self, head: &Head<'_>) -> Result<StoreKeys, Problem> {
-        let key = |limit: &Limit| {
+        let mut chosen = self.chooses.then(|| vec![0; self.limits.len()]);
+        let mut key = |i: usize, limit: &Limit| {
             let mut key = KeyText::new();
             key.push_str("{");
-            limit.key.read_into(head, &mut key).map_err(|missing| {
-                let status = if missing.request_fault {
-                    StatusCode::BAD_REQUEST
-                } else {
-                    StatusCode::INTERNAL_SERVER_ERROR
-                };
-                Problem::new(
-                    status,
-                    format!("the `{}` limit has no key: {}", limit.name, missing.what),
-                )
-            })?;
+            let mut policy = None;
+            let mut given = None;
+            if let Some(chooser) = &limit.chooser {
+                let (index, given_key) = chooser.pick(head).map_err(|name| {
+                    Problem::new(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!(
+                            "the `{}` limit chose `{name}`, which is none of its policies ({})",
+                            limit.name,
+                            chooser.names()
+                        ),
+                    )
+                })?;
+                if let Some(slot) = chosen.as_mut().and_then(|c| c.get_mut(i)) {
+                    *slot = index;
+                }
+                policy = chooser.policies.get(index).map(|(name, _)| name.as_str());
+                given = given_key;
+            }
+            match given {
+                Some(given) => key.push_str(&given),
+                None => limit.key.read_into(head, &mut key).map_err(|missing| {
+                    let status = if missing.request_fault {
+                        StatusCode::BAD_REQUEST
+                    } else {
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    };
+                    Problem::new(
+                        status,
+                        format!("the `{}` limit has no key: {}", limit.name, missing.what),
+                    )
+                })?,
+            }
             key.push_str("}:");
             key.push_str(&limit.name);
+            if let Some(policy) = policy {
+                key.push_str(":");
+                key.push_str(policy);
+            }
             Ok(key)
         };
-        match self.limits.as_slice() {
-            [one] => key(one).map(StoreKeys::One),
-            several => several
-                .iter()
-                .map(|limit| key(limit).map(KeyText::into_string))
-                .collect::<Result<_, _>>()
-                .map(StoreKeys::Many),
+        let keys = match self.limits.as_slice() {
+            [one] => Keys::One(key(0, one)?),
+            several => Keys::Many(
+                several
+                    .iter()
+                    .enumerate()
+                    .map(|(i, limit)| key(i, limit).map(KeyText::into_string))
+                    .collect::<Result<_, _>>()?,
+            ),
+        };
+        Ok(StoreKeys { keys, chosen })
+    }
+
+    /// The policy limit `i` applies to the request of `keys`: its own, or the one it chose.
+    pub(super) fn policy(&self, i: usize, keys: &StoreKeys) -> Option<&Policy> {
+        let limit = self.limits.get(i)?;
+        match (&limit.chooser, &keys.chosen) {
+            (Some(chooser), Some(chosen)) => {
+                let index = *chosen.get(i)?;
+                chooser.policies.get(index).map(|(_, p)| p)
+            }
+            _ => Some(&limit.policy),
         }
+    }
+
+    /// `RateLimit-Policy` of the request of `keys`: the same for every answer, or written
+    /// for this one when a limit chose its policy.
+    fn policy_header(&self, keys: &StoreKeys) -> Option<http::HeaderValue> {
+        if !self.chooses {
+            return self.policy_header.clone();
+        }
+        let quotas: Vec<(&str, u64)> = (0..self.limits.len())
+            .filter_map(|i| {
+                let limit = self.limits.get(i)?;
+                Some((limit.name.as_str(), self.policy(i, keys)?.limit()))
+            })
+            .collect();
+        headers::policy_field(&quotas)
     }
 
     /// The op every request asks its limits: a reservation in pace mode if they book
@@ -129,7 +197,11 @@ impl Shared {
         self.limits
             .iter()
             .zip(keys.iter())
-            .map(|(limit, key)| Request::new(&limit.policy, key, op, 1))
+            .enumerate()
+            .map(|(i, (limit, key))| {
+                let policy = self.policy(i, keys).unwrap_or(&limit.policy);
+                Request::new(policy, key, op, 1)
+            })
             .collect()
     }
 
@@ -143,11 +215,14 @@ impl Shared {
         if limits.iter().all(|d| d.lease.is_none()) {
             return None;
         }
-        let leases: Vec<(usize, String, u64)> = limits
+        let leases: Vec<(Policy, String, u64)> = limits
             .iter()
             .zip(keys.iter())
             .enumerate()
-            .filter_map(|(i, (d, key))| d.lease.map(|id| (i, key.to_string(), id)))
+            .filter_map(|(i, (d, key))| {
+                let policy = self.policy(i, keys)?.clone();
+                d.lease.map(|id| (policy, key.to_string(), id))
+            })
             .collect();
         Some(LeaseGuard {
             shared: Arc::clone(self),
@@ -173,14 +248,15 @@ impl Shared {
         let mut waited = Duration::ZERO;
         let mut held = None;
         let set = loop {
-            let decided = match (first.take(), shared.limits.as_slice(), &store_keys) {
+            let decided = match (first.take(), shared.limits.as_slice(), &store_keys.keys) {
                 (Some((outcome, guard)), _, _) => {
                     held = guard;
                     outcome
                 }
                 // One limit (the common case): no vector of requests.
-                (None, [limit], StoreKeys::One(key)) => {
-                    let request = Request::new(&limit.policy, key.as_str(), op, 1);
+                (None, [limit], Keys::One(key)) => {
+                    let policy = shared.policy(0, &store_keys).unwrap_or(&limit.policy);
+                    let request = Request::new(policy, key.as_str(), op, 1);
                     shared
                         .store
                         .decide_all(std::slice::from_ref(&request))
@@ -199,14 +275,11 @@ impl Shared {
                     // back before its lease's expiry, so it is asked for every
                     // `LEASE_POLL` meanwhile.
                     let Some(max_wait) = shared.pace.filter(|_| !reserves) else {
-                        return Ok(shared.refusal(&set));
+                        return Ok(shared.refusal(&set, &store_keys));
                     };
                     let budget = max_wait.saturating_sub(waited);
                     let in_flight = set.refused().any(|i| {
-                        matches!(
-                            shared.limits.get(i).map(|l| &l.policy),
-                            Some(Policy::Concurrency(_))
-                        )
+                        matches!(shared.policy(i, &store_keys), Some(Policy::Concurrency(_)))
                     });
                     let retry = set.decision.delay;
                     let step = if in_flight {
@@ -215,7 +288,7 @@ impl Shared {
                         retry
                     };
                     if step.is_zero() || step > budget {
-                        return Ok(shared.refusal(&set));
+                        return Ok(shared.refusal(&set, &store_keys));
                     }
                     shared.store.sleep(step).await;
                     waited = waited.saturating_add(step);
@@ -247,42 +320,54 @@ impl Shared {
         // On an error the guard is dropped here, giving the leases back.
         let mut response = inner.call(request).await?;
         if shared.headers {
-            shared.insert_headers(response.headers_mut(), &set.limits, &set.decision);
+            shared.insert_headers(
+                response.headers_mut(),
+                &set.limits,
+                &set.decision,
+                &store_keys,
+            );
         }
         Ok(response.map(|body| LimitedBody::inner(body, guard)))
     }
 
-    /// An admission's `RateLimit-Policy` and `RateLimit` (`limits`: each limit's decision),
-    /// none if the layer sends no headers.
+    /// An admission's `RateLimit-Policy` and `RateLimit` (`limits`: each limit's decision,
+    /// for the request of `keys`), none if the layer sends no headers.
     pub(super) fn admitted_fields(
         &self,
         limits: &[Decision],
+        keys: &StoreKeys,
     ) -> (Option<http::HeaderValue>, Option<http::HeaderValue>) {
         if !self.headers {
             return (None, None);
         }
         let names = self.limits.iter().map(|l| l.quoted.as_str());
         let state = headers::state_field(names.zip(limits), Names::Quoted);
-        (self.policy_header.clone(), state)
+        (self.policy_header(keys), state)
     }
 
-    /// Adds `RateLimit-Policy` (the same for every answer, written once and copied) and
-    /// `RateLimit` of `limits`, each limit's decision, and `combined`.
+    /// Adds `RateLimit-Policy` (the same for every answer, written once and copied, unless
+    /// a limit chose its policy for the request of `keys`) and `RateLimit` of `limits`,
+    /// each limit's decision, and `combined`.
     fn insert_headers(
         &self,
         headers: &mut http::HeaderMap,
         limits: &[Decision],
         combined: &Decision,
+        keys: &StoreKeys,
     ) {
-        if let Some(policy) = &self.policy_header {
-            headers.insert(headers::RATELIMIT_POLICY, policy.clone());
+        if let Some(policy) = self.policy_header(keys) {
+            headers.insert(headers::RATELIMIT_POLICY, policy);
         }
         let names = self.limits.iter().map(|l| l.quoted.as_str());
         headers::insert_state_of(headers, names.zip(limits), Names::Quoted, combined);
     }
 
-    /// The `429` of a refused set.
-    pub(super) fn refusal<R>(&self, set: &SetDecision) -> http::Response<LimitedBody<R>> {
+    /// The `429` of a refused set, for the request of `keys`.
+    pub(super) fn refusal<R>(
+        &self,
+        set: &SetDecision,
+        keys: &StoreKeys,
+    ) -> http::Response<LimitedBody<R>> {
         let violated = set
             .refused()
             .filter_map(|i| self.limits.get(i).map(|l| l.name.clone()))
@@ -290,7 +375,7 @@ impl Shared {
         let delay = set.retry_after().unwrap_or_default();
         let mut response = answer(&Problem::too_many_requests(violated, delay));
         if self.headers {
-            self.insert_headers(response.headers_mut(), &set.limits, &set.decision);
+            self.insert_headers(response.headers_mut(), &set.limits, &set.decision, keys);
         } else {
             response.headers_mut().insert(
                 header::RETRY_AFTER,
@@ -316,20 +401,18 @@ pub(super) fn answer<R>(problem: &Problem) -> http::Response<LimitedBody<R>> {
 /// dropped when the client went away), or with the request if it never got that far.
 pub(super) struct LeaseGuard {
     pub(super) shared: Arc<Shared>,
-    /// Each lease: its limit's index, its key in the store, its id.
-    pub(super) leases: Vec<(usize, String, u64)>,
+    /// Each lease: its limit's policy (the one chosen, for a limit choosing per request),
+    /// its key in the store, its id.
+    pub(super) leases: Vec<(Policy, String, u64)>,
 }
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
-        for (index, key, id) in std::mem::take(&mut self.leases) {
-            let Some(limit) = self.shared.limits.get(index) else {
-                continue;
-            };
+        for (policy, key, id) in std::mem::take(&mut self.leases) {
             // The memory store gives it back here, at once; a remote store in a task of
             // the runtime (without one, the lease is reclaimed at its expiry).
             if !self.shared.store.is_remote() {
-                let mut release = self.shared.store.release(&limit.policy, &key, id);
+                let mut release = self.shared.store.release(&policy, &key, id);
                 let mut cx = Context::from_waker(Waker::noop());
                 if Pin::new(&mut release).poll(&mut cx).is_ready() {
                     continue;
@@ -338,10 +421,8 @@ impl Drop for LeaseGuard {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let shared = Arc::clone(&self.shared);
                 runtime.spawn(async move {
-                    if let Some(limit) = shared.limits.get(index) {
-                        // A failed release leaves the lease to be reclaimed at its expiry.
-                        let _ = shared.store.release(&limit.policy, &key, id).await;
-                    }
+                    // A failed release leaves the lease to be reclaimed at its expiry.
+                    let _ = shared.store.release(&policy, &key, id).await;
                 });
             }
         }

@@ -1,13 +1,15 @@
 //! [`RateLimitLayer`]: every request decided against a set of limits before it reaches the
 //! service.
 //!
-//! The layer and what its services share are here; how it is configured is in `builder`,
-//! the service it makes in `service`, that service's future in `future`, the bodies of its
+//! The layer and what its services share are here; how it is configured is in `builder`
+//! (and a limit whose policy each request chooses in `choice`), the service it makes in
+//! `service`, that service's future in `future`, the bodies of its
 //! answers in `body`, and how a request's limits are decided (and its leases held) in
 //! `decision`.
 
 mod body;
 mod builder;
+mod choice;
 mod decision;
 mod future;
 mod service;
@@ -26,6 +28,7 @@ use crate::key::Key;
 pub use body::AxumBody;
 pub use body::{Bodies, Limited, LimitedBody};
 pub use builder::Builder;
+pub use choice::Choice;
 pub use future::ResponseFuture;
 pub use service::RateLimit;
 
@@ -46,8 +49,11 @@ struct Limit {
     name: String,
     /// The name as a structured-field string, as the `RateLimit` header writes it.
     quoted: String,
+    /// The policy (of a limit that chooses per request, its first one, never applied).
     policy: Policy,
     key: Key,
+    /// Set for a limit whose policy each request chooses ([`Builder::limit_by`]).
+    chooser: Option<choice::Chooser>,
 }
 
 /// What every clone of a layer's services shares: the store, the limits, the options.
@@ -63,8 +69,11 @@ struct Shared {
     reserves: bool,
     on_failure: StoreFailure,
     headers: bool,
-    /// `RateLimit-Policy`, the same for every answer.
+    /// `RateLimit-Policy`, the same for every answer (`None` as well when a limit chooses
+    /// its policy per request: then it is written for each).
     policy_header: Option<http::HeaderValue>,
+    /// Whether a limit chooses its policy per request.
+    chooses: bool,
 }
 
 /// A tower [`Layer`] that decides every request against a set of limits, on any store,
@@ -94,12 +103,16 @@ struct Shared {
 ///   (which cannot book ahead), the request waits the longest retry-after and asks again while `max_wait`
 ///   lasts (for a place in flight, asking every 50 ms, since a lease may come back before
 ///   its expiry).
+/// * **A policy per request** ([`limit_by`](Builder::limit_by)): a limit may hold several
+///   policies by name, a function of the request choosing which applies (an API key's
+///   plan, a route), and possibly the key it counts under.
 /// * **Store failures**: [`StoreFailure`].
 /// * **Refusals remembered**: on a store across the network (Redis), a key refused with a
 ///   retry-after is refused again, until then, in this process, without a Redis call
 ///   ([`refusal_cache`](Builder::refusal_cache)).
 ///
-/// Keys are stored as `{KEY}:NAME`: a hash tag of the request's key, so on a Redis Cluster
+/// Keys are stored as `{KEY}:NAME` (`{KEY}:NAME:POLICY` for a policy chosen per request,
+/// so that each policy counts apart): a hash tag of the request's key, so on a Redis Cluster
 /// every limit of a layer must use the same [`Key`] (a set is decided in one slot).
 ///
 /// ```

@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use tower_service::Service;
 
 use super::body::Bodies;
-use super::decision::{answer, Decided, StoreKeys};
+use super::decision::{answer, Decided, Keys};
 use super::future::{Pending, ResponseFuture};
 #[cfg(doc)]
 use super::RateLimitLayer;
@@ -56,10 +56,15 @@ where
         let mut first = None;
         if let Some(store) = shared.store.as_sync() {
             let op = shared.op();
-            let outcome = match (shared.limits.as_slice(), &keys) {
+            let outcome = match (shared.limits.as_slice(), &keys.keys) {
                 // One limit (the common case): its decision alone, no set to build.
-                ([limit], StoreKeys::One(key)) => store
-                    .decide_sync(&limit.policy, key.as_str(), op, 1)
+                ([limit], Keys::One(key)) => store
+                    .decide_sync(
+                        shared.policy(0, &keys).unwrap_or(&limit.policy),
+                        key.as_str(),
+                        op,
+                        1,
+                    )
                     .map(Decided::One),
                 _ => store
                     .decide_all_sync(&shared.requests(&keys, op))
@@ -68,7 +73,7 @@ where
             match outcome {
                 Ok(decided) if decided.allowed() && decided.combined().delay.is_zero() => {
                     let guard = shared.guard(decided.limits(), &keys);
-                    let fields = shared.admitted_fields(decided.limits());
+                    let fields = shared.admitted_fields(decided.limits(), &keys);
                     return ResponseFuture::new(Pending::Admitted {
                         inner: self.inner.call(request),
                         fields,
@@ -76,7 +81,7 @@ where
                     });
                 }
                 Ok(decided) if !decided.allowed() && shared.pace.is_none() => {
-                    return ResponseFuture::ready(shared.refusal(&decided.into_set()));
+                    return ResponseFuture::ready(shared.refusal(&decided.into_set(), &keys));
                 }
                 // Admitted after a wait: its leases held from now (a future dropped before
                 // its first poll gives them back).
