@@ -11,6 +11,12 @@ use std::time::Duration;
 /// * [`Op::Limit`]: admit only if the policy admits it right now; otherwise reject with a
 ///   `retry_after` and (unless the policy says otherwise) no change of state.
 /// * [`Op::Peek`]: report what `Limit` would answer, changing nothing.
+/// * [`Op::Charge`]: count a cost already spent, even past the limit, and never refuse: for
+///   costs known only after the work (the tokens of an LLM's answer). The key stays
+///   exhausted until the charge drains (gcra's TAT moves past the burst, a window's count
+///   past its limit). The decision is always admitted with no delay; `remaining` says what
+///   is left after it, 0 while the key is in debt. `concurrency` holds leases and refuses
+///   it (an input error naming `op`).
 ///
 /// ```
 /// use paceline_core::Op;
@@ -29,6 +35,8 @@ pub enum Op {
     Limit,
     /// Report without changing anything.
     Peek,
+    /// Count a cost already spent, past the limit if need be; never refused.
+    Charge,
 }
 
 impl Op {
@@ -44,12 +52,14 @@ impl Op {
         }
     }
 
-    /// The op's name as used by specs, the CLI and the server: `pace`, `limit` or `peek`.
+    /// The op's name as used by specs, the CLI and the server: `pace`, `limit`, `peek` or
+    /// `charge`.
     pub const fn name(&self) -> &'static str {
         match self {
             Op::Pace { .. } => "pace",
             Op::Limit => "limit",
             Op::Peek => "peek",
+            Op::Charge => "charge",
         }
     }
 }

@@ -17,7 +17,7 @@ PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
     start, consumed = s[1], s[2]
   end
   local window_end = start + duration
-  local after = consumed + cost
+  local after = min(consumed + cost, PL.MAX_CHARGED)
   local fits = after <= points
   local k = points - after + 2
 
@@ -45,6 +45,10 @@ PL.alg.exec_evenly = function(p, s, now, op, cost, max_wait, max_wait_us)
       return unchanged(true, delay)
     end
     return unchanged(false, until_end)
+  end
+  if op == 'charge' then
+    -- Consumed past the points if need be, owed nothing now.
+    return true, 0, max(points - after, 0), until_end, { start, after }
   end
   if not fits then
     return unchanged(false, until_end)

@@ -28,7 +28,7 @@ function PL.windows.load(s, w, first)
         end
         if index >= first then
           if cnt[index] then
-            cnt[index] = cnt[index] + count
+            cnt[index] = min(cnt[index] + count, PL.MAX_CHARGED)
           else
             idx[#idx + 1] = index
             cnt[index] = count
@@ -49,7 +49,7 @@ end
 function PL.windows.add(ws, index, cost)
   local idx, cnt = ws.idx, ws.cnt
   if cnt[index] then
-    cnt[index] = cnt[index] + cost
+    cnt[index] = min(cnt[index] + cost, PL.MAX_CHARGED)
     return
   end
   local at = #idx + 1
@@ -58,7 +58,7 @@ function PL.windows.add(ws, index, cost)
     at = at - 1
   end
   idx[at] = index
-  cnt[index] = cost
+  cnt[index] = min(cost, PL.MAX_CHARGED)
 end
 
 -- The highest window index held, or nil.
@@ -85,7 +85,12 @@ PL.windows.MAX_BOOKED = 10000
 -- and reset_after. Returns the five values of `PL.alg`.
 function PL.windows.settle(ws, limit, w, now, op, cost, max_wait, fits_now, delay, window, outlook)
   local admit
-  if op == 'peek' then
+  if op == 'charge' then
+    -- Counted in the current window, past the limit if need be.
+    PL.windows.add(ws, floor(now / w), cost)
+    local remaining, reset_after = outlook(ws, limit, w, now)
+    return true, 0, remaining, reset_after, PL.windows.state(ws, w)
+  elseif op == 'peek' then
     admit = false
   elseif op == 'limit' then
     admit = fits_now
@@ -148,7 +153,10 @@ PL.alg.fixed_window = function(p, s, now, op, cost, max_wait, _, from)
   from = from or now
   local current = floor(now / w)
   local ws = PL.windows.load(s, w, current)
-  local slot = earliest_with_room(ws, max(floor(from / w), current), cost, limit)
+  local slot = current
+  if op ~= 'charge' then
+    slot = earliest_with_room(ws, max(floor(from / w), current), cost, limit)
+  end
   local delay = max(max(slot * w, from) - now, 0)
   return PL.windows.settle(ws, limit, w, now, op, cost, max_wait, slot == current, delay, slot, outlook)
 end

@@ -24,6 +24,9 @@ function PL.gcra_plan(interval, burst, stored_tat, now, op, cost, max_wait)
       return true, delay, tat, new_tat
     end
     return false, delay, tat, nil
+  elseif op == 'charge' then
+    -- Counted as a `pace` is (past the burst if need be), owed nothing.
+    return true, 0, tat, new_tat
   elseif max_wait and delay > max_wait then
     return false, PL.retry_after_max_wait(delay, max_wait), tat, nil
   end

@@ -183,7 +183,12 @@ function G.apply(c, s, now, op, cost, max_wait, max_wait_us)
   local function admit()
     local l = copy(view)
     local moment = reserve(c, l, cost, now)
-    return true, max(sub(moment, now), 0), remaining(c, l, now), sub(reset_at(l), now), l
+    local delay = max(sub(moment, now), 0)
+    if op == 'charge' then
+      -- Reserved as an acquire is, owed nothing now.
+      delay = 0
+    end
+    return true, delay, remaining(c, l, now), sub(reset_at(l), now), l
   end
   -- Guava's `canAcquire` with `timeout` µs, and the retry-after of its rejection.
   local function try_acquire(timeout)

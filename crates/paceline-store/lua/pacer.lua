@@ -68,6 +68,10 @@ function PL.pacer_step(interval, max_burst, configured, w, l, n, now, op, cost, 
     save = true
   end
   if save then
+    if op == 'charge' then
+      -- Booked as a `pace` is, owed nothing now.
+      delay = 0
+    end
     return true, delay,
       pacer_reset_after(interval, configured, now, new_watermark, now, new_next_shot),
       new_watermark, now, new_next_shot, new_watermark, new_next_shot

@@ -22,6 +22,10 @@
 -- give bit-identical results: Redis's Lua numbers are IEEE doubles like Rust's f64.
 local PL = { alg = {} }
 
+-- `paceline_core::policy::MAX_CHARGED` (2^50): the most cost one count holds, so that
+-- charges past the limit keep counts exact.
+PL.MAX_CHARGED = 1125899906842624
+
 -- `math`'s functions, and the `struct` and `string` functions the records use, as upvalues,
 -- which every function here reads faster than a global. A function library's load cannot
 -- see the globals, so `PL.clock`, which every entry point calls first, sets them at the
@@ -375,7 +379,7 @@ function PL.read_batch(KEYS, ARGV)
     if not policy then
       return nil, 'paceline: no policy ' .. tostring(ARGV[b + 1])
     end
-    if op ~= 'pace' and op ~= 'limit' and op ~= 'peek' then
+    if op ~= 'pace' and op ~= 'limit' and op ~= 'peek' and op ~= 'charge' then
       return nil, 'paceline: unknown op ' .. tostring(op)
     end
     local cost = PL.num(ARGV[b + 3])

@@ -62,10 +62,10 @@ local function sl_record(times, costs, n, newest, time, cost)
     i = i - 1
   end
   if i > 0 and times[i] == time then
-    costs[i] = costs[i] + cost
+    costs[i] = min(costs[i] + cost, PL.MAX_CHARGED)
   else
     table.insert(times, i + 1, time)
-    table.insert(costs, i + 1, cost)
+    table.insert(costs, i + 1, min(cost, PL.MAX_CHARGED))
     n = n + 1
   end
   if newest then
@@ -121,6 +121,12 @@ PL.alg.sliding_log = function(p, s, now, op, cost, max_wait, _, from)
     return allowed, delay, remaining, max(idle_at - now, 0)
   end
 
+  if op == 'charge' then
+    -- Logged now, past the limit if need be.
+    n, newest = sl_record(times, costs, n, newest, now, cost)
+    local a, d, r, reset = decide(true, 0)
+    return a, d, r, reset, sl_state(times, costs, n, newest, limit)
+  end
   local t = sl_earliest(limit, window, min_interval, times, costs, n, newest, now, cost)
   if from and from > t then
     t = from

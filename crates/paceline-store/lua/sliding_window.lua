@@ -111,7 +111,7 @@ PL.alg.sliding_window = function(p, s, now, op, cost, max_wait)
   local prev, cur, left = parts(ws, w, now)
   local now_fits = fits(share(prev, left, w), cur, cost, limit)
   local slot = now
-  if not now_fits then
+  if not now_fits and op ~= 'charge' then
     slot = slot_of(ws, w, limit, now, cost)
   end
   local delay = slot - now

@@ -136,6 +136,35 @@ impl<S: Store + ?Sized> Limiter<S> {
         self.store.decide(&self.policy, key, Op::Peek, cost).await
     }
 
+    /// Counts `cost` already spent on `key`, past the policy's limit if need be, and never
+    /// refuses: for costs known only after the work (an LLM answer's tokens). The key stays
+    /// exhausted until the debt drains, so later [`limit`](Limiter::limit) calls refuse
+    /// and [`pace`](Limiter::pace) calls wait. The decision is admitted with no delay, its
+    /// `remaining` what is left after the charge. A `concurrency` policy refuses a charge
+    /// (an input error naming `op`).
+    ///
+    /// ```
+    /// use paceline_store::{Limiter, ManualClock, MemoryStore, Policy};
+    /// use std::sync::Arc;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), paceline_store::Error> {
+    /// let clock = ManualClock::new(0);
+    /// let store = Arc::new(MemoryStore::builder().clock(clock.clone()).build());
+    /// let policy: Policy = "fixed_window:limit=1000,window=1m".parse()?;
+    /// let tokens = Limiter::with_store(policy, store);
+    /// // Let the call go if the budget has room, then charge what its answer cost.
+    /// assert!(tokens.peek("user-7", 1).await?.allowed);
+    /// let charged = tokens.charge("user-7", 1_800).await?;
+    /// assert!(charged.allowed && charged.remaining == 0);
+    /// assert!(!tokens.limit("user-7", 1).await?.allowed); // in debt until the window ends
+    /// clock.set_micros(60_000_000);
+    /// assert!(tokens.limit("user-7", 1).await?.allowed);
+    /// # Ok(()) }
+    /// ```
+    pub async fn charge(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.store.decide(&self.policy, key, Op::Charge, cost).await
+    }
+
     /// Forgets `key`.
     pub async fn reset(&self, key: &str) -> Result<(), Error> {
         self.store.reset(key).await
@@ -243,6 +272,11 @@ impl<S: SyncStore + ?Sized> Limiter<S> {
     /// [`peek`](Limiter::peek), synchronously.
     pub fn peek_sync(&self, key: &str, cost: u64) -> Result<Decision, Error> {
         self.store.decide_sync(&self.policy, key, Op::Peek, cost)
+    }
+
+    /// [`charge`](Limiter::charge), synchronously.
+    pub fn charge_sync(&self, key: &str, cost: u64) -> Result<Decision, Error> {
+        self.store.decide_sync(&self.policy, key, Op::Charge, cost)
     }
 
     /// [`reset`](Limiter::reset), synchronously.

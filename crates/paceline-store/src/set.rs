@@ -140,6 +140,26 @@ impl Limits {
             .await
     }
 
+    /// Counts `cost` already spent on every limit, past each one's limit if need be, and
+    /// never refuses (see [`Limiter::charge`](crate::Limiter::charge)): the set is always
+    /// admitted with no delay, each limit's `remaining` after the charge.
+    pub async fn charge<S: Store + ?Sized>(
+        &self,
+        store: &S,
+        cost: u64,
+    ) -> Result<SetDecision, Error> {
+        store.decide_all(&self.requests(Op::Charge, cost)).await
+    }
+
+    /// [`charge`](Limits::charge), synchronously.
+    pub fn charge_sync<S: SyncStore + ?Sized>(
+        &self,
+        store: &S,
+        cost: u64,
+    ) -> Result<SetDecision, Error> {
+        store.decide_all_sync(&self.requests(Op::Charge, cost))
+    }
+
     /// [`pace`](Limits::pace), synchronously.
     pub fn pace_sync<S: SyncStore + ?Sized>(
         &self,

@@ -49,6 +49,8 @@ enum OpKind {
     PaceWithin(u64),
     Limit,
     Peek,
+    /// A charge of the step's cost times this (charges go past the limit).
+    Charge(u64),
     Reset,
 }
 
@@ -101,6 +103,7 @@ fn op_kind(period_us: u64) -> impl Strategy<Value = OpKind> {
         2 => (0..=3 * period_us).prop_map(OpKind::PaceWithin),
         5 => Just(OpKind::Limit),
         2 => Just(OpKind::Peek),
+        2 => prop_oneof![Just(1u64), Just(10), Just(1_000_000)].prop_map(OpKind::Charge),
         1 => Just(OpKind::Reset),
     ]
 }
@@ -205,7 +208,7 @@ impl Twin<Step> for OneByOne<'_> {
     async fn apply(&mut self, step: &Step, at: At) -> Said {
         let Step::Request {
             key,
-            op,
+            op: op_kind,
             cost,
             policy,
         } = *step
@@ -215,10 +218,11 @@ impl Twin<Step> for OneByOne<'_> {
         // Each case has its own keys, spread over the cluster's slots.
         let key = format!("case{}:k{key}", self.case);
         let policy = &self.policies[policy];
-        let op = match op.op() {
+        let op = match op_kind.op() {
             Some(op) => op,
             None => return Said::Reset(self.store.reset(&key).await),
         };
+        let cost = op_kind.cost(cost);
         if self.alternate && at.index % 2 == 1 {
             let request = Request {
                 policy,
@@ -241,7 +245,16 @@ impl OpKind {
             OpKind::PaceWithin(us) => Some(Op::pace_within(Duration::from_micros(us))),
             OpKind::Limit => Some(Op::Limit),
             OpKind::Peek => Some(Op::Peek),
+            OpKind::Charge(_) => Some(Op::Charge),
             OpKind::Reset => None,
+        }
+    }
+
+    /// The cost a step of `cost` asks for (a charge's, multiplied).
+    fn cost(self, cost: u64) -> u64 {
+        match self {
+            OpKind::Charge(times) => cost * times,
+            _ => cost,
         }
     }
 }
@@ -423,19 +436,19 @@ impl Stores {
             .map(|(at, said)| {
                 let Step::Request {
                     key,
-                    op,
+                    op: op_kind,
                     cost,
                     policy,
                 } = case.steps[at.index]
                 else {
                     unreachable!("clock steps are not answered")
                 };
-                let event = match (op.op(), said) {
+                let event = match (op_kind.op(), said) {
                     (Some(op), Said::Decided(expected)) => Some(Event {
                         key,
                         policy,
                         op,
-                        cost,
+                        cost: op_kind.cost(cost),
                         expected,
                     }),
                     _ => None,

@@ -2,7 +2,7 @@
 //!
 //! * **Differential**: proptest generates a few keys, each with a policy of any algorithm,
 //!   and steps that advance an injected clock and decide sets of one to three of the keys
-//!   (`limit` or `peek`, costs 1 and 2). The memory store, a Redis server (the library as
+//!   (`limit`, `peek` or `charge`, costs 1 and 2). The memory store, a Redis server (the library as
 //!   functions and as a script) and a 3-primary Redis Cluster (the keys under one hash tag)
 //!   must give identical decisions, combined and per limit.
 //! * **Atomicity**: the same steps run on a model, a memory store of single decisions in
@@ -34,7 +34,7 @@ enum Step {
     Set {
         /// Key numbers, distinct.
         keys: Vec<usize>,
-        peek: bool,
+        op: Op,
         cost: u64,
     },
 }
@@ -71,7 +71,7 @@ fn case() -> impl Strategy<Value = Case> {
         let n = specs.len();
         let set = (
             prop::sample::subsequence((0..n).collect::<Vec<_>>(), 1..=n.min(3)),
-            prop::bool::weighted(0.15),
+            prop_oneof![14 => Just(Op::Limit), 3 => Just(Op::Peek), 3 => Just(Op::Charge)],
             prop_oneof![4 => Just(1u64), 1 => Just(2u64)],
         )
             .prop_shuffle_keys();
@@ -94,13 +94,13 @@ trait ShuffleKeys {
 
 impl<S> ShuffleKeys for S
 where
-    S: Strategy<Value = (Vec<usize>, bool, u64)> + 'static,
+    S: Strategy<Value = (Vec<usize>, Op, u64)> + 'static,
 {
     fn prop_shuffle_keys(self) -> BoxedStrategy<Step> {
-        self.prop_flat_map(|(keys, peek, cost)| {
+        self.prop_flat_map(|(keys, op, cost)| {
             Just(keys)
                 .prop_shuffle()
-                .prop_map(move |keys| Step::Set { keys, peek, cost })
+                .prop_map(move |keys| Step::Set { keys, op, cost })
         })
         .boxed()
     }
@@ -148,7 +148,7 @@ impl Stores {
         ]
     }
 
-    /// A case of sets (`limit` or `peek`): every store decides alike and its keys end
+    /// A case of sets (`limit`, `peek` or `charge`): every store decides alike and its keys end
     /// alike, and memory decides as its model of single decisions says.
     async fn run(&self, case: &Case) -> Result<(), TestCaseError> {
         let id = next_case_id();
@@ -179,7 +179,7 @@ impl Stores {
             let (
                 Step::Set {
                     keys: set,
-                    peek,
+                    op,
                     cost,
                 },
                 Said::Set {
@@ -189,20 +189,26 @@ impl Stores {
             else {
                 return Ok(());
             };
-            let op = if *peek { Op::Peek } else { Op::Limit };
+            let op = *op;
             let requests: Vec<Request> = set
                 .iter()
                 .map(|&k| Request::new(&policies[k], &keys[k], op, *cost))
                 .collect();
             let what = describe(index, op, *cost, set, &policies);
-            // The model: each limit alone, applied only if every one admits.
+            // The model: each limit alone, applied only if every one admits (a charge
+            // always does, where its policy takes one).
             let alone: Result<Vec<_>, _> = requests
                 .iter()
-                .map(|r| model.decide_sync(r.policy, r.key, Op::Peek, r.cost))
+                .map(|r| {
+                    r.policy.check_cost(op, r.cost)?;
+                    // A charge's cost may be more than a peek takes: it admits anyway.
+                    let cost = if op == Op::Charge { 1 } else { r.cost };
+                    model.decide_sync(r.policy, r.key, Op::Peek, cost)
+                })
                 .collect();
             match (decision, alone) {
                 (Ok(set), Ok(alone)) => {
-                    let every = alone.iter().all(|d| d.allowed);
+                    let every = op == Op::Charge || alone.iter().all(|d| d.allowed);
                     if set.allowed() != every {
                         return Err(format!(
                             "{what}: the set's admission differs from its limits' alone {alone:?}"
@@ -222,7 +228,7 @@ impl Stores {
                     }
                     // A set of one is that limit's own decision, which a `sliding_log` with
                     // `count_blocked` records even when it refuses.
-                    if (every || requests.len() == 1) && !peek {
+                    if (every || requests.len() == 1) && op != Op::Peek {
                         for r in &requests {
                             model
                                 .decide_sync(r.policy, r.key, r.op, r.cost)
@@ -363,11 +369,10 @@ impl Twin<Step> for SetStore<'_> {
     type Answer = Said;
 
     async fn apply(&mut self, step: &Step, _: At) -> Said {
-        let Step::Set { keys, peek, cost } = step else {
+        let Step::Set { keys, op, cost } = step else {
             unreachable!("clock steps are the runner's")
         };
-        let op = if *peek { Op::Peek } else { Op::Limit };
-        self.decide(keys, op, *cost, false).await
+        self.decide(keys, *op, *cost, false).await
     }
 }
 

@@ -66,7 +66,7 @@
 use std::time::Duration;
 
 use super::fixed_window::checked_duration;
-use super::Algorithm;
+use super::{Algorithm, MAX_CHARGED};
 use crate::spec::{
     format_duration, parse_count, parse_duration, parse_duration_opt_zero, Params, MAX_COUNT,
     MAX_DURATION_US,
@@ -251,8 +251,8 @@ impl Algorithm for ExecEvenly {
         ]
     }
 
-    fn max_cost(&self, _op: Op) -> Option<u64> {
-        Some(self.points)
+    fn max_cost(&self, op: Op) -> Option<u64> {
+        (op != Op::Charge).then_some(self.points)
     }
 
     fn limit(&self) -> u64 {
@@ -263,7 +263,7 @@ impl Algorithm for ExecEvenly {
         let active = state.filter(|s| now < self.end(s));
         let (start, consumed) = active.map_or((now, 0), |s| (s.start, s.consumed));
         let end = start.saturating_add(self.duration_us);
-        let after = consumed.saturating_add(cost);
+        let after = consumed.saturating_add(cost).min(MAX_CHARGED);
         let fits = after <= self.points;
         let delay = if fits {
             self.delay_at(end, now, consumed, after)
@@ -279,7 +279,7 @@ impl Algorithm for ExecEvenly {
             };
             Decision::from_micros(allowed, delay, remaining, reset_after, self.points)
         };
-        let admit = |state: &mut Option<State>| {
+        let admit = |state: &mut Option<State>, delay: u128| {
             *state = Some(State {
                 start,
                 consumed: after,
@@ -287,7 +287,7 @@ impl Algorithm for ExecEvenly {
             Decision::from_micros(
                 true,
                 delay as f64,
-                self.points - after,
+                self.points.saturating_sub(after),
                 until_end,
                 self.points,
             )
@@ -295,6 +295,9 @@ impl Algorithm for ExecEvenly {
         match op {
             Op::Peek if fits => unchanged(true, delay as f64),
             Op::Peek => unchanged(false, until_end),
+            // Consumed in the window, past its points if need be (none left until it ends),
+            // owed nothing now.
+            Op::Charge => admit(state, 0),
             _ if !fits => unchanged(false, until_end),
             Op::Pace {
                 max_wait: Some(max),
@@ -302,7 +305,7 @@ impl Algorithm for ExecEvenly {
                 let at = self.earliest_within(end, now, after, max.as_micros());
                 unchanged(false, at.saturating_sub(now) as f64)
             }
-            Op::Limit | Op::Pace { .. } => admit(state),
+            Op::Limit | Op::Pace { .. } => admit(state, delay),
         }
     }
 }

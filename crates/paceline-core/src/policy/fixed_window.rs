@@ -69,7 +69,7 @@
 use std::time::Duration;
 
 use super::util::retry_after_max_wait;
-use super::Algorithm;
+use super::{Algorithm, MAX_CHARGED};
 use crate::decision::duration_to_micros;
 use crate::spec::{
     format_duration, parse_count, parse_duration, Params, MAX_COUNT, MAX_DURATION_US,
@@ -198,7 +198,7 @@ pub(super) fn rebucket(
     out.dedup_by(|later, kept| {
         let same = later.0 == kept.0;
         if same {
-            kept.1 = kept.1.saturating_add(later.1);
+            kept.1 = kept.1.saturating_add(later.1).min(MAX_CHARGED);
         }
         same
     });
@@ -219,10 +219,10 @@ pub(super) fn add_at(windows: &mut Vec<(u64, u64)>, index: u64, cost: u64) {
     match windows.binary_search_by_key(&index, |&(i, _)| i) {
         Ok(at) => {
             if let Some((_, count)) = windows.get_mut(at) {
-                *count = count.saturating_add(cost);
+                *count = count.saturating_add(cost).min(MAX_CHARGED);
             }
         }
-        Err(at) => windows.insert(at, (index, cost)),
+        Err(at) => windows.insert(at, (index, cost.min(MAX_CHARGED))),
     }
 }
 
@@ -256,6 +256,13 @@ pub(super) fn settle(
     decision: impl Fn(&[(u64, u64)], bool, f64) -> Decision,
 ) -> (Decision, Option<Vec<(u64, u64)>>) {
     let admit = match op {
+        Op::Charge => {
+            // Counted in the current window, past the limit if need be: the window admits
+            // nothing more until it ends.
+            let mut windows = windows;
+            add_at(&mut windows, now / w, cost);
+            return (decision(&windows, true, 0.0), Some(windows));
+        }
         Op::Peek => false,
         Op::Limit => fits_now,
         Op::Pace { max_wait } => {
@@ -314,8 +321,8 @@ impl Algorithm for FixedWindow {
         ]
     }
 
-    fn max_cost(&self, _op: Op) -> Option<u64> {
-        Some(self.limit)
+    fn max_cost(&self, op: Op) -> Option<u64> {
+        (op != Op::Charge).then_some(self.limit)
     }
 
     fn limit(&self) -> u64 {
@@ -354,7 +361,12 @@ impl FixedWindow {
         let windows = state
             .as_ref()
             .map_or_else(Vec::new, |s| rebucket(s.window_us, &s.windows, w, current));
-        let slot = earliest_with_room(&windows, (from / w).max(current), cost, self.limit);
+        // A charge counts now, wherever a `pace` would go.
+        let slot = if op == Op::Charge {
+            current
+        } else {
+            earliest_with_room(&windows, (from / w).max(current), cost, self.limit)
+        };
         let delay = slot.saturating_mul(w).max(from).saturating_sub(now) as f64;
         let (decision, admitted) = settle(
             windows,

@@ -134,7 +134,7 @@ impl Algorithm for Gcra {
                 let extra = floor_count(duration_to_micros(max) / self.interval + CELL_EPSILON);
                 Some(self.burst.saturating_add(extra))
             }
-            Op::Pace { max_wait: None } => None,
+            Op::Pace { max_wait: None } | Op::Charge => None,
         }
     }
 
@@ -210,6 +210,9 @@ impl Gcra {
                 None,
             ),
             Op::Pace { .. } => (true, delay, Some(new_tat)),
+            // Counted as a `pace` is (the TAT moves on, past the burst if need be: the debt),
+            // but owed nothing: admitted now.
+            Op::Charge => (true, 0.0, Some(new_tat)),
         };
         Plan {
             now,

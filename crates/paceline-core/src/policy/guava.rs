@@ -302,13 +302,19 @@ impl Config {
                 limit,
             )
         };
-        let admit = |state: &mut Option<State>| {
+        // Reserves the cost; `owed` is false for a charge, admitted now whatever it books.
+        let reserve = |state: &mut Option<State>, owed: bool| {
             let mut next = view;
             let moment = self.reserve(&mut next, cost as f64, now);
             *state = Some(next);
+            let delay = if owed {
+                moment.saturating_sub(now).max(0)
+            } else {
+                0
+            };
             Decision::from_micros(
                 true,
-                moment.saturating_sub(now).max(0) as f64,
+                delay as f64,
                 self.remaining(&next, now),
                 next.reset_at().saturating_sub(now) as f64,
                 limit,
@@ -318,7 +324,7 @@ impl Config {
         let earliest = |timeout: i64| view.next_free_ticket.saturating_sub(timeout);
         let try_acquire = |state: &mut Option<State>, timeout: i64| {
             if earliest(timeout) <= now {
-                admit(state)
+                reserve(state, true)
             } else {
                 unchanged(false, earliest(timeout).saturating_sub(now) as f64)
             }
@@ -330,7 +336,10 @@ impl Config {
             Op::Pace {
                 max_wait: Some(max),
             } => try_acquire(state, i64::try_from(max.as_micros()).unwrap_or(i64::MAX)),
-            Op::Pace { max_wait: None } => admit(state),
+            Op::Pace { max_wait: None } => reserve(state, true),
+            // Reserved as an acquire is (the next free ticket moves on: the debt, paid by
+            // the next request, as Guava's every request pays for the one before).
+            Op::Charge => reserve(state, false),
         }
     }
 }

@@ -341,6 +341,12 @@ policies! {
 /// in an `f64` (and in Redis's Lua), and adding any window or delay cannot overflow.
 pub const MAX_NOW_US: u64 = 1 << 53;
 
+/// The most cost one of a key's counts holds (2^50): a charge beyond it leaves the count
+/// there. Charges ([`Op::Charge`]) count past the limit, so without a cap repeated ones could
+/// grow a count without bound; 2^50 keeps counts exact in an `f64` (and in Redis's Lua) with
+/// room for any cost on top, and is a debt no limit drains in less than a thousand windows.
+pub const MAX_CHARGED: u64 = 1 << 50;
+
 /// Parameter aliases accepted by every algorithm.
 const ALIASES: &[(&str, &str)] = &[("qps", "rate")];
 
@@ -441,6 +447,13 @@ impl Policy {
     pub fn check_cost(&self, op: Op, cost: u64) -> Result<(), InputError> {
         if cost == 0 || cost > MAX_COUNT || self.max_cost(op).is_some_and(|max| cost > max) {
             return Err(self.cost_error(op, cost));
+        }
+        if op == Op::Charge && matches!(self, Policy::Concurrency(_)) {
+            return Err(InputError::new(
+                "op",
+                "`concurrency` counts held leases, which a charge cannot take or give back; \
+                 charge a rate policy (gcra, fixed_window, ...) instead",
+            ));
         }
         Ok(())
     }
@@ -671,6 +684,99 @@ pub(crate) mod util {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One policy of each rate algorithm, a limit of 4 or about (pacer: max_burst 3).
+    const RATE_SPECS: &[&str] = &[
+        "pacer:rate=4/s,max_burst=3",
+        "gcra:rate=4/s,burst=4",
+        "fixed_window:limit=4,window=1s",
+        "exec_evenly:points=4,duration=1s",
+        "sliding_log:limit=4,window=1s",
+        "sliding_window:limit=4,window=1s",
+        "smooth_bursty:rate=4/s",
+        "smooth_warming_up:rate=4/s,warmup=1s",
+    ];
+
+    #[test]
+    fn a_charge_counts_past_the_limit_and_is_never_refused() {
+        let t0 = 1_700_000_000_000_000;
+        for spec in RATE_SPECS {
+            let p: Policy = spec.parse().unwrap();
+            let mut s = None;
+            // Ten times the limit in one charge, then more on top: admitted now, every time.
+            for cost in [40, 1, 7] {
+                let d = p.apply(&mut s, t0, Op::Charge, cost).unwrap();
+                assert!(d.allowed && d.delay.is_zero(), "{spec}: {d:?}");
+                assert_eq!(d.remaining, 0, "{spec}: in debt, nothing remains");
+            }
+            // The debt refuses what the limit would have admitted on an idle key...
+            let refused = p.apply(&mut s, t0, Op::Limit, 1).unwrap();
+            assert!(!refused.allowed, "{spec}: {refused:?}");
+            let peek = p.apply(&mut s.clone(), t0, Op::Peek, 1).unwrap();
+            assert!(!peek.allowed, "{spec}");
+            // ...and drains: once the key is idle again, it admits.
+            let after = t0 + refused.reset_after.as_micros() as u64;
+            let later = p.apply(&mut s, after.max(t0 + 1), Op::Limit, 1).unwrap();
+            assert!(later.allowed, "{spec} at reset_after: {later:?}");
+        }
+    }
+
+    #[test]
+    fn a_charge_of_one_counts_as_an_admitted_request_does() {
+        // Charging what a `limit` would admit leaves the key as that `limit` would (a
+        // window's count, a TAT), so the next decision is the same.
+        let t0 = 1_700_000_000_000_000;
+        for spec in RATE_SPECS {
+            let p: Policy = spec.parse().unwrap();
+            let (mut charged, mut limited) = (None, None);
+            let mut admitted = 0;
+            for k in 0..3 {
+                let l = p.apply(&mut limited, t0 + k, Op::Limit, 1).unwrap();
+                if !l.allowed {
+                    break;
+                }
+                admitted += 1;
+                let c = p.apply(&mut charged, t0 + k, Op::Charge, 1).unwrap();
+                assert_eq!(charged, limited, "{spec}");
+                assert_eq!((c.remaining, c.reset_after), (l.remaining, l.reset_after));
+            }
+            assert!(admitted >= 1, "{spec}");
+        }
+    }
+
+    #[test]
+    fn a_charge_keeps_counts_within_max_charged() {
+        let p: Policy = "fixed_window:limit=4,window=1h".parse().unwrap();
+        let mut s = None;
+        for _ in 0..2_000 {
+            p.apply(&mut s, 0, Op::Charge, MAX_COUNT).unwrap();
+        }
+        match &s {
+            Some(State::FixedWindow(own)) => assert_eq!(own.windows, vec![(0, MAX_CHARGED)]),
+            other => panic!("not a fixed_window state: {other:?}"),
+        }
+        assert!(!p.apply(&mut s, 0, Op::Peek, 1).unwrap().allowed);
+    }
+
+    #[test]
+    fn concurrency_refuses_a_charge_naming_op() {
+        let p: Policy = "concurrency:limit=2,lease=1m".parse().unwrap();
+        let e = p.apply(&mut None, 0, Op::Charge, 1).unwrap_err();
+        assert_eq!(e.field(), "op");
+        assert!(e.message().contains("concurrency"), "{}", e.message());
+        assert_eq!(p.check_cost(Op::Charge, 1).unwrap_err().field(), "op");
+    }
+
+    #[test]
+    fn a_charge_costs_at_most_max_count() {
+        let p: Policy = "gcra:rate=1/s".parse().unwrap();
+        assert!(p.check_cost(Op::Charge, MAX_COUNT).is_ok());
+        assert_eq!(
+            p.check_cost(Op::Charge, MAX_COUNT + 1).unwrap_err().field(),
+            "cost"
+        );
+        assert_eq!(p.check_cost(Op::Charge, 0).unwrap_err().field(), "cost");
+    }
 
     #[test]
     fn unknown_algorithm_lists_the_known_ones() {

@@ -123,7 +123,7 @@ impl Pacer {
     fn factor(&self, op: Op) -> f64 {
         self.factor.unwrap_or(match op {
             Op::Pace { .. } => DEFAULT_PACE_FACTOR,
-            Op::Limit | Op::Peek => DEFAULT_LIMIT_FACTOR,
+            Op::Limit | Op::Peek | Op::Charge => DEFAULT_LIMIT_FACTOR,
         })
     }
 
@@ -240,7 +240,7 @@ impl Algorithm for Pacer {
                 limit,
             )
         };
-        let save = |state: &mut Option<State>| {
+        let save = |state: &mut Option<State>, delay: f64| {
             let reset_after = self.reset_after(&next, now);
             *state = Some(next);
             Decision::from_micros(
@@ -253,14 +253,16 @@ impl Algorithm for Pacer {
         };
         match op {
             Op::Peek => unchanged(delay == 0.0, delay),
-            Op::Limit if delay == 0.0 => save(state),
+            Op::Limit if delay == 0.0 => save(state, delay),
             Op::Limit => unchanged(false, delay),
             Op::Pace {
                 max_wait: Some(max),
             } if delay > duration_to_micros(max) => {
                 unchanged(false, retry_after_max_wait(delay, duration_to_micros(max)))
             }
-            Op::Pace { .. } => save(state),
+            Op::Pace { .. } => save(state, delay),
+            // Booked as a `pace` is (the next slot moves on: the debt), owed nothing now.
+            Op::Charge => save(state, 0.0),
         }
     }
 }

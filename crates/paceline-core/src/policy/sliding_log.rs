@@ -85,7 +85,7 @@ use std::time::Duration;
 
 use super::fixed_window::{checked_duration, checked_limit};
 use super::util::retry_after_max_wait;
-use super::Algorithm;
+use super::{Algorithm, MAX_CHARGED};
 use crate::decision::duration_to_micros;
 use crate::spec::{
     format_duration, parse_bool, parse_count, parse_duration, parse_duration_opt_zero, Params,
@@ -258,10 +258,10 @@ impl Log {
         match self.entries.binary_search_by_key(&time, |&(t, _)| t) {
             Ok(at) => {
                 if let Some((_, c)) = self.entries.get_mut(at) {
-                    *c = c.saturating_add(cost);
+                    *c = c.saturating_add(cost).min(MAX_CHARGED);
                 }
             }
-            Err(at) => self.entries.insert(at, (time, cost)),
+            Err(at) => self.entries.insert(at, (time, cost.min(MAX_CHARGED))),
         }
         self.newest = Some(self.newest.map_or(time, |n| n.max(time)));
     }
@@ -316,8 +316,8 @@ impl Algorithm for SlidingLog {
         ]
     }
 
-    fn max_cost(&self, _op: Op) -> Option<u64> {
-        Some(self.limit)
+    fn max_cost(&self, op: Op) -> Option<u64> {
+        (op != Op::Charge).then_some(self.limit)
     }
 
     fn limit(&self) -> u64 {
@@ -353,7 +353,12 @@ impl SlidingLog {
         from: u64,
     ) -> Decision {
         let log = Log::at(state.as_ref(), now, self.window_us);
-        let t = self.earliest(&log, now, cost).max(from);
+        // A charge is logged now, wherever a `pace` would go (and may exceed any slot).
+        let t = if op == Op::Charge {
+            now
+        } else {
+            self.earliest(&log, now, cost).max(from)
+        };
         let delay = t - now;
         let save = |state: &mut Option<State>, log: Log, allowed: bool, delay: f64| {
             let decision = self.decision(&log, now, allowed, delay);
@@ -387,6 +392,13 @@ impl SlidingLog {
                 let mut log = log;
                 log.record(t, cost);
                 save(state, log, true, delay as f64)
+            }
+            Op::Charge => {
+                // Logged now, past the limit if need be: the log blocks until the charge
+                // leaves the window.
+                let mut log = log;
+                log.record(now, cost);
+                save(state, log, true, 0.0)
             }
         }
     }

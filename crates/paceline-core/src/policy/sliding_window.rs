@@ -263,8 +263,8 @@ impl Algorithm for SlidingWindow {
         ]
     }
 
-    fn max_cost(&self, _op: Op) -> Option<u64> {
-        Some(self.limit)
+    fn max_cost(&self, op: Op) -> Option<u64> {
+        (op != Op::Charge).then_some(self.limit)
     }
 
     fn limit(&self) -> u64 {
@@ -278,7 +278,8 @@ impl Algorithm for SlidingWindow {
             rebucket(s.window_us, &s.windows, w, (now / w).saturating_sub(1))
         });
         let now_fits = self.admits(&windows, now, cost);
-        let slot = if now_fits {
+        // A charge counts now, wherever a `pace` would go (and may exceed any slot).
+        let slot = if now_fits || op == Op::Charge {
             now
         } else {
             self.slot(&windows, now, cost)
