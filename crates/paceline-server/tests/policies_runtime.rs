@@ -95,7 +95,7 @@ async fn a_policy_is_set_replaced_and_deleted_at_run_time(store: &str) {
     assert_eq!(
         created.body,
         json!({"name": "uploads", "algorithm": "fixed_window", "limit": 2,
-               "source": "runtime", "spec": "fixed_window:limit=2,window=1h"})
+               "source": "run_time", "spec": "fixed_window:limit=2,window=1h"})
     );
     assert_eq!(admitted(&url, "uploads", "u1", 4).await, 2);
 
@@ -128,7 +128,7 @@ async fn a_policy_is_set_replaced_and_deleted_at_run_time(store: &str) {
     let listed = call(Method::GET, &format!("{url}/v1/policies"), None).await;
     assert_eq!(listed.status, 200);
     let policies = &listed.body["policies"];
-    assert_eq!(policies["search"]["source"], "runtime", "{policies}");
+    assert_eq!(policies["search"]["source"], "run_time", "{policies}");
     assert_eq!(policies["search"]["shadow"], true, "{policies}");
     assert_eq!(policies["slots"]["source"], "config", "{policies}");
     assert_eq!(
@@ -218,7 +218,7 @@ async fn instances_on_one_redis_take_each_other_s_changes() {
 
     // A third instance finds the table in Redis as it starts.
     let (c, task_c, stop_c) = serve(settings(&redis.url(), CONFIG)).await;
-    assert_eq!(get(&c, "search").await.body["source"], "runtime");
+    assert_eq!(get(&c, "search").await.body["source"], "run_time");
 
     // A deletion made on B reaches A: the file's policy again.
     assert_eq!(delete(&b, "search").await.status, 204);
@@ -262,7 +262,7 @@ async fn a_reload_keeps_the_changes_made_at_run_time() {
         policies["search"]["overrides"]["spec"], "fixed_window:limit=9,window=1h",
         "{policies}"
     );
-    assert_eq!(policies["extra"]["source"], "runtime");
+    assert_eq!(policies["extra"]["source"], "run_time");
     // `slots` left the file.
     assert!(policies.get("slots").is_none(), "{policies}");
     assert_eq!(admitted(&url, "search", "k", 2).await, 1);

@@ -62,7 +62,7 @@ struct PolicyBody {
     /// as usual, its refusals answered as admitted.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     shadow: bool,
-    /// Where it comes from: `config` (the config file) or `runtime` (`PUT
+    /// Where it comes from: `config` (the config file) or `run_time` (`PUT
     /// /v1/policies/{name}`, kept until deleted, over reloads).
     source: SourceName,
     spec: String,
@@ -75,7 +75,7 @@ enum SourceName {
     /// The config file.
     Config,
     /// Set at run time.
-    Runtime,
+    RunTime,
 }
 
 /// The config file's policy that one set at run time overrides.
@@ -93,7 +93,7 @@ impl PolicyBody {
         let (source, overrides) = match c.source() {
             Source::Config => (SourceName::Config, None),
             Source::Runtime { overrides } => (
-                SourceName::Runtime,
+                SourceName::RunTime,
                 overrides.as_ref().map(|(policy, shadow)| FilePolicy {
                     shadow: *shadow,
                     spec: policy.to_string(),

@@ -2,7 +2,7 @@
 //!
 //! | call | answer |
 //! |---|---|
-//! | `GET /v1/policies/{name}` | `200` the policy in force (`source`: `config` or `runtime`), `404` for none |
+//! | `GET /v1/policies/{name}` | `200` the policy in force (`source`: `config` or `run_time`), `404` for none |
 //! | `PUT /v1/policies/{name}` `{"spec": "gcra:rate=10/s,burst=5", "shadow": false}` | `201` a new policy, `200` one replaced (the file's, or one set before) |
 //! | `DELETE /v1/policies/{name}` | `204`: the run-time policy is gone, and the config file's of that name, if any, applies again; `409` for a policy only the file sets; `404` for none |
 //!
@@ -282,7 +282,7 @@ fn named(name: String, entry: &Entry, overrides: Option<Entry>) -> Named {
             spec: e.policy.to_string(),
         }),
         shadow: entry.shadow,
-        source: super::SourceName::Runtime,
+        source: super::SourceName::RunTime,
         spec: entry.policy.to_string(),
     };
     Named { name, policy }
