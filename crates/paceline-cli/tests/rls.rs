@@ -41,22 +41,6 @@ fn a_bad_rules_file_exits_2_naming_file_line_and_field() {
         err.contains("limits.yaml:4") && err.contains("descriptors[0].rate_limit.unit"),
         "{err}"
     );
-    // A drain rule is refused the same way, until this build can charge past a limit.
-    let rules = write(
-        dir.path(),
-        "drain.yaml",
-        "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, drain: true}\n",
-    );
-    let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--rls-config", &rules])
-        .output()
-        .expect("runs");
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("drain.yaml:3") && err.contains("drain") && err.contains("not supported"),
-        "{err}"
-    );
     // An RLS listener with no rules.
     let out = Command::new(env!("CARGO_BIN_EXE_paceline"))
         .args([

@@ -75,14 +75,15 @@ pub(crate) fn op_field(name: &str, max_wait_ms: Option<&Number>) -> Result<Op, A
     match (name, max_wait) {
         ("pace", None) => Ok(Op::pace()),
         ("pace", Some(w)) => Ok(Op::pace_within(w)),
-        ("limit" | "peek", Some(_)) => {
+        ("limit" | "peek" | "charge", Some(_)) => {
             Err(ApiError::invalid("max_wait_ms", "applies to `pace` only"))
         }
         ("limit", None) => Ok(Op::Limit),
         ("peek", None) => Ok(Op::Peek),
+        ("charge", None) => Ok(Op::Charge),
         (other, _) => Err(ApiError::invalid(
             "op",
-            format!("`{other}` is not an op; use pace, limit or peek"),
+            format!("`{other}` is not an op; use pace, limit, peek or charge"),
         )),
     }
 }

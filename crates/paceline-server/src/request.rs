@@ -91,7 +91,8 @@ pub(crate) struct RawLimit<'a> {
 
 // The values `op` takes, for the OpenAPI document only: the handlers read the op from its
 // text (`fields::op_field`), which names the field in its error.
-/// What a decision does: `limit`, `pace` or `peek`.
+/// What a decision does: `limit`, `pace`, `peek` or `charge` (count a cost already spent,
+/// past the limit if need be; never refused).
 #[derive(ToSchema)]
 #[schema(as = Op, rename_all = "snake_case")]
 #[allow(dead_code)]
@@ -99,13 +100,14 @@ pub(crate) enum OpName {
     Limit,
     Pace,
     Peek,
+    Charge,
 }
 
 /// What is allowed in each field of a request, as an error message says it.
 const ALLOWED: &[(&str, &str)] = &[
     ("policy", "a string: a configured policy's name or a spec"),
     ("key", "a string"),
-    ("op", "a string: pace, limit or peek"),
+    ("op", "a string: pace, limit, peek or charge"),
     ("cost", "a whole number of at least 1"),
     ("max_wait_ms", "a number of milliseconds from 0 to 1e13"),
     (
@@ -297,7 +299,7 @@ mod tests {
             (
                 r#"{"key": "k", "op": ["pace"]}"#,
                 "op",
-                "pace, limit or peek",
+                "pace, limit, peek or charge",
             ),
             (r#"{"key": "k", "cost": "3"}"#, "cost", "whole number"),
             (r#"{"key": "a", "cost": 1e309}"#, "cost", "whole number"),

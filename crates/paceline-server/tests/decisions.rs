@@ -174,6 +174,76 @@ async fn a_limit_named_twice_counts_both_costs(store: &str, tenant: &str) {
     let _ = task.await;
 }
 
+async fn a_charge_counts_past_the_limit_and_is_never_refused(store: &str, tenant: &str) {
+    let (url, task, stop) = serve(store).await;
+    let key = format!("{{{tenant}}}");
+    // 10 charged on a limit of 3 a day: admitted, nothing left.
+    let charge = json!({"policy": "per-day", "key": key, "op": "charge", "cost": 10});
+    let a = post(&url, charge.clone()).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(
+        (a.body["allowed"].clone(), a.body["remaining"].clone()),
+        (json!(true), json!(0))
+    );
+    assert_eq!(a.body["delay_ms"], 0.0, "{}", a.body);
+    // In debt: a limit is refused; another charge is still counted and admitted.
+    let refused = post(
+        &url,
+        json!({"policy": "per-day", "key": key, "op": "limit"}),
+    )
+    .await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(post(&url, charge).await.status, 200);
+    // A set charges every limit, each past its own.
+    let set = json!({"op": "charge", "limits": [
+        {"policy": "per-day", "key": format!("{key}:set"), "cost": 5},
+        {"policy": "burst", "key": format!("{key}:set"), "cost": 4},
+    ]});
+    let a = post(&url, set).await;
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.body["limits"][0]["remaining"], 0, "{}", a.body);
+    assert_eq!(a.body["limits"][1]["remaining"], 0, "{}", a.body);
+    let refused = post(
+        &url,
+        json!({"policy": "burst", "key": format!("{key}:set"), "op": "limit"}),
+    )
+    .await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    // What a charge cannot be: on a concurrency policy, with a max_wait, of no cost.
+    for (body, field) in [
+        (json!({"policy": "db", "key": key, "op": "charge"}), "op"),
+        (
+            json!({"policy": "per-day", "key": key, "op": "charge", "max_wait_ms": 10}),
+            "max_wait_ms",
+        ),
+        (
+            json!({"policy": "per-day", "key": key, "op": "charge", "cost": 0}),
+            "cost",
+        ),
+        (
+            json!({"policy": "per-day", "key": key, "op": "charge", "cost": 2_199_023_255_552_u64}),
+            "cost",
+        ),
+    ] {
+        let a = post(&url, body.clone()).await;
+        assert_eq!(a.status, 400, "{body}: {}", a.body);
+        assert_eq!(a.body["error"]["field"], field, "{body}: {}", a.body);
+    }
+    let _ = stop.send(());
+    let _ = task.await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_counts_past_the_limit_in_memory() {
+    a_charge_counts_past_the_limit_and_is_never_refused("memory", "tenant8").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_charge_counts_past_the_limit_on_redis() {
+    let tenant = paceline_testkit::unique_name("tenant");
+    a_charge_counts_past_the_limit_and_is_never_refused(&shared_server().url(), &tenant).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_named_twice_counts_both_costs_in_memory() {
     a_limit_named_twice_counts_both_costs("memory", "tenant7").await;

@@ -710,30 +710,82 @@ async fn ratelimit_headers_when_enabled() {
     rls.stop().await;
 }
 
-#[tokio::test]
-async fn a_drain_rule_is_refused_at_start_naming_file_line_and_field() {
-    let rules = rules_file(
-        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, drain: true}\n",
+/// An LLM gateway's rules: a budget of tokens a minute charged after each answer
+/// (`drain: true`), and one request a minute per user.
+fn tokens_rules(domain: &str) -> String {
+    format!(
+        "domain: {domain}\ndescriptors:\n  - key: llm_tokens\n    rate_limit: {{unit: minute, requests_per_unit: 1000, drain: true}}\n  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 1}}\n"
+    )
+}
+
+fn with_hits(entries: &[(&str, &str)], hits: u64) -> RateLimitDescriptor {
+    let mut d = descriptor(entries);
+    d.hits_addend = Some(UInt64Value { value: hits });
+    d
+}
+
+async fn a_drain_rule_charges_past_the_limit(store: &str) {
+    let domain = unique_name("drain");
+    let clock = clock();
+    let rls = start(store, &tokens_rules(&domain), false, clock.clone()).await;
+    let tokens = |hits| request(&domain, vec![with_hits(&[("llm_tokens", "t1")], hits)]);
+    // At request time Envoy checks (hits 0); at the end of the answer it sends its tokens.
+    let r = rls.call(tokens(0)).await;
+    assert_eq!(
+        (codes(&r), r.statuses[0].limit_remaining),
+        ((OK, vec![OK]), 1000)
     );
-    let settings = Settings {
-        listen: "127.0.0.1:0".parse().expect("an address"),
-        rls: RlsSettings {
-            listen: Some("127.0.0.1:0".parse().expect("an address")),
-            config: Some(rules.clone()),
-            response_headers: false,
-        },
-        ..Settings::default()
-    };
-    let Err(e) = Server::bind(settings).await else {
-        panic!("a drain rule is refused");
-    };
-    let text = e.to_string();
-    assert!(text.contains("rules.yaml:3"), "{text}");
-    assert!(text.contains("drain"), "{text}");
-    assert!(text.contains("not supported by this build"), "{text}");
-    let e = paceline_server::rls::load(&rules).expect_err("refused");
-    assert_eq!(e.field, "descriptors[0].rate_limit.drain");
-    assert_eq!(e.line, Some(3));
+    let r = rls.call(tokens(1_800)).await;
+    assert_eq!(
+        (codes(&r), r.statuses[0].limit_remaining),
+        ((OK, vec![OK]), 0)
+    );
+    // In debt: the next check is refused, a further charge still counts and is OK.
+    assert_eq!(codes(&rls.call(tokens(0)).await), (OVER, vec![OVER]));
+    assert_eq!(codes(&rls.call(tokens(5)).await), (OK, vec![OK]));
+    assert_eq!(codes(&rls.call(tokens(0)).await), (OVER, vec![OVER]));
+
+    // All or nothing: a request refused by another limit charges nothing.
+    let user = || descriptor(&[("user", "u1")]);
+    let spend = request(&domain, vec![user()]);
+    assert_eq!(codes(&rls.call(spend.clone()).await), (OK, vec![OK]));
+    let both = request(
+        &domain,
+        vec![user(), with_hits(&[("llm_tokens", "t2")], 50)],
+    );
+    let r = rls.call(both).await;
+    assert_eq!(codes(&r), (OVER, vec![OVER, OK]));
+    let r = rls
+        .call(request(
+            &domain,
+            vec![with_hits(&[("llm_tokens", "t2")], 0)],
+        ))
+        .await;
+    assert_eq!(r.statuses[0].limit_remaining, 1000, "nothing was charged");
+
+    // The debt drains with its window: a minute on, the budget is whole again.
+    clock.advance(std::time::Duration::from_secs(60));
+    let r = rls.call(tokens(0)).await;
+    assert_eq!(
+        (codes(&r), r.statuses[0].limit_remaining),
+        ((OK, vec![OK]), 1000)
+    );
+    rls.stop().await;
+}
+
+#[tokio::test]
+async fn a_drain_rule_charges_past_the_limit_on_memory() {
+    a_drain_rule_charges_past_the_limit("memory").await;
+}
+
+#[tokio::test]
+async fn a_drain_rule_charges_past_the_limit_on_redis() {
+    a_drain_rule_charges_past_the_limit(&shared_server().url()).await;
+}
+
+#[tokio::test]
+async fn a_drain_rule_charges_past_the_limit_on_a_redis_cluster() {
+    a_drain_rule_charges_past_the_limit(&shared_cluster().url()).await;
 }
 
 #[test]

@@ -8,7 +8,10 @@
 //! 2. the counted limits as one set (`limit`), or, if something refused already (a rule of
 //!    0 requests, a cost no limit can admit, a checked limit with nothing left), as one
 //!    `peek` set that only reports;
-//! 3. the shadow-mode limits, each on its own (`limit` once the request is admitted, `peek`
+//! 3. the charged limits (rules with `drain: true`) as one set (`charge`: counted past the
+//!    limit, never refused) once the request is admitted, as one `peek` set otherwise, so a
+//!    refused request counts on none of its limits here either;
+//! 4. the shadow-mode limits, each on its own (`limit` once the request is admitted, `peek`
 //!    otherwise: [`crate::decisions::shadow::decide_each`], as the HTTP API's sets decide
 //!    their shadow-mode policies); their answer is always OK and a failure of theirs is
 //!    only logged.
@@ -206,6 +209,8 @@ enum Source {
     Peeked(usize),
     /// The decision of the part at this position of the counted set.
     Counted(usize),
+    /// The decision of the part at this position of the charged set (`drain: true`).
+    Charged(usize),
     /// The decision of the shadow limit at this position.
     Shadow(usize),
 }
@@ -247,6 +252,7 @@ pub(crate) async fn decide(
     let mut sources = Vec::with_capacity(applies.len());
     let mut peeked: Vec<Part> = Vec::new();
     let mut counted: Vec<Part> = Vec::new();
+    let mut charged: Vec<Part> = Vec::new();
     let mut shadows: Vec<(Part, Op)> = Vec::new();
     for (i, applied) in applies.iter().enumerate() {
         let source = match applied {
@@ -260,6 +266,8 @@ pub(crate) async fn decide(
             Applies::Limit { matched, policy } => {
                 let op = if matched.hits == 0 {
                     Op::Peek
+                } else if matched.drain {
+                    Op::Charge
                 } else {
                     Op::Limit
                 };
@@ -303,10 +311,10 @@ pub(crate) async fn decide(
                     ));
                     Source::Shadow(shadows.len() - 1)
                 } else {
-                    let (set, wrap): (&mut Vec<Part>, fn(usize) -> Source) = if op == Op::Peek {
-                        (&mut peeked, Source::Peeked)
-                    } else {
-                        (&mut counted, Source::Counted)
+                    let (set, wrap): (&mut Vec<Part>, fn(usize) -> Source) = match op {
+                        Op::Peek => (&mut peeked, Source::Peeked),
+                        Op::Charge => (&mut charged, Source::Charged),
+                        _ => (&mut counted, Source::Counted),
                     };
                     match set.iter().position(|p| p.store_key == key) {
                         Some(at) => {
@@ -358,6 +366,7 @@ pub(crate) async fn decide(
         }
         decided
     };
+    let charges = decide_set(state, &charged, if refused { Op::Peek } else { Op::Charge }).await?;
     let shadow_requests: Vec<Request> = shadows
         .iter()
         .map(|(part, op)| Request::new(&part.policy, &part.store_key, *op, part.cost))
@@ -394,10 +403,11 @@ pub(crate) async fn decide(
             Source::Unlimited => status(Code::Ok, current_limit, u32::MAX, None),
             Source::Refused => status(Code::OverLimit, current_limit, 0, None),
             Source::ShadowRefused => status(Code::Ok, current_limit, 0, None),
-            Source::Peeked(at) | Source::Counted(at) | Source::Shadow(at) => {
+            Source::Peeked(at) | Source::Counted(at) | Source::Charged(at) | Source::Shadow(at) => {
                 let decision = match *source {
                     Source::Peeked(_) => peeks.get(at).copied(),
                     Source::Counted(_) => counts.get(at).copied(),
+                    Source::Charged(_) => charges.get(at).copied(),
                     _ => shadowed.get(at).copied().flatten(),
                 };
                 match decision {
@@ -434,6 +444,8 @@ pub(crate) async fn decide(
             peeks: &peeks,
             counted: &counted,
             counts: &counts,
+            charged_parts: &charged,
+            charges: &charges,
             shadows: &shadows,
             shadowed: &shadowed,
             charged: !refused,
@@ -473,6 +485,10 @@ struct Decided<'a> {
     counted: &'a [Part],
     /// ...and their decisions.
     counts: &'a [Decision],
+    /// The charged set's limits (`drain: true`)...
+    charged_parts: &'a [Part],
+    /// ...and their decisions.
+    charges: &'a [Decision],
     /// The shadow-mode limits...
     shadows: &'a [(Part, Op)],
     /// ...and their decisions (none where the store failed).
@@ -518,6 +534,18 @@ fn count_rules(state: &AppState, applies: &[Applies], sources: &[Source], decide
                 None => only,
             },
             Source::Counted(at) => match (decided.counts.get(at), decided.counted.get(at)) {
+                (Some(d), Some(part)) if d.allowed => within(if decided.charged {
+                    near_in_part(d, part, i, applies)
+                } else {
+                    0
+                }),
+                (Some(_), _) => over,
+                _ => only,
+            },
+            // A charge is never refused: its hits are over the limit when they left the key
+            // with nothing (at or past its limit), else within it.
+            Source::Charged(at) => match (decided.charges.get(at), decided.charged_parts.get(at)) {
+                (Some(d), _) if decided.charged && d.remaining == 0 => over,
                 (Some(d), Some(part)) if d.allowed => within(if decided.charged {
                     near_in_part(d, part, i, applies)
                 } else {

@@ -42,9 +42,8 @@
 //!   metrics name where the rule has a wildcard or no value) and `share_threshold` (every
 //!   value a wildcard matches counted as one);
 //! - paceline's extensions inside `rate_limit`: `policy: "SPEC"` (any paceline policy,
-//!   instead of `unit`/`requests_per_unit`/`unlimited`) and `drain: true` (read here; the
-//!   service refuses it at load, naming the file and the line, until it has a charge that
-//!   counts past the limit: see [`load`]).
+//!   instead of `unit`/`requests_per_unit`/`unlimited`) and `drain: true` (the rule's
+//!   hits are charged: counted past the limit, never refused; see the `decide` module).
 //!
 //! Matching walks the tree entry by entry: an exact key and value first, then the first
 //! wildcard written (in file order) whose prefix the value starts with, then the key with no

@@ -199,7 +199,8 @@ pub struct RateLimit {
     pub name: Option<String>,
     /// `replaces[].name`: the limits this one drops when both match one request.
     pub replaces: Vec<String>,
-    /// `drain` (paceline's extension): charge after the answer; carried for the service.
+    /// `drain` (paceline's extension): the rule's hits are charged after the answer, past
+    /// the limit if need be.
     pub drain: bool,
 }
 

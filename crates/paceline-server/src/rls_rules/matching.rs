@@ -41,7 +41,8 @@ pub struct Matched {
     pub shadow_mode: bool,
     /// `detailed_metric`.
     pub detailed_metric: bool,
-    /// `drain` (paceline's extension).
+    /// `drain` (paceline's extension): the rule's hits are charged, counted past the limit
+    /// and never refused.
     pub drain: bool,
     /// `requests_per_unit` and `unit` as configured (or as the request set them), for the
     /// answer's `current_limit`; none for `unlimited` and for a `policy` rule.

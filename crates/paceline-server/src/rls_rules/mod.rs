@@ -10,7 +10,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 pub(crate) mod config;
 pub(crate) mod matching;
 
-use config::{Level, RlsConfig, RlsConfigError};
+use config::{RlsConfig, RlsConfigError};
 
 /// The RLS rules in force and how to answer.
 pub(crate) struct RlsState {
@@ -50,31 +50,7 @@ impl RlsState {
     }
 }
 
-/// Reads `path` (a file or a folder of them) and refuses what this build cannot serve yet:
-/// a rule with `drain: true` (it needs a charge that counts past the limit).
+/// Reads `path` (a file or a folder of them).
 pub fn load(path: &Path) -> Result<RlsConfig, RlsConfigError> {
-    let config = RlsConfig::load(path)?;
-    for domain in config.domains() {
-        no_drain(&domain.file, &domain.descriptors, "descriptors")?;
-    }
-    Ok(config)
-}
-
-fn no_drain(file: &str, level: &Level, path: &str) -> Result<(), RlsConfigError> {
-    for (i, rule) in level.rules.iter().enumerate() {
-        let here = format!("{path}[{i}]");
-        if rule.rate_limit.as_ref().is_some_and(|r| r.drain) {
-            return Err(RlsConfigError {
-                file: file.to_string(),
-                line: Some(rule.line),
-                column: None,
-                field: format!("{here}.rate_limit.drain"),
-                message: "`drain: true` is not supported by this build yet (it needs a charge \
-                          that counts past the limit); remove it"
-                    .to_string(),
-            });
-        }
-        no_drain(file, &rule.descriptors, &format!("{here}.descriptors"))?;
-    }
-    Ok(())
+    RlsConfig::load(path)
 }
