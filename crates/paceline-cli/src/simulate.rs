@@ -55,6 +55,7 @@ pub enum SimOp {
     Limit,
     Acquire,
     Peek,
+    Charge,
     Reset,
 }
 
@@ -66,6 +67,7 @@ impl SimOp {
             SimOp::Limit => "limit",
             SimOp::Acquire => "acquire",
             SimOp::Peek => "peek",
+            SimOp::Charge => "charge",
             SimOp::Reset => "reset",
         }
     }
@@ -286,6 +288,7 @@ async fn replay(
             (SimOp::Reset, _) => limiter.reset(key).await.map(|()| None),
             (SimOp::Limit, _) => limiter.limit(key, req.cost).await.map(Some),
             (SimOp::Peek, _) => limiter.peek(key, req.cost).await.map(Some),
+            (SimOp::Charge, _) => limiter.charge(key, req.cost).await.map(Some),
             (SimOp::Pace | SimOp::Acquire, None) => limiter.pace(key, req.cost).await.map(Some),
             (SimOp::Pace | SimOp::Acquire, Some(w)) => {
                 limiter.try_pace(key, req.cost, w).await.map(Some)
@@ -453,11 +456,14 @@ fn parse_request(map: &Map<String, Value>) -> Result<Request, FieldError> {
             "limit" => SimOp::Limit,
             "acquire" => SimOp::Acquire,
             "peek" => SimOp::Peek,
+            "charge" => SimOp::Charge,
             "reset" => SimOp::Reset,
             other => {
                 return Err(field_err(
                     "op",
-                    format!("`{other}` is not an op; use pace, limit, acquire, peek or reset"),
+                    format!(
+                        "`{other}` is not an op; use pace, limit, acquire, peek, charge or reset"
+                    ),
                 ))
             }
         },
@@ -546,6 +552,31 @@ mod tests {
             serde_json::json!({"line": 4, "t_ms": 100.0, "key": "default", "op": "reset"})
         );
         assert_eq!(out[4]["allowed"], true);
+    }
+
+    #[test]
+    fn a_charge_counts_past_the_limit_until_the_bucket_drains() {
+        // 10 charged on a bucket of 2 at 10/s: the next limit waits 0.9 s for a cell.
+        let out = sim(
+            "gcra:rate=10/s,burst=2",
+            "{\"op\": \"charge\", \"cost\": 10}\n{\"op\": \"limit\"}\n{\"at_ms\": 900}\n{\"op\": \"limit\"}",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                out[0]["op"].clone(),
+                out[0]["allowed"].clone(),
+                out[0]["remaining"].clone()
+            ),
+            (
+                serde_json::json!("charge"),
+                serde_json::json!(true),
+                serde_json::json!(0)
+            )
+        );
+        assert_eq!(out[1]["allowed"], false);
+        assert_eq!(out[1]["delay_ms"], 900.0);
+        assert_eq!(out[2]["allowed"], true);
     }
 
     #[test]
