@@ -5,7 +5,9 @@
 //! It enforces limits the client only learns from headers: routes map to bucket ids
 //! (several routes share one), each bucket is limited per major parameter (a window of
 //! `window` starting at the first request after the last reset, as Discord's), and a
-//! global limit per token (at most `global` requests in any aligned second). It counts
+//! global limit per token (at most `global` requests in any aligned second, or the
+//! token's own: [`MockApi::token`]). It answers `GET .../gateway/bot` with the token's
+//! `session_start_limit` ([`MockApi::gateway_bot`]), apart from the limits. It counts
 //! every request, and every 429 by kind. It can inject failures on purpose.
 
 use std::collections::HashMap;
@@ -55,6 +57,8 @@ pub struct Counts {
     pub global_429: u64,
     /// Failures injected on purpose.
     pub injected: u64,
+    /// `GET .../gateway/bot` answered (not among `requests`).
+    pub gateway_bot: u64,
 }
 
 /// The mock's limits and counts.
@@ -64,8 +68,10 @@ pub struct MockApi {
     /// (bucket id, major) → (reset_at, remaining).
     windows: HashMap<(String, String), (u64, u64)>,
     global: u64,
-    /// Aligned second → requests in it.
-    global_seen: HashMap<u64, u64>,
+    /// Token → its own global limit and its `max_concurrency`.
+    tokens: HashMap<String, (u64, u64)>,
+    /// (token, aligned second) → requests in it.
+    global_seen: HashMap<(String, u64), u64>,
     inject: HashMap<String, Vec<Inject>>,
     /// The body of the last injected answer that has one of its own.
     injected_body: Option<String>,
@@ -82,6 +88,7 @@ impl MockApi {
             routes: HashMap::new(),
             windows: HashMap::new(),
             global,
+            tokens: HashMap::new(),
             global_seen: HashMap::new(),
             inject: HashMap::new(),
             injected_body: None,
@@ -100,6 +107,43 @@ impl MockApi {
             (Some(first), Some(last)) => std::time::Duration::from_micros(last - first),
             _ => std::time::Duration::ZERO,
         }
+    }
+
+    /// Requests with the `Authorization` value `token` have a global limit of `global` per
+    /// aligned second, and `GET /gateway/bot` tells them `max_concurrency`.
+    pub fn token(&mut self, token: &str, global: u64, max_concurrency: u64) {
+        self.tokens
+            .insert(token.to_string(), (global, max_concurrency));
+    }
+
+    /// The most requests of `token` counted against its global limit in one aligned
+    /// second.
+    pub fn busiest_second(&self, token: &str) -> u64 {
+        self.global_seen
+            .iter()
+            .filter(|((t, _), _)| t == token)
+            .map(|(_, n)| *n)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The body of `GET /gateway/bot` for `token` (Discord's shape: `url`, `shards`,
+    /// `session_start_limit` with `max_concurrency`, 1 unless [`token`](MockApi::token)
+    /// says otherwise).
+    pub fn gateway_bot(&mut self, token: &str) -> String {
+        self.counts.gateway_bot += 1;
+        let concurrency = self.tokens.get(token).map_or(1, |(_, c)| *c);
+        serde_json::json!({
+            "url": "wss://gateway.example",
+            "shards": concurrency.max(1),
+            "session_start_limit": {
+                "total": 1000,
+                "remaining": 1000,
+                "reset_after": 0,
+                "max_concurrency": concurrency,
+            },
+        })
+        .to_string()
     }
 
     /// `route` counts against `bucket` (per major parameter) with `limit`.
@@ -124,6 +168,12 @@ impl MockApi {
 
     /// The request arrives at `now`: the status and headers it gets.
     pub fn handle(&mut self, route: &Route, now: u64) -> (u16, HeaderMap) {
+        self.handle_as("", route, now)
+    }
+
+    /// The request of `token` (its `Authorization` value) arrives at `now`: the status
+    /// and headers it gets.
+    pub fn handle_as(&mut self, token: &str, route: &Route, now: u64) -> (u16, HeaderMap) {
         self.counts.requests += 1;
         let mut h = HeaderMap::new();
         if let Some(list) = self.inject.get_mut(route.key()) {
@@ -155,8 +205,12 @@ impl MockApi {
             }
         }
         let sec = now / SECOND;
-        let in_second = self.global_seen.entry(sec).or_insert(0);
-        if !route.is_global_exempt() && *in_second >= self.global {
+        let global = self.tokens.get(token).map_or(self.global, |(g, _)| *g);
+        let in_second = self
+            .global_seen
+            .entry((token.to_string(), sec))
+            .or_insert(0);
+        if !route.is_global_exempt() && *in_second >= global {
             self.counts.global_429 += 1;
             h.insert("x-ratelimit-global", HeaderValue::from_static("true"));
             h.insert("x-ratelimit-scope", HeaderValue::from_static("global"));
@@ -251,10 +305,22 @@ impl MockServer {
                 let now = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_micros() as u64);
+                let token = parts
+                    .headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
                 let (status, mut headers, own_body) = {
                     let mut api = api.lock().unwrap_or_else(|e| e.into_inner());
-                    let (status, headers) = api.handle(&route, now);
-                    (status, headers, api.take_body())
+                    if parts.method == "GET" && parts.uri.path().ends_with("/gateway/bot") {
+                        let mut headers = HeaderMap::new();
+                        headers
+                            .insert("content-type", HeaderValue::from_static("application/json"));
+                        (200, headers, Some(api.gateway_bot(token)))
+                    } else {
+                        let (status, headers) = api.handle_as(token, &route, now);
+                        (status, headers, api.take_body())
+                    }
                 };
                 if let Some(echo) = parts.headers.get("x-echo") {
                     headers.insert("x-echo", echo.clone());
