@@ -368,8 +368,8 @@ pub mod tower {
     //! ```
 
     pub use paceline_tower::{
-        headers, AxumBody, Bodies, Builder, Forwarded, Head, Key, Limited, LimitedBody, MissingKey,
-        RateLimit, RateLimitLayer, ResponseFuture, StoreFailure,
+        headers, AxumBody, Bodies, Builder, Choice, Forwarded, Head, Key, Limited, LimitedBody,
+        MissingKey, RateLimit, RateLimitLayer, ResponseFuture, StoreFailure,
     };
 }
 

@@ -241,7 +241,8 @@ fn changes(before: &Entries, after: &Entries) -> Vec<Change> {
 }
 
 /// Logs a change of the policies set at run time at INFO: the policy, its spec before and
-/// after (`none` for none), and `by`, who made it (a peer's address, or the store).
+/// after (`none` for none), and `by`, what made it (`PUT /v1/policies`, `DELETE
+/// /v1/policies`, or another instance, seen in the store). Never the token.
 pub(crate) fn log_change((name, old, new): &Change, by: &str) {
     let spec = |e: &Option<Entry>| match e {
         Some(e) if e.shadow => format!("{} (shadow)", e.policy),
@@ -254,9 +255,7 @@ pub(crate) fn log_change((name, old, new): &Change, by: &str) {
         old = spec(old).as_str(),
         new = spec(new).as_str(),
         by,
-        "policy `{name}` set at run time: {} -> {}",
-        spec(old),
-        spec(new)
+        "policy changed at run time"
     );
 }
 
