@@ -11,7 +11,7 @@ use common::{call, Answer};
 
 use paceline_server::{config, Settings};
 use paceline_store::{Clock, ManualClock};
-use paceline_testkit::{unique_name, RedisServer};
+use paceline_testkit::{unique_name, RedisCluster, RedisServer};
 use reqwest::Method;
 use serde_json::{json, Value};
 
@@ -232,6 +232,63 @@ async fn instances_on_one_redis_take_each_other_s_changes() {
         let _ = stop.send(());
         let _ = task.await;
     }
+}
+
+/// On a Redis Cluster: the table's keys share a slot, and a change reaches the other
+/// instance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_on_one_redis_cluster_take_each_other_s_changes() {
+    let cluster = RedisCluster::start().expect("a private Redis Cluster");
+    let (a, task_a, stop_a) = serve(settings(&cluster.url(), CONFIG)).await;
+    let (b, task_b, stop_b) = serve(settings(&cluster.url(), CONFIG)).await;
+    let set = put(
+        &a,
+        "tier-2",
+        json!({"spec": "fixed_window:limit=1,window=1h"}),
+    )
+    .await;
+    assert_eq!(set.status, 201, "{}", set.body);
+    until("B reads the policy A set", async || {
+        get(&b, "tier-2").await.status == 200
+    })
+    .await;
+    assert_eq!(admitted(&b, "tier-2", "k", 2).await, 1);
+    assert_eq!(admitted(&a, "tier-2", "k", 1).await, 0);
+    for (stop, task) in [(stop_a, task_a), (stop_b, task_b)] {
+        let _ = stop.send(());
+        let _ = task.await;
+    }
+}
+
+/// Redis down: a change is a `503` naming `store` and changes nothing here; what was read
+/// stays in force. Redis back, empty (it keeps nothing on disk): the instance reads the
+/// empty table, and the file's policy applies again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_while_redis_is_down_is_refused_and_an_emptied_redis_is_read_again() {
+    let mut redis = RedisServer::start().expect("a private redis-server");
+    let (url, task, stop) = serve(settings(&redis.url(), CONFIG)).await;
+    let set = put(
+        &url,
+        "search",
+        json!({"spec": "fixed_window:limit=1,window=1h"}),
+    )
+    .await;
+    assert_eq!(set.status, 200, "{}", set.body);
+    redis.kill();
+    let refused = put(&url, "search", json!({"spec": "gcra:rate=1/s"})).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.body["error"]["field"], "store");
+    let gone = delete(&url, "search").await;
+    assert_eq!(gone.status, 503, "{}", gone.body);
+    let kept = get(&url, "search").await;
+    assert_eq!(kept.body["spec"], "fixed_window:limit=1,window=1h");
+    redis.restart().expect("redis-server again");
+    until("the instance reads the emptied table", async || {
+        get(&url, "search").await.body["source"] == "config"
+    })
+    .await;
+    let _ = stop.send(());
+    let _ = task.await;
 }
 
 /// A reload re-reads the file and keeps the policies set at run time over it.

@@ -22,6 +22,7 @@
 mod redis;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -84,15 +85,20 @@ pub(crate) type Entries = BTreeMap<String, Entry>;
 /// (`None`: deleted).
 pub(crate) type Change = (String, Option<Entry>, Option<Entry>);
 
-/// The table as this instance knows it: its version and its entries.
+/// The table as this instance knows it: its version and its entries, and which read they
+/// came from.
 struct Known {
     version: Option<i64>,
     entries: Arc<Entries>,
+    /// The number of the read applied last (reads are numbered as they start).
+    read: u64,
 }
 
 /// The policies managed at run time: see the [module docs](self).
 pub(crate) struct RuntimePolicies {
     known: RwLock<Known>,
+    /// The number the next read from Redis takes.
+    reads: AtomicU64,
     /// Where the table is shared, if the store keeps its state in Redis.
     redis: Option<redis::Table>,
 }
@@ -106,7 +112,9 @@ impl RuntimePolicies {
             known: RwLock::new(Known {
                 version: None,
                 entries: Arc::new(Entries::new()),
+                read: 0,
             }),
+            reads: AtomicU64::new(1),
             redis: store.functions().map(redis::Table::new),
         };
         if table.redis.is_some() {
@@ -183,6 +191,7 @@ impl RuntimePolicies {
         let Some(redis) = &self.redis else {
             return Ok(Vec::new());
         };
+        let read = self.reads.fetch_add(1, Ordering::Relaxed);
         let version = if whole {
             None
         } else {
@@ -208,12 +217,13 @@ impl RuntimePolicies {
             }
         }
         let mut known = self.known.write().unwrap_or_else(PoisonError::into_inner);
-        // A read that went out before another one that came back first is older than what
-        // is known: dropped (a whole read is taken as it is, for a Redis that lost the table
-        // and started its version over).
-        if !whole && known.version.is_some_and(|v| v > version) {
+        // A read that started before one applied already is older than what is known:
+        // dropped. (Versions are not compared: a Redis that lost the table starts its
+        // version over, and its empty table is the one to take.)
+        if read < known.read {
             return Ok(Vec::new());
         }
+        known.read = read;
         let changes = changes(&known.entries, &entries);
         known.version = Some(version);
         if !changes.is_empty() {
