@@ -38,6 +38,11 @@ pub(crate) struct ProxyArgs {
     /// and never give it back).
     #[arg(long, value_name = "SPEC")]
     global_limit: Option<String>,
+    /// With --dialect discord: learn each bot's own global limit from GET /gateway/bot
+    /// when its token is first seen (a large bot's is above 50/s) [default: true]. Limits
+    /// of given identities go in --config FILE's [global_limits] table.
+    #[arg(long, value_name = "BOOL")]
+    learn_global_limit: Option<bool>,
     /// The longest a request may wait for its turn; beyond, it is answered 429 with
     /// Retry-After and `x-paceline-proxy: wait-exceeded`. Default: no limit.
     #[arg(long, value_name = "DURATION")]
@@ -70,6 +75,9 @@ struct ProxyFile {
     store: Option<String>,
     dialect: Option<String>,
     global_limit: Option<String>,
+    learn_global_limit: Option<bool>,
+    /// Global limits of given identities: `"discord:ID"` or `"sha256:HEX"` = a policy.
+    global_limits: Option<std::collections::BTreeMap<String, String>>,
     max_wait: Option<String>,
     upstream_timeout: Option<String>,
     max_identities: Option<u64>,
@@ -203,6 +211,24 @@ fn settings(args: &ProxyArgs) -> Result<(ProxySettings, bool), String> {
                 .map_err(|e: paceline_core::InputError| spec.fail(e))?,
         );
     }
+    if let Some(learn) = pick(
+        &args.learn_global_limit,
+        file.learn_global_limit,
+        "learn_global_limit",
+        &path,
+    ) {
+        s.learn_global_limit = learn.value;
+    }
+    for (key, spec) in file.global_limits.unwrap_or_default() {
+        // The key is checked before it is named: a token put there by mistake is not
+        // printed.
+        paceline_server::proxy::check_identity_key(&key)
+            .map_err(|e| format!("{path}: `global_limits`: {}", e.message()))?;
+        let policy = spec.parse().map_err(|e: paceline_core::InputError| {
+            format!("{path}: `global_limits.\"{key}\"`: {}", e.message())
+        })?;
+        s.global_limits.insert(key, policy);
+    }
     if let Some(max_wait) = pick(&args.max_wait, file.max_wait, "max_wait", &path) {
         let us =
             parse_duration("max_wait", &max_wait.value).map_err(|e| max_wait.fail(e.message()))?;
@@ -222,6 +248,9 @@ fn settings(args: &ProxyArgs) -> Result<(ProxySettings, bool), String> {
             "store" => &store.origin,
             "dialect" => &dialect.origin,
             "global_limit" => &global_origin,
+            "global_limits" => {
+                return format!("{path}: `global_limits`: {}", e.message());
+            }
             _ => &upstream.origin,
         };
         format!("{origin}: {}", e.message())

@@ -166,6 +166,43 @@ fn a_config_file_gives_the_settings_and_flags_win() {
 }
 
 #[test]
+fn a_global_limits_table_names_its_bad_entries_never_showing_a_token() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = dir.path().join("proxy.toml");
+    let file = path.to_str().expect("a UTF-8 path");
+    // A token put where a key goes is refused without being printed.
+    std::fs::write(
+        &path,
+        "upstream = \"http://example.com\"\n[global_limits]\n\"Bot my-token\" = \"gcra:rate=9/s\"\n",
+    )
+    .unwrap();
+    let (code, stderr) = proxy(&["--config", file]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("proxy.toml: `global_limits`"), "{stderr}");
+    assert!(!stderr.contains("my-token"), "{stderr}");
+    // A bad policy is named by its key, which holds no secret.
+    std::fs::write(
+        &path,
+        "upstream = \"http://example.com\"\n[global_limits]\n\"discord:42\" = \"gcra:rate=x\"\n",
+    )
+    .unwrap();
+    let (code, stderr) = proxy(&["--config", file]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("proxy.toml: `global_limits.\"discord:42\"`"),
+        "{stderr}"
+    );
+    let (code, stderr) = proxy(&[
+        "--upstream",
+        "http://example.com",
+        "--learn-global-limit",
+        "maybe",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--learn-global-limit"), "{stderr}");
+}
+
+#[test]
 fn a_concurrency_global_limit_exits_2_naming_the_flag_and_the_algorithms_allowed() {
     let (code, stderr) = proxy(&[
         "--upstream",

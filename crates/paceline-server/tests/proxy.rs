@@ -46,6 +46,11 @@ async fn proxy_on(
         // Under the mock's global limit (see `MOCK_GLOBAL`).
         s.global_limit = Some("gcra:rate=45/s,burst=1".parse().unwrap());
     }
+    start(s).await
+}
+
+/// The proxy of settings `s`, running.
+async fn start(s: ProxySettings) -> Running {
     let p = Proxy::bind(s).await.unwrap();
     let url = format!("http://{}", p.local_addr());
     let admin = format!("http://{}", p.admin_addr().unwrap());
@@ -718,4 +723,185 @@ async fn an_upstream_with_a_query_or_fragment_is_refused() {
         let s = ProxySettings::new(upstream.parse().unwrap());
         assert_eq!(s.validate().unwrap_err().field(), "upstream", "{upstream}");
     }
+}
+
+/// What limits did to requests is counted by scope, origin and outcome, with no token
+/// and no route in the labels: an upstream's shared refusal waited out, and a wait past
+/// `max_wait` refused by the proxy itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_and_waits_are_counted_in_rate_limited_metrics() {
+    let mut api = MockApi::new(50);
+    let slow = paceline_client::Route::discord("GET", "/guilds/1/roles");
+    api.route(
+        &slow,
+        "slow",
+        Limit {
+            limit: 1,
+            window: 60 * SECOND,
+        },
+    );
+    let shared = paceline_client::Route::discord("GET", "/channels/2/pins");
+    api.route(
+        &shared,
+        "pins",
+        Limit {
+            limit: 5,
+            window: 60 * SECOND,
+        },
+    );
+    api.inject(&shared, paceline_testkit::mock_api::Inject::Shared429(1));
+    let mock = MockServer::start(api).await;
+    let p = proxy(&mock.url(), "discord", Some(Duration::from_secs(5))).await;
+    let client = http();
+    let get = |path: &str| {
+        client
+            .get(format!("{}{path}", p.url))
+            .header("authorization", "Bot secret-token")
+            .send()
+    };
+    // Refused (shared, 1 s) and sent again by the proxy.
+    assert_eq!(get("/channels/2/pins").await.unwrap().status(), 200);
+    assert_eq!(get("/guilds/1/roles").await.unwrap().status(), 200);
+    // Its bucket is spent for a minute: the proxy answers 429 itself.
+    assert_eq!(get("/guilds/1/roles").await.unwrap().status(), 429);
+    let metrics = get_text(&client, format!("{}/metrics", p.admin)).await;
+    for line in [
+        "paceline_proxy_rate_limited_total{scope=\"shared\",origin=\"upstream\",then=\"wait\"} 1",
+        "paceline_proxy_rate_limited_total{scope=\"bucket\",origin=\"local\",then=\"fail\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
+    // Any other series (a wait for the global limit, as the machine's timing has it) has
+    // the same few labels.
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("paceline_proxy_rate_limited_total{"))
+    {
+        let labels = line
+            .split(['{', '}'])
+            .nth(1)
+            .unwrap_or_default()
+            .split(',')
+            .map(|l| l.split_once('=').unwrap_or_default())
+            .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+            .collect::<Vec<_>>();
+        let allowed = |k: &str, v: &str| match k {
+            "scope" => ["bucket", "shared", "global", "unknown"].contains(&v),
+            "origin" => ["local", "upstream"].contains(&v),
+            "then" => ["wait", "fail"].contains(&v),
+            _ => false,
+        };
+        assert!(
+            labels.len() == 3 && labels.iter().all(|(k, v)| allowed(k, v)),
+            "{line}"
+        );
+    }
+    assert!(!metrics.contains("secret-token") && !metrics.contains("roles"));
+    assert_eq!(mock.api.lock().unwrap().counts.requests, 3);
+    p.stop().await;
+}
+
+/// Three bot tokens behind one proxy, each held to its own global limit against a mock
+/// that enforces each one's: one of the default (45/s), one that the proxy learns from
+/// `GET /gateway/bot` (a large bot: 500/s), one configured by the SHA-256 of its token
+/// (20/s, below the default). None is refused by the mock's global limit, and the large
+/// bot sends more in one second than the default allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_token_gets_its_own_global_limit() {
+    // Bot tokens begin with their bot's user id in base64 (here 1000...01 to 03).
+    const SMALL: &str = "Bot MTAwMDAwMDAwMDAwMDAwMDAx.x.secret-a";
+    const LARGE: &str = "Bot MTAwMDAwMDAwMDAwMDAwMDAy.x.secret-b";
+    const CONFIGURED: &str = "Bot MTAwMDAwMDAwMDAwMDAwMDAz.x.secret-c";
+    let mut api = MockApi::new(50);
+    api.token(SMALL, 50, 1);
+    api.token(LARGE, 550, 16);
+    api.token(CONFIGURED, 25, 1);
+    let route = paceline_client::Route::discord("POST", "/channels/1/messages");
+    api.route(
+        &route,
+        "messages",
+        Limit {
+            limit: 1_000,
+            window: SECOND,
+        },
+    );
+    let mock = MockServer::start(api).await;
+    let mut s = ProxySettings::new(mock.url().parse().unwrap());
+    s.listen = "127.0.0.1:0".parse().unwrap();
+    s.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+    s.dialect = "discord".into();
+    s.global_limit = Some("gcra:rate=45/s,burst=1".parse().unwrap());
+    s.global_limits.insert(
+        "sha256:fa0544f75dc488809b0230bd0fcf5d77d057e65915050f224a9a2cf0d35fcb1a".into(),
+        "gcra:rate=20/s,burst=1".parse().unwrap(),
+    );
+    let p = start(s).await;
+    let client = http();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (token, callers, each) in [(SMALL, 10, 12), (LARGE, 25, 12), (CONFIGURED, 5, 8)] {
+        for caller in 0..callers {
+            let (client, base) = (client.clone(), p.url.clone());
+            tasks.spawn(async move {
+                let mut statuses = Vec::new();
+                for i in 0..each {
+                    let r = client
+                        .post(format!(
+                            "{base}/api/v10/channels/{}/messages",
+                            caller * 100 + i
+                        ))
+                        .header("authorization", token)
+                        .send()
+                        .await
+                        .unwrap();
+                    statuses.push(r.status().as_u16());
+                }
+                statuses
+            });
+        }
+    }
+    let mut answered = 0;
+    while let Some(statuses) = tasks.join_next().await {
+        for s in statuses.unwrap() {
+            assert_eq!(s, 200);
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 120 + 300 + 40);
+    {
+        let api = mock.api.lock().unwrap();
+        assert_eq!(api.counts.global_429, 0, "{:?}", api.counts);
+        assert_eq!(api.counts.requests, 460);
+        // Asked for the two bots not configured.
+        assert_eq!(api.counts.gateway_bot, 2);
+        assert!(
+            api.busiest_second(LARGE) > 50,
+            "the large bot sent at most {} in a second",
+            api.busiest_second(LARGE)
+        );
+    }
+    let metrics = get_text(&client, format!("{}/metrics", p.admin)).await;
+    for source in ["configured", "learned", "default"] {
+        let line = format!("paceline_proxy_identities_total{{global_limit=\"{source}\"}} 1");
+        assert!(metrics.contains(&line), "{line} in {metrics}");
+    }
+    assert!(!metrics.contains("secret"), "{metrics}");
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn a_global_limits_key_that_is_not_an_identity_key_is_refused_unshown() {
+    let mut s = ProxySettings::new("http://127.0.0.1:1".parse().unwrap());
+    s.global_limits.insert(
+        "Bot my-secret-token".into(),
+        "gcra:rate=10/s".parse().unwrap(),
+    );
+    let e = s.validate().unwrap_err();
+    assert_eq!(e.field(), "global_limits");
+    assert!(!e.message().contains("my-secret-token"), "{}", e.message());
+    let mut s = ProxySettings::new("http://127.0.0.1:1".parse().unwrap());
+    s.global_limits.insert(
+        "discord:42".into(),
+        "concurrency:limit=5,lease=30s".parse().unwrap(),
+    );
+    assert_eq!(s.validate().unwrap_err().field(), "global_limits");
 }

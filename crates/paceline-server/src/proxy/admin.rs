@@ -4,7 +4,6 @@
 //! never collide with the upstream's.
 
 use std::collections::BTreeMap;
-use std::hash::BuildHasher;
 use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
@@ -161,10 +160,7 @@ async fn dashboard(State(state): State<Arc<ProxyState>>) -> impl IntoResponse {
         let clients = state.clients.lock().unwrap_or_else(PoisonError::into_inner);
         clients
             .iter()
-            .map(|(token, (c, _))| {
-                let name = format!("{:06x}", state.identity_names.hash_one(token) >> 40);
-                (name, c.clone())
-            })
+            .map(|(token, (c, _))| (state.identity_name(token), c.clone()))
             .collect()
     };
     let (mut waiting, mut in_flight) = (0, 0);

@@ -154,7 +154,7 @@ pub(super) async fn forward(
         .get(header::AUTHORIZATION)
         .map(|v| v.as_bytes().to_vec())
         .unwrap_or_default();
-    let client = match state.client_for(&token) {
+    let client = match state.client_for(&token, &target.path).await {
         Ok(Some(c)) => c,
         Ok(None) => {
             state.metrics.count("too_many_identities");

@@ -6,7 +6,10 @@
 //! answer comes back as it is, streamed. Every request stays below the upstream's base
 //! path: one whose path would leave it, or is ambiguous about it, is answered `400` and
 //! never sent (`proxy/target.rs` holds the rules; `proxy/forward.rs` the sending). Limits are kept per `Authorization`
-//! header value (one [`Client`] per token; tokens are never logged or put in metrics). A
+//! header value (one [`Client`] per token; tokens are never logged or put in metrics), each
+//! held to its own global limit: configured for it, learned from the API, or the default
+//! (`proxy/identity.rs`); what limits do to its requests is counted and logged through
+//! its limiter's hooks (`paceline_proxy_rate_limited_total`). A
 //! request that cannot be sent within `max_wait` is answered `429` with `Retry-After` and
 //! `x-paceline-proxy: wait-exceeded`, so clients that handle 429 need nothing new; one the
 //! invalid-request budget refuses gets `429` with `x-paceline-proxy: invalid-budget`.
@@ -24,6 +27,7 @@
 
 mod admin;
 mod forward;
+mod identity;
 mod settings;
 mod state;
 mod target;
@@ -40,6 +44,7 @@ use tokio::net::TcpListener;
 use crate::config::ConnectionLimits;
 use crate::server_error::ServerError;
 pub use forward::RETRY_BODY_MAX;
+pub use identity::check_key as check_identity_key;
 pub use settings::ProxySettings;
 pub use state::IDLE_IDENTITY;
 use state::{redis_of, ProxyMetrics, ProxyState};
@@ -72,7 +77,7 @@ impl Proxy {
             None => None,
         };
         // Discord's rules (its invalid-request budget, one pioneer per major parameter)
-        // for its dialect; the global limit is the settings' in every case.
+        // for its dialect; the default global limit is the settings' in every case.
         let mut config = if settings.dialect == "discord" {
             ClientConfig::discord()
         } else {
@@ -93,6 +98,9 @@ impl Proxy {
                 http,
                 dialect: settings.dialect,
                 config,
+                global_limits: settings.global_limits.into_iter().collect(),
+                learn_global_limit: settings.learn_global_limit,
+                learning: Mutex::new(HashMap::new()),
                 max_wait: settings.max_wait,
                 clients: Mutex::new(HashMap::new()),
                 max_identities: settings.max_identities.max(1),

@@ -1,11 +1,12 @@
 //! What `paceline proxy` is told ([`ProxySettings`]), and how its URLs are shown: never
 //! with their credentials.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use paceline_client::headers as dialects;
-use paceline_core::Policy;
+use paceline_core::{InputError, Policy};
 
 use crate::config::ConnectionLimits;
 
@@ -24,9 +25,17 @@ pub struct ProxySettings {
     pub admin_listen: Option<SocketAddr>,
     /// The header dialect: `discord`, `ietf`, `github`, `retry-after` or `auto`.
     pub dialect: String,
-    /// Applied to every request of a token (Discord: `gcra:rate=50/s,burst=1`). Any
-    /// algorithm but `concurrency`, whose lease per request the limiter never gives back.
+    /// Applied to every request of a token (Discord: `gcra:rate=50/s,burst=1`), unless
+    /// `global_limits` or what the proxy learns says otherwise for it. Any algorithm but
+    /// `concurrency`, whose lease per request the limiter never gives back.
     pub global_limit: Option<Policy>,
+    /// Global limits of given identities, by a key that names one without holding its
+    /// token: `discord:ID` (a bot's user id) or `sha256:HEX` (the SHA-256 of the whole
+    /// `Authorization` value). They win over what is learned and over `global_limit`.
+    pub global_limits: BTreeMap<String, Policy>,
+    /// With dialect `discord`: learn a bot's global limit from `GET /gateway/bot` when its
+    /// token is first seen (a large bot's is above 50/s). On by default.
+    pub learn_global_limit: bool,
     /// The longest a request may wait for its turn (`None`: as long as it takes).
     pub max_wait: Option<Duration>,
     /// The upstream's answer must start within this (else `504`); a long body after that
@@ -54,6 +63,8 @@ impl ProxySettings {
             admin_listen: None,
             dialect: "auto".into(),
             global_limit: None,
+            global_limits: BTreeMap::new(),
+            learn_global_limit: true,
             max_wait: None,
             upstream_timeout: Duration::from_secs(30),
             connections: ConnectionLimits::default(),
@@ -63,9 +74,9 @@ impl ProxySettings {
     }
 
     /// Checks the settings: the upstream's scheme and that it has no query or fragment, the
-    /// store's URL, the dialect's name and the global limit's algorithm.
-    pub fn validate(&self) -> Result<(), paceline_core::InputError> {
-        use paceline_core::InputError;
+    /// store's URL, the dialect's name, the global limits' algorithms and the keys of
+    /// `global_limits`.
+    pub fn validate(&self) -> Result<(), InputError> {
         let upstream = shown(&self.upstream);
         if !matches!(self.upstream.scheme(), "http" | "https") {
             return Err(InputError::new(
@@ -84,21 +95,10 @@ impl ProxySettings {
         }
         paceline_store::check_store_url(&self.store)?;
         dialects::dialect(&self.dialect)?;
-        if let Some(policy @ Policy::Concurrency(_)) = &self.global_limit {
-            let allowed: Vec<&str> = paceline_core::ALGORITHMS
-                .iter()
-                .copied()
-                .filter(|a| *a != policy.algorithm())
-                .collect();
-            return Err(InputError::new(
-                "global_limit",
-                format!(
-                    "`{}` cannot be the global limit: the proxy takes a lease for each \
-                     request and never gives it back; use one of {}",
-                    policy.algorithm(),
-                    allowed.join(", ")
-                ),
-            ));
+        check_global("global_limit", self.global_limit.as_ref())?;
+        for (key, policy) in &self.global_limits {
+            super::identity::check_key(key)?;
+            check_global("global_limits", Some(policy))?;
         }
         Ok(())
     }
@@ -117,6 +117,8 @@ impl std::fmt::Debug for ProxySettings {
             .field("admin_listen", &self.admin_listen)
             .field("dialect", &self.dialect)
             .field("global_limit", &self.global_limit)
+            .field("global_limits", &self.global_limits)
+            .field("learn_global_limit", &self.learn_global_limit)
             .field("max_wait", &self.max_wait)
             .field("upstream_timeout", &self.upstream_timeout)
             .field("connections", &self.connections)
@@ -127,6 +129,28 @@ impl std::fmt::Debug for ProxySettings {
             )
             .finish()
     }
+}
+
+/// Refuses a `concurrency` policy as a global limit (in `field`), naming the algorithms
+/// allowed.
+fn check_global(field: &'static str, policy: Option<&Policy>) -> Result<(), InputError> {
+    let Some(policy @ Policy::Concurrency(_)) = policy else {
+        return Ok(());
+    };
+    let allowed: Vec<&str> = paceline_core::ALGORITHMS
+        .iter()
+        .copied()
+        .filter(|a| *a != policy.algorithm())
+        .collect();
+    Err(InputError::new(
+        field,
+        format!(
+            "`{}` cannot be the global limit: the proxy takes a lease for each request and \
+             never gives it back; use one of {}",
+            policy.algorithm(),
+            allowed.join(", ")
+        ),
+    ))
 }
 
 /// `url` without `user:password@`. (The URL's own parts, not its text: a `@` in its path
