@@ -391,17 +391,8 @@ impl ClientCore {
         }
     }
 
-    /// Keeps `event` until [`take_rate_limited`](Self::take_rate_limited), and logs it.
+    /// Keeps `event` until [`take_rate_limited`](Self::take_rate_limited).
     fn tell(&mut self, event: RateLimited) {
-        tracing::debug!(
-            route = event.route.key(),
-            bucket = event.bucket.as_deref(),
-            scope = crate::hooks::scope_name(event.scope),
-            wait_ms = event.wait.map(|w| w.as_secs_f64() * 1e3),
-            then = event.then.as_str(),
-            origin = event.origin.as_str(),
-            "rate limited"
-        );
         if self.rate_limited.len() >= MAX_RATE_LIMITED {
             self.rate_limited.pop_front();
         }

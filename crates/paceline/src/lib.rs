@@ -339,7 +339,8 @@ pub mod client {
     #[cfg(feature = "redis")]
     pub use paceline_client::redis::RedisKnowledge;
     pub use paceline_client::{
-        headers, http, After, Client, ClientConfig, ClientError, Permit, Route, Waiting,
+        headers, hooks, http, After, Client, ClientConfig, ClientError, Origin, Permit,
+        RateLimited, RequestOptions, Route, Then, Waiting,
     };
 }
 
