@@ -6,11 +6,14 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -121,9 +124,13 @@ async fn start_settings(
     }
 }
 
+/// The clock's start, µs since the Unix epoch: on a whole second, 30 s into a minute and
+/// an hour, 20 h 0 min 30 s into a (UTC) day.
+const START_MICROS: u64 = 1_800_000_000_000_000 + 43_230_000_000;
+
 fn clock() -> Arc<ManualClock> {
-    // Mid-minute, mid-hour and mid-day: no window of a test turns.
-    Arc::new(ManualClock::new(1_800_000_000_000_000 + 43_230_000_000))
+    // No window of a test turns unless the test advances the clock.
+    Arc::new(ManualClock::new(START_MICROS))
 }
 
 fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -209,99 +216,688 @@ descriptors:
     )
 }
 
-async fn readme_examples(store: &str) {
-    let domain = unique_name("readme");
-    let rls = start(store, &readme(&domain), false, clock()).await;
-    // Nested: the marketing limit (5 a day) refuses the sixth; the plain one counts on.
-    for i in 0..5 {
-        let r = rls
-            .call(one(
-                &domain,
-                &[("message_type", "marketing"), ("to_number", "2061111111")],
-            ))
-            .await;
-        assert_eq!(codes(&r), (OK, vec![OK]), "{i}");
-        let status = &r.statuses[0];
-        assert_eq!(status.limit_remaining, 4 - i);
-        let limit = status.current_limit.as_ref().expect("a current limit");
-        assert_eq!((limit.requests_per_unit, limit.unit), (5, 4));
-        assert!(status.duration_until_reset.is_some());
-    }
-    let r = rls
-        .call(one(
-            &domain,
-            &[("message_type", "marketing"), ("to_number", "2061111111")],
-        ))
-        .await;
-    assert_eq!(codes(&r), (OVER, vec![OVER]));
-    let r = rls.call(one(&domain, &[("to_number", "2061111111")])).await;
-    assert_eq!(codes(&r), (OK, vec![OK]));
-    assert_eq!(r.statuses[0].limit_remaining, 99);
+/// How a test asks the service: with Envoy's own gRPC client, or with `POST /json`.
+#[derive(Clone, Copy, Debug)]
+enum Via {
+    Grpc,
+    Json,
+}
 
-    // A wildcard counts each value apart.
-    for path in ["/foo/a", "/foo/b"] {
-        for _ in 0..2 {
-            let r = rls.call(one(&domain, &[("path", path)])).await;
-            assert_eq!(codes(&r), (OK, vec![OK]), "{path}");
+/// One descriptor's status, as either transport answers it.
+#[derive(Debug, PartialEq)]
+struct Status {
+    code: i32,
+    remaining: u32,
+    /// `current_limit`: its requests per unit and its unit.
+    limit: Option<(u32, i32)>,
+    reset: Option<Duration>,
+}
+
+/// An answer, as either transport gives it: the overall code and each descriptor's status.
+#[derive(Debug, PartialEq)]
+struct Verdict {
+    overall: i32,
+    statuses: Vec<Status>,
+}
+
+impl Verdict {
+    fn of_grpc(r: &RateLimitResponse) -> Verdict {
+        let statuses = r
+            .statuses
+            .iter()
+            .map(|s| Status {
+                code: s.code,
+                remaining: s.limit_remaining,
+                limit: s
+                    .current_limit
+                    .as_ref()
+                    .map(|l| (l.requests_per_unit, l.unit)),
+                reset: s.duration_until_reset.as_ref().map(|d| {
+                    Duration::new(
+                        u64::try_from(d.seconds).expect("a duration of 0 or more"),
+                        u32::try_from(d.nanos).expect("nanoseconds of 0 or more"),
+                    )
+                }),
+            })
+            .collect();
+        Verdict {
+            overall: r.overall_code,
+            statuses,
         }
-        let r = rls.call(one(&domain, &[("path", path)])).await;
-        assert_eq!(codes(&r), (OVER, vec![OVER]), "{path}");
     }
-    // No rule: OK with no limit.
-    let r = rls.call(one(&domain, &[("path", "/bar")])).await;
-    assert_eq!(codes(&r), (OK, vec![OK]));
-    assert!(r.statuses[0].current_limit.is_none());
 
-    // Unlimited, refuse-all, and the key's own limit.
-    let r = rls
-        .call(one(&domain, &[("remote_address", "10.0.0.1")]))
-        .await;
-    assert_eq!(codes(&r), (OK, vec![OK]));
-    assert_eq!(r.statuses[0].limit_remaining, u32::MAX);
-    let r = rls
-        .call(one(&domain, &[("remote_address", "50.0.0.5")]))
-        .await;
-    assert_eq!(codes(&r), (OVER, vec![OVER]));
-    let r = rls
-        .call(one(&domain, &[("remote_address", "1.2.3.4")]))
-        .await;
-    assert_eq!(
-        (codes(&r), r.statuses[0].limit_remaining),
-        ((OK, vec![OK]), 2)
-    );
+    /// A `RateLimitResponse` in protobuf's JSON mapping, where a field left out is its
+    /// default (0, UNKNOWN, none).
+    fn of_json(answer: &Value) -> Verdict {
+        let code = |v: Option<&Value>| match v {
+            None => 0,
+            Some(v) => v
+                .as_str()
+                .and_then(Code::from_str_name)
+                .unwrap_or_else(|| panic!("a code by its name: {answer}"))
+                as i32,
+        };
+        let number = |v: Option<&Value>| match v {
+            None => 0,
+            Some(v) => v
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or_else(|| panic!("a 32-bit number: {answer}")),
+        };
+        let statuses = match answer.get("statuses") {
+            None => Vec::new(),
+            Some(list) => list
+                .as_array()
+                .unwrap_or_else(|| panic!("statuses as an array: {answer}"))
+                .iter()
+                .map(|s| Status {
+                    code: code(s.get("code")),
+                    remaining: number(s.get("limitRemaining")),
+                    limit: s.get("currentLimit").map(|l| {
+                        let unit = l.get("unit").map_or(0, |u| {
+                            u.as_str()
+                                .and_then(Unit::from_str_name)
+                                .unwrap_or_else(|| panic!("a unit by its name: {answer}"))
+                                as i32
+                        });
+                        (number(l.get("requestsPerUnit")), unit)
+                    }),
+                    reset: s.get("durationUntilReset").map(|d| {
+                        d.as_str()
+                            .and_then(json_duration)
+                            .unwrap_or_else(|| panic!("a duration: {answer}"))
+                    }),
+                })
+                .collect(),
+        };
+        Verdict {
+            overall: code(answer.get("overallCode")),
+            statuses,
+        }
+    }
+}
 
-    // Replaces: with the premium descriptor, the generic limit (1 a minute) does not
-    // apply; without it, it does.
-    for _ in 0..3 {
-        let r = rls
-            .call(request(
-                &domain,
-                vec![
-                    descriptor(&[("key", "premium")]),
-                    descriptor(&[("api", "x")]),
-                ],
-            ))
+/// A protobuf `Duration` in its JSON mapping (`"30s"`, `"0.250s"`).
+fn json_duration(text: &str) -> Option<Duration> {
+    let seconds = text.strip_suffix('s')?;
+    let (whole, fraction) = seconds.split_once('.').unwrap_or((seconds, ""));
+    if fraction.len() > 9 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let nanos = format!("{fraction:0<9}").parse().ok()?;
+    Some(Duration::new(whole.parse().ok()?, nanos))
+}
+
+/// `request` in protobuf's JSON mapping, as `POST /json` reads it.
+fn json_request(r: &RateLimitRequest) -> Value {
+    let descriptors: Vec<Value> = r
+        .descriptors
+        .iter()
+        .map(|d| {
+            let entries: Vec<Value> = d
+                .entries
+                .iter()
+                .map(|e| json!({"key": e.key, "value": e.value}))
+                .collect();
+            let mut out = json!({ "entries": entries });
+            if let Some(hits) = &d.hits_addend {
+                out["hitsAddend"] = json!(hits.value);
+            }
+            if let Some(limit) = &d.limit {
+                let unit = RateLimitUnit::try_from(limit.unit)
+                    .map_or_else(|_| json!(limit.unit), |u| json!(u.as_str_name()));
+                out["limit"] = json!({"requestsPerUnit": limit.requests_per_unit, "unit": unit});
+            }
+            if d.is_negative_hits {
+                out["isNegativeHits"] = json!(true);
+            }
+            out
+        })
+        .collect();
+    json!({"domain": r.domain, "hitsAddend": r.hits_addend, "descriptors": descriptors})
+}
+
+impl Rls {
+    /// `request` sent `via` a transport, its answer as a [`Verdict`]; on `/json`, the HTTP
+    /// status is checked too: 200, or 429 when over the limit.
+    async fn ask(&self, via: Via, request: RateLimitRequest) -> Verdict {
+        match via {
+            Via::Grpc => Verdict::of_grpc(&self.call(request).await),
+            Via::Json => {
+                let (status, answer) = post_json(&self.url, json_request(&request)).await;
+                let verdict = Verdict::of_json(&answer);
+                let expected = if verdict.overall == OVER { 429 } else { 200 };
+                assert_eq!(status, expected, "{answer}");
+                verdict
+            }
+        }
+    }
+}
+
+const SECOND: i32 = Unit::Second as i32;
+const MINUTE: i32 = Unit::Minute as i32;
+const DAY: i32 = Unit::Day as i32;
+
+/// What is left of the window of `unit` at the clock's start: windows are aligned to
+/// their unit, and the clock starts on a whole second.
+fn window_left(unit: i32) -> Duration {
+    let length = match Unit::try_from(unit) {
+        Ok(Unit::Second) => 1,
+        Ok(Unit::Minute) => 60,
+        Ok(Unit::Hour) => 3_600,
+        Ok(Unit::Day) => 86_400,
+        other => panic!("no window for {other:?}"),
+    };
+    Duration::from_secs(length - START_MICROS / 1_000_000 % length)
+}
+
+/// The status of a limit of `per` a `unit`, decided in the store.
+fn limited(code: i32, remaining: u32, per: u32, unit: i32) -> Status {
+    Status {
+        code,
+        remaining,
+        limit: Some((per, unit)),
+        reset: Some(window_left(unit)),
+    }
+}
+
+/// The status of a descriptor no rule limits.
+fn no_limit() -> Status {
+    Status {
+        code: OK,
+        remaining: 0,
+        limit: None,
+        reset: None,
+    }
+}
+
+/// The status of an `unlimited` rule: OK, MaxUint32 remaining.
+fn unlimited() -> Status {
+    Status {
+        code: OK,
+        remaining: u32::MAX,
+        limit: None,
+        reset: None,
+    }
+}
+
+/// The status of a rule of `requests_per_unit: 0`.
+fn refuse_all(unit: i32) -> Status {
+    Status {
+        code: OVER,
+        remaining: 0,
+        limit: Some((0, unit)),
+        reset: None,
+    }
+}
+
+fn verdict(overall: i32, statuses: Vec<Status>) -> Verdict {
+    Verdict { overall, statuses }
+}
+
+/// `request` counting `hits` (its `hits_addend`).
+fn adding(hits: u32, request: RateLimitRequest) -> RateLimitRequest {
+    RateLimitRequest {
+        hits_addend: hits,
+        ..request
+    }
+}
+
+/// The configuration examples of envoyproxy/ratelimit's README, each a domain's name and
+/// its descriptors (example 4 twice: the rule a request of two entries does not match, and
+/// the one it does), then a rule of paceline's own.
+const README_EXAMPLES: [(&str, &str); 11] = [
+    (
+        "mongo_cps",
+        "
+  - key: database
+    value: users
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+  - key: database
+    value: default
+    rate_limit:
+      unit: second
+      requests_per_unit: 500
+",
+    ),
+    (
+        "messaging",
+        "
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+  - key: to_number
+    rate_limit:
+      unit: day
+      requests_per_unit: 100
+",
+    ),
+    (
+        "edge_proxy_per_ip",
+        "
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 10
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+",
+    ),
+    (
+        "example4",
+        "
+  - key: key
+    value: value
+    rate_limit:
+      requests_per_unit: 300
+      unit: second
+",
+    ),
+    (
+        "example4_nested",
+        "
+  - key: key
+    value: value
+    descriptors:
+      - key: subkey
+        rate_limit:
+          requests_per_unit: 300
+          unit: second
+",
+    ),
+    (
+        "internal",
+        "
+  - key: ldap
+    rate_limit:
+      unlimited: true
+  - key: azure
+    rate_limit:
+      unit: minute
+      requests_per_unit: 100
+",
+    ),
+    (
+        "example6",
+        "
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit:
+          requests_per_unit: 10
+          unit: second
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit:
+          requests_per_unit: 20
+          unit: second
+",
+    ),
+    (
+        "example7",
+        "
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          name: specific_limit
+          requests_per_unit: 5
+          unit: second
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+",
+    ),
+    (
+        "example8",
+        "
+  - key: key1
+    detailed_metric: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+",
+    ),
+    (
+        "example9",
+        "
+  - key: key1
+    value: value*
+    rate_limit:
+      unit: minute
+      requests_per_unit: 20
+",
+    ),
+    (
+        "paceline",
+        "
+  - key: gcra
+    rate_limit: {policy: \"gcra:rate=1/s,burst=2\"}
+",
+    ),
+];
+
+/// A folder of the README's examples, a file each, every domain's name followed by `tag`.
+fn readme_rules(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(unique_name("paceline-rls-readme"));
+    std::fs::create_dir_all(&dir).expect("a folder");
+    for (i, (domain, descriptors)) in README_EXAMPLES.iter().enumerate() {
+        let yaml = format!("domain: {domain}{tag}\ndescriptors:{descriptors}");
+        std::fs::write(dir.join(format!("{i:02}-{domain}.yaml")), yaml).expect("written");
+    }
+    dir
+}
+
+/// A service serving the README's examples, asked through one transport. `tag` makes its
+/// domains its own (`mongo_cps{tag}`), so that runs on one store count apart.
+struct Readme {
+    rls: Rls,
+    via: Via,
+    tag: String,
+}
+
+impl Readme {
+    fn domain(&self, name: &str) -> String {
+        format!("{name}{}", self.tag)
+    }
+
+    async fn expect(&self, request: RateLimitRequest, expected: Verdict) {
+        let got = self.rls.ask(self.via, request.clone()).await;
+        assert_eq!(got, expected, "{:?}: {request:?}", self.via);
+    }
+}
+
+/// Example 1: two values of one key, 500 a second each, counted apart; another value of
+/// the key has no rule.
+async fn example_1(r: &Readme) {
+    let d = r.domain("mongo_cps");
+    let database = |value: &str, hits| adding(hits, one(&d, &[("database", value)]));
+    for value in ["users", "default"] {
+        let left = |left| verdict(OK, vec![limited(OK, left, 500, SECOND)]);
+        r.expect(database(value, 1), left(499)).await;
+        r.expect(database(value, 499), left(0)).await;
+        let over = verdict(OVER, vec![limited(OVER, 0, 500, SECOND)]);
+        r.expect(database(value, 1), over).await;
+    }
+    r.expect(database("other", 1), verdict(OK, vec![no_limit()]))
+        .await;
+}
+
+/// Example 2: 5 marketing messages a day to a number (a nested rule under a placeholder),
+/// 100 messages a day to any number; one request of both descriptors is limited by both,
+/// its overall code their logical or. (All or nothing, paceline's difference: the refused
+/// request counts on neither.)
+async fn example_2(r: &Readme) {
+    let d = r.domain("messaging");
+    let marketing = |to: &str| descriptor(&[("message_type", "marketing"), ("to_number", to)]);
+    let any = |to: &str| descriptor(&[("to_number", to)]);
+    let both = |to: &str| request(&d, vec![marketing(to), any(to)]);
+    for sent in 0..5 {
+        let statuses = vec![
+            limited(OK, 4 - sent, 5, DAY),
+            limited(OK, 99 - sent, 100, DAY),
+        ];
+        r.expect(both("2061111111"), verdict(OK, statuses)).await;
+    }
+    let statuses = vec![limited(OVER, 0, 5, DAY), limited(OK, 95, 100, DAY)];
+    r.expect(both("2061111111"), verdict(OVER, statuses)).await;
+    let alone = request(&d, vec![any("2061111111")]);
+    r.expect(alone, verdict(OK, vec![limited(OK, 94, 100, DAY)]))
+        .await;
+    // Each number has its own 5 and its own 100.
+    let statuses = vec![limited(OK, 4, 5, DAY), limited(OK, 99, 100, DAY)];
+    r.expect(both("2062222222"), verdict(OK, statuses)).await;
+    // The placeholder has no limit of its own; another type of message matches nothing.
+    r.expect(
+        one(&d, &[("message_type", "marketing")]),
+        verdict(OK, vec![no_limit()]),
+    )
+    .await;
+    r.expect(
+        one(
+            &d,
+            &[
+                ("message_type", "transactional"),
+                ("to_number", "2061111111"),
+            ],
+        ),
+        verdict(OK, vec![no_limit()]),
+    )
+    .await;
+}
+
+/// Example 3: 10 a second for each address; key and value match before key alone, so
+/// 50.0.0.5 is refused from its first request.
+async fn example_3(r: &Readme) {
+    let d = r.domain("edge_proxy_per_ip");
+    let from = |address: &str, hits| adding(hits, one(&d, &[("remote_address", address)]));
+    let ten = |code, left| verdict(code, vec![limited(code, left, 10, SECOND)]);
+    r.expect(from("50.0.0.1", 10), ten(OK, 0)).await;
+    r.expect(from("50.0.0.1", 1), ten(OVER, 0)).await;
+    r.expect(from("50.0.0.2", 1), ten(OK, 9)).await;
+    for _ in 0..2 {
+        r.expect(from("50.0.0.5", 1), verdict(OVER, vec![refuse_all(SECOND)]))
             .await;
-        assert_eq!(codes(&r), (OK, vec![OK, OK]));
-        assert!(r.statuses[1].current_limit.is_none());
     }
-    let r = rls.call(one(&domain, &[("api", "x")])).await;
-    assert_eq!(codes(&r), (OK, vec![OK]));
-    let r = rls.call(one(&domain, &[("api", "x")])).await;
-    assert_eq!(codes(&r), (OVER, vec![OVER]));
+}
 
-    // A paceline policy: its decision's remaining; no current_limit.
-    let r = rls.call(one(&domain, &[("gcra", "a")])).await;
+/// Example 4: a rule applies only at the depth of the request's descriptor: a request of
+/// two entries does not match a rule of the first level, and matches the nested one.
+async fn example_4(r: &Readme) {
+    let shallow = r.domain("example4");
+    let nested = r.domain("example4_nested");
+    let two = [("key", "value"), ("subkey", "subvalue")];
+    let left = |left| verdict(OK, vec![limited(OK, left, 300, SECOND)]);
+    let none = || verdict(OK, vec![no_limit()]);
+    r.expect(one(&shallow, &two), none()).await;
+    r.expect(one(&shallow, &[("key", "value")]), left(299))
+        .await;
+    r.expect(one(&nested, &two), left(299)).await;
+    r.expect(one(&nested, &two), left(298)).await;
+    // The nested rule has no value: each subkey's value counts apart.
+    r.expect(
+        one(&nested, &[("key", "value"), ("subkey", "other")]),
+        left(299),
+    )
+    .await;
+    r.expect(one(&nested, &[("key", "value")]), none()).await;
+    let three = [("key", "value"), ("subkey", "subvalue"), ("more", "x")];
+    r.expect(one(&nested, &three), none()).await;
+}
+
+/// Example 5: an unlimited rule answers OK with MaxUint32 remaining, whatever it is sent;
+/// beside it, a limit of 100 a minute.
+async fn example_5(r: &Readme) {
+    let d = r.domain("internal");
+    for hits in [1, 1, 1_000_000] {
+        r.expect(
+            adding(hits, one(&d, &[("ldap", "anything")])),
+            verdict(OK, vec![unlimited()]),
+        )
+        .await;
+    }
+    r.expect(
+        one(&d, &[("azure", "x")]),
+        verdict(OK, vec![limited(OK, 99, 100, MINUTE)]),
+    )
+    .await;
+}
+
+/// Example 6: user-a's rule is in shadow mode: always OK, its breaches counted in the
+/// metrics; user-b is limited to 20 a second.
+async fn example_6(r: &Readme) {
+    let d = r.domain("example6");
+    let user = |name: &str, hits| {
+        adding(
+            hits,
+            one(&d, &[("service", "auth-service"), ("user", name)]),
+        )
+    };
+    let a = || verdict(OK, vec![limited(OK, 0, 10, SECOND)]);
+    r.expect(user("user-a", 10), a()).await;
+    for _ in 0..5 {
+        r.expect(user("user-a", 1), a()).await;
+    }
+    let b = |code| verdict(code, vec![limited(code, 0, 20, SECOND)]);
+    r.expect(user("user-b", 20), b(OK)).await;
+    r.expect(user("user-b", 1), b(OVER)).await;
+    r.expect(user("user-c", 1), verdict(OK, vec![no_limit()]))
+        .await;
+    // [hits, over limit, near limit, within limit, shadow mode]: 10 at once (2 of them
+    // past 80 %), then 5 over the limit that shadow mode let through.
+    let samples = metrics(&r.rls.url).await;
+    let rule = format!("{d}.service.user_user-a");
     assert_eq!(
-        (codes(&r), r.statuses[0].limit_remaining),
-        ((OK, vec![OK]), 1)
+        rule_counts(&samples, &rule),
+        [15, 5, 2, 10, 5],
+        "{:?}",
+        r.via
     );
-    assert!(r.statuses[0].current_limit.is_none());
+}
 
-    // An unknown domain: OK, nothing applies.
-    let r = rls.call(one("no-such-domain", &[("user", "u")])).await;
-    assert_eq!(codes(&r), (OK, vec![OK]));
-    rls.stop().await;
+/// Example 7: with both descriptors, the limit that replaces (10 a second) applies and
+/// the named one it replaces (5 a second) neither applies nor counts.
+async fn example_7(r: &Readme) {
+    let d = r.domain("example7");
+    let first = || descriptor(&[("key_1", "value_1"), ("user", "bkthomps")]);
+    let second = || descriptor(&[("key_2", "value_2"), ("user", "bkthomps")]);
+    let five = |code, left| verdict(code, vec![limited(code, left, 5, SECOND)]);
+    // 7 at once: more than the 5, within the 10.
+    r.expect(
+        adding(7, request(&d, vec![first(), second()])),
+        verdict(OK, vec![no_limit(), limited(OK, 3, 10, SECOND)]),
+    )
+    .await;
+    r.expect(request(&d, vec![first()]), five(OK, 4)).await;
+    r.expect(
+        adding(3, request(&d, vec![second()])),
+        verdict(OK, vec![limited(OK, 0, 10, SECOND)]),
+    )
+    .await;
+    r.expect(
+        request(&d, vec![first(), second()]),
+        verdict(OVER, vec![no_limit(), limited(OVER, 0, 10, SECOND)]),
+    )
+    .await;
+    r.expect(adding(4, request(&d, vec![first()])), five(OK, 0))
+        .await;
+    r.expect(request(&d, vec![first()]), five(OVER, 0)).await;
+}
+
+/// Example 8: `detailed_metric` limits as usual (10 a minute for each value without a
+/// rule of its own, 20 for value1) and names each value's series after the value.
+async fn example_8(r: &Readme) {
+    let d = r.domain("example8");
+    let key1 = |value: &str, hits| adding(hits, one(&d, &[("key1", value)]));
+    let ten = |code, left| verdict(code, vec![limited(code, left, 10, MINUTE)]);
+    r.expect(key1("unspecified_value", 10), ten(OK, 0)).await;
+    r.expect(key1("unspecified_value", 1), ten(OVER, 0)).await;
+    r.expect(key1("unspecified_value2", 1), ten(OK, 9)).await;
+    r.expect(
+        key1("value1", 1),
+        verdict(OK, vec![limited(OK, 19, 20, MINUTE)]),
+    )
+    .await;
+    let samples = metrics(&r.rls.url).await;
+    let rule = |name: &str| format!("{d}.{name}");
+    // [hits, over limit, near limit, within limit, shadow mode]
+    for (name, counts) in [
+        ("key1_unspecified_value", [11, 1, 2, 10, 0]),
+        ("key1_unspecified_value2", [1, 0, 0, 1, 0]),
+        ("key1_value1", [1, 0, 0, 1, 0]),
+    ] {
+        assert_eq!(rule_counts(&samples, &rule(name)), counts, "{name}");
+    }
+    let rolled_up = rule("key1");
+    assert!(
+        !samples
+            .iter()
+            .any(|s| s.labels.iter().any(|(_, v)| *v == rolled_up)),
+        "a series of {rolled_up}"
+    );
+}
+
+/// Example 9: a trailing `*` matches every value with its prefix, each counted apart.
+async fn example_9(r: &Readme) {
+    let d = r.domain("example9");
+    let key1 = |value: &str, hits| adding(hits, one(&d, &[("key1", value)]));
+    let twenty = |code, left| verdict(code, vec![limited(code, left, 20, MINUTE)]);
+    r.expect(key1("value_1", 20), twenty(OK, 0)).await;
+    r.expect(key1("value_1", 1), twenty(OVER, 0)).await;
+    r.expect(key1("value_2", 1), twenty(OK, 19)).await;
+    r.expect(key1("other", 1), verdict(OK, vec![no_limit()]))
+        .await;
+}
+
+/// Beyond the README: a rule with a paceline policy (GCRA, a burst of 2) answers its
+/// decision's remaining and no `current_limit`; an unknown domain is OK with no limit.
+async fn beyond_the_readme(r: &Readme) {
+    let d = r.domain("paceline");
+    for (code, left) in [(OK, 1), (OK, 0), (OVER, 0)] {
+        let got = r.rls.ask(r.via, one(&d, &[("gcra", "a")])).await;
+        assert_eq!(got.overall, code, "{:?}: {got:?}", r.via);
+        let [status] = &got.statuses[..] else {
+            panic!("one status: {got:?}");
+        };
+        assert_eq!(
+            (status.code, status.remaining, status.limit),
+            (code, left, None),
+            "{:?}",
+            r.via
+        );
+        assert!(status.reset.is_some(), "{:?}: {got:?}", r.via);
+    }
+    r.expect(
+        one("no-such-domain", &[("user", "u")]),
+        verdict(OK, vec![no_limit()]),
+    )
+    .await;
+}
+
+/// Every configuration example of envoyproxy/ratelimit's README, through gRPC and through
+/// `POST /json`, each transport on a service (and domains) of its own.
+async fn readme_examples(store: &str) {
+    for via in [Via::Grpc, Via::Json] {
+        let tag = unique_name("");
+        let rls = start_with(store, readme_rules(&tag), false, clock()).await;
+        let r = Readme { rls, via, tag };
+        example_1(&r).await;
+        example_2(&r).await;
+        example_3(&r).await;
+        example_4(&r).await;
+        example_5(&r).await;
+        example_6(&r).await;
+        example_7(&r).await;
+        example_8(&r).await;
+        example_9(&r).await;
+        beyond_the_readme(&r).await;
+        r.rls.stop().await;
+    }
 }
 
 #[tokio::test]
@@ -312,6 +908,11 @@ async fn readme_examples_on_memory() {
 #[tokio::test]
 async fn readme_examples_on_redis() {
     readme_examples(&shared_server().url()).await;
+}
+
+#[tokio::test]
+async fn readme_examples_on_a_redis_cluster() {
+    readme_examples(&shared_cluster().url()).await;
 }
 
 /// Two descriptors, one over its limit: refused, and the other's counter did not move.
