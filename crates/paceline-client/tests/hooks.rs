@@ -417,3 +417,51 @@ async fn the_client_tells_its_hooks() {
     );
     assert_eq!(heard.len(), 3, "{heard:?}");
 }
+
+/// A shared core (its knowledge in Redis) learns only when to ask again: a wait is told
+/// with no scope, and a request that gives up fails at the answer that holds it.
+#[test]
+fn a_shared_core_tells_waits_without_a_scope_and_fails_those_giving_up() {
+    use paceline_client::knowledge::{Admission, Grant, Wait};
+    let mut core = ClientCore::shared(ClientConfig::new());
+    let route = Route::discord("GET", "/channels/1/pins");
+    let waits = core.submit(route.clone(), T0, None).unwrap();
+    let gives_up = core
+        .submit_with(route.clone(), T0, RequestOptions::new().give_up())
+        .unwrap();
+    assert!(core.take_rate_limited().is_empty(), "it cannot tell yet");
+    let asks = core.asks(T0);
+    let held = Admission {
+        spent: None,
+        grants: vec![Grant {
+            admitted: Vec::new(),
+            moved: None,
+            wait: Wait::Until(T0 + 5 * SEC),
+        }],
+    };
+    let poll = core.granted(asks, held, T0);
+    assert!(poll.go.is_empty());
+    assert_eq!(
+        poll.failed,
+        vec![(
+            gives_up,
+            ClientError::RateLimited {
+                scope: None,
+                wait: Some(Duration::from_secs(5)),
+            }
+        )]
+    );
+    let told: Vec<(RequestId, Option<Scope>, Option<Duration>, Then)> = core
+        .take_rate_limited()
+        .iter()
+        .map(|e| (e.id, e.scope, e.wait, e.then))
+        .collect();
+    assert_eq!(
+        told,
+        vec![
+            (waits, None, Some(Duration::from_secs(5)), Then::Wait),
+            (gives_up, None, Some(Duration::from_secs(5)), Then::Fail),
+        ]
+    );
+    assert_eq!(core.waiting(), 1);
+}
