@@ -371,3 +371,61 @@ async fn two_proxy_processes_on_one_redis_share_a_tokens_limits() {
     drop(api);
     drop((a, b));
 }
+
+/// A request the proxy will not send in time is logged as rate limited, with its scope,
+/// its route's template and what became of it, never with its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_request_is_logged_without_its_token() {
+    use paceline_testkit::mock_api::{Limit, MockApi, MockServer, SECOND};
+    let mut api = MockApi::new(50);
+    let route = paceline_client::Route::discord("GET", "/guilds/1/roles");
+    api.route(
+        &route,
+        "slow",
+        Limit {
+            limit: 1,
+            window: 60 * SECOND,
+        },
+    );
+    let mock = MockServer::start(api).await;
+    let mut proxy = start_proxy(&[
+        "--upstream",
+        &mock.url(),
+        "--dialect",
+        "discord",
+        "--max-wait",
+        "100ms",
+    ])
+    .await;
+    let http = reqwest::Client::new();
+    for expected in [200, 429] {
+        let r = http
+            .get(format!("http://127.0.0.1:{}/guilds/1/roles", proxy.port))
+            .header("authorization", "Bot log-secret-token")
+            .send()
+            .await
+            .expect("the proxy answers");
+        assert_eq!(r.status().as_u16(), expected);
+    }
+    common::signal(&proxy, "TERM");
+    let log = tokio::task::spawn_blocking(move || {
+        common::exits_cleanly(&mut proxy);
+        proxy.log()
+    })
+    .await
+    .expect("the log");
+    let line = log
+        .lines()
+        .find(|l| l.contains("rate limited"))
+        .unwrap_or_else(|| panic!("no rate limited line in {log}"));
+    for field in [
+        "route=\"GET /guilds/:major/roles\"",
+        "bucket=\"slow\"",
+        "scope=\"bucket\"",
+        "origin=\"local\"",
+        "then=\"fail\"",
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    assert!(!log.contains("log-secret-token"), "{log}");
+}
