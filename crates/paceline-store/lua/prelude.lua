@@ -26,6 +26,9 @@ local PL = { alg = {} }
 -- charges past the limit keep counts exact.
 PL.MAX_CHARGED = 1125899906842624
 
+-- The longest time to live a record is written with, in ms: 2^53 µs (285 years).
+PL.MAX_TTL_MS = 9007199254740
+
 -- `math`'s functions, and the `struct` and `string` functions the records use, as upvalues,
 -- which every function here reads faster than a global. A function library's load cannot
 -- see the globals, so `PL.clock`, which every entry point calls first, sets them at the
@@ -278,6 +281,11 @@ local px_text = {}
 function PL.put(key, record, exp, now, slack)
   if exp > now then
     local ms = ceil((exp - now) / 1000) + slack
+    if ms > PL.MAX_TTL_MS then
+      -- A schedule booked centuries ahead (a `pace` or `charge` of a huge cost): Redis
+      -- refuses a time to live past 2^63 ms, so the record lives 285 years at most.
+      ms = PL.MAX_TTL_MS
+    end
     if ms < 1024 then
       local text = px_text[ms]
       if not text then

@@ -719,3 +719,38 @@ fn a_pace_backlog_stops_at_the_horizon_in_memory_and_on_redis() {
         }
     });
 }
+
+#[test]
+fn a_schedule_centuries_ahead_is_kept_on_redis_as_in_memory() {
+    // The most a request may cost, paced or charged at one a day: a schedule 3 billion
+    // years ahead, whose record Redis keeps (at most 285 years) instead of refusing its
+    // time to live; every later decision on the key agrees with memory's.
+    let runtime = paceline_testkit::runtime();
+    let stores = runtime.block_on(Stores::new());
+    runtime.block_on(async {
+        let specs = [
+            "gcra:rate=1/d",
+            "pacer:rate=1/d",
+            "smooth_bursty:rate=1/d",
+            "smooth_warming_up:rate=1/d,warmup=1d",
+        ];
+        for spec in specs {
+            let policy: Policy = spec.parse().unwrap();
+            for op in [Op::pace(), Op::Charge] {
+                let key = format!("case{}:far", next_case_id());
+                stores.clock.set_micros(EPOCH_2023);
+                for (op, cost) in [
+                    (op, paceline_store::spec::MAX_COUNT),
+                    (op, 1),
+                    (Op::Limit, 1),
+                ] {
+                    let expected = stores.memory.decide(&policy, &key, op, cost).await;
+                    let got = stores.redis.decide(&policy, &key, op, cost).await;
+                    same(&expected, &got).unwrap_or_else(|why| panic!("{spec} {op:?}: {why}"));
+                    let d = expected.unwrap_or_else(|e| panic!("{spec} {op:?}: {e}"));
+                    assert_eq!(d.allowed, op != Op::Limit, "{spec} {op:?}: {d:?}");
+                }
+            }
+        }
+    });
+}
