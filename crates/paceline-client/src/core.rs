@@ -89,7 +89,7 @@ use crate::hooks::{Origin, RateLimited, RequestOptions, Then};
 use crate::knowledge::Event;
 use crate::knowledge::{
     is_own, micros, own_bucket, refusal_wait, Admission, Admitted, Ask, BucketKey, BucketView,
-    Knowledge, Wait, MAX_ROUTES,
+    Knowledge, Known, Wait, MAX_ROUTES,
 };
 use crate::route::Route;
 
@@ -367,9 +367,10 @@ impl ClientCore {
     }
 
     /// Which limit holds a request of `route` at `position` in queue `key` until `start`,
-    /// as this core's knowledge tells: its bucket if the bucket alone holds it that long,
-    /// else the global limit (its policy, or a global refusal's pause). `None` for a shared
-    /// core.
+    /// as this core's knowledge tells: its bucket if the bucket alone holds it that long
+    /// (its calls, its pause, or its last calls kept back for pioneers until its window
+    /// ends), else the global limit (its policy, or a global refusal's pause). `None` for a
+    /// shared core.
     fn local_scope(
         &self,
         route: &Route,
@@ -383,6 +384,22 @@ impl ClientCore {
             || (self.config.global.is_none() && k.global_paused_until <= now)
         {
             return Some(Scope::Bucket);
+        }
+        let filed: BucketKey = (k.resolve(route.key(), &key.0), Arc::clone(&key.1));
+        if let Some(b) = k.buckets.get(&filed) {
+            // A known bucket keeping its last calls back for pioneers of its major
+            // parameter holds the request until its window ends.
+            if let Known::Limited {
+                reset_at, window, ..
+            } = b.known
+            {
+                if start == reset_at || start == reset_at.saturating_add(window) {
+                    return Some(Scope::Bucket);
+                }
+            }
+        }
+        if k.global_paused_until >= start {
+            return Some(Scope::Global);
         }
         match k.estimate(route.key(), &key.1, &key.0, position, true, now) {
             Some(own) if own >= start => Some(Scope::Bucket),

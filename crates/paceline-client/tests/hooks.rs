@@ -465,3 +465,24 @@ fn a_shared_core_tells_waits_without_a_scope_and_fails_those_giving_up() {
     );
     assert_eq!(core.waiting(), 1);
 }
+
+/// A known bucket that keeps its last call back while another route of its major
+/// parameter sends its pioneer holds its own request until its window ends: that wait is
+/// the bucket's, not the global limit's (which Discord's rules also have).
+#[test]
+fn a_call_kept_back_for_a_pioneer_is_told_as_the_bucket_s_wait() {
+    let mut core = ClientCore::new(ClientConfig::discord());
+    let known = Route::discord("GET", "/channels/1/pins");
+    learn(&mut core, &known, &limits("pins", 1, "5"), T0);
+    let unknown = Route::discord("GET", "/channels/1/messages");
+    let pioneer = core.submit(unknown, T0 + SEC, None).unwrap();
+    assert_eq!(core.poll(T0 + SEC).go, vec![pioneer]);
+    let held = core.submit(known, T0 + SEC, None).unwrap();
+    assert!(core.poll(T0 + SEC).go.is_empty());
+    let told = core.take_rate_limited();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(
+        (told[0].id, told[0].scope, told[0].wait),
+        (held, Some(Scope::Bucket), Some(Duration::from_secs(4)))
+    );
+}
