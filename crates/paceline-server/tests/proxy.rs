@@ -808,6 +808,17 @@ async fn refusals_and_waits_are_counted_in_rate_limited_metrics() {
 /// bot sends more in one second than the default allows.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_token_gets_its_own_global_limit() {
+    each_token_gets_its_own_global_limit_on("memory").await;
+}
+
+/// The same with the limits' knowledge in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_token_gets_its_own_global_limit_on_redis() {
+    let redis = paceline_testkit::shared_server().url();
+    each_token_gets_its_own_global_limit_on(&redis).await;
+}
+
+async fn each_token_gets_its_own_global_limit_on(store: &str) {
     // Bot tokens begin with their bot's user id in base64 (here 1000...01 to 03).
     const SMALL: &str = "Bot MTAwMDAwMDAwMDAwMDAwMDAx.x.secret-a";
     const LARGE: &str = "Bot MTAwMDAwMDAwMDAwMDAwMDAy.x.secret-b";
@@ -827,6 +838,7 @@ async fn each_token_gets_its_own_global_limit() {
     );
     let mock = MockServer::start(api).await;
     let mut s = ProxySettings::new(mock.url().parse().unwrap());
+    s.store = store.into();
     s.listen = "127.0.0.1:0".parse().unwrap();
     s.admin_listen = Some("127.0.0.1:0".parse().unwrap());
     s.dialect = "discord".into();
