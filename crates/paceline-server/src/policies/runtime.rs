@@ -63,7 +63,7 @@ struct Named {
 struct RawPut {
     /// The policy: a spec string (`gcra:rate=10/s,burst=5`, at most 1,024 bytes). The
     /// pattern: the spec forms this document vouches for (every algorithm's spec is taken).
-    #[schema(value_type = String, required = true, max_length = 1024, pattern = "^(gcra:rate=[1-9][0-9]{0,3}/(s|m|h),burst=[1-9][0-9]{0,3}|(fixed_window|sliding_window):limit=[1-9][0-9]{0,3},window=[1-9][0-9]{0,2}(s|m|h))$")]
+    #[schema(value_type = String, required = true, max_length = 1024, pattern = "^(gcra:rate=[1-9][0-9]{0,3}/(s|m|h),burst=[1-9][0-9]{0,3}|(fixed_window|sliding_window):limit=[1-9][0-9]{0,3},window=[1-9][0-9]{0,2}(s|m|h)|concurrency:limit=[1-9][0-9]{0,3},lease=[1-9][0-9]{0,2}(s|m))$")]
     spec: Option<Value>,
     /// Shadow mode: decided and counted as usual, a refusal answered as admitted (not on a
     /// `concurrency` policy); `false` by default.
