@@ -129,7 +129,7 @@ impl Inner {
     #[cfg(feature = "redis")]
     async fn run_shared(&self, remote: &crate::redis::RedisKnowledge) -> Result<Option<u64>, ()> {
         let now = self.clock.now_micros();
-        let (events, asks) = {
+        let (events, asks, finish) = {
             let mut s = self.lock();
             if !s.closed && s.flushing == 0 && !s.core.has_waiting() && s.core.events_pending() > 0
             {
@@ -161,9 +161,10 @@ impl Inner {
             } else {
                 s.core.asks(now)
             };
-            (events, asks)
+            (events, asks, s.closed || s.flushing > 0)
         };
-        if events.is_empty() && asks.asks.is_empty() {
+        // What the leases hold is told and given back before a flush returns.
+        if events.is_empty() && asks.asks.is_empty() && !(finish && remote.holds()) {
             // Nothing to tell or ask: only deadlines to keep.
             let mut s = self.lock();
             let empty = crate::knowledge::Admission {
@@ -175,7 +176,7 @@ impl Inner {
             s.deliver(poll, now);
             return Ok(next.map(|t| t.max(now)));
         }
-        let result = remote.round(&events, &asks.asks, now).await;
+        let result = remote.round_leased(&events, &asks.asks, now, finish).await;
         let mut failing = false;
         let admission = match result {
             Ok((answered, admission)) => {
@@ -431,7 +432,11 @@ impl Client {
             let told = inner.told.notified();
             {
                 let s = inner.lock();
-                if s.events_told >= target || s.closed {
+                #[cfg(feature = "redis")]
+                let held = inner.remote.as_ref().is_some_and(Remote::holds);
+                #[cfg(not(feature = "redis"))]
+                let held = false;
+                if s.events_told >= target && !held || s.closed {
                     return;
                 }
             }

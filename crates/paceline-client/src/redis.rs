@@ -2,10 +2,13 @@
 //! every process and proxy that sends with the identity's token.
 //!
 //! Each step is one atomic call of a Lua function (`lua/client.lua`, the twin of
-//! [`Knowledge`](crate::knowledge::Knowledge)): one per poll that has requests waiting,
-//! one per response, one per request that ends without one. All of an identity's keys
-//! share one hash tag, so they live in one cluster slot. The identity is hashed before it
-//! becomes part of a key: a token never reaches Redis.
+//! [`Knowledge`](crate::knowledge::Knowledge)): what happened since the last call, then
+//! the requests waiting. A process's client makes its calls through its
+//! [`Leases`](crate::knowledge::Leases) ([`RedisKnowledge::round_leased`]): requests of a
+//! bucket without limit mostly go on sends leased ahead, without a call.
+//!
+//! All of an identity's keys share one hash tag, so they live in one cluster slot. The
+//! identity is hashed before it becomes part of a key: a token never reaches Redis.
 //!
 //! Each call carries a random [`CallId`]. A call whose answer is lost (the connection
 //! broke, or the answer did not come within the store's response timeout) is made once
@@ -39,7 +42,8 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::{Arc, LazyLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use paceline_core::{StoreError, StoreErrorKind};
@@ -49,7 +53,7 @@ use crate::config::ClientConfig;
 use crate::headers::Scope;
 use crate::knowledge::Event;
 use crate::knowledge::{
-    micros, Admission, Admitted, Answered, Ask, CallId, Grant, RoundAnswer, Wait,
+    micros, Admission, Admitted, Answered, Ask, CallId, Grant, Leases, Plan, RoundAnswer, Wait,
 };
 
 static LIBRARY: LazyLock<Library> =
@@ -59,12 +63,17 @@ static LIBRARY: LazyLock<Library> =
 const LUA_EXACT: u64 = (1 << 53) - 1;
 
 /// An identity's knowledge in Redis: see the [module docs](self).
+///
+/// Clones share one process's [`Leases`]: the sends leased ahead and the answers held for
+/// the next call of [`round_leased`](Self::round_leased).
 #[derive(Clone)]
 pub struct RedisKnowledge {
     host: FunctionHost,
     base: String,
     config: Arc<Vec<Vec<u8>>>,
     injected: bool,
+    leases: Arc<Mutex<Leases>>,
+    calls: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for RedisKnowledge {
@@ -148,6 +157,8 @@ impl RedisKnowledge {
             base,
             config: Arc::new(args),
             injected: false,
+            leases: Arc::new(Mutex::new(Leases::new())),
+            calls: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -163,6 +174,71 @@ impl RedisKnowledge {
         &self.base
     }
 
+    /// How many calls to Redis the knowledge has made (a repeat under one id counts
+    /// again).
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    /// How many sends this process holds leased, and how many answers wait to be told.
+    pub fn held(&self) -> (usize, usize) {
+        let leases = self.leases();
+        (leases.held(), leases.deferred())
+    }
+
+    /// Whether this process holds leased sends or answers not told yet.
+    pub fn holds(&self) -> bool {
+        self.held() != (0, 0)
+    }
+
+    fn leases(&self) -> std::sync::MutexGuard<'_, Leases> {
+        // Every step under the lock is await-free and leaves the leases whole.
+        self.leases.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A [`round`](Self::round) through this process's [`Leases`]: requests that may go on
+    /// sends leased ahead go without a call (their plain successes told with the next
+    /// one), and a call asks for a few sends ahead of the requests it admits (see
+    /// [`leases`](crate::knowledge::leases)). `finish` tells everything held and gives
+    /// every leased send back, in a call if anything is held: before a process ends, or
+    /// for a caller waiting until what it learned is told.
+    ///
+    /// A call that fails leaves the sends taken for the round held, and its error is
+    /// returned.
+    pub async fn round_leased(
+        &self,
+        events: &[Event],
+        asks: &[Ask],
+        now: u64,
+        finish: bool,
+    ) -> Result<RoundAnswer, StoreError> {
+        let plan = self.leases().plan(events, asks, now, finish);
+        match plan {
+            Plan::Local(answer) => Ok(answer),
+            Plan::Call(call) => {
+                let answer = if call.events().is_empty() && call.asks().is_empty() {
+                    // Nothing to tell or ask: only what was asked is answered.
+                    Ok((
+                        Vec::new(),
+                        Admission {
+                            spent: None,
+                            grants: Vec::new(),
+                        },
+                    ))
+                } else {
+                    self.round(call.events(), call.asks(), now).await
+                };
+                self.leases().settle(call, answer)
+            }
+        }
+    }
+
+    /// Gives back every leased send and tells every held answer, at `now` (in one call,
+    /// none when nothing is held): what a process does before it ends.
+    pub async fn give_back(&self, now: u64) -> Result<(), StoreError> {
+        self.round_leased(&[], &[], now, true).await.map(|_| ())
+    }
+
     async fn call(&self, op: &str, now: u64, rest: Vec<Vec<u8>>) -> Result<Reader, StoreError> {
         let clock = if self.injected {
             // Records live an hour longer than the caller's clock says: it may run faster
@@ -171,6 +247,7 @@ impl RedisKnowledge {
         } else {
             Vec::new()
         };
+        self.calls.fetch_add(1, Ordering::Relaxed);
         let head = [op.as_bytes().to_vec(), clock];
         let args = head.iter().chain(self.config.iter()).chain(rest.iter());
         let reply = self

@@ -40,6 +40,8 @@ const LATENCY: u64 = 2_000;
 enum Brain {
     Memory(Box<Knowledge>),
     Redis(RedisKnowledge),
+    /// In Redis, through the process's leases (sends leased ahead, answers held).
+    Leased(RedisKnowledge),
 }
 
 impl Brain {
@@ -55,6 +57,10 @@ impl Brain {
             Brain::Memory(k) => k.round(Some(call), events, asks, now),
             Brain::Redis(r) => r
                 .round_as(call, events, asks, now)
+                .await
+                .expect("Redis answers"),
+            Brain::Leased(r) => r
+                .round_leased(events, asks, now, false)
                 .await
                 .expect("Redis answers"),
         }
@@ -122,6 +128,13 @@ impl Process {
             .into_iter()
             .map(|a| a.map(|a| (a.paused_until, a.warn)))
             .collect()
+    }
+
+    fn leased(config: &ClientConfig, store: RedisStore, identity: &str) -> Process {
+        Process {
+            core: ClientCore::shared(config.clone()),
+            brain: Brain::Leased(RedisKnowledge::new(store, identity, config).on_caller_clock()),
+        }
     }
 
     /// Tells what happened and asks what may go, in one call (made twice when `twice`).
@@ -706,8 +719,8 @@ fn mock_routes(api: &mut MockApi, limit: Limit, per_major: u64) -> Vec<Route> {
 /// Four processes on `url` share `n` requests spread over the routes, submitted at once;
 /// answers the virtual seconds they took.
 async fn four_processes(url: &str, api: MockApi, routes: &[Route], n: usize) -> (Sim, f64) {
-    let identity = unique_name("four");
     let mut processes = Vec::new();
+    let identity = unique_name("four");
     for _ in 0..4 {
         processes.push(Process::redis(
             &ClientConfig::discord(),
@@ -715,6 +728,26 @@ async fn four_processes(url: &str, api: MockApi, routes: &[Route], n: usize) -> 
             &identity,
         ));
     }
+    run_four(processes, api, routes, n).await
+}
+
+/// [`four_processes`] leasing sends ahead (under `config`).
+async fn four_leasing(
+    url: &str,
+    config: &ClientConfig,
+    api: MockApi,
+    routes: &[Route],
+    n: usize,
+) -> (Sim, f64) {
+    let mut processes = Vec::new();
+    let identity = unique_name("four-leasing");
+    for _ in 0..4 {
+        processes.push(Process::leased(config, connect(url).await, &identity));
+    }
+    run_four(processes, api, routes, n).await
+}
+
+async fn run_four(processes: Vec<Process>, api: MockApi, routes: &[Route], n: usize) -> (Sim, f64) {
     let mut sim = Sim::new(processes, api);
     for i in 0..n {
         let p = i % 4;
@@ -777,6 +810,40 @@ async fn four_processes_on_one_redis_share_the_global_limit_without_a_429() {
     assert_eq!(sim.api.counts.bucket_429, 0);
     // 50 per second for the token, whichever process sends.
     near_the_limit("four processes, global-bound", took, 2_000.0 / 50.0);
+}
+
+/// Four processes leasing sends of routes without limit share a global limit of 40 a
+/// second and bursts of 10 (never over the mock's 50 in an aligned second).
+async fn four_leasing_share_the_global_limit(url: &str) {
+    let api = MockApi::new(50);
+    let mut routes = Vec::new();
+    for major in [111u64, 222] {
+        for r in 0..20 {
+            routes.push(Route::discord("GET", &format!("/guilds/{major}/r{r}")));
+        }
+    }
+    // No route has a limit of its own: each answers without headers.
+    let config = ClientConfig::discord().global("gcra:rate=40/s,burst=10".parse().unwrap());
+    let n = 1_000;
+    let (sim, took) = four_leasing(url, &config, api, &routes, n).await;
+    assert_eq!(sim.api.counts.global_429, 0);
+    assert_eq!(sim.api.counts.bucket_429, 0);
+    assert_eq!(sim.retries, 0);
+    near_the_limit(
+        "four processes leasing, global-bound",
+        took,
+        n as f64 / 40.0,
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn four_processes_leasing_sends_on_one_redis_share_the_global_limit_without_a_429() {
+    four_leasing_share_the_global_limit(&shared_server().url()).await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn four_processes_leasing_sends_on_a_redis_cluster_share_the_global_limit_without_a_429() {
+    four_leasing_share_the_global_limit(&shared_cluster().url()).await;
 }
 
 #[tokio::test(flavor = "current_thread")]

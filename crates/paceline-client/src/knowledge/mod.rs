@@ -31,11 +31,15 @@
 //! time-out after Redis applied it) can be made again: the repeat is answered as the first
 //! call was, and nothing is admitted, ended or learned twice.
 //!
+//! A process on Redis saves most of those calls for buckets without limit: it leases a few
+//! sends ahead in a call and tells their plain answers with the next ([`leases`]).
+//!
 //! The state machine is here; what it is told and answers (asks, grants, reports, events,
 //! call ids) is in `messages`, and the records it keeps (buckets, major parameters, kept
 //! answers, and [`BucketView`]) in `records`. It depends on the [`ClientConfig`] alone of
 //! the core's side: the core uses the knowledge, never the other way round.
 
+pub mod leases;
 pub(crate) mod messages;
 mod records;
 
@@ -47,6 +51,7 @@ use paceline_core::{Op, State};
 
 use crate::config::ClientConfig;
 use crate::headers::{Observation, Refusal, Scope};
+pub use leases::{Leases, Plan};
 pub(crate) use messages::Event;
 pub use messages::{Admission, Admitted, Answered, Ask, CallId, Grant, Report, RoundAnswer, Wait};
 pub use records::BucketView;
