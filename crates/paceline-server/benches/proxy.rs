@@ -19,8 +19,9 @@
 //! minus the p50 of the same GETs sent directly.
 //!
 //! Run: `scripts/bench-proxy`, or `cargo bench -p paceline-server --bench proxy`
-//! (`PACELINE_BENCH_REQUESTS`, default 10,000). Under `cargo test` it runs a short smoke
-//! pass instead.
+//! (`PACELINE_BENCH_REQUESTS`, default 10,000; `PACELINE_BENCH_ONLY=overhead` for the
+//! overhead alone, with the Redis function calls it made and the server's time in each).
+//! Under `cargo test` it runs a short smoke pass instead.
 
 use std::time::{Duration, Instant};
 
@@ -301,17 +302,20 @@ fn main() {
     println!();
     println!("| contender | seconds | fraction of the allowed throughput | 429s caused | failed |");
     println!("|---|---|---|---|---|");
-    let mut rows = vec![
-        (
+    // `PACELINE_BENCH_ONLY=overhead` measures the overhead alone.
+    let only_overhead = std::env::var("PACELINE_BENCH_ONLY").is_ok_and(|v| v == "overhead");
+    let mut rows = Vec::new();
+    if !only_overhead {
+        rows.push((
             "paceline client (reqwest middleware)",
             Ok(runtime.block_on(paceline_client(requests))),
-        ),
-        (
+        ));
+        rows.push((
             "paceline proxy (one)",
             Ok(runtime.block_on(paceline_proxies(requests, 1, "memory"))),
-        ),
-    ];
-    if let Some(redis) = &redis {
+        ));
+    }
+    if let (Some(redis), false) = (&redis, only_overhead) {
         rows.insert(
             1,
             (
@@ -324,7 +328,7 @@ fn main() {
             Ok(runtime.block_on(paceline_proxies(requests, 2, &redis.url()))),
         ));
     }
-    if full {
+    if full && !only_overhead {
         rows.push(("@discordjs/rest", runtime.block_on(discordjs(requests))));
     }
     for (name, outcome) in rows {
@@ -351,7 +355,22 @@ fn main() {
     }
     println!();
     for (name, store) in stores {
+        if let (Some(redis), true) = (&redis, name == "Redis") {
+            let _ = redis.command(&["CONFIG", "RESETSTAT"]);
+        }
         let (direct, proxied) = runtime.block_on(overhead(n, &store));
+        if let (Some(redis), true) = (&redis, name == "Redis") {
+            // Where the time goes: the Redis function calls per proxied request, and the
+            // server's time in each.
+            let stats = paceline_testkit::redis_cli(redis.port())
+                .args(["INFO", "commandstats"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default();
+            if let Some(line) = stats.lines().find(|l| l.starts_with("cmdstat_fcall:")) {
+                println!("Redis during that run, {n} proxied requests: {line}");
+            }
+        }
         println!(
             "Proxy overhead at low load, limits on {name} (sequential GETs, p50): direct {} µs, through the proxy {} µs: **{} µs** (goal ≤ 200 µs)",
             direct.as_micros(),
