@@ -127,11 +127,19 @@ impl Resilience {
     }
 
     /// The outcome of a call of a function-host extension (the job queue's, the API
-    /// client's) for `group`: counted in its node's outage like a decision's, so that an
-    /// outage only queue calls meet is logged as it begins and ends too.
+    /// client's, the service's run-time policies) for `group`: counted in its node's outage
+    /// like a decision's, so that an outage only queue calls meet is logged as it begins and
+    /// ends too. A call Redis answered ends the failure backoff with the outage: decisions
+    /// go to Redis again at once, rather than being answered without it (and counted in no
+    /// outage) while the backoff lasts.
     pub(crate) fn observe(&self, outcome: Result<(), &StoreError>, group: usize, router: &Router) {
         match outcome {
-            Ok(()) => self.outages.answered(router, group),
+            Ok(()) => {
+                self.outages.answered(router, group);
+                if let Some(until) = self.down_until.get(group) {
+                    until.store(0, Ordering::Relaxed);
+                }
+            }
             Err(e) => self.mark_down(group, e, router),
         }
     }
