@@ -174,7 +174,11 @@ impl AppState {
                 () = tokio::time::sleep(POLL) => {}
             }
             polls = polls.wrapping_add(1);
-            match self.runtime.refresh(polls.is_multiple_of(FULL_READ_EVERY)).await {
+            match self
+                .runtime
+                .refresh(polls.is_multiple_of(FULL_READ_EVERY))
+                .await
+            {
                 Ok(changes) => {
                     if failing {
                         tracing::info!(target: "paceline", "the policies set at run time are read from Redis again");
