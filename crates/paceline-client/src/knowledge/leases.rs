@@ -144,9 +144,9 @@ struct AskPlan {
     key: BucketKey,
     local: Vec<Admitted>,
     sent: Option<usize>,
-    /// The requests in the call's ask that are the round's own (the rest are leased
-    /// sends asked for), and the last of them.
-    own: usize,
+    /// The routes of the requests in the call's ask that are the round's own (the rest
+    /// are leased sends asked for), and the last of them.
+    own: Vec<Arc<str>>,
     last: Option<(Arc<str>, bool)>,
 }
 
@@ -387,7 +387,7 @@ impl Leases {
                     key,
                     local,
                     sent: None,
-                    own: 0,
+                    own: Vec::new(),
                     last: None,
                 });
                 continue;
@@ -412,7 +412,7 @@ impl Leases {
                 key,
                 local,
                 sent: Some(sent.len()),
-                own: rest.len(),
+                own: rest.iter().map(|(route, _)| Arc::clone(route)).collect(),
                 last,
             });
             sent.push(Ask {
@@ -477,16 +477,15 @@ impl Leases {
                 moved: None,
                 wait: Wait::Event,
             });
-            let own = plan.own.min(grant.admitted.len());
+            let own = plan.own.len().min(grant.admitted.len());
             let lease = self.leases.entry(plan.key.clone()).or_default();
             if own > 0 {
                 lease.used = now;
             }
+            // The routes the knowledge admitted to the bucket may spend its sends.
+            lease.routes.extend(plan.own[..own].iter().cloned());
             admitted.extend_from_slice(&grant.admitted[..own]);
             if let Some((route, exempt)) = &plan.last {
-                if own > 0 {
-                    lease.routes.insert(Arc::clone(route));
-                }
                 for a in &grant.admitted[own..] {
                     let send = Send {
                         route: Arc::clone(route),
@@ -502,7 +501,7 @@ impl Leases {
                     }
                 }
             }
-            grants.push(if own == plan.own {
+            grants.push(if own == plan.own.len() {
                 Grant {
                     admitted,
                     moved: None,
