@@ -17,6 +17,9 @@
 //!   answer with limits, which is told at once. A process that dies without giving them
 //!   back holds them as any admitted request is held: until the in-flight lease ends.
 //!
+//!   A send takes its global token when it is leased: under a global limit without burst
+//!   (Discord's `burst=1`) nothing is left for sends ahead, and none are leased.
+//!
 //!   Limited buckets lease nothing: a send given back unsent returns its count to the
 //!   bucket, which is right against the knowledge's own count but not after a server's
 //!   lower count replaced it, so the queues of a limited bucket keep one call per round
