@@ -4,7 +4,7 @@
 //! Each step is one atomic call of a Lua function (`lua/client.lua`, the twin of
 //! [`Knowledge`](crate::knowledge::Knowledge)): what happened since the last call, then
 //! the requests waiting. A process's client makes its calls through its
-//! [`Leases`](crate::knowledge::Leases) ([`RedisKnowledge::round_leased`]): requests of a
+//! [`Leases`] ([`RedisKnowledge::round_leased`]): requests of a
 //! bucket without limit mostly go on sends leased ahead, without a call.
 //!
 //! All of an identity's keys share one hash tag, so they live in one cluster slot. The
