@@ -14,7 +14,7 @@
 //!   Processes sharing a Redis store pace their requests together.
 //!
 //! Hooks: [`Limited::on_rate_limited`](Gated::on_rate_limited) hears of every request a
-//! limit holds back or the upstream refuses ([`RateLimited`](crate::RateLimited)). A
+//! limit holds back or the upstream refuses ([`RateLimited`]). A
 //! request carrying [`RequestOptions`] as an extension
 //! (`.with_extension(RequestOptions::new().give_up())`) is admitted as they say: one that
 //! gives up fails at once with [`ClientError::RateLimited`] instead of waiting, and an
