@@ -40,7 +40,7 @@ pub(crate) struct ProxyArgs {
     global_limit: Option<String>,
     /// With --dialect discord: learn each bot's own global limit from GET /gateway/bot
     /// when its token is first seen (a large bot's is above 50/s) [default: true]. Limits
-    /// of given identities go in --config FILE's [global_limits] table.
+    /// of given identities go in --config FILE's global_limits table.
     #[arg(long, value_name = "BOOL")]
     learn_global_limit: Option<bool>,
     /// The longest a request may wait for its turn; beyond, it is answered 429 with
