@@ -10,6 +10,31 @@ use paceline_store::TokioClock;
 use paceline_testkit::mock_api::{Limit, MockApi, SECOND};
 use tower::{Layer, Service, ServiceExt};
 
+/// A service answering from `api` at `clock`'s time.
+fn mock_upstream(
+    api: &Arc<Mutex<MockApi>>,
+    clock: &Arc<TokioClock>,
+) -> impl Service<
+    http::Request<()>,
+    Response = http::Response<()>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone {
+    let (api, clock) = (Arc::clone(api), Arc::clone(clock));
+    tower::service_fn(move |request: http::Request<()>| {
+        let (api, clock) = (Arc::clone(&api), Arc::clone(&clock));
+        async move {
+            use paceline_core::Clock;
+            let route = Route::discord(request.method().as_str(), request.uri().path());
+            let (status, headers) = api.lock().unwrap().handle(&route, clock.now_micros());
+            let mut response = http::Response::new(());
+            *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            *response.headers_mut() = headers;
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    })
+}
+
 #[tokio::test(start_paused = true)]
 async fn requests_through_the_layer_meet_no_429() {
     let clock = Arc::new(TokioClock::starting_at(1_000 * SECOND));
@@ -26,21 +51,7 @@ async fn requests_through_the_layer_meet_no_429() {
         );
     }
     let api = Arc::new(Mutex::new(api));
-    let upstream = {
-        let (api, clock) = (Arc::clone(&api), Arc::clone(&clock));
-        tower::service_fn(move |request: http::Request<()>| {
-            let (api, clock) = (Arc::clone(&api), Arc::clone(&clock));
-            async move {
-                use paceline_core::Clock;
-                let route = Route::discord(request.method().as_str(), request.uri().path());
-                let (status, headers) = api.lock().unwrap().handle(&route, clock.now_micros());
-                let mut response = http::Response::new(());
-                *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
-                *response.headers_mut() = headers;
-                Ok::<_, std::convert::Infallible>(response)
-            }
-        })
-    };
+    let upstream = mock_upstream(&api, &clock);
     let limits = Client::with_clock(ClientConfig::discord(), Box::new(Discord), clock.clone());
     let service = LimitedLayer::discord(limits).layer(upstream);
     let mut tasks = tokio::task::JoinSet::new();
@@ -119,21 +130,7 @@ async fn the_layer_tells_its_hooks_and_a_request_may_give_up() {
         },
     );
     let api = Arc::new(Mutex::new(api));
-    let upstream = {
-        let (api, clock) = (Arc::clone(&api), Arc::clone(&clock));
-        tower::service_fn(move |request: http::Request<()>| {
-            let (api, clock) = (Arc::clone(&api), Arc::clone(&clock));
-            async move {
-                use paceline_core::Clock;
-                let route = Route::discord(request.method().as_str(), request.uri().path());
-                let (status, headers) = api.lock().unwrap().handle(&route, clock.now_micros());
-                let mut response = http::Response::new(());
-                *response.status_mut() = http::StatusCode::from_u16(status).unwrap();
-                *response.headers_mut() = headers;
-                Ok::<_, std::convert::Infallible>(response)
-            }
-        })
-    };
+    let upstream = mock_upstream(&api, &clock);
     let heard: Arc<Mutex<Vec<RateLimited>>> = Arc::default();
     let sink = Arc::clone(&heard);
     let limits = Client::with_clock(ClientConfig::new(), Box::new(Discord), clock.clone());
