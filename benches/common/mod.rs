@@ -36,11 +36,6 @@ impl Latencies {
         let rank = (q * self.0.len() as f64).ceil() as usize;
         self.0[rank.clamp(1, self.0.len()) - 1]
     }
-
-    /// How many were measured.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
 }
 
 /// The median of `values` (the mean of the two middle ones for an even count; NaN for none).
