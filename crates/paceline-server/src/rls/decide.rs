@@ -533,27 +533,25 @@ fn count_rules(state: &AppState, applies: &[Applies], sources: &[Source], decide
                 Some(_) => over,
                 None => only,
             },
-            Source::Counted(at) => match (decided.counts.get(at), decided.counted.get(at)) {
-                (Some(d), Some(part)) if d.allowed => within(if decided.charged {
-                    near_in_part(d, part, i, applies)
-                } else {
-                    0
-                }),
-                (Some(_), _) => over,
-                _ => only,
-            },
             // A charge is never refused: its hits are over the limit when they left the key
-            // with nothing (at or past its limit), else within it.
-            Source::Charged(at) => match (decided.charges.get(at), decided.charged_parts.get(at)) {
-                (Some(d), _) if decided.charged && d.remaining == 0 => over,
-                (Some(d), Some(part)) if d.allowed => within(if decided.charged {
-                    near_in_part(d, part, i, applies)
-                } else {
-                    0
-                }),
-                (Some(_), _) => over,
-                _ => only,
-            },
+            // with nothing (at or past its limit), else within it, as a count's are.
+            Source::Counted(at) | Source::Charged(at) => {
+                let (decisions, parts) = match *source {
+                    Source::Counted(_) => (decided.counts, decided.counted),
+                    _ => (decided.charges, decided.charged_parts),
+                };
+                let in_debt = matches!(source, Source::Charged(_)) && decided.charged;
+                match (decisions.get(at), parts.get(at)) {
+                    (Some(d), _) if in_debt && d.remaining == 0 => over,
+                    (Some(d), Some(part)) if d.allowed => within(if decided.charged {
+                        near_in_part(d, part, i, applies)
+                    } else {
+                        0
+                    }),
+                    (Some(_), _) => over,
+                    _ => only,
+                }
+            }
             Source::Shadow(at) => match (
                 decided.shadowed.get(at).copied().flatten(),
                 decided.shadows.get(at),
